@@ -1,0 +1,13 @@
+"""The exception tree of `conduit_core`: every error it raises derives from `ConduitCoreError`."""
+
+
+class ConduitCoreError(Exception):
+    """Base class of all conduit_core errors."""
+
+
+class UnsupportedModelError(ConduitCoreError):
+    """The checkpoint's architecture has no adapter."""
+
+
+class FingerprintMismatch(ConduitCoreError):
+    """A cached PageKV was produced by another model, dtype or template."""
