@@ -1,0 +1,1 @@
+"""Storage layer: the page-KV store (memory / Redis / disk tiers) and the metadata store."""

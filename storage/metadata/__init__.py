@@ -1,0 +1,19 @@
+"""Metadata store: collections, documents, pages, jobs (SQLite embedded, Redis distributed)."""
+
+from storage.metadata.base import MetadataStore
+from storage.metadata.records import (
+    Collection,
+    CollectionId,
+    Document,
+    DocumentId,
+    Job,
+    JobId,
+    Page,
+    new_id,
+)
+from storage.metadata.sqlite import SQLiteMetadataStore
+
+__all__ = [
+    "Collection", "CollectionId", "Document", "DocumentId", "Job", "JobId", "MetadataStore",
+    "Page", "SQLiteMetadataStore", "new_id",
+]

@@ -1,0 +1,105 @@
+"""The `MetadataStore` protocol: SQLite (embedded) and Redis (distributed) behind one interface."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from storage.metadata.records import (
+    Collection,
+    CollectionId,
+    Document,
+    DocumentId,
+    DocumentStatus,
+    IngestStage,
+    Job,
+    JobId,
+    JobStatus,
+    Page,
+)
+
+
+class MetadataStore(Protocol):
+    """Collections, documents, pages and jobs. Every method is atomic on its own."""
+
+    # collections
+    def create_collection(self, name: str, tenant: str, shared: bool = False) -> Collection:
+        """Create a collection; `ConflictError` if the tenant already has one of that name."""
+        ...
+
+    def get_collection(self, collection_id: CollectionId) -> Collection:
+        """The collection, or `NotFoundError`."""
+        ...
+
+    def find_collection(self, name: str, tenant: str) -> Collection | None:
+        """The tenant's collection of that name, if any."""
+        ...
+
+    def list_collections(self, tenant: str) -> list[Collection]:
+        """The tenant's collections, oldest first."""
+        ...
+
+    def delete_collection(self, collection_id: CollectionId) -> None:
+        """Delete an empty collection (`ConflictError` if it still holds documents)."""
+        ...
+
+    # documents
+    def add_document(self, document: Document) -> None:
+        """Insert a new document record."""
+        ...
+
+    def get_document(self, document_id: DocumentId) -> Document:
+        """The document, or `NotFoundError`."""
+        ...
+
+    def list_documents(self, collection_id: CollectionId) -> list[Document]:
+        """Documents of a collection, oldest first."""
+        ...
+
+    def update_progress(
+        self,
+        document_id: DocumentId,
+        *,
+        status: DocumentStatus,
+        stage: IngestStage,
+        pages_done: int,
+        pages_total: int,
+        error: str | None = None,
+    ) -> None:
+        """Record ingestion progress of a document."""
+        ...
+
+    def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:
+        """Replace all page records of a document in one transaction."""
+        ...
+
+    def list_pages(
+        self, collection_id: CollectionId, document_ids: Sequence[DocumentId] | None = None
+    ) -> list[Page]:
+        """Pages of ready documents in a collection (optionally only some documents)."""
+        ...
+
+    def delete_document(self, document_id: DocumentId) -> list[str]:
+        """Delete a document and its pages; return the page hashes no other document uses."""
+        ...
+
+    def page_hash_in_use(self, page_hash: str) -> bool:
+        """Whether any document's page references this KV page hash."""
+        ...
+
+    # jobs
+    def add_job(self, job: Job) -> None:
+        """Insert a new job record."""
+        ...
+
+    def get_job(self, job_id: JobId) -> Job:
+        """The job, or `NotFoundError`."""
+        ...
+
+    def update_job(self, job_id: JobId, *, status: JobStatus, error: str | None = None) -> None:
+        """Record a job's status."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,80 @@
+"""Typed records of the metadata store: collections, documents, pages and jobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal, NewType
+
+CollectionId = NewType("CollectionId", str)
+DocumentId = NewType("DocumentId", str)
+JobId = NewType("JobId", str)
+
+DocumentStatus = Literal["queued", "processing", "ready", "failed"]
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+IngestStage = Literal["queued", "render", "text", "index", "prefill", "done"]
+TextSource = Literal["text_layer", "ocr", "none"]
+
+
+def new_id(prefix: str) -> str:
+    """A random id with a readable prefix, e.g. `doc_3f2a...`."""
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class Collection:
+    """A named set of documents owned by a tenant."""
+
+    id: CollectionId
+    name: str
+    tenant: str
+    shared: bool = False
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Document:
+    """One uploaded PDF and the progress of its ingestion."""
+
+    id: DocumentId
+    collection_id: CollectionId
+    filename: str
+    sha256: str
+    size_bytes: int
+    status: DocumentStatus = "queued"
+    stage: IngestStage = "queued"
+    pages_done: int = 0
+    pages_total: int = 0
+    error: str | None = None
+    job_id: JobId | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Page:
+    """One page of a document: where its image lives, its text, and its KV page hash."""
+
+    document_id: DocumentId
+    number: int  # 1-based
+    page_hash: str  # storage.keys.PageHash of the page's KV entry
+    text: str
+    text_source: TextSource
+    image_path: str  # relative to the home dir
+    width: int
+    height: int
+    embedding: bytes | None = None  # float32 dense embedding of the text
+
+
+@dataclass
+class Job:
+    """A unit of background work (ingest or answer) and its outcome."""
+
+    id: JobId
+    kind: Literal["ingest", "answer"]
+    status: JobStatus = "queued"
+    document_id: DocumentId | None = None
+    error: str | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)

@@ -1,0 +1,249 @@
+"""SQLite metadata store for the embedded form: one file under the home dir, WAL mode."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from storage.errors import ConflictError, NotFoundError
+from storage.metadata.records import (
+    Collection,
+    CollectionId,
+    Document,
+    DocumentId,
+    DocumentStatus,
+    IngestStage,
+    Job,
+    JobId,
+    JobStatus,
+    Page,
+    new_id,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS collections (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, tenant TEXT NOT NULL, shared INTEGER NOT NULL,
+    created_at REAL NOT NULL, UNIQUE (tenant, name));
+CREATE TABLE IF NOT EXISTS documents (
+    id TEXT PRIMARY KEY, collection_id TEXT NOT NULL REFERENCES collections(id),
+    filename TEXT NOT NULL, sha256 TEXT NOT NULL, size_bytes INTEGER NOT NULL,
+    status TEXT NOT NULL, stage TEXT NOT NULL, pages_done INTEGER NOT NULL,
+    pages_total INTEGER NOT NULL, error TEXT, job_id TEXT,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS documents_by_collection ON documents (collection_id);
+CREATE TABLE IF NOT EXISTS pages (
+    document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    number INTEGER NOT NULL, page_hash TEXT NOT NULL, text TEXT NOT NULL,
+    text_source TEXT NOT NULL, image_path TEXT NOT NULL, width INTEGER NOT NULL,
+    height INTEGER NOT NULL, embedding BLOB, PRIMARY KEY (document_id, number));
+CREATE INDEX IF NOT EXISTS pages_by_hash ON pages (page_hash);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, status TEXT NOT NULL, document_id TEXT,
+    error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+"""
+
+
+def _row(cls: type, row: sqlite3.Row) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: row[k] for k in row.keys() if k in names})
+
+
+class SQLiteMetadataStore:
+    """`MetadataStore` on one SQLite file; safe to share between threads of one process."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.executescript(_SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _one(self, sql: str, args: Sequence[Any]) -> sqlite3.Row | None:
+        with self._lock:
+            row: sqlite3.Row | None = self._conn.execute(sql, args).fetchone()
+            return row
+
+    def _all(self, sql: str, args: Sequence[Any]) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._conn.execute(sql, args).fetchall())
+
+    # collections
+    def create_collection(self, name: str, tenant: str, shared: bool = False) -> Collection:
+        """Create a collection; `ConflictError` if the tenant already has one of that name."""
+        col = Collection(id=CollectionId(new_id("col")), name=name, tenant=tenant, shared=shared)
+        try:
+            with self._tx() as c:
+                c.execute(
+                    "INSERT INTO collections VALUES (?, ?, ?, ?, ?)",
+                    (col.id, col.name, col.tenant, int(col.shared), col.created_at),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(f"collection {name!r} already exists") from exc
+        return col
+
+    def get_collection(self, collection_id: CollectionId) -> Collection:
+        """The collection, or `NotFoundError`."""
+        row = self._one("SELECT * FROM collections WHERE id = ?", (collection_id,))
+        if row is None:
+            raise NotFoundError(f"collection {collection_id} not found")
+        col: Collection = _row(Collection, row)
+        col.shared = bool(col.shared)
+        return col
+
+    def find_collection(self, name: str, tenant: str) -> Collection | None:
+        """The tenant's collection of that name, if any."""
+        row = self._one("SELECT id FROM collections WHERE name = ? AND tenant = ?", (name, tenant))
+        return None if row is None else self.get_collection(row["id"])
+
+    def list_collections(self, tenant: str) -> list[Collection]:
+        """The tenant's collections, oldest first."""
+        rows = self._all(
+            "SELECT id FROM collections WHERE tenant = ? ORDER BY created_at", (tenant,)
+        )
+        return [self.get_collection(r["id"]) for r in rows]
+
+    def delete_collection(self, collection_id: CollectionId) -> None:
+        """Delete an empty collection (`ConflictError` if it still holds documents)."""
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM documents WHERE collection_id = ?",
+                         (collection_id,)).fetchone():
+                raise ConflictError(f"collection {collection_id} still holds documents")
+            if c.execute("DELETE FROM collections WHERE id = ?", (collection_id,)).rowcount == 0:
+                raise NotFoundError(f"collection {collection_id} not found")
+
+    # documents
+    def add_document(self, document: Document) -> None:
+        """Insert a new document record."""
+        self.get_collection(document.collection_id)
+        values = asdict(document)
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        with self._tx() as c:
+            c.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})", tuple(values.values()))
+
+    def get_document(self, document_id: DocumentId) -> Document:
+        """The document, or `NotFoundError`."""
+        row = self._one("SELECT * FROM documents WHERE id = ?", (document_id,))
+        if row is None:
+            raise NotFoundError(f"document {document_id} not found")
+        doc: Document = _row(Document, row)
+        return doc
+
+    def list_documents(self, collection_id: CollectionId) -> list[Document]:
+        """Documents of a collection, oldest first."""
+        rows = self._all(
+            "SELECT * FROM documents WHERE collection_id = ? ORDER BY created_at", (collection_id,)
+        )
+        return [_row(Document, r) for r in rows]
+
+    def update_progress(
+        self,
+        document_id: DocumentId,
+        *,
+        status: DocumentStatus,
+        stage: IngestStage,
+        pages_done: int,
+        pages_total: int,
+        error: str | None = None,
+    ) -> None:
+        """Record ingestion progress of a document."""
+        with self._tx() as c:
+            n = c.execute(
+                "UPDATE documents SET status=?, stage=?, pages_done=?, pages_total=?, error=?, "
+                "updated_at=? WHERE id=?",
+                (status, stage, pages_done, pages_total, error, time.time(), document_id),
+            ).rowcount
+        if n == 0:
+            raise NotFoundError(f"document {document_id} not found")
+
+    def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:
+        """Replace all page records of a document in one transaction."""
+        with self._tx() as c:
+            c.execute("DELETE FROM pages WHERE document_id = ?", (document_id,))
+            c.executemany(
+                "INSERT INTO pages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [tuple(asdict(p).values()) for p in pages],
+            )
+
+    def list_pages(
+        self, collection_id: CollectionId, document_ids: Sequence[DocumentId] | None = None
+    ) -> list[Page]:
+        """Pages of ready documents in a collection (optionally only some documents)."""
+        sql = (
+            "SELECT p.* FROM pages p JOIN documents d ON d.id = p.document_id "
+            "WHERE d.collection_id = ? AND d.status = 'ready'"
+        )
+        args: list[Any] = [collection_id]
+        if document_ids is not None:
+            sql += f" AND d.id IN ({', '.join('?' for _ in document_ids)})"
+            args.extend(document_ids)
+        rows = self._all(sql + " ORDER BY d.created_at, p.number", args)
+        return [_row(Page, r) for r in rows]
+
+    def delete_document(self, document_id: DocumentId) -> list[str]:
+        """Delete a document and its pages; return the page hashes no other document uses."""
+        with self._tx() as c:
+            hashes = {r["page_hash"] for r in c.execute(
+                "SELECT page_hash FROM pages WHERE document_id = ?", (document_id,))}
+            c.execute("DELETE FROM pages WHERE document_id = ?", (document_id,))
+            if c.execute("DELETE FROM documents WHERE id = ?", (document_id,)).rowcount == 0:
+                raise NotFoundError(f"document {document_id} not found")
+            orphans = [h for h in sorted(hashes) if c.execute(
+                "SELECT 1 FROM pages WHERE page_hash = ? LIMIT 1", (h,)).fetchone() is None]
+        return orphans
+
+    def page_hash_in_use(self, page_hash: str) -> bool:
+        """Whether any document's page references this KV page hash."""
+        row = self._one("SELECT 1 FROM pages WHERE page_hash = ? LIMIT 1", (page_hash,))
+        return row is not None
+
+    # jobs
+    def add_job(self, job: Job) -> None:
+        """Insert a new job record."""
+        values = asdict(job)
+        with self._tx() as c:
+            c.execute(
+                f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
+                tuple(values.values()),
+            )
+
+    def get_job(self, job_id: JobId) -> Job:
+        """The job, or `NotFoundError`."""
+        row = self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if row is None:
+            raise NotFoundError(f"job {job_id} not found")
+        job: Job = _row(Job, row)
+        return job
+
+    def update_job(self, job_id: JobId, *, status: JobStatus, error: str | None = None) -> None:
+        """Record a job's status."""
+        with self._tx() as c:
+            n = c.execute("UPDATE jobs SET status=?, error=?, updated_at=? WHERE id=?",
+                          (status, error, time.time(), job_id)).rowcount
+        if n == 0:
+            raise NotFoundError(f"job {job_id} not found")
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._conn.close()
