@@ -1,0 +1,1 @@
+"""The HTTP service (FastAPI) and the `conduit` command line."""

@@ -1,0 +1,78 @@
+"""The FastAPI application factory: one process serves the API and, in embedded mode, runs jobs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.routers import collections, documents, health, query
+from service.routers.documents import ingest_error_status
+from storage.errors import ConflictError, NotFoundError
+from worker.context import build_context
+from worker.errors import WorkerError
+from worker.ingest.errors import IngestError
+from worker.jobs import InProcessRunner
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; stores open at startup and close at shutdown."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = build_context(settings)
+        app.state.ctx = ctx
+        app.state.runner = _build_runner(ctx)
+        log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
+                 settings.embedded)
+        try:
+            yield
+        finally:
+            app.state.runner.shutdown()
+            ctx.close()
+
+    app = FastAPI(title="conduit", version="0.1.0", lifespan=lifespan,
+                  description="Document question answering over cached page KV.")
+    for router in (collections.router, documents.router, query.router, health.router):
+        app.include_router(router)
+    _install_error_handlers(app)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _build_runner(ctx):  # type: ignore[no-untyped-def]
+    if ctx.settings.embedded:
+        return InProcessRunner(ctx)
+    from worker.celery_app import CeleryRunner
+
+    return CeleryRunner(ctx.settings.redis_url)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(IngestError)
+    async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=ingest_error_status(exc))
+
+    @app.exception_handler(NotFoundError)
+    async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(ConflictError)
+    async def conflict(_: Request, exc: ConflictError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(WorkerError)
+    async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
+        return JSONResponse({"detail": exc.message}, status_code=409)

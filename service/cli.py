@@ -1,0 +1,160 @@
+"""The `conduit` command line: serve, ingest, ask, worker, eval and bench.
+
+`ingest` and `ask` run the pipeline in this process against the stores the settings name
+(embedded: the home dir), so they work with no server running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from worker.settings import Settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `conduit` console script."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    code: int = args.func(args)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conduit", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = p.add_subparsers()
+
+    serve = sub.add_parser("serve", help="run the HTTP service")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=_serve)
+
+    ingest = sub.add_parser("ingest", help="ingest PDFs into a collection")
+    ingest.add_argument("paths", nargs="+", type=Path)
+    ingest.add_argument("--collection", required=True)
+    ingest.add_argument("--password", default=None, help="password of encrypted PDFs")
+    ingest.set_defaults(func=_ingest)
+
+    ask = sub.add_parser("ask", help="ask a question over a collection")
+    ask.add_argument("question")
+    ask.add_argument("--collection", required=True)
+    ask.add_argument("--top-k", type=int, default=None)
+    ask.add_argument("--max-new-tokens", type=int, default=None)
+    ask.add_argument("--policy", default=None)
+    ask.add_argument("--budget", type=float, default=None)
+    ask.add_argument("--json", action="store_true", help="print the full answer as JSON")
+    ask.set_defaults(func=_ask)
+
+    from service.cli_tools import add_tool_commands
+
+    add_tool_commands(sub)
+    return p
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    uvicorn.run(create_app(Settings()), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from storage.metadata import Document, DocumentId, Job, JobId, new_id
+    from worker.context import build_context
+    from worker.ingest.errors import IngestError
+    from worker.jobs import execute_ingest_job
+    from worker.uploads import check_upload, store_upload
+
+    settings = Settings()
+    ctx = build_context(settings)
+    col = ctx.meta.find_collection(args.collection, "default") or \
+        ctx.meta.create_collection(args.collection, "default")
+    failures = 0
+    for path in args.paths:
+        try:
+            data = path.read_bytes()
+            checked = check_upload(data, password=args.password,
+                                   max_bytes=settings.max_upload_bytes,
+                                   max_pages=settings.max_pages)
+        except (OSError, IngestError) as exc:
+            print(f"{path}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+            failures += 1
+            continue
+        doc_id, job_id = DocumentId(new_id("doc")), JobId(new_id("job"))
+        store_upload(ctx.home, doc_id, checked.data)
+        ctx.meta.add_job(Job(id=job_id, kind="ingest", document_id=doc_id))
+        ctx.meta.add_document(Document(id=doc_id, collection_id=col.id, filename=path.name,
+                                       sha256=checked.sha256, size_bytes=len(data),
+                                       pages_total=checked.page_count, job_id=job_id))
+        worker = threading.Thread(target=execute_ingest_job, args=(ctx, job_id, doc_id))
+        worker.start()
+        with tqdm(total=checked.page_count, desc=path.name, unit="page") as bar:
+            while worker.is_alive():
+                worker.join(0.2)
+                doc = ctx.meta.get_document(doc_id)
+                bar.set_postfix_str(doc.stage)
+                bar.total = max(doc.pages_total, 1)
+                bar.n = doc.pages_done
+                bar.refresh()
+        doc = ctx.meta.get_document(doc_id)
+        if doc.status != "ready":
+            print(f"{path}: {doc.error}", file=sys.stderr)
+            failures += 1
+        else:
+            print(f"{path}: {doc.pages_total} page(s) -> document {doc_id}")
+    ctx.close()
+    return 1 if failures else 0
+
+
+def _ask(args: argparse.Namespace) -> int:
+    from worker.answer_job import Question, answer_question
+    from worker.context import build_context
+    from worker.errors import WorkerError
+
+    settings = Settings()
+    ctx = build_context(settings)
+    col = ctx.meta.find_collection(args.collection, "default")
+    if col is None:
+        print(f"no collection named {args.collection!r}", file=sys.stderr)
+        return 2
+    question = Question(
+        collection_id=col.id, question=args.question, top_k=args.top_k or settings.top_k,
+        max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
+        policy=args.policy, budget=args.budget,
+    )
+    stream = None if args.json else (lambda text: print(text, end="", flush=True))
+    try:
+        result = answer_question(ctx, question, on_token=stream)
+    except WorkerError as exc:
+        print(exc.message, file=sys.stderr)
+        return 2
+    finally:
+        ctx.close()
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        print()
+        for c in result.citations:
+            print(f"  [{c.filename} p.{c.page}] score={c.score:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""`/v1/collections`: create, list, show and delete collections."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from service.deps import CtxDep, TenantDep
+from service.schemas import CollectionIn, CollectionOut, DocumentOut
+from service.views import collection_out, document_out
+from storage.errors import NotFoundError
+from storage.metadata import Collection, CollectionId
+from worker.context import WorkerContext
+
+router = APIRouter(prefix="/v1/collections", tags=["collections"])
+
+
+def owned_collection(ctx: WorkerContext, tenant: str, collection_id: str) -> Collection:
+    """The collection if the tenant owns it; 404 otherwise (no existence leak)."""
+    try:
+        col = ctx.meta.get_collection(CollectionId(collection_id))
+    except NotFoundError:
+        col = None
+    if col is None or col.tenant != tenant:
+        raise HTTPException(404, f"collection {collection_id} not found")
+    return col
+
+
+@router.post("", status_code=201, response_model=CollectionOut)
+def create_collection(body: CollectionIn, ctx: CtxDep, tenant: TenantDep) -> CollectionOut:
+    """Create a collection (409 if the name is taken)."""
+    return collection_out(ctx.meta.create_collection(body.name, tenant, body.shared))
+
+
+@router.get("", response_model=list[CollectionOut])
+def list_collections(ctx: CtxDep, tenant: TenantDep) -> list[CollectionOut]:
+    """The caller's collections."""
+    return [collection_out(c) for c in ctx.meta.list_collections(tenant)]
+
+
+@router.get("/{collection_id}", response_model=CollectionOut)
+def get_collection(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> CollectionOut:
+    """One collection."""
+    return collection_out(owned_collection(ctx, tenant, collection_id))
+
+
+@router.get("/{collection_id}/documents", response_model=list[DocumentOut])
+def list_documents(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> list[DocumentOut]:
+    """The documents of a collection with their status."""
+    col = owned_collection(ctx, tenant, collection_id)
+    return [document_out(d) for d in ctx.meta.list_documents(col.id)]
+
+
+@router.delete("/{collection_id}", status_code=204)
+def delete_collection(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
+    """Delete an empty collection (409 while it holds documents)."""
+    ctx.meta.delete_collection(owned_collection(ctx, tenant, collection_id).id)

@@ -1,0 +1,98 @@
+"""Pydantic schemas of every request and response body of the REST API."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ErrorOut(BaseModel):
+    """Body of every 4xx/5xx response."""
+
+    detail: str
+
+
+class CollectionIn(BaseModel):
+    """Create a collection."""
+
+    name: str = Field(..., min_length=1, max_length=200, pattern=r"^[\w .\-]+$")
+    shared: bool = Field(False, description="Share cached page KV across tenants.")
+
+
+class CollectionOut(BaseModel):
+    """A collection."""
+
+    collection_id: str
+    name: str
+    shared: bool
+    created_at: float
+
+
+class DocumentOut(BaseModel):
+    """A document and its ingestion progress."""
+
+    document_id: str
+    collection_id: str
+    filename: str
+    sha256: str
+    size_bytes: int
+    status: str
+    stage: str
+    pages_done: int
+    pages_total: int
+    error: str | None
+    job_id: str | None
+
+
+class UploadOut(BaseModel):
+    """Reply to an accepted upload (HTTP 202)."""
+
+    document_id: str
+    job_id: str
+    status: str
+
+
+class JobOut(BaseModel):
+    """A background job."""
+
+    job_id: str
+    kind: str
+    status: str
+    document_id: str | None
+    error: str | None
+
+
+class QueryIn(BaseModel):
+    """A question over a collection, or over some of its documents."""
+
+    collection_id: str
+    question: str = Field(..., min_length=1, max_length=4000)
+    top_k: int = Field(3, ge=1, le=32)
+    max_new_tokens: int = Field(64, ge=1, le=2048)
+    document_ids: list[str] | None = Field(None, description="Restrict to these documents.")
+    policy: str | None = Field(None, description="Refresh policy; default from settings.")
+    budget: float | None = Field(None, ge=0.0, le=1.0, description="Refresh budget.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    bm25_weight: float = Field(1.0, ge=0.0)
+    dense_weight: float = Field(1.0, ge=0.0)
+
+
+class CitationOut(BaseModel):
+    """A page the answer used."""
+
+    document_id: str
+    filename: str
+    page: int
+    score: float
+
+
+class QueryOut(BaseModel):
+    """An answer with citations, timings and compute."""
+
+    answer: str
+    citations: list[CitationOut]
+    policy: str
+    budget: float
+    flops_ratio: float
+    refreshed_visual_tokens: int
+    visual_tokens: int
+    timings: dict[str, float]

@@ -1,0 +1,27 @@
+"""Mapping of storage records to response schemas."""
+
+from __future__ import annotations
+
+from service.schemas import CollectionOut, DocumentOut, JobOut
+from storage.metadata import Collection, Document, Job
+
+
+def collection_out(c: Collection) -> CollectionOut:
+    """Response body of a collection."""
+    return CollectionOut(collection_id=c.id, name=c.name, shared=c.shared,
+                         created_at=c.created_at)
+
+
+def document_out(d: Document) -> DocumentOut:
+    """Response body of a document."""
+    return DocumentOut(
+        document_id=d.id, collection_id=d.collection_id, filename=d.filename, sha256=d.sha256,
+        size_bytes=d.size_bytes, status=d.status, stage=d.stage, pages_done=d.pages_done,
+        pages_total=d.pages_total, error=d.error, job_id=d.job_id,
+    )
+
+
+def job_out(j: Job) -> JobOut:
+    """Response body of a job."""
+    return JobOut(job_id=j.id, kind=j.kind, status=j.status, document_id=j.document_id,
+                  error=j.error)

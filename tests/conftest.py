@@ -1,0 +1,6 @@
+"""Suite-wide settings: no model hub, deterministic CPU threads."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,114 @@
+"""End to end over real HTTP: a `conduit serve` process, generated PDFs, the builtin model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.pdfs import encrypted_pdf, text_pdf
+from tests.service.conftest import wait_ready
+
+PAGES = [
+    "Quarterly report. Revenue grew in the northern region thanks to new retail stores.",
+    "Safety manual. The pressure valve must be inspected every fourteen days by a technician.",
+    "Research notes. Photosynthesis converts sunlight, water and carbon dioxide into glucose.",
+]
+
+
+@pytest.fixture(scope="module")
+def client(server: tuple[str, Path]) -> httpx.Client:
+    url, _ = server
+    return httpx.Client(base_url=url, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def collection(client: httpx.Client) -> str:
+    r = client.post("/v1/collections", json={"name": "manuals"})
+    assert r.status_code == 201, r.text
+    return str(r.json()["collection_id"])
+
+
+def _upload(client: httpx.Client, collection: str, data: bytes, name: str = "doc.pdf",
+            password: str | None = None) -> httpx.Response:
+    form = {"password": password} if password else None
+    return client.post(f"/v1/collections/{collection}/documents",
+                       files={"file": (name, data, "application/pdf")}, data=form)
+
+
+def test_upload_poll_ask_cites_the_right_page(client: httpx.Client, collection: str) -> None:
+    r = _upload(client, collection, text_pdf(PAGES), "handbook.pdf")
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["document_id"] and body["job_id"]
+    doc = wait_ready(client, body["document_id"])
+    assert doc["status"] == "ready", doc
+    assert doc["pages_done"] == doc["pages_total"] == 3
+    assert client.get(f"/v1/jobs/{body['job_id']}").json()["status"] == "succeeded"
+
+    r = client.post("/v1/query", json={
+        "collection_id": collection, "question": "How often must the pressure valve be inspected?",
+        "top_k": 2, "max_new_tokens": 8,
+    })
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert isinstance(out["answer"], str)
+    assert out["citations"][0] == {**out["citations"][0], "filename": "handbook.pdf", "page": 2}
+    assert len(out["citations"]) == 2
+    assert out["timings"]["total_s"] > 0 and out["timings"]["ttft_s"] > 0
+    assert 0 < out["flops_ratio"] <= 1
+    assert out["visual_tokens"] > 0
+
+
+def test_bad_uploads_get_4xx_and_leave_nothing(
+    client: httpx.Client, collection: str, server: tuple[str, Path]
+) -> None:
+    _, home = server
+    before = {d["document_id"] for d in
+              client.get(f"/v1/collections/{collection}/documents").json()}
+    uploads_before = set((home / "uploads").glob("*")) if (home / "uploads").exists() else set()
+    good = text_pdf(PAGES)
+    cases = {
+        "not a pdf": (b"hello, I am plain text pretending to be a PDF", None, 422),
+        "empty": (b"", None, 422),
+        "truncated": (good[: len(good) // 3], None, 422),
+        "encrypted, no password": (encrypted_pdf(PAGES, "s3cret"), None, 400),
+        "encrypted, wrong password": (encrypted_pdf(PAGES, "s3cret"), "nope", 400),
+        "too large": (b"%PDF-1.7\n" + b"0" * (3 * 2**20), None, 413),
+    }
+    for name, (data, password, status) in cases.items():
+        r = _upload(client, collection, data, f"{name}.pdf", password)
+        assert r.status_code == status, (name, r.status_code, r.text)
+        detail = r.json()["detail"]
+        assert isinstance(detail, str) and len(detail) > 5, (name, detail)
+    after = {d["document_id"] for d in
+             client.get(f"/v1/collections/{collection}/documents").json()}
+    assert after == before
+    uploads_after = set((home / "uploads").glob("*")) if (home / "uploads").exists() else set()
+    assert uploads_after == uploads_before
+
+
+def test_encrypted_pdf_with_password_is_ingested(client: httpx.Client, collection: str) -> None:
+    r = _upload(client, collection, encrypted_pdf(PAGES[:1], "s3cret"), "locked.pdf", "s3cret")
+    assert r.status_code == 202, r.text
+    assert wait_ready(client, r.json()["document_id"])["status"] == "ready"
+
+
+def test_unknown_ids_are_404(client: httpx.Client) -> None:
+    assert client.get("/v1/documents/doc_nope").status_code == 404
+    assert client.get("/v1/collections/col_nope").status_code == 404
+    r = client.post("/v1/query", json={"collection_id": "col_nope", "question": "x"})
+    assert r.status_code == 404
+    r = client.post("/v1/collections/col_nope/documents",
+                    files={"file": ("a.pdf", text_pdf(["x"]), "application/pdf")})
+    assert r.status_code == 404
+
+
+def test_query_validation_and_empty_collection(client: httpx.Client) -> None:
+    col = client.post("/v1/collections", json={"name": "empty"}).json()["collection_id"]
+    r = client.post("/v1/query", json={"collection_id": col, "question": "anything?"})
+    assert r.status_code == 409 and "upload" in r.json()["detail"]
+    r = client.post("/v1/query", json={"collection_id": col, "question": ""})
+    assert r.status_code == 422
+    assert client.post("/v1/collections", json={"name": "empty"}).status_code == 409

@@ -1,0 +1,133 @@
+"""The answer job: retrieve pages, load their cached KV (prefilling any miss), assemble them
+under the question's prefix, refresh with the configured policy, decode, and cite the pages."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from conduit_core import AnswerRequest, PageInput
+from storage.keys import PageHash
+from storage.metadata import CollectionId, DocumentId, Page
+from worker.context import WorkerContext
+from worker.errors import NoPagesToAnswerError
+from worker.ingest_job import ensure_prefilled
+from worker.retrieval.embedder import embedding_from_bytes
+from worker.retrieval.hybrid import Candidate, search
+
+log = logging.getLogger(__name__)
+
+ANSWER_PREFIX = (
+    "You answer questions about the document pages shown. Answer briefly and cite pages "
+    "by their labels."
+)
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A page the answer was conditioned on."""
+
+    document_id: str
+    filename: str
+    page: int  # 1-based
+    score: float
+
+
+@dataclass
+class Answer:
+    """An answer, its sources, and where the time and compute went."""
+
+    answer: str
+    citations: list[Citation]
+    policy: str
+    budget: float
+    flops_ratio: float
+    refreshed_visual_tokens: int
+    visual_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the caller asks, with per-request overrides of the service defaults."""
+
+    collection_id: CollectionId
+    question: str
+    top_k: int
+    max_new_tokens: int
+    document_ids: Sequence[DocumentId] | None = None
+    policy: str | None = None
+    budget: float | None = None
+    temperature: float = 0.0
+    bm25_weight: float = 1.0
+    dense_weight: float = 1.0
+
+
+def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
+    """The top-k pages of the question's scope with their fused retrieval scores."""
+    pages = ctx.meta.list_pages(q.collection_id, q.document_ids)
+    if not pages:
+        raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
+    by_key = {f"{p.document_id}:{p.number}": p for p in pages}
+    candidates = [
+        Candidate(key=k, text=p.text,
+                  embedding=None if p.embedding is None else embedding_from_bytes(p.embedding))
+        for k, p in by_key.items()
+    ]
+    hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=q.bm25_weight,
+                  dense_weight=q.dense_weight, embedder=ctx.embedder)
+    return [(by_key[h.key], h.score) for h in hits]
+
+
+def answer_question(
+    ctx: WorkerContext, q: Question, on_token: Callable[[str], None] | None = None
+) -> Answer:
+    """Answer one question over the retrieved pages' cached KV."""
+    t0 = time.perf_counter()
+    hits = retrieve(ctx, q)
+    t_retrieved = time.perf_counter()
+    pages = [p for p, _ in hits]
+    computed = ensure_prefilled(ctx, pages)
+    t_prefilled = time.perf_counter()
+    kvs = ctx.kv.get_many([PageHash(p.page_hash) for p in pages])
+    missing = [p for p in pages if p.page_hash not in kvs]
+    if missing:  # evicted between the check and the read: compute once more
+        ensure_prefilled(ctx, missing)
+        kvs.update(ctx.kv.get_many([PageHash(p.page_hash) for p in missing]))
+    t_loaded = time.perf_counter()
+    filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
+    request = AnswerRequest(
+        prefix=ANSWER_PREFIX,
+        pages=[PageInput(label=f"[{filenames[p.document_id]} p.{p.number}]",
+                         kv=kvs[PageHash(p.page_hash)]) for p in pages],
+        question=q.question,
+        policy=q.policy or ctx.settings.policy,
+        budget=ctx.settings.budget if q.budget is None else q.budget,
+        max_new_tokens=q.max_new_tokens,
+        temperature=q.temperature,
+    )
+    with ctx.model_lock:
+        result = ctx.runtime.answer(request, on_token=on_token)
+    t_done = time.perf_counter()
+    if computed:
+        log.info("prefilled %d page(s) at question time", computed)
+    return Answer(
+        answer=result.text,
+        citations=[Citation(document_id=p.document_id, filename=filenames[p.document_id],
+                            page=p.number, score=round(score, 6)) for p, score in hits],
+        policy=request.policy,
+        budget=request.budget,
+        flops_ratio=result.flops_ratio,
+        refreshed_visual_tokens=result.refreshed_visual_tokens,
+        visual_tokens=result.visual_tokens,
+        timings={
+            "retrieve_s": t_retrieved - t0,
+            "prefill_missing_s": t_prefilled - t_retrieved,
+            "kv_load_s": t_loaded - t_prefilled,
+            "ttft_s": result.ttft_s,
+            "generate_s": t_done - t_loaded,
+            "total_s": t_done - t0,
+        },
+    )

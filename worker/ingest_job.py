@@ -1,0 +1,129 @@
+"""The ingest job: render every page, read its text (OCR when needed), embed it for retrieval,
+and prefill page KV once per page hash. Progress is written to the metadata store per stage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PIL import Image
+
+from storage.keys import PageHash, page_hash
+from storage.metadata import Document, DocumentId, Page
+from storage.metadata.records import IngestStage
+from worker.context import WorkerContext
+from worker.ingest.errors import IngestError, IngestTimeoutError
+from worker.ingest.pdf import open_pdf
+from worker.ingest.render import render_page
+from worker.ingest.text import extract_text
+from worker.retrieval.embedder import embedding_to_bytes
+from worker.uploads import upload_path
+
+log = logging.getLogger(__name__)
+
+PREFILL_BATCH = 4  # pages per prefill call
+
+
+@dataclass
+class _Progress:
+    ctx: WorkerContext
+    document_id: DocumentId
+    total: int = 0
+
+    def __call__(self, stage: IngestStage, done: int) -> None:
+        self.ctx.meta.update_progress(
+            self.document_id, status="processing", stage=stage, pages_done=done,
+            pages_total=self.total,
+        )
+
+
+def page_image_relpath(document_id: str, number: int) -> str:
+    """Where a page image lives, relative to the home dir."""
+    return f"pages/{document_id}/{number:05d}.png"
+
+
+def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
+    """Ingest one uploaded document; on any failure mark it failed with a clear message."""
+    doc = ctx.meta.get_document(document_id)
+    progress = _Progress(ctx, document_id)
+    try:
+        pages = _ingest(ctx, doc, progress)
+    except IngestError as exc:
+        log.warning("ingest of %s failed: %s", document_id, exc.message)
+        _fail(ctx, doc, progress, exc.message)
+        return
+    except Exception as exc:
+        log.exception("ingest of %s crashed", document_id)
+        _fail(ctx, doc, progress, f"internal error during ingestion: {type(exc).__name__}")
+        return
+    ctx.meta.put_pages(document_id, pages)
+    ctx.meta.update_progress(document_id, status="ready", stage="done",
+                             pages_done=len(pages), pages_total=len(pages))
+
+
+def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) -> None:
+    ctx.meta.update_progress(doc.id, status="failed", stage="done", pages_done=0,
+                             pages_total=progress.total, error=message)
+
+
+def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page]:
+    s = ctx.settings
+    deadline = time.monotonic() + s.ingest_timeout_s
+    collection = ctx.meta.get_collection(doc.collection_id)
+    namespace = None if collection.shared else collection.tenant
+    fingerprint = ctx.runtime.fingerprint
+    pdf = open_pdf(upload_path(ctx.home, doc.id).read_bytes(), password=None,
+                   max_pages=s.max_pages)
+    progress.total = pdf.page_count
+    pages: list[Page] = []
+    for index in range(pdf.page_count):
+        if time.monotonic() > deadline:
+            raise IngestTimeoutError(f"ingestion exceeded {s.ingest_timeout_s:.0f} s")
+        image = render_page(pdf, index, dpi=s.render_dpi, max_pixels=s.max_page_pixels)
+        text = extract_text(pdf, index, image=image, ocr=s.ocr)
+        rel = page_image_relpath(doc.id, index + 1)
+        path = ctx.page_image_path(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path, format="PNG", compress_level=1)
+        key = page_hash(fingerprint=fingerprint, render=ctx.render, image=image,
+                        namespace=namespace)
+        pages.append(Page(document_id=doc.id, number=index + 1, page_hash=key, text=text.text,
+                          text_source=text.source, image_path=rel, width=image.width,
+                          height=image.height))
+        progress("render", index + 1)
+    progress("index", 0)
+    vectors = ctx.embedder.embed([p.text for p in pages])
+    for page, vector in zip(pages, vectors, strict=True):
+        page.embedding = embedding_to_bytes(vector)
+    progress("index", len(pages))
+    if s.prefill_on_ingest:
+        ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))
+    return pages
+
+
+def ensure_prefilled(ctx: WorkerContext, pages: Sequence[Page], on_done=None) -> int:  # type: ignore[no-untyped-def]
+    """Prefill the KV of every page whose hash is not stored yet; return how many were computed.
+
+    Identical pages (same hash) are prefilled once, across documents and within one.
+    """
+    present = ctx.kv.contains([PageHash(p.page_hash) for p in pages])
+    todo: dict[str, Page] = {}
+    for p in pages:
+        if p.page_hash not in present:
+            todo.setdefault(p.page_hash, p)
+    missing = list(todo.values())
+    done = len(pages) - len(missing)
+    if on_done:
+        on_done(done)
+    for start in range(0, len(missing), PREFILL_BATCH):
+        batch = missing[start:start + PREFILL_BATCH]
+        images = [Image.open(ctx.page_image_path(p.image_path)).convert("RGB") for p in batch]
+        with ctx.model_lock:
+            kvs = ctx.runtime.prefill_pages(images)
+        ctx.kv.put_many({PageHash(p.page_hash): kv for p, kv in zip(batch, kvs, strict=True)})
+        done += len(batch)
+        if on_done:
+            on_done(done)
+    return len(missing)

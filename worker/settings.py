@@ -1,0 +1,86 @@
+"""The one `Settings` object (environment prefix `CONDUIT_`), read by entry points only.
+
+Entry points (the CLI, the FastAPI app factory, the Celery worker) build a `Settings` and pass plain
+values down; nothing below `worker` reads the environment.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of a conduit deployment. Unset Redis URL = embedded (one process)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONDUIT_", env_file=None, extra="ignore")
+
+    # model
+    model: str = Field(
+        "builtin:tiny-qwen2-vl",
+        description="Local path or hub id of a supported VLM, or a builtin:tiny-* model.",
+    )
+    device: str = Field("cpu", description="torch device, e.g. cpu or cuda:0.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
+    )
+    max_page_tokens: int = Field(
+        256, ge=16, le=16384, description="Cap on visual tokens per page (bounds KV size)."
+    )
+
+    # storage
+    home: Path = Field(Path(".conduit"), description="Directory for all on-disk state.")
+    redis_url: str | None = Field(
+        None, description="Redis URL; set it to run distributed (Redis KV, metadata, Celery)."
+    )
+    memory_kv_bytes: int = Field(
+        512 * 2**20, ge=0, description="Byte budget of the in-memory page-KV LRU."
+    )
+    disk_kv_bytes: int = Field(
+        20 * 2**30, ge=0, description="Byte budget of the on-disk page-KV tier."
+    )
+    redis_kv_ttl_s: int | None = Field(None, ge=1, description="TTL of page KV in Redis.")
+    kv_int8: bool = Field(False, description="Store page KV quantised to int8.")
+
+    # ingestion limits
+    max_upload_bytes: int = Field(64 * 2**20, ge=1, description="Largest accepted upload.")
+    max_pages: int = Field(500, ge=1, description="Most pages per document.")
+    render_dpi: int = Field(100, ge=36, le=600, description="Render resolution.")
+    max_page_pixels: int = Field(
+        1654 * 2339, ge=10_000, description="Pixel cap per rendered page (A4 at 200 dpi)."
+    )
+    ingest_timeout_s: float = Field(600.0, gt=0, description="Per-document ingest deadline.")
+    ocr: bool = Field(True, description="OCR pages without a usable text layer (tesseract).")
+    prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
+
+    # answering
+    policy: str = Field("conduit", description="Refresh policy used to answer.")
+    budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
+    top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
+    max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
+
+    # security
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="Accepted bearer tokens; empty = no auth (loopback use)."
+    )
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis URL is set: API, worker and stores share one process."""
+        return self.redis_url is None
+
+    @cached_property
+    def torch_dtype(self) -> str:
+        """The dtype name the model runs in."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
+
+    @property
+    def model_cache_dir(self) -> Path:
+        """Where builtin models are materialised."""
+        return self.home / "models"
