@@ -137,7 +137,7 @@ def _ask(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
         policy=args.policy, budget=args.budget,
     )
-    stream = None if args.json else (lambda text: print(text, end="", flush=True))
+    stream = None if args.json else (lambda _id, text: print(text, end="", flush=True))
     try:
         result = answer_question(ctx, question, on_token=stream)
     except WorkerError as exc:

@@ -18,6 +18,10 @@ def _floats(text: str) -> list[float]:
 
 def add_tool_commands(sub: Any) -> None:
     """Register the tool subcommands on the top-level subparsers."""
+    work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
+    work.add_argument("--concurrency", type=int, default=1)
+    work.set_defaults(func=_worker)
+
     ev = sub.add_parser("eval", help="quality evaluations").add_subparsers()
     retr = ev.add_parser("retrieval", help="page retrieval recall over a folder of PDFs")
     retr.add_argument("--pdfs", type=Path, required=True)
@@ -49,4 +53,12 @@ def _bench_store(args: argparse.Namespace) -> int:
     from bench.store import run_store_bench
 
     run_store_bench(pages=args.pages, redis_url=args.redis_url, out=args.out)
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from worker.celery_app import run_worker
+    from worker.settings import Settings
+
+    run_worker(Settings(), concurrency=args.concurrency)
     return 0

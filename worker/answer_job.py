@@ -82,7 +82,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
 
 
 def answer_question(
-    ctx: WorkerContext, q: Question, on_token: Callable[[str], None] | None = None
+    ctx: WorkerContext, q: Question, on_token: Callable[[int, str], None] | None = None
 ) -> Answer:
     """Answer one question over the retrieved pages' cached KV."""
     t0 = time.perf_counter()

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         """True when no Redis URL is set: API, worker and stores share one process."""
-        return self.redis_url is None
+        return not self.redis_url
 
     @cached_property
     def torch_dtype(self) -> str:
