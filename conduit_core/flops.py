@@ -1,0 +1,200 @@
+"""Analytic FLOPs accounting of one request (DESIGN.md section 2, "FLOPs accounting").
+
+Language model, per decoder layer: every computed row pays the per-token linear cost
+`c = 2 (2 d H dh + 2 d G dh + 3 d d_ff)` (q/o, k/v, gate/up/down; 2 FLOPs per multiply-add)
+and `4 H dh` per (query, key) pair it attends to (QK^T and AV). Row r of a causal pass sees
+keys 0..r, so its key count is r + 1. Hence
+  full prefill  = L [N c + 4 H dh N (N + 1) / 2]
+  refresh       = L [(N_t + k) c + 4 H dh * sum of key counts of the refreshed rows]
+  scoring       = L [N_t c + 4 H dh * sum of key counts of the text rows]
+Decode is excluded. The vision tower is counted separately (`vision_flops`): a full prefill
+pays it, reuse does not (page embeddings are cached).
+
+Public API:
+  LMShape(layers, hidden, heads, kv_heads, head_dim, intermediate)   .from_config(text_config)
+  linear_cost(shape) -> float                        c, per token per layer
+  rows_flops(shape, rows, n_layers=None) -> float    causal rows at sequence indices `rows`
+  full_prefill_flops(shape, n) -> float
+  VisionShape(...)  .from_config(config)             a ViT tower + merger, family specific
+  vision_tower_flops(shape, grids) -> float          tower FLOPs of pages with these grids
+  FlopsModel(lm, vision_shape)  .from_adapter(adapter)   the runtime's accounting object:
+      .rows(rows, n_layers=None), .full(n), .vision(grids)
+  vision_flops(adapter, grids) -> float              the same for an adapter's model; raises
+                                                     UnsupportedModelError for unknown towers
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from conduit_core.errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class LMShape:
+    """The sizes of a decoder-only language model that FLOPs depend on."""
+
+    layers: int  # L
+    hidden: int  # d
+    heads: int  # H, query heads
+    kv_heads: int  # G
+    head_dim: int  # dh
+    intermediate: int  # d_ff, gated MLP width
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LMShape:
+        """Read a transformers text config (Qwen2 style field names)."""
+        heads = int(cfg.num_attention_heads)
+        head_dim = getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // heads
+        return cls(layers=int(cfg.num_hidden_layers), hidden=int(cfg.hidden_size), heads=heads,
+                   kv_heads=int(cfg.num_key_value_heads), head_dim=int(head_dim),
+                   intermediate=int(cfg.intermediate_size))
+
+    @property
+    def pair_cost(self) -> int:
+        """FLOPs per (query, key) pair per layer: 4 H dh."""
+        return 4 * self.heads * self.head_dim
+
+
+def linear_cost(shape: LMShape) -> float:
+    """Per-token linear FLOPs of one layer: c = 2 (2 d H dh + 2 d G dh + 3 d d_ff)."""
+    d, hd = shape.hidden, shape.head_dim
+    return float(2 * (2 * d * shape.heads * hd + 2 * d * shape.kv_heads * hd
+                      + 3 * d * shape.intermediate))
+
+
+def rows_flops(shape: LMShape, rows: torch.Tensor | Sequence[int],
+               n_layers: int | None = None) -> float:
+    """FLOPs of computing the causal rows at sequence indices `rows` through `n_layers`
+    layers (default all): n_layers [R c + 4 H dh * sum(r + 1)]."""
+    idx = torch.as_tensor(rows, dtype=torch.float64).view(-1)  # (R,)
+    n_layers = shape.layers if n_layers is None else n_layers
+    key_counts = float((idx + 1).sum())
+    return n_layers * (idx.numel() * linear_cost(shape) + shape.pair_cost * key_counts)
+
+
+def full_prefill_flops(shape: LMShape, n: int) -> float:
+    """Language-model FLOPs of a causal prefill of `n` tokens: L [N c + 4 H dh N (N+1) / 2]."""
+    return shape.layers * (n * linear_cost(shape) + shape.pair_cost * n * (n + 1) / 2)
+
+
+@dataclass(frozen=True)
+class VisionShape:
+    """A ViT vision tower with a patch merger/projector, as FLOPs see it.
+
+    Per patch: the patch embedding (`patch_in` -> `embed`), `depth` blocks of
+    qkv + output projection and an MLP (`mlp_hidden`, `mlp_mats` = 2 plain or 3 gated),
+    bidirectional attention over the patches of one image (`4 embed` per pair, windowed when
+    `window` > 0 on all blocks but `full_blocks`); then per merged token (`merge`^2 patches)
+    a two-layer merger `merge^2 embed -> merger_hidden -> out_hidden`.
+    """
+
+    patch_in: int
+    embed: int
+    depth: int
+    mlp_hidden: int
+    mlp_mats: int
+    merge: int
+    merger_hidden: int
+    out_hidden: int
+    window: int = 0  # patches per window side after merging (Qwen2.5-VL), 0 = global
+    full_blocks: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Any) -> VisionShape:
+        """The vision shape of a supported model config (by `model_type`)."""
+        vc = config.vision_config
+        kind = config.model_type
+        if kind == "qwen2_vl":
+            m = int(vc.spatial_merge_size)
+            return cls(patch_in=int(vc.in_channels) * int(vc.temporal_patch_size)
+                       * int(vc.patch_size) ** 2, embed=int(vc.embed_dim), depth=int(vc.depth),
+                       mlp_hidden=int(vc.embed_dim * vc.mlp_ratio), mlp_mats=2, merge=m,
+                       merger_hidden=int(vc.embed_dim) * m * m, out_hidden=int(vc.hidden_size))
+        if kind == "qwen2_5_vl":
+            m = int(vc.spatial_merge_size)
+            win = int(vc.window_size) // int(vc.patch_size) // m
+            return cls(patch_in=int(vc.in_channels) * int(vc.temporal_patch_size)
+                       * int(vc.patch_size) ** 2, embed=int(vc.hidden_size), depth=int(vc.depth),
+                       mlp_hidden=int(vc.intermediate_size), mlp_mats=3, merge=m,
+                       merger_hidden=int(vc.hidden_size) * m * m,
+                       out_hidden=int(vc.out_hidden_size), window=win,
+                       full_blocks=tuple(int(i) for i in vc.fullatt_block_indexes))
+        raise UnsupportedModelError(f"no vision FLOPs model for model_type {kind!r}")
+
+
+def _window_pairs(gh: int, gw: int, merge: int, window: int) -> int:
+    """Sum over attention windows of (patches in window)^2 for one frame of gh x gw patches
+    grouped into windows of `window` merged tokens per side (the last ones truncated)."""
+    mh, mw = gh // merge, gw // merge
+    total = 0
+    for r0 in range(0, mh, window):
+        for c0 in range(0, mw, window):
+            n = min(window, mh - r0) * min(window, mw - c0) * merge * merge
+            total += n * n
+    return total
+
+
+def vision_tower_flops(shape: VisionShape,
+                       grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
+    """Vision-tower FLOPs of encoding images with patch grids (t, h, w), one per page."""
+    total = 0.0
+    m2 = shape.merge * shape.merge
+    block_linear = 2 * (4 * shape.embed * shape.embed
+                        + shape.mlp_mats * shape.embed * shape.mlp_hidden)
+    for grid in grids:
+        t, gh, gw = (int(x) for x in grid)
+        patches = t * gh * gw
+        total += 2 * patches * shape.patch_in * shape.embed  # patch embedding
+        total += shape.depth * patches * block_linear
+        full_pairs = t * (gh * gw) ** 2  # attention within each frame of the image
+        win_pairs = t * _window_pairs(gh, gw, shape.merge, shape.window) if shape.window else 0
+        for b in range(shape.depth):
+            pairs = full_pairs if (not shape.window or b in shape.full_blocks) else win_pairs
+            total += 4 * shape.embed * pairs
+        merged = patches // m2
+        total += 2 * merged * (m2 * shape.embed * shape.merger_hidden
+                               + shape.merger_hidden * shape.out_hidden)
+    return total
+
+
+@dataclass(frozen=True)
+class FlopsModel:
+    """FLOPs accounting for one loaded model (language model + vision tower)."""
+
+    lm: LMShape
+    vision_shape: VisionShape | None  # None: the tower has no analytic model here
+
+    @classmethod
+    def from_adapter(cls, adapter: Any) -> FlopsModel:
+        """Shapes of the adapter's model (`adapter.model.config`)."""
+        config = adapter.model.config
+        try:
+            vision: VisionShape | None = VisionShape.from_config(config)
+        except UnsupportedModelError:
+            vision = None
+        return cls(lm=LMShape.from_config(config.get_text_config()), vision_shape=vision)
+
+    def rows(self, rows: torch.Tensor | Sequence[int], n_layers: int | None = None) -> float:
+        """Language-model FLOPs of computing causal rows `rows` (see `rows_flops`)."""
+        return rows_flops(self.lm, rows, n_layers)
+
+    def full(self, n: int) -> float:
+        """Language-model FLOPs of a full causal prefill of `n` tokens."""
+        return full_prefill_flops(self.lm, n)
+
+    def vision(self, grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
+        """Vision-tower FLOPs of encoding pages with these patch grids."""
+        if self.vision_shape is None:
+            raise UnsupportedModelError("no analytic vision FLOPs model for this family")
+        return vision_tower_flops(self.vision_shape, grids)
+
+
+def vision_flops(adapter: Any, grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
+    """Vision-tower FLOPs of pages with patch grids `grids` for the adapter's model; raises
+    `UnsupportedModelError` where the family's tower has no analytic model."""
+    return vision_tower_flops(VisionShape.from_config(adapter.model.config), grids)
