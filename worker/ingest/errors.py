@@ -1,0 +1,87 @@
+"""The ingestion exception tree: every failure to read a document is an `IngestError`.
+
+Each subclass carries a user-facing `.message` (safe to show in an API response: it never
+contains paths or library internals) and an `http_status` hint for the service layer
+(400 for a request the client can fix by sending a password, 422 for an unusable document).
+"""
+
+from __future__ import annotations
+
+
+class IngestError(Exception):
+    """Base class: a document could not be ingested. `.message` is shown to the user."""
+
+    http_status: int = 422
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class EmptyFileError(IngestError):
+    """The upload holds no bytes."""
+
+    def __init__(self) -> None:
+        super().__init__("The uploaded file is empty.")
+
+
+class NotAPdfError(IngestError):
+    """The bytes are not a PDF (no `%PDF-` header), whatever the file name says."""
+
+    def __init__(self) -> None:
+        super().__init__("The uploaded file is not a PDF document.")
+
+
+class CorruptPdfError(IngestError):
+    """The file starts like a PDF but cannot be read (truncated or damaged)."""
+
+    def __init__(self, detail: str = "") -> None:
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(f"The PDF is damaged or truncated and cannot be read{suffix}.")
+
+
+class PasswordRequiredError(IngestError):
+    """The PDF is encrypted and no password was given."""
+
+    http_status = 400
+
+    def __init__(self) -> None:
+        super().__init__("The PDF is password-protected: send its password to ingest it.")
+
+
+class WrongPasswordError(IngestError):
+    """The PDF is encrypted and the given password does not open it."""
+
+    http_status = 400
+
+    def __init__(self) -> None:
+        super().__init__("The password does not open this PDF.")
+
+
+class NoPagesError(IngestError):
+    """The PDF opens but holds no pages."""
+
+    def __init__(self) -> None:
+        super().__init__("The PDF has no pages.")
+
+
+class TooManyPagesError(IngestError):
+    """The PDF has more pages than the configured limit."""
+
+    def __init__(self, pages: int, max_pages: int) -> None:
+        super().__init__(f"The PDF has {pages} pages; at most {max_pages} are accepted.")
+        self.pages = pages
+        self.max_pages = max_pages
+
+
+class IngestTimeoutError(IngestError):
+    """Ingestion of one document ran past its deadline."""
+
+    def __init__(self, seconds: float, pages_done: int, pages_total: int) -> None:
+        super().__init__(
+            f"Ingestion took longer than the {seconds:g} s limit "
+            f"({pages_done} of {pages_total} pages done)."
+        )
+        self.seconds = seconds
+        self.pages_done = pages_done
+        self.pages_total = pages_total

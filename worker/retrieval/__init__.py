@@ -1,0 +1,35 @@
+"""Page retrieval: BM25 (bm25s) and dense all-MiniLM-L6-v2 rankings fused by RRF.
+
+Ingest: `embed_pages(texts, embedder)` -> per page an `(n, 384)` passage matrix, stored as
+`embedding_to_bytes(...)`. Answer: build `Candidate`s for the pages in scope (the caller
+applies the scope: the whole collection or the pages of chosen document ids) and call
+`search(query, candidates, top_k=..., embedder=...)`.
+"""
+
+from worker.retrieval.embedder import (
+    EMBEDDING_DIM,
+    Embedder,
+    embedding_from_bytes,
+    embedding_to_bytes,
+)
+from worker.retrieval.fusion import Ranking, reciprocal_rank_fusion
+from worker.retrieval.hybrid import Candidate, Hit, search
+from worker.retrieval.passages import PassageConfig, embed_pages, split_passages
+from worker.retrieval.visual import VisualRetriever, load_visual_retriever
+
+__all__ = [
+    "EMBEDDING_DIM",
+    "Candidate",
+    "Embedder",
+    "Hit",
+    "PassageConfig",
+    "Ranking",
+    "VisualRetriever",
+    "embed_pages",
+    "embedding_from_bytes",
+    "embedding_to_bytes",
+    "load_visual_retriever",
+    "reciprocal_rank_fusion",
+    "search",
+    "split_passages",
+]

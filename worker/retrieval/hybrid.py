@@ -1,0 +1,131 @@
+"""Hybrid page retrieval: BM25 and dense (and optionally visual) rankings fused by RRF.
+
+Stateless over candidates: the caller picks the candidate pages (the scope: a whole
+collection, or the pages of a list of document ids) and passes their stored text and
+embeddings; nothing here reads a store, so embedded and distributed mode share the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from worker.retrieval.bm25 import bm25_scores
+from worker.retrieval.dense import max_passage_scores
+from worker.retrieval.embedder import Embedder
+from worker.retrieval.fusion import (
+    DEFAULT_RRF_K,
+    Ranking,
+    ranks_from_scores,
+    reciprocal_rank_fusion,
+)
+from worker.retrieval.passages import embed_pages
+from worker.retrieval.visual import VisualRetriever, late_interaction_scores
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A page that may be retrieved.
+
+    `key` is the caller's id for the page (e.g. "doc_ab12:3"). `embedding` is the page's
+    `(n, 384)` passage matrix from ingestion (`embedding_from_bytes`); when None and the page
+    has text, it is computed on the fly. `visual` is the page's multi-vector embedding from
+    a configured `VisualRetriever` (None when there is none).
+    """
+
+    key: str
+    text: str
+    embedding: np.ndarray | None = None
+    visual: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A retrieved page: fused RRF score and its 1-based rank in each retriever (None: unranked)."""
+
+    key: str
+    score: float
+    bm25_rank: int | None
+    dense_rank: int | None
+    visual_rank: int | None = None
+
+
+def search(
+    query: str,
+    candidates: Sequence[Candidate],
+    *,
+    top_k: int,
+    bm25_weight: float = 1.0,
+    dense_weight: float = 1.0,
+    embedder: Embedder | None = None,
+    visual: VisualRetriever | None = None,
+    visual_weight: float = 1.0,
+    rrf_k: float = DEFAULT_RRF_K,
+) -> list[Hit]:
+    """The `top_k` best candidates for `query`, best first.
+
+    Rankings: BM25 over page text (pages without a query term are unranked), dense cosine
+    of the query with each page's best passage (needs `embedder`; skipped when None or
+    `dense_weight` is 0), and visual late interaction (when `visual` is given and
+    candidates carry `visual` embeddings). Fused by weighted reciprocal rank fusion;
+    ties go to the better single rank, then to input order. When fewer than `top_k`
+    candidates are ranked at all, the rest follow in input order with score 0, so the
+    result always has `min(top_k, len(candidates))` entries.
+    """
+    if top_k < 1:
+        raise ValueError("top_k must be >= 1")
+    n = len(candidates)
+    if n == 0:
+        return []
+    rankings: list[Ranking] = []
+    if bm25_weight:
+        scores = bm25_scores(query, [c.text for c in candidates])
+        rankings.append(Ranking("bm25", ranks_from_scores(scores, positive_only=True),
+                                bm25_weight))
+    if dense_weight and embedder is not None:
+        rankings.append(Ranking("dense", _dense_order(query, candidates, embedder),
+                                dense_weight))
+    if visual_weight and visual is not None:
+        rankings.append(Ranking("visual", _visual_order(query, candidates, visual),
+                                visual_weight))
+    fused = reciprocal_rank_fusion(rankings, n, k=rrf_k)
+    rank_of = {r.name: {index: rank for rank, index in enumerate(r.order, start=1)}
+               for r in rankings}
+    best_single = [min((ranks[i] for ranks in rank_of.values() if i in ranks), default=n + 1)
+                   for i in range(n)]
+    order = sorted(range(n), key=lambda i: (-fused[i], best_single[i], i))[:top_k]
+    return [
+        Hit(
+            key=candidates[i].key,
+            score=float(fused[i]),
+            bm25_rank=rank_of.get("bm25", {}).get(i),
+            dense_rank=rank_of.get("dense", {}).get(i),
+            visual_rank=rank_of.get("visual", {}).get(i),
+        )
+        for i in order
+    ]
+
+
+def _dense_order(query: str, candidates: Sequence[Candidate], embedder: Embedder) -> list[int]:
+    pages: list[np.ndarray | None] = [c.embedding for c in candidates]
+    missing = [i for i, c in enumerate(candidates) if c.embedding is None and c.text.strip()]
+    if missing:
+        for i, matrix in zip(missing, embed_pages([candidates[i].text for i in missing],
+                                                  embedder), strict=True):
+            pages[i] = matrix
+    query_vector = embedder.embed([query])[0]
+    scores = max_passage_scores(query_vector, pages)
+    order = ranks_from_scores(scores, positive_only=False)
+    return [i for i in order if np.isfinite(scores[i])]
+
+
+def _visual_order(query: str, candidates: Sequence[Candidate],
+                  visual: VisualRetriever) -> list[int]:
+    present = [i for i, c in enumerate(candidates) if c.visual is not None]
+    if not present:
+        return []
+    query_vectors = visual.embed_query(query)
+    scores = late_interaction_scores(query_vectors, [candidates[i].visual for i in present])
+    return [present[j] for j in ranks_from_scores(scores, positive_only=False)]
