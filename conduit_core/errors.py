@@ -11,3 +11,7 @@ class UnsupportedModelError(ConduitCoreError):
 
 class FingerprintMismatch(ConduitCoreError):
     """A cached PageKV was produced by another model, dtype or template."""
+
+
+class UnknownPolicyError(ConduitCoreError):
+    """A request named a refresh policy that is not registered."""

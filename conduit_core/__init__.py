@@ -1,0 +1,35 @@
+"""conduit_core: document QA over cached page KV for vision-language models (the algorithm).
+
+Imports only torch, transformers, tokenizers, PIL, numpy and safetensors.
+
+Public API (re-exported here):
+  load_vlm(name_or_path, *, device="cpu", dtype="float32", cache_dir, max_image_tokens=None,
+           attn_implementation="sdpa") -> LoadedVLM
+  LoadedVLM       .model, .processor, .tokenizer, .adapter, .fingerprint, .device, .dtype
+  ReuseRuntime(vlm)
+      .prefill_pages(images) -> list[PageKV]
+      .answer(request: AnswerRequest, on_token=None) -> AnswerResult
+      .answer_full_prefill(prefix, pages: list[tuple[str, Image]], question, ...) -> AnswerResult
+  AnswerRequest, AnswerResult, PageInput       typed request/result (conduit_core.answer_types)
+  PageKV, ModelFingerprint                     the seam to storage (conduit_core.page_kv)
+  builtin_names() -> list[str]                 "builtin:tiny-qwen2-vl", ...
+Errors derive from `conduit_core.errors.ConduitCoreError`.
+"""
+
+from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
+from conduit_core.builtin import builtin_names
+from conduit_core.loader import LoadedVLM, load_vlm
+from conduit_core.page_kv import ModelFingerprint, PageKV
+from conduit_core.runtime import ReuseRuntime
+
+__all__ = [
+    "AnswerRequest",
+    "AnswerResult",
+    "LoadedVLM",
+    "ModelFingerprint",
+    "PageInput",
+    "PageKV",
+    "ReuseRuntime",
+    "builtin_names",
+    "load_vlm",
+]

@@ -1,0 +1,1 @@
+"""Model-family adapters, one file per family; `base.VLMAdapter` is the seam."""

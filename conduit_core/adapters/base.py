@@ -1,0 +1,189 @@
+"""The model-family seam: what the shared runtime needs to know about one VLM family.
+
+Public API:
+  PreparedPage        one page image made ready for the model: segment token ids, image grid,
+                      and the processor's tensors for the vision tower
+  VLMAdapter          base class; a family subclass supplies the page segment layout and its
+                      image tokens (`prepare_pages`), the segment's layer-0 input embeddings
+                      (`page_embeds`), position ids for any layout (`position_ids`), the
+                      reference forward inputs for tests (`reference_inputs`); the base class
+                      gives access to the decoder layers, rotary embedding and chat template.
+Everything else (layer loop, masks, cache writes, rotation, decode) is shared runtime code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from torch import nn
+
+from conduit_core import flops
+from conduit_core.errors import UnsupportedModelError
+
+
+@dataclass
+class PreparedPage:
+    """A page image turned into a model segment (before any forward)."""
+
+    token_ids: torch.Tensor  # (T,) int64, the whole segment including its delimiters
+    image_grid: torch.Tensor  # (3,) int64, family-specific (t, h, w) grid
+    vision_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # processor tensors
+
+
+class VLMAdapter(ABC):
+    """Family-specific glue around a transformers VLM; see the module docstring."""
+
+    family: ClassVar[str]
+    template_version: ClassVar[str] = "chatml-v1"
+    rope_axes: ClassVar[int] = 1  # 3 for M-RoPE families
+
+    def __init__(self, model: nn.Module, processor: Any, tokenizer: Any, max_image_tokens: int):
+        self.model: Any = model  # a transformers *ForConditionalGeneration
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self.max_image_tokens = max_image_tokens
+
+    # ---- structure -------------------------------------------------------------------
+    @property
+    def language_model(self) -> Any:
+        """The decoder stack (`embed_tokens`, `layers`, `norm`, `rotary_emb`)."""
+        return self.model.model.language_model
+
+    @property
+    def layers(self) -> Any:
+        """Decoder layers in order (an `nn.ModuleList`)."""
+        return self.language_model.layers
+
+    @property
+    def lm_head(self) -> Any:
+        """Output projection to vocabulary logits."""
+        return self.model.lm_head
+
+    @property
+    def text_config(self) -> Any:
+        """The language model's config."""
+        return self.model.config.get_text_config()
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the language model weights."""
+        device: torch.device = self.language_model.embed_tokens.weight.device
+        return device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Compute dtype of the language model."""
+        dtype: torch.dtype = self.language_model.embed_tokens.weight.dtype
+        return dtype
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Layer-0 text embeddings: (..., T) -> (..., T, hidden)."""
+        emb: torch.Tensor = self.language_model.embed_tokens(token_ids.to(self.device))
+        return emb
+
+    def qkv(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Pre-RoPE q, k, v of normed hidden states `h` (B, R, hidden) via the module's own
+        projections: q (B, heads, R, hd), k and v (B, kv_heads, R, hd)."""
+        b, r, _ = h.shape
+        hd = attn.head_dim
+        q = attn.q_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, heads, R, hd)
+        k = attn.k_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
+        v = attn.v_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
+        return q, k, v
+
+    def rotary(self, like: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """cos, sin (B, R, hd) from the model's own rotary embedding; position_ids (P, B, R)."""
+        pos = position_ids if self.rope_axes == 3 else position_ids[0]
+        cos, sin = self.language_model.rotary_emb(like, pos)
+        return cos, sin
+
+    @staticmethod
+    def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate x (B, heads, R, hd) by cos/sin (B, R, hd), the rotate-half RoPE convention
+        shared by every supported family (Qwen2 language models)."""
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, R, hd)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, heads, R, hd)
+        return x * cos + rotated * sin
+
+    # ---- chat template ---------------------------------------------------------------
+    def _ids(self, text: str, *, user: bool = False) -> list[int]:
+        ids: list[int] = self.tokenizer(
+            text, add_special_tokens=False, split_special_tokens=user
+        ).input_ids
+        return ids
+
+    def page_opening_ids(self) -> list[int]:
+        """Tokens before the segment in the canonical page context."""
+        return self._ids("<|im_start|>user\n")
+
+    def head_ids(self, prefix: str) -> list[int]:
+        """Tokens of the assembled prompt before the first page (system prefix + user turn).
+        With an empty prefix this equals `page_opening_ids()`."""
+        if not prefix:
+            return self.page_opening_ids()
+        return (self._ids("<|im_start|>system\n") + self._ids(prefix, user=True)
+                + self._ids("<|im_end|>\n") + self.page_opening_ids())
+
+    def label_ids(self, label: str) -> list[int]:
+        """Tokens of the text placed before a page segment."""
+        return self._ids(label, user=True) if label else []
+
+    def tail_ids(self, question: str) -> list[int]:
+        """The question and the generation prompt."""
+        return (self._ids(question, user=True) + self._ids("<|im_end|>\n")
+                + self._ids("<|im_start|>assistant\n"))
+
+    def stop_token_ids(self) -> list[int]:
+        """Token ids that end generation."""
+        ids = {self.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+        eos = self.model.generation_config.eos_token_id
+        ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        unk = self.tokenizer.unk_token_id
+        return sorted(i for i in ids if i is not None and i != unk)
+
+    def vision_parameters(self) -> int:
+        """Parameters outside the language model and head (vision tower + projector)."""
+        lm = {id(p) for p in self.language_model.parameters()}
+        lm |= {id(p) for p in self.lm_head.parameters()}
+        return sum(p.numel() for p in self.model.parameters() if id(p) not in lm)
+
+    def vision_flops(self, image_grids: list[torch.Tensor]) -> float:
+        """Vision-tower FLOPs of encoding these pages: the analytic model of
+        `conduit_core.flops` where it knows the family, else 2 * vision parameters * tokens
+        entering the tower."""
+        try:
+            return float(flops.vision_flops(self, image_grids))
+        except UnsupportedModelError:
+            tokens = sum(self.vision_tokens(g) for g in image_grids)
+            return 2.0 * self.vision_parameters() * tokens
+
+    # ---- family specific -------------------------------------------------------------
+    @abstractmethod
+    def vision_tokens(self, image_grid: torch.Tensor) -> int:
+        """Tokens entering the vision tower for a page with this grid (for FLOPs)."""
+
+    @abstractmethod
+    def prepare_pages(self, images: list[Image.Image]) -> list[PreparedPage]:
+        """Run the image processor; return each page's segment token ids and vision inputs."""
+
+    @abstractmethod
+    def page_embeds(self, pages: list[PreparedPage]) -> list[torch.Tensor]:
+        """Layer-0 input embeddings of each page segment, (T_i, hidden): text embeddings for
+        delimiter tokens, vision tower + projector output at the image tokens. Batched."""
+
+    @abstractmethod
+    def position_ids(self, token_ids: torch.Tensor,
+                     image_grids: list[torch.Tensor]) -> torch.Tensor:
+        """Position ids (P, N) of a whole layout by the family's own rule; `image_grids` are
+        the grids of the image segments in `token_ids`, in order."""
+
+    @abstractmethod
+    def reference_inputs(self, token_ids: torch.Tensor,
+                         pages: list[PreparedPage]) -> dict[str, Any]:
+        """Keyword arguments for the transformers model's own forward/generate on the same
+        layout (batch of one): used to check the runtime against the model."""

@@ -1,0 +1,60 @@
+"""Typed request/result dataclasses at the runtime seam (used by the worker layer).
+
+Public API:
+  PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
+  AnswerRequest(prefix, pages, question, policy="conduit", budget=0.1, max_new_tokens=64,
+                temperature=0.0, top_p=1.0, seed=None)
+  AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
+               flops_full, flops_used, flops_ratio, policy, prompt_tokens)
+  TokenCallback = Callable[[int, str], None]    called once per generated token (id, text piece)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from conduit_core.page_kv import PageKV
+
+TokenCallback = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class PageInput:
+    """A cached page to place in the assembled prompt, preceded by `label` text."""
+
+    label: str
+    kv: PageKV
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    """One question over cached pages; `policy` names a refresh policy in the registry."""
+
+    prefix: str
+    pages: list[PageInput]
+    question: str
+    policy: str = "conduit"
+    budget: float = 0.1  # fraction of visual tokens the policy may refresh
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    """The generated answer with timing, refresh and FLOPs accounting."""
+
+    text: str
+    token_ids: list[int]
+    ttft_s: float  # request start to the first generated token, measured in the runtime
+    total_s: float
+    refreshed_visual_tokens: int
+    visual_tokens: int
+    flops_full: float  # FLOPs of a full prefill of the same layout (LM + vision tower)
+    flops_used: float  # FLOPs this answer's prefill actually spent
+    flops_ratio: float  # flops_used / flops_full
+    policy: str = ""
+    prompt_tokens: int = 0
+    stop_reason: str = field(default="length")  # "stop" (a stop token) or "length"

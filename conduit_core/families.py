@@ -1,0 +1,45 @@
+"""Supported model families: config `model_type` -> model class, processor class, adapter.
+
+Public API:
+  Family(model_type, model_class, processor_class, adapter_class)
+  FAMILIES: dict[str, Family]
+  family_for(model_type) -> Family      raises UnsupportedModelError for anything else
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import Qwen2VLForConditionalGeneration
+
+from conduit_core.adapters.base import VLMAdapter
+from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.errors import UnsupportedModelError
+from conduit_core.processors import ImageOnlyQwen2VLProcessor
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to load and drive one transformers VLM family."""
+
+    model_type: str
+    model_class: Any
+    processor_class: Any
+    adapter_class: type[VLMAdapter]
+
+
+FAMILIES: dict[str, Family] = {
+    "qwen2_vl": Family("qwen2_vl", Qwen2VLForConditionalGeneration, ImageOnlyQwen2VLProcessor,
+                       Qwen2VLAdapter),
+}
+
+
+def family_for(model_type: str) -> Family:
+    """The family for a config's `model_type`, or `UnsupportedModelError`."""
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        raise UnsupportedModelError(
+            f"model_type {model_type!r} is not supported; supported families: "
+            f"{', '.join(sorted(FAMILIES))}")
+    return fam

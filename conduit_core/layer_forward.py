@@ -1,0 +1,103 @@
+"""Layer-by-layer forward of an arbitrary token subset over the runtime's KV cache.
+
+Rows are sequence indices; each row computes q/k/v at its explicit position with the decoder
+layer's own modules (norms, projections, rotary embedding, attention kernel, MLP), writes its
+k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
+the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
+both `sdpa` and `eager`.
+
+Public API:
+  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask
+  LayerObserver = Callable[[int, q, keys, values, mask], None]
+  forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
+               observer=None, layers=None) -> hidden after the last layer run (B, R, hidden)
+  logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from conduit_core.adapters.base import VLMAdapter
+from conduit_core.kv_cache import KVCache
+
+LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+                         None]
+
+
+def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask (1, 1, R, n_keys): 0 where key index <= row index, else dtype min."""
+    keys = torch.arange(n_keys, device=rows.device)  # (n_keys,)
+    allowed = keys.view(1, -1) <= rows.view(-1, 1)  # (R, n_keys)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=rows.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
+
+
+def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, object]]:
+    eager = sys.modules[type(attn).__module__].eager_attention_forward  # type: ignore[attr-defined]
+    if impl == "eager":
+        return eager  # type: ignore[no-any-return]
+    return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)  # type: ignore[no-any-return]
+
+
+def forward_rows(
+    adapter: VLMAdapter,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    n_keys: int,
+    plain_causal: bool = False,
+    observer: LayerObserver | None = None,
+    layers: range | None = None,
+) -> torch.Tensor:
+    """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
+    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`.
+
+    `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
+    last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
+    `observer(layer, q, keys, values, mask)` sees each layer's rotated queries
+    (B, heads, R, hd), the cache keys/values
+    (B, kv_heads, n_keys, hd) after this layer's write, and the mask used (None = causal).
+    """
+    impl = adapter.model.config._attn_implementation or "sdpa"
+    rows = rows.to(adapter.device)
+    mask: torch.Tensor | None = None
+    if not (plain_causal and impl != "eager"):
+        mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
+    cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
+    b, r, _ = hidden.shape
+    run = layers if layers is not None else range(len(adapter.layers))
+    for li in run:
+        layer = adapter.layers[li]
+        attn = layer.self_attn
+        residual = hidden
+        h = layer.input_layernorm(hidden)  # (B, R, hidden)
+        q, k, v = adapter.qkv(attn, h)  # (B, heads|kv_heads, R, hd)
+        q = adapter.apply_rotary(q, cos, sin)
+        k = adapter.apply_rotary(k, cos, sin)
+        cache.write(li, rows, k, v)
+        keys, values = cache.view(li, n_keys)  # (B, kv_heads, n_keys, hd)
+        if observer is not None:
+            observer(li, q, keys, values, mask)
+        out, _ = _attention_fn(attn, impl)(
+            attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling,
+            is_causal=mask is None and r > 1,
+        )  # (B, R, heads, hd)
+        hidden = residual + attn.o_proj(out.reshape(b, r, -1))
+        residual = hidden
+        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden
+
+
+def logits_of(adapter: VLMAdapter, hidden: torch.Tensor) -> torch.Tensor:
+    """Vocabulary logits (B, R, vocab) in float32 of last-layer hidden states (B, R, hidden)."""
+    logits: torch.Tensor = adapter.lm_head(adapter.language_model.norm(hidden))
+    return logits.float()

@@ -1,0 +1,108 @@
+"""The token layout of an assembled request and of a canonical page context.
+
+A request is `[head(prefix) | (label text, page segment)* | tail(question)]`; text pieces
+are tokenized separately (segments are delimited by special tokens), so the layout is exactly
+the concatenation. Positions come from the family's own rule over the whole layout.
+
+Public API:
+  Segment(start, length, page)          a page segment's span in the layout
+  Layout(token_ids, position_ids, segments, question_start)
+    .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask()
+  build_layout(adapter, prefix, labels, segments, image_grids, question) -> Layout
+  page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.adapters.base import VLMAdapter
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Span [start, start + length) of page `page` in the layout."""
+
+    start: int
+    length: int
+    page: int
+
+    @property
+    def stop(self) -> int:
+        """One past the segment's last index."""
+        return self.start + self.length
+
+
+@dataclass
+class Layout:
+    """Token ids, position ids and page spans of one sequence."""
+
+    token_ids: torch.Tensor  # (N,) int64
+    position_ids: torch.Tensor  # (P, N) int64
+    segments: list[Segment]
+    question_start: int  # first index of the tail (question + generation prompt)
+
+    @property
+    def n(self) -> int:
+        """Sequence length."""
+        return int(self.token_ids.shape[0])
+
+    def segment_mask(self) -> torch.Tensor:
+        """(N,) bool, True at page segment (cached, "visual") tokens."""
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        for s in self.segments:
+            mask[s.start:s.stop] = True
+        return mask
+
+    def visual_rows(self) -> torch.Tensor:
+        """Sequence indices of page segment tokens, ascending (N_v,)."""
+        return torch.nonzero(self.segment_mask()).view(-1)
+
+    def text_rows(self) -> torch.Tensor:
+        """Sequence indices of text tokens (always computed fresh), ascending (N_t,)."""
+        return torch.nonzero(~self.segment_mask()).view(-1)
+
+    def question_rows(self) -> torch.Tensor:
+        """Sequence indices of the tail (question + generation prompt), ascending."""
+        return torch.arange(self.question_start, self.n)
+
+    def next_position(self) -> int:
+        """Position of the first generated token: one past the largest position."""
+        return int(self.position_ids.max()) + 1
+
+
+def build_layout(
+    adapter: VLMAdapter,
+    prefix: str,
+    labels: list[str],
+    segments: list[torch.Tensor],
+    image_grids: list[torch.Tensor],
+    question: str,
+) -> Layout:
+    """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
+    pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
+    spans: list[Segment] = []
+    cursor = int(pieces[0].shape[0])
+    for page, (label, seg) in enumerate(zip(labels, segments, strict=True)):
+        lab = torch.tensor(adapter.label_ids(label), dtype=torch.long)
+        pieces += [lab, seg.to(torch.long).cpu()]
+        cursor += int(lab.shape[0])
+        spans.append(Segment(cursor, int(seg.shape[0]), page))
+        cursor += int(seg.shape[0])
+    tail = torch.tensor(adapter.tail_ids(question), dtype=torch.long)
+    pieces.append(tail)
+    ids = torch.cat(pieces)  # (N,)
+    pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
+    return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor)
+
+
+def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,
+                 image_grid: torch.Tensor) -> Layout:
+    """The canonical page context: the template opening followed by the segment."""
+    opening = torch.tensor(adapter.page_opening_ids(), dtype=torch.long)
+    ids = torch.cat([opening, segment_ids.to(torch.long).cpu()])  # (N,)
+    pos = adapter.position_ids(ids, [image_grid]).cpu()  # (P, N)
+    seg = Segment(int(opening.shape[0]), int(segment_ids.shape[0]), 0)
+    return Layout(token_ids=ids, position_ids=pos, segments=[seg], question_start=int(ids.shape[0]))

@@ -1,0 +1,56 @@
+"""Image-only processors: the families' processors without their video processors.
+
+The stock processors require a video processor, which needs torchvision (not installed: it
+pulls a CUDA torch). These subclasses drop that argument; everything else is inherited.
+
+Public API:
+  ImageOnlyQwen2VLProcessor, ImageOnlyQwen2_5_VLProcessor, ImageOnlyLlavaOnevisionProcessor,
+  ImageOnlyInternVLProcessor  (each: `(image_processor, tokenizer, chat_template=None, **kw)`)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import (
+    InternVLProcessor,
+    LlavaOnevisionProcessor,
+    Qwen2_5_VLProcessor,
+    Qwen2VLProcessor,
+)
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """`Qwen2VLProcessor` without a video processor."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None,
+                 chat_template: str | None = None, **kwargs: Any):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer,
+                         video_processor=None, chat_template=chat_template, **kwargs)
+
+
+class ImageOnlyQwen2_5_VLProcessor(Qwen2_5_VLProcessor):  # noqa: N801 (transformers naming)
+    """`Qwen2_5_VLProcessor` without a video processor."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None,
+                 chat_template: str | None = None, **kwargs: Any):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer,
+                         video_processor=None, chat_template=chat_template, **kwargs)
+
+
+class ImageOnlyLlavaOnevisionProcessor(LlavaOnevisionProcessor):
+    """`LlavaOnevisionProcessor` without a video processor."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None,
+                 chat_template: str | None = None, **kwargs: Any):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer,
+                         video_processor=None, chat_template=chat_template, **kwargs)
+
+
+class ImageOnlyInternVLProcessor(InternVLProcessor):
+    """`InternVLProcessor` without a video processor."""
+
+    def __init__(self, image_processor: Any = None, tokenizer: Any = None,
+                 chat_template: str | None = None, **kwargs: Any):
+        super().__init__(image_processor=image_processor, tokenizer=tokenizer,
+                         video_processor=None, chat_template=chat_template, **kwargs)

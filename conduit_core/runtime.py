@@ -1,0 +1,232 @@
+"""The reuse runtime: page prefill, assembly from cached pages, refresh and decode.
+
+Public API:
+  ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8)
+    .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
+        each page prefilled under the canonical page context (template opening + segment),
+        with the positions that context gives; pages batched (right padding).
+    .answer(request: AnswerRequest, on_token=None) -> AnswerResult
+        assemble the cached pages under the new prefix, let `request.policy` choose visual
+        tokens to refresh, recompute them with all text tokens, decode.
+    .answer_full_prefill(prefix, pages: list[tuple[str, PIL.Image]], question, *,
+        max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
+    Lower level (tests, policies, diagnostics):
+    .assemble(prefix, pages: list[PageInput], question, extra_capacity=0) -> Assembly
+    .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
+        -> Assembly  (vision tower run now; no cached K/V)
+    .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
+    .logits(hidden) -> (R, vocab) float32
+    .scoring(assembly) -> (StaleScores, flops)
+  Assembly(layout, cache, embeds, image_grids)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
+from conduit_core.decode import Sampler, decode
+from conduit_core.errors import ConduitCoreError
+from conduit_core.flops import FlopsModel
+from conduit_core.kv_cache import KVCache
+from conduit_core.layer_forward import forward_rows, logits_of
+from conduit_core.layout import Layout, build_layout, page_context
+from conduit_core.loader import LoadedVLM
+from conduit_core.page_kv import PageKV
+from conduit_core.policies import get_policy
+from conduit_core.policy_context import PolicyContext
+from conduit_core.rotation import rerotate, segment_delta
+from conduit_core.stale_pass import StaleScores, stale_pass
+
+
+@dataclass
+class Assembly:
+    """An assembled request: layout, its KV cache (B = 1) and layer-0 embeddings."""
+
+    layout: Layout
+    cache: KVCache  # (L, 1, kv_heads, capacity, hd); page rows hold re-rotated stale K/V
+    embeds: torch.Tensor  # (N, hidden)
+    image_grids: list[torch.Tensor]
+
+
+class ReuseRuntime:
+    """Runs one loaded VLM over cached pages; see the module docstring."""
+
+    def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8):
+        self.vlm = vlm
+        self.adapter = vlm.adapter
+        self.page_batch_size = page_batch_size
+        self.flops = FlopsModel.from_adapter(self.adapter)
+        self._stop_ids = self.adapter.stop_token_ids()
+
+    # ---- pages ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:
+        """Prefill each page once under the canonical page context (see module doc)."""
+        prepared = self.adapter.prepare_pages(images)
+        out: list[PageKV] = []
+        for i in range(0, len(prepared), self.page_batch_size):
+            chunk = prepared[i:i + self.page_batch_size]
+            seg_embeds = self.adapter.page_embeds(chunk)
+            ctxs = [page_context(self.adapter, p.token_ids, p.image_grid) for p in chunk]
+            t_max = max(c.n for c in ctxs)
+            hidden_size = seg_embeds[0].shape[-1]
+            hidden = torch.zeros(len(chunk), t_max, hidden_size, dtype=self.adapter.dtype,
+                                 device=self.adapter.device)  # (B, T, hidden), right-padded
+            pos = torch.zeros(self.adapter.rope_axes, len(chunk), t_max, dtype=torch.long)
+            for b, (ctx, emb) in enumerate(zip(ctxs, seg_embeds, strict=True)):
+                seg = ctx.segments[0]
+                hidden[b, :seg.start] = self.adapter.embed_tokens(ctx.token_ids[:seg.start])
+                hidden[b, seg.start:seg.stop] = emb
+                pos[:, b, :ctx.n] = ctx.position_ids  # (P, T)
+            cache = KVCache.allocate(self.adapter, len(chunk), t_max)
+            rows = torch.arange(t_max, device=self.adapter.device)
+            forward_rows(self.adapter, cache, hidden, rows, pos, n_keys=t_max, plain_causal=True)
+            for b, (ctx, emb, page) in enumerate(zip(ctxs, seg_embeds, chunk, strict=True)):
+                seg = ctx.segments[0]
+                out.append(PageKV(
+                    embeds=emb.clone(),  # (T, hidden)
+                    keys=cache.keys[:, b, :, seg.start:seg.stop].clone(),  # (L, kv, T, hd)
+                    values=cache.values[:, b, :, seg.start:seg.stop].clone(),  # (L, kv, T, hd)
+                    position_ids=ctx.position_ids[:, seg.start:seg.stop].clone(),  # (P, T)
+                    token_ids=page.token_ids.clone(),
+                    image_grid=page.image_grid.clone(),
+                    fingerprint=self.vlm.fingerprint,
+                ))
+        return out
+
+    # ---- assembly -------------------------------------------------------------------
+    def _embeds(self, layout: Layout, segment_embeds: list[torch.Tensor]) -> torch.Tensor:
+        embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
+        for seg, emb in zip(layout.segments, segment_embeds, strict=True):
+            embeds[seg.start:seg.stop] = emb.to(embeds.device, embeds.dtype)
+        return embeds
+
+    @torch.inference_mode()
+    def assemble(self, prefix: str, pages: list[PageInput], question: str,
+                 extra_capacity: int = 0) -> Assembly:
+        """Lay out the request and fill the cache with the pages' re-rotated K/V."""
+        for p in pages:
+            p.kv.check_fingerprint(self.vlm.fingerprint)
+        grids = [p.kv.image_grid for p in pages]
+        layout = build_layout(self.adapter, prefix, [p.label for p in pages],
+                              [p.kv.token_ids for p in pages], grids, question)
+        cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
+        dev = self.adapter.device
+        for seg, p in zip(layout.segments, pages, strict=True):
+            delta = segment_delta(p.kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
+            keys = rerotate(self.adapter, p.kv.keys.to(dev), delta)  # (L, kv, T, hd)
+            cache.keys[:, 0, :, seg.start:seg.stop] = keys
+            cache.values[:, 0, :, seg.start:seg.stop] = p.kv.values.to(dev)
+        embeds = self._embeds(layout, [p.kv.embeds for p in pages])
+        return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids)
+
+    @torch.inference_mode()
+    def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
+                       extra_capacity: int = 0) -> Assembly:
+        """Lay out the request from images (vision tower run now); the cache starts empty."""
+        prepared = self.adapter.prepare_pages([img for _, img in pages])
+        seg_embeds = self.adapter.page_embeds(prepared) if prepared else []
+        grids = [p.image_grid for p in prepared]
+        layout = build_layout(self.adapter, prefix, [label for label, _ in pages],
+                              [p.token_ids for p in prepared], grids, question)
+        cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
+        return Assembly(layout=layout, cache=cache, embeds=self._embeds(layout, seg_embeds),
+                        image_grids=grids)
+
+    # ---- passes ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, assembly: Assembly, visual_rows: torch.Tensor) -> torch.Tensor:
+        """Recompute `visual_rows` and all text rows in sequence order, writing their K/V;
+        returns their last-layer hidden states (R, hidden) in row order."""
+        layout = assembly.layout
+        visual_rows = visual_rows.to(torch.long).cpu()
+        rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
+        everything = rows.numel() == layout.n
+        hidden = assembly.embeds[rows.to(assembly.embeds.device)].unsqueeze(0)  # (1, R, hidden)
+        pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
+        out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
+                           plain_causal=everything)
+        return out[0]
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits (R, vocab) float32 of last-layer hidden states (R, hidden)."""
+        return logits_of(self.adapter, hidden.unsqueeze(0))[0]
+
+    @torch.inference_mode()
+    def scoring(self, assembly: Assembly) -> tuple[StaleScores, float]:
+        """The scoring pass over the assembled cache and its FLOPs."""
+        layout = assembly.layout
+        text = layout.text_rows()
+        result = stale_pass(self.adapter, assembly.cache, assembly.embeds, layout.position_ids,
+                              text, layout.question_rows(), layout.n)
+        return result, self.flops.rows(text)
+
+    # ---- answers --------------------------------------------------------------------
+    def _finish(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
+                refreshed: int, flops_used: float, max_new_tokens: int, temperature: float,
+                top_p: float, seed: int | None, on_token: TokenCallback | None) -> AnswerResult:
+        layout = assembly.layout
+        first = self.logits(hidden[-1:])[-1]  # (vocab,)
+        out = decode(self.adapter, assembly.cache, first, n_keys=layout.n,
+                     next_position=layout.next_position(), max_new_tokens=max_new_tokens,
+                     sampler=Sampler(temperature, top_p, seed), stop_ids=self._stop_ids,
+                     detokenize=lambda ids: self.vlm.tokenizer.decode(
+                         ids, skip_special_tokens=True),
+                     on_token=on_token, t0=t0)
+        n_v = int(layout.visual_rows().numel())
+        full = (self.flops.full(layout.n)
+                + self.adapter.vision_flops(assembly.image_grids))
+        return AnswerResult(
+            text=out.text, token_ids=out.token_ids, ttft_s=out.ttft_s,
+            total_s=time.perf_counter() - t0, refreshed_visual_tokens=refreshed,
+            visual_tokens=n_v, flops_full=full, flops_used=flops_used,
+            flops_ratio=flops_used / full if full else 0.0, policy=policy,
+            prompt_tokens=layout.n, stop_reason=out.stop_reason)
+
+    @torch.inference_mode()
+    def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
+        """Answer over cached pages with the request's refresh policy (see module doc)."""
+        t0 = time.perf_counter()
+        if request.max_new_tokens < 1:
+            raise ConduitCoreError("max_new_tokens must be at least 1")
+        policy = get_policy(request.policy)
+        assembly = self.assemble(request.prefix, request.pages, request.question,
+                                 extra_capacity=request.max_new_tokens)
+        ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
+                            scorer=lambda: self.scoring(assembly), cache=assembly.cache,
+                            embeds=assembly.embeds)
+        visual = policy(ctx).to(torch.long).cpu().unique()
+        hidden = self.prefill(assembly, visual)
+        rows = torch.cat([assembly.layout.text_rows(), visual]).unique()
+        used = ctx.extra_flops + self.flops.rows(rows)
+        return self._finish(assembly, hidden, t0=t0, policy=request.policy,
+                            refreshed=int(visual.numel()), flops_used=used,
+                            max_new_tokens=request.max_new_tokens,
+                            temperature=request.temperature, top_p=request.top_p,
+                            seed=request.seed, on_token=on_token)
+
+    @torch.inference_mode()
+    def answer_full_prefill(self, prefix: str, pages: list[tuple[str, Image.Image]],
+                            question: str, *, max_new_tokens: int = 64,
+                            temperature: float = 0.0, top_p: float = 1.0,
+                            seed: int | None = None,
+                            on_token: TokenCallback | None = None) -> AnswerResult:
+        """Answer with no reuse at all: vision tower and every token computed now."""
+        t0 = time.perf_counter()
+        if max_new_tokens < 1:
+            raise ConduitCoreError("max_new_tokens must be at least 1")
+        assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens)
+        visual = assembly.layout.visual_rows()
+        hidden = self.prefill(assembly, visual)
+        full = (self.flops.full(assembly.layout.n)
+                + self.adapter.vision_flops(assembly.image_grids))
+        return self._finish(assembly, hidden, t0=t0, policy="full_prefill",
+                            refreshed=int(visual.numel()), flops_used=full,
+                            max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, seed=seed, on_token=on_token)

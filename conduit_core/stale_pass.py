@@ -1,0 +1,74 @@
+"""The scoring ("stale") pass: text rows over the assembled, not yet refreshed cache.
+
+All text tokens run through all layers against the stale, re-rotated page KV (exact causal
+mask, writing their own fresh K/V). At each layer the question rows' attention probabilities
+over all keys are recorded (softmax over all N keys, per query head; query head h reads KV
+head h // (H / G)), with the cache's value norms at that layer.
+
+Public API:
+  StaleScores(probs, value_norms, question_rows, text_rows)
+    probs        (L, H, n_question, N) float32, rows sum to 1 (keys after the row get 0)
+    value_norms  (L, G, N) float32, ||V||_2 per cached token and KV head (pre-o_proj values)
+  stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys)
+      -> StaleScores
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.adapters.base import VLMAdapter
+from conduit_core.kv_cache import KVCache
+from conduit_core.layer_forward import forward_rows
+
+
+@dataclass
+class StaleScores:
+    """Per-layer question attention and value norms from the stale pass."""
+
+    probs: torch.Tensor  # (L, H, n_question, N) float32
+    value_norms: torch.Tensor  # (L, G, N) float32
+    question_rows: torch.Tensor  # (n_question,) sequence indices
+    text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
+
+
+def stale_pass(
+    adapter: VLMAdapter,
+    cache: KVCache,
+    embeds: torch.Tensor,
+    position_ids: torch.Tensor,
+    text_rows: torch.Tensor,
+    question_rows: torch.Tensor,
+    n_keys: int,
+) -> StaleScores:
+    """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and record
+    the attention of `question_rows` (a subset of text_rows) at every layer."""
+    device = adapter.device
+    text_rows = text_rows.to(device)
+    question_rows = question_rows.to(device)
+    pick = torch.searchsorted(text_rows, question_rows)  # (n_q,) places inside text_rows
+    cfg = adapter.text_config
+    n_layers, heads, kv_heads = len(adapter.layers), cfg.num_attention_heads, cache.keys.shape[2]
+    probs = torch.zeros(n_layers, heads, question_rows.numel(), n_keys,
+                        dtype=torch.float32, device=device)  # (L, H, n_q, N)
+    value_norms = torch.zeros(n_layers, kv_heads, n_keys, dtype=torch.float32,
+                              device=device)  # (L, G, N)
+    allowed = torch.arange(n_keys, device=device).view(1, -1) <= question_rows.view(-1, 1)
+
+    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> None:
+        scaling = adapter.layers[layer].self_attn.scaling
+        qq = q[0, :, pick].float()  # (H, n_q, hd)
+        k = keys[0].float().repeat_interleave(heads // kv_heads, dim=0)  # (H, N, hd)
+        scores = torch.einsum("hqd,hnd->hqn", qq, k) * scaling  # (H, n_q, N)
+        scores = scores.masked_fill(~allowed, float("-inf"))  # (H, n_q, N)
+        probs[layer] = torch.softmax(scores, dim=-1)
+        value_norms[layer] = values[0].float().norm(dim=-1)  # (G, N)
+
+    hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
+    pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
+    forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe)
+    return StaleScores(probs=probs, value_norms=value_norms, question_rows=question_rows,
+                       text_rows=text_rows)
