@@ -15,3 +15,11 @@ class ConflictError(StorageError):
 
 class CorruptEntryError(StorageError):
     """A stored entry failed its checksum or could not be decoded."""
+
+
+class InvalidKeyError(StorageError):
+    """A page hash is not a lowercase hex digest (it would be unsafe as a file or key name)."""
+
+
+class UnavailableError(StorageError):
+    """A backing service (e.g. Redis) could not be reached after retries."""

@@ -11,9 +11,10 @@ from storage.metadata.records import (
     Page,
     new_id,
 )
+from storage.metadata.redis_store import RedisMetadataStore
 from storage.metadata.sqlite import SQLiteMetadataStore
 
 __all__ = [
     "Collection", "CollectionId", "Document", "DocumentId", "Job", "JobId", "MetadataStore",
-    "Page", "SQLiteMetadataStore", "new_id",
+    "Page", "RedisMetadataStore", "SQLiteMetadataStore", "new_id",
 ]

@@ -138,8 +138,12 @@ class SQLiteMetadataStore:
         values = asdict(document)
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
-        with self._tx() as c:
-            c.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})", tuple(values.values()))
+        try:
+            with self._tx() as c:
+                c.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})",
+                          tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(f"document {document.id} already exists") from exc
 
     def get_document(self, document_id: DocumentId) -> Document:
         """The document, or `NotFoundError`."""
@@ -179,6 +183,8 @@ class SQLiteMetadataStore:
     def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:
         """Replace all page records of a document in one transaction."""
         with self._tx() as c:
+            if c.execute("SELECT 1 FROM documents WHERE id = ?", (document_id,)).fetchone() is None:
+                raise NotFoundError(f"document {document_id} not found")
             c.execute("DELETE FROM pages WHERE document_id = ?", (document_id,))
             c.executemany(
                 "INSERT INTO pages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -221,11 +227,15 @@ class SQLiteMetadataStore:
     def add_job(self, job: Job) -> None:
         """Insert a new job record."""
         values = asdict(job)
-        with self._tx() as c:
-            c.execute(
-                f"INSERT INTO jobs ({', '.join(values)}) VALUES ({', '.join('?' for _ in values)})",
-                tuple(values.values()),
-            )
+        try:
+            with self._tx() as c:
+                c.execute(
+                    f"INSERT INTO jobs ({', '.join(values)}) "
+                    f"VALUES ({', '.join('?' for _ in values)})",
+                    tuple(values.values()),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(f"job {job.id} already exists") from exc
 
     def get_job(self, job_id: JobId) -> Job:
         """The job, or `NotFoundError`."""

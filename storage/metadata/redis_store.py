@@ -1,0 +1,350 @@
+"""Redis metadata store for the distributed form: same semantics as `SQLiteMetadataStore`.
+
+Records are Redis hashes whose field values are JSON (pages are one JSON object per page
+number, the embedding base64-encoded); no pickle. Every multi-key change runs as one Lua
+script, so it is atomic. Page reference counting uses one set per page hash
+(`ref:<hash>` = ids of the documents whose pages use it): a hash is an orphan when its set
+empties. Key layout under `prefix` (default `conduit:meta`):
+
+    col:<id> (hash)       colnames (hash json([tenant, name]) -> id)   tenant:<tenant> (zset)
+    doc:<id> (hash)       coldocs:<collection id> (zset by created_at)
+    pages:<doc> (hash number -> page JSON)   dochashes:<doc> (set)   ref:<page hash> (set)
+    job:<id> (hash)
+
+Scripts touch keys derived from the prefix, so this targets a standalone (or primary)
+Redis, not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from storage.errors import ConflictError, NotFoundError, UnavailableError
+from storage.metadata.records import (
+    Collection,
+    CollectionId,
+    Document,
+    DocumentId,
+    DocumentStatus,
+    IngestStage,
+    Job,
+    JobId,
+    JobStatus,
+    Page,
+    new_id,
+)
+
+T = TypeVar("T")
+
+_CREATE_COLLECTION = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
+  return redis.call('HGET', KEYS[1], ARGV[1])
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
+return ARGV[2]
+"""
+_DELETE_COLLECTION = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[2])
+return 1
+"""
+_ADD_DOCUMENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return 1
+"""
+_UPDATE_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+_ADD_IF_ABSENT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+_PUT_PAGES = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('SREM', ARGV[1] .. h, ARGV[2])
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+local n = tonumber(ARGV[3])
+for i = 0, n - 1 do
+  redis.call('HSET', KEYS[2], ARGV[4 + 2 * i], ARGV[5 + 2 * i])
+end
+for i = 4 + 2 * n, #ARGV do
+  redis.call('SADD', KEYS[3], ARGV[i])
+  redis.call('SADD', ARGV[1] .. ARGV[i], ARGV[2])
+end
+return 1
+"""
+_DELETE_DOCUMENT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local orphans = {}
+for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  redis.call('SREM', ARGV[1] .. h, ARGV[2])
+  if redis.call('EXISTS', ARGV[1] .. h) == 0 then table.insert(orphans, h) end
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[2])
+return orphans
+"""
+
+
+def _encode(record: Any) -> list[str]:
+    """Flatten a record dataclass to HSET arguments `[field, json, ...]`."""
+    out: list[str] = []
+    for name, value in asdict(record).items():
+        out += [name, json.dumps(value)]
+    return out
+
+
+def _decode(cls: type[T], raw: dict[str, str]) -> T:
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: json.loads(v) for k, v in raw.items() if k in names})
+
+
+def _page_json(page: Page) -> str:
+    data = asdict(page)
+    emb = data.pop("embedding")
+    data["embedding"] = None if emb is None else base64.b64encode(emb).decode()
+    return json.dumps(data)
+
+
+def _page_from_json(text: str) -> Page:
+    data = json.loads(text)
+    emb = data.get("embedding")
+    data["embedding"] = None if emb is None else base64.b64decode(emb)
+    return Page(**data)
+
+
+class RedisMetadataStore:
+    """`MetadataStore` in Redis at `url` (`redis://` or `rediss://`, password in the URL).
+
+    Connection failures are retried with exponential backoff; if Redis stays unreachable the
+    call raises `UnavailableError`.
+    """
+
+    def __init__(self, url: str, *, prefix: str = "conduit:meta", attempts: int = 3) -> None:
+        self.prefix = prefix
+        self._r = redis.Redis.from_url(url, decode_responses=True, retry=Retry(NoBackoff(), 0),
+                                       socket_connect_timeout=2.0, socket_timeout=30.0)
+        self._retrying = Retrying(
+            stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=1.0),
+            retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+            reraise=True)
+        self._scripts = {name: self._r.register_script(src) for name, src in {
+            "create_collection": _CREATE_COLLECTION, "delete_collection": _DELETE_COLLECTION,
+            "add_document": _ADD_DOCUMENT, "update": _UPDATE_IF_EXISTS,
+            "add_if_absent": _ADD_IF_ABSENT, "put_pages": _PUT_PAGES,
+            "delete_document": _DELETE_DOCUMENT}.items()}
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        try:
+            result: T = self._retrying(fn)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise UnavailableError(f"metadata Redis unreachable: {exc}") from exc
+        return result
+
+    def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self._call(lambda: self._scripts[name](keys=keys, args=args))
+
+    def _hgetall(self, key: str) -> dict[str, str]:
+        raw = self._call(lambda: self._r.hgetall(key))
+        return {str(k): str(v) for k, v in raw.items()}
+
+    def _ids(self, key: str) -> list[str]:
+        return [str(i) for i in self._call(lambda: self._r.zrange(key, 0, -1))]
+
+    def _hgetall_many(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        def run() -> list[dict[str, str]]:
+            pipe = self._r.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            return list(pipe.execute())
+        return self._call(run) if keys else []
+
+    # collections
+    def create_collection(self, name: str, tenant: str, shared: bool = False) -> Collection:
+        """Create a collection; `ConflictError` if the tenant already has one of that name."""
+        col = Collection(id=CollectionId(new_id("col")), name=name, tenant=tenant, shared=shared)
+        got = self._script("create_collection",
+                           [self._k("colnames"), self._k("col", col.id), self._k("tenant", tenant)],
+                           [json.dumps([tenant, name]), col.id, repr(col.created_at),
+                            *_encode(col)])
+        if got != col.id:
+            raise ConflictError(f"collection {name!r} already exists")
+        return col
+
+    def get_collection(self, collection_id: CollectionId) -> Collection:
+        """The collection, or `NotFoundError`."""
+        raw = self._hgetall(self._k("col", collection_id))
+        if not raw:
+            raise NotFoundError(f"collection {collection_id} not found")
+        return _decode(Collection, raw)
+
+    def find_collection(self, name: str, tenant: str) -> Collection | None:
+        """The tenant's collection of that name, if any."""
+        cid = self._call(lambda: self._r.hget(self._k("colnames"), json.dumps([tenant, name])))
+        if cid is None:
+            return None
+        try:
+            return self.get_collection(CollectionId(str(cid)))
+        except NotFoundError:
+            return None
+
+    def list_collections(self, tenant: str) -> list[Collection]:
+        """The tenant's collections, oldest first."""
+        ids = self._ids(self._k("tenant", tenant))
+        raws = self._hgetall_many([self._k("col", i) for i in ids])
+        return [_decode(Collection, raw) for raw in raws if raw]
+
+    def delete_collection(self, collection_id: CollectionId) -> None:
+        """Delete an empty collection (`ConflictError` if it still holds documents)."""
+        col = self.get_collection(collection_id)
+        res = self._script(
+            "delete_collection",
+            [self._k("col", col.id), self._k("coldocs", col.id), self._k("colnames"),
+             self._k("tenant", col.tenant)],
+            [json.dumps([col.tenant, col.name]), col.id])
+        if res == -1:
+            raise NotFoundError(f"collection {collection_id} not found")
+        if res == 0:
+            raise ConflictError(f"collection {collection_id} still holds documents")
+
+    # documents
+    def add_document(self, document: Document) -> None:
+        """Insert a new document record (`ConflictError` if its id exists)."""
+        cid = document.collection_id
+        res = self._script(
+            "add_document",
+            [self._k("col", cid), self._k("doc", document.id), self._k("coldocs", cid)],
+            [document.id, repr(document.created_at), *_encode(document)])
+        if res == -1:
+            raise NotFoundError(f"collection {cid} not found")
+        if res == 0:
+            raise ConflictError(f"document {document.id} already exists")
+
+    def get_document(self, document_id: DocumentId) -> Document:
+        """The document, or `NotFoundError`."""
+        raw = self._hgetall(self._k("doc", document_id))
+        if not raw:
+            raise NotFoundError(f"document {document_id} not found")
+        return _decode(Document, raw)
+
+    def list_documents(self, collection_id: CollectionId) -> list[Document]:
+        """Documents of a collection, oldest first."""
+        ids = self._ids(self._k("coldocs", collection_id))
+        raws = self._hgetall_many([self._k("doc", i) for i in ids])
+        return [_decode(Document, raw) for raw in raws if raw]
+
+    def update_progress(
+        self,
+        document_id: DocumentId,
+        *,
+        status: DocumentStatus,
+        stage: IngestStage,
+        pages_done: int,
+        pages_total: int,
+        error: str | None = None,
+    ) -> None:
+        """Record ingestion progress of a document."""
+        values = {"status": status, "stage": stage, "pages_done": pages_done,
+                  "pages_total": pages_total, "error": error, "updated_at": time.time()}
+        args = [x for k, v in values.items() for x in (k, json.dumps(v))]
+        if not self._script("update", [self._k("doc", document_id)], args):
+            raise NotFoundError(f"document {document_id} not found")
+
+    def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:
+        """Replace all page records of a document in one transaction."""
+        pairs = [x for p in pages for x in (str(p.number), _page_json(p))]
+        hashes = sorted({p.page_hash for p in pages})
+        res = self._script(
+            "put_pages",
+            [self._k("doc", document_id), self._k("pages", document_id),
+             self._k("dochashes", document_id)],
+            [self._k("ref", ""), document_id, len(pages), *pairs, *hashes])
+        if res == -1:
+            raise NotFoundError(f"document {document_id} not found")
+
+    def list_pages(
+        self, collection_id: CollectionId, document_ids: Sequence[DocumentId] | None = None
+    ) -> list[Page]:
+        """Pages of ready documents in a collection (optionally only some documents)."""
+        ids = self._ids(self._k("coldocs", collection_id))
+        if document_ids is not None:
+            wanted = set(document_ids)
+            ids = [i for i in ids if i in wanted]
+
+        def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for i in ids:
+                pipe.hget(self._k("doc", i), "status")
+                pipe.hvals(self._k("pages", i))
+            return list(pipe.execute())
+        raw = self._call(run) if ids else []
+        out: list[Page] = []
+        for status, pages in zip(raw[0::2], raw[1::2], strict=True):
+            if status is not None and json.loads(status) == "ready":
+                out += sorted((_page_from_json(p) for p in pages), key=lambda p: p.number)
+        return out
+
+    def delete_document(self, document_id: DocumentId) -> list[str]:
+        """Delete a document and its pages; return the page hashes no other document uses."""
+        doc = self.get_document(document_id)
+        res = self._script(
+            "delete_document",
+            [self._k("doc", document_id), self._k("pages", document_id),
+             self._k("dochashes", document_id), self._k("coldocs", doc.collection_id)],
+            [self._k("ref", ""), document_id])
+        if res == -1:
+            raise NotFoundError(f"document {document_id} not found")
+        return sorted(str(h) for h in res)
+
+    def page_hash_in_use(self, page_hash: str) -> bool:
+        """Whether any document's page references this KV page hash."""
+        return bool(self._call(lambda: self._r.exists(self._k("ref", page_hash))))
+
+    # jobs
+    def add_job(self, job: Job) -> None:
+        """Insert a new job record (`ConflictError` if its id exists)."""
+        if not self._script("add_if_absent", [self._k("job", job.id)], _encode(job)):
+            raise ConflictError(f"job {job.id} already exists")
+
+    def get_job(self, job_id: JobId) -> Job:
+        """The job, or `NotFoundError`."""
+        raw = self._hgetall(self._k("job", job_id))
+        if not raw:
+            raise NotFoundError(f"job {job_id} not found")
+        return _decode(Job, raw)
+
+    def update_job(self, job_id: JobId, *, status: JobStatus, error: str | None = None) -> None:
+        """Record a job's status."""
+        args = ["status", json.dumps(status), "error", json.dumps(error),
+                "updated_at", json.dumps(time.time())]
+        if not self._script("update", [self._k("job", job_id)], args):
+            raise NotFoundError(f"job {job_id} not found")
+
+    def close(self) -> None:
+        """Release connections."""
+        self._r.close()

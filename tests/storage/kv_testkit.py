@@ -1,0 +1,59 @@
+"""Shared helpers of the storage tests: realistic random `PageKV`s and process workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from conduit_core.page_kv import ModelFingerprint, PageKV
+
+FINGERPRINT = ModelFingerprint(name="Qwen/Qwen2-VL-2B-Instruct", revision="abc123",
+                               dtype="bfloat16", config_hash="f" * 64, template_version="page-v1")
+
+# (tokens, layers, kv_heads, head_dim, hidden): a small shape for logic tests and the shape of
+# a 2B Qwen2-VL page capped at 256 visual tokens (28 layers x 2 KV heads x 128 dims).
+SMALL = (24, 3, 2, 16, 64)
+QWEN2VL_2B = (256, 28, 2, 128, 1536)
+
+
+def make_page(seed: int = 0, shape: tuple[int, int, int, int, int] = SMALL,
+              dtype: torch.dtype = torch.bfloat16,
+              fingerprint: ModelFingerprint = FINGERPRINT) -> PageKV:
+    """A page with random tensors of `shape` = (tokens, layers, kv_heads, head_dim, hidden)."""
+    t, layers, heads, dim, hidden = shape
+    g = torch.Generator().manual_seed(seed)
+    start = 4 + seed % 7
+    pos = torch.arange(start, start + t).expand(3, t).clone()
+    return PageKV(
+        embeds=torch.randn(t, hidden, generator=g).to(dtype),
+        keys=(torch.randn(layers, heads, t, dim, generator=g) * 3).to(dtype),
+        values=torch.randn(layers, heads, t, dim, generator=g).to(dtype),
+        position_ids=pos,
+        token_ids=torch.randint(0, 150_000, (t,), generator=g),
+        image_grid=torch.tensor([1, 2 * t // 8, 8], dtype=torch.int64),
+        fingerprint=fingerprint,
+    )
+
+
+def assert_same_page(a: PageKV, b: PageKV) -> None:
+    """Bit-exact equality of every tensor, dtype and the fingerprint."""
+    assert a.fingerprint == b.fingerprint
+    for name in ("embeds", "keys", "values", "position_ids", "token_ids", "image_grid"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert torch.equal(x.view(torch.uint8) if x.dtype.is_floating_point else x,
+                           y.view(torch.uint8) if y.dtype.is_floating_point else y), name
+
+
+def disk_writer(root: str, key: str, seed: int, shape: tuple[int, int, int, int, int],
+                barrier: object, rounds: int) -> None:
+    """Process target: open a disk store on `root` and write the same page `rounds` times."""
+    from storage.kv.disk import DiskKVStore
+
+    page = make_page(seed, shape)
+    barrier.wait()  # type: ignore[attr-defined]
+    for _ in range(rounds):
+        # a fresh store and no file yet each round, so every writer really writes
+        store = DiskKVStore(Path(root), 1 << 34, stale_tmp_s=3600)
+        store.put_many({key: page})  # type: ignore[dict-item]
