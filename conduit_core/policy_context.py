@@ -5,7 +5,7 @@ of the visual (page segment) tokens to refresh; the runtime then recomputes thos
 text tokens. Budget k = round(budget * N_v).
 
 Public API:
-  PolicyContext(layout, budget, seed, scorer, cache, embeds)
+  PolicyContext(layout, budget, seed, scorer, cache, embeds, adapter)
     .k, .visual_rows, .page_of_visual, .num_pages
     .scores() -> StaleScores      runs the scoring pass once (lazily) and counts its FLOPs
     .extra_flops                     FLOPs spent by scoring (added to the answer's accounting)
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
 from conduit_core.layout import Layout
 from conduit_core.stale_pass import StaleScores
@@ -32,8 +33,10 @@ class PolicyContext:
     budget: float
     seed: int | None
     scorer: Callable[[], tuple[StaleScores, float]]  # runs the scoring pass -> (result, flops)
-    cache: KVCache  # the assembled (stale, re-rotated) cache; read-only for policies
+    cache: KVCache  # the assembled (stale, re-rotated) cache; policies only read it, except
+    # cacheblend, which writes every token's fresh K/V at its first layers (its method)
     embeds: torch.Tensor  # (N, hidden) layer-0 embeddings of the layout
+    adapter: VLMAdapter  # the model, for policies that run layers themselves (cacheblend)
     extra_flops: float = 0.0
     _scores: StaleScores | None = field(default=None, repr=False)
 

@@ -200,7 +200,7 @@ class ReuseRuntime:
                                  extra_capacity=request.max_new_tokens)
         ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
                             scorer=lambda: self.scoring(assembly), cache=assembly.cache,
-                            embeds=assembly.embeds)
+                            embeds=assembly.embeds, adapter=self.adapter)
         visual = policy(ctx).to(torch.long).cpu().unique()
         hidden = self.prefill(assembly, visual)
         rows = torch.cat([assembly.layout.text_rows(), visual]).unique()

@@ -1,7 +1,9 @@
 """Refresh policies, one file each, resolved by name through one registry.
 
 A policy maps a `PolicyContext` (see `conduit_core.policy_context`) to the sequence indices of
-the visual tokens to refresh.
+the visual tokens to refresh. Adding one: a module here with a `select` callable, and its line
+in `POLICIES`. Configured variants (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`) can be added
+at run time with `register_policy`.
 
 Public API:
   POLICIES: dict[str, RefreshPolicy]     "full_prefill", "full_reuse", ...
@@ -12,12 +14,35 @@ Public API:
 from __future__ import annotations
 
 from conduit_core.errors import UnknownPolicyError
-from conduit_core.policies import full_prefill, full_reuse
+from conduit_core.policies import (
+    cacheblend,
+    conduit,
+    conduit_no_amp,
+    conduit_per_page,
+    epic,
+    full_prefill,
+    full_reuse,
+    prefix_reuse,
+    random,
+    raw_attention,
+    value_norm,
+    vlcache,
+)
 from conduit_core.policy_context import RefreshPolicy
 
 POLICIES: dict[str, RefreshPolicy] = {
     "full_prefill": full_prefill.select,
     "full_reuse": full_reuse.select,
+    "prefix_reuse": prefix_reuse.select,
+    "random": random.select,
+    "raw_attention": raw_attention.select,
+    "value_norm": value_norm.select,
+    "cacheblend": cacheblend.select,
+    "epic": epic.select,
+    "vlcache": vlcache.select,
+    "conduit": conduit.select,
+    "conduit_no_amp": conduit_no_amp.select,
+    "conduit_per_page": conduit_per_page.select,
 }
 
 

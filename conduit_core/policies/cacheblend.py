@@ -1,0 +1,71 @@
+"""Baseline `cacheblend` (CacheBlend): every token through the first layers, then only the
+tokens whose K/V deviate most from the cache are carried on.
+
+`CacheBlendPolicy(check_layer=1, ratio=None)`: all N tokens are recomputed through decoder
+layers 0..check_layer (0-based, as LMCache's `blend_check_layers=[1]`); their fresh K/V
+replace the stale ones at those layers. At the check layer each visual token's deviation
+||K_fresh - K_stale||^2 + ||V_fresh - V_stale||^2 (summed over KV heads and dims) ranks
+them; the top k = round(ratio * N_v) visual tokens, with all text tokens, are carried through
+the remaining layers (the runtime's refresh pass); the others keep stale K/V above the check
+layer. ratio None = the request's budget (CacheBlend's own default is 0.15). With
+check_layer >= L - 1 every layer is recomputed for every token: a full prefill.
+
+FLOPs: N rows through check_layer + 1 layers, plus the carried rows through the rest. The
+runtime recomputes the carried rows from layer 0 (reproducing the values the check pass
+wrote), so this policy credits those first layers back in `ctx.extra_flops`: the reported
+total is CacheBlend's own cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.flops import LMShape, rows_flops
+from conduit_core.layer_forward import forward_rows
+from conduit_core.policy_context import PolicyContext
+from conduit_core.selection import budget_tokens, topk_positions
+
+
+@dataclass(frozen=True)
+class CacheBlendPolicy:
+    """KV-deviation selection at a check layer; see the module docstring."""
+
+    check_layer: int = 1  # >= 0
+    ratio: float | None = None  # in [0, 1], or None for the request's budget
+
+    def __post_init__(self) -> None:
+        if self.check_layer < 0:
+            raise ValueError(f"check_layer must be >= 0, got {self.check_layer}")
+        if self.ratio is not None and not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"ratio must be in [0, 1] or None, got {self.ratio}")
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """Run the check pass (writing fresh K/V at layers <= check) and pick the carried
+        visual tokens."""
+        adapter = ctx.adapter
+        layout, cache = ctx.layout, ctx.cache
+        check = min(self.check_layer, len(adapter.layers) - 1)
+        rows = ctx.visual_rows  # (N_v,)
+        k = ctx.k if self.ratio is None else budget_tokens(self.ratio, int(rows.numel()))
+        stale_k = cache.keys[check, 0].clone()  # (G, cap, hd)
+        stale_v = cache.values[check, 0].clone()  # (G, cap, hd)
+        everything = torch.arange(layout.n)  # (N,)
+        hidden = ctx.embeds.unsqueeze(0)  # (1, N, hidden)
+        pos = layout.position_ids.unsqueeze(1)  # (P, 1, N)
+        forward_rows(adapter, cache, hidden, everything, pos, n_keys=layout.n,
+                     plain_causal=True, layers=range(check + 1))
+        dev_rows = rows.to(stale_k.device)
+        dk = (cache.keys[check, 0] - stale_k).index_select(1, dev_rows).float()  # (G, N_v, hd)
+        dv = (cache.values[check, 0] - stale_v).index_select(1, dev_rows).float()
+        deviation = dk.pow(2).sum(dim=(0, 2)) + dv.pow(2).sum(dim=(0, 2))  # (N_v,)
+        chosen = rows[topk_positions(deviation.cpu(), k)]  # (k,)
+        carried = torch.cat([layout.text_rows(), chosen]).unique()  # (N_t + k,)
+        shape = LMShape.from_config(adapter.text_config)
+        ctx.extra_flops += (rows_flops(shape, everything, n_layers=check + 1)
+                            - rows_flops(shape, carried, n_layers=check + 1))
+        return chosen
+
+
+select = CacheBlendPolicy()

@@ -1,0 +1,95 @@
+"""`conduit`: norm-weighted question attention, image-level amplification, one global top-k.
+
+From the scoring pass (`PolicyContext.scores()`), every visual token j gets
+  s_j = mean over layers, question tokens of agg over heads of A[l,h,q,j] ||V[l,g(h),j]||
+(`conduit_core.scoring.token_scores`); page m's total R_m = sum_j s_j scales its tokens by
+c_m = (R_m / mean_m R_m)^gamma; the k = round(budget * N_v) highest s'_j = c_m s_j over all
+pages are refreshed (text tokens are always recomputed and not charged to the budget).
+
+Public API:
+  ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False)
+  ConduitPolicy(config)            a RefreshPolicy; .explain(ctx) -> ConduitChoice
+  ConduitChoice(rows, scores, amplification)
+  select = ConduitPolicy()         the registered `conduit`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from conduit_core.policy_context import PolicyContext
+from conduit_core.scoring import ScoreConfig, token_scores
+from conduit_core.selection import (
+    budget_tokens,
+    page_amplification,
+    per_page_topk,
+    quota_split,
+    topk_positions,
+)
+
+
+@dataclass(frozen=True)
+class ConduitConfig:
+    """CONDUIT's knobs.
+
+    budget:    fraction of visual tokens to refresh, in [0, 1]; None = the request's budget
+               (`AnswerRequest.budget`, default 0.10).
+    gamma:     amplification exponent >= 0; 0 turns amplification off (c_m = 1).
+    score:     scoring layers, question-token set and head aggregation (`ScoreConfig`).
+    per_page:  False = one global top-k (CONDUIT); True = each page refreshes its share of k
+               in proportion to its size (the per-page-quota ablation).
+    """
+
+    budget: float | None = None
+    gamma: float = 1.0
+    score: ScoreConfig = field(default_factory=ScoreConfig)
+    per_page: bool = False
+
+    def __post_init__(self) -> None:
+        if self.budget is not None and not 0.0 <= self.budget <= 1.0:
+            raise ValueError(f"budget must be in [0, 1] or None, got {self.budget}")
+        if self.gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class ConduitChoice:
+    """One CONDUIT decision with the quantities behind it."""
+
+    rows: torch.Tensor  # (k,) sequence indices of the refreshed visual tokens, ascending
+    scores: torch.Tensor  # (N_v,) amplified scores s'_j in visual-token order
+    amplification: torch.Tensor  # (M,) c_m per page
+
+
+@dataclass(frozen=True)
+class ConduitPolicy:
+    """The CONDUIT refresh policy under one configuration."""
+
+    config: ConduitConfig = field(default_factory=ConduitConfig)
+
+    def explain(self, ctx: PolicyContext) -> ConduitChoice:
+        """Score, amplify and select; runs the scoring pass through `ctx`."""
+        cfg = self.config
+        rows = ctx.visual_rows  # (N_v,)
+        k = ctx.k if cfg.budget is None else budget_tokens(cfg.budget, int(rows.numel()))
+        stale = ctx.scores()
+        s = token_scores(stale.probs, stale.value_norms, cfg.score)  # (N,)
+        s = s.cpu()[rows]  # (N_v,)
+        page_of = ctx.page_of_visual  # (N_v,)
+        c = page_amplification(s, page_of, ctx.num_pages, cfg.gamma)  # (M,)
+        amplified = s * c[page_of]  # (N_v,)
+        if cfg.per_page:
+            sizes = torch.bincount(page_of, minlength=ctx.num_pages)  # (M,)
+            pos = per_page_topk(amplified, page_of, quota_split(sizes, k))
+        else:
+            pos = topk_positions(amplified, k)
+        return ConduitChoice(rows=rows[pos], scores=amplified, amplification=c)
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """Sequence indices of the visual tokens to refresh."""
+        return self.explain(ctx).rows
+
+
+select = ConduitPolicy()

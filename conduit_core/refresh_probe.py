@@ -1,0 +1,63 @@
+"""The prefill half of `ReuseRuntime.answer`, exposing what a policy chose and the logits.
+
+Used by the policy tests and the fidelity evaluation: they compare logits, not only text.
+The steps are those of `ReuseRuntime.answer` (assemble, policy over a `PolicyContext`,
+refresh visual choice + all text rows); decoding is left out.
+
+Public API:
+  RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds)
+  probe_refresh(runtime, request) -> RefreshProbe
+  probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question) -> RefreshProbe
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from conduit_core.answer_types import AnswerRequest
+from conduit_core.policies import get_policy
+from conduit_core.policy_context import PolicyContext
+from conduit_core.runtime import ReuseRuntime
+
+
+@dataclass(frozen=True)
+class RefreshProbe:
+    """One request's refreshed set and the logits of every recomputed row."""
+
+    visual_rows: torch.Tensor  # (k,) refreshed visual sequence indices, ascending
+    rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual), ascending
+    logits: torch.Tensor  # (R, vocab) float32, row order of `rows`; [-1] predicts token 1
+    extra_flops: float  # FLOPs the policy itself spent (scoring pass, check layers)
+    choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
+
+
+@torch.inference_mode()
+def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest) -> RefreshProbe:
+    """Assemble `request`, let its policy choose, refresh, and return the logits."""
+    policy = get_policy(request.policy)
+    assembly = runtime.assemble(request.prefix, request.pages, request.question)
+    ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
+                        scorer=lambda: runtime.scoring(assembly), cache=assembly.cache,
+                        embeds=assembly.embeds, adapter=runtime.adapter)
+    t0 = time.perf_counter()
+    visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
+    seconds = time.perf_counter() - t0
+    hidden = runtime.prefill(assembly, visual)  # (R, hidden)
+    rows = torch.cat([assembly.layout.text_rows(), visual]).unique()  # (R,)
+    return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
+                        extra_flops=ctx.extra_flops, choice_seconds=seconds)
+
+
+@torch.inference_mode()
+def probe_full_prefill(runtime: ReuseRuntime, prefix: str,
+                       pages: list[tuple[str, Image.Image]], question: str) -> RefreshProbe:
+    """The reference: every token computed now from the images (vision tower included)."""
+    assembly = runtime.assemble_fresh(prefix, pages, question)
+    visual = assembly.layout.visual_rows()
+    hidden = runtime.prefill(assembly, visual)  # (N, hidden)
+    return RefreshProbe(visual_rows=visual, rows=torch.arange(assembly.layout.n),
+                        logits=runtime.logits(hidden), extra_flops=0.0, choice_seconds=0.0)

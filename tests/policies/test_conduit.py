@@ -1,0 +1,125 @@
+"""CONDUIT's own properties: c = 1 with one page, and global selection vs a per-page quota
+when one page carries the signal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conduit_core.answer_types import AnswerRequest
+from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from conduit_core.policy_context import PolicyContext
+from conduit_core.runtime import Assembly
+from conduit_core.scoring import ScoreConfig
+from conduit_core.stale_pass import StaleScores
+
+from .conftest import CachedPages
+
+PREFIX = "Archive notes."
+QUESTION = "What does the ledger say?"
+
+
+def context(cached: CachedPages, asm: Assembly, budget: float,
+            scores: StaleScores | None = None) -> PolicyContext:
+    rt = cached.runtime
+
+    def scorer() -> tuple[StaleScores, float]:
+        return (scores, 0.0) if scores is not None else rt.scoring(asm)
+
+    return PolicyContext(layout=asm.layout, budget=budget, seed=0, scorer=scorer,
+                         cache=asm.cache, embeds=asm.embeds, adapter=rt.adapter)
+
+
+def share_on(rows: torch.Tensor, asm: Assembly, page: int) -> float:
+    seg = asm.layout.segments[page]
+    return float(((rows >= seg.start) & (rows < seg.stop)).float().mean())
+
+
+def test_one_page_amplification_is_one(cached: CachedPages) -> None:
+    asm = cached.runtime.assemble(PREFIX, cached.inputs(["Page:", "", ""])[:1], QUESTION)
+    choice = ConduitPolicy().explain(context(cached, asm, 0.3))
+    assert choice.amplification.tolist() == [1.0]
+    plain = ConduitPolicy(ConduitConfig(gamma=0.0)).explain(context(cached, asm, 0.3))
+    assert torch.equal(choice.rows, plain.rows)
+    assert choice.rows.numel() == round(0.3 * asm.layout.segments[0].length)
+
+
+def test_several_pages_get_different_amplification(cached: CachedPages) -> None:
+    asm = cached.runtime.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    c = ConduitPolicy().explain(context(cached, asm, 0.1)).amplification
+    assert c.shape == (3,) and float(c.mean()) == pytest.approx(1.0)
+    assert float(c.max() - c.min()) > 0.01
+
+
+def constructed_scores(asm: Assembly, signal_page: int, n_layers: int, heads: int,
+                       kv_heads: int) -> StaleScores:
+    """Question attention spread over every key, three times denser on one page."""
+    n = asm.layout.n
+    weight = torch.ones(n)
+    seg = asm.layout.segments[signal_page]
+    weight[seg.start:seg.stop] = 3.0
+    weight[torch.randperm(n, generator=torch.Generator().manual_seed(0))[:n // 2]] *= 1.1
+    q_rows = asm.layout.question_rows()
+    probs = (weight / weight.sum()).expand(n_layers, heads, q_rows.numel(), n).clone()
+    return StaleScores(probs=probs, value_norms=torch.ones(n_layers, kv_heads, n),
+                       question_rows=q_rows, text_rows=asm.layout.text_rows())
+
+
+def test_global_selection_follows_the_signal_page(cached: CachedPages) -> None:
+    rt = cached.runtime
+    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    cfg = rt.adapter.text_config
+    scores = constructed_scores(asm, 1, len(rt.adapter.layers), cfg.num_attention_heads,
+                                cfg.num_key_value_heads)
+    budget = 0.2  # k = 9 of 45; page 2 holds 17
+    chosen = ConduitPolicy().explain(context(cached, asm, budget, scores))
+    quota = ConduitPolicy(ConduitConfig(per_page=True)).explain(context(cached, asm, budget,
+                                                                         scores))
+    assert chosen.amplification[1] > 1.0 > float(chosen.amplification[0])
+    assert share_on(chosen.rows, asm, 1) == 1.0
+    assert share_on(quota.rows, asm, 1) == pytest.approx(3 / 9)  # quotas 4, 3, 2
+
+
+def test_real_scoring_pass_follows_a_loud_page(cached: CachedPages) -> None:
+    """Make page 3's cached values 4x larger (a page the question's norm-weighted attention
+    must favour) and run the real scoring pass: the global top-k goes there, a quota not."""
+    rt = cached.runtime
+    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    seg = asm.layout.segments[2]
+    with torch.inference_mode():
+        asm.cache.values[:, :, :, seg.start:seg.stop] *= 4.0
+    budget = 0.2
+    chosen = ConduitPolicy().explain(context(cached, asm, budget))
+    asm2 = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    with torch.inference_mode():
+        asm2.cache.values[:, :, :, seg.start:seg.stop] *= 4.0
+    quota = ConduitPolicy(ConduitConfig(per_page=True)).explain(context(cached, asm2, budget))
+    assert float(chosen.amplification[2]) > 1.5
+    assert share_on(chosen.rows, asm, 2) > 0.5
+    assert share_on(quota.rows, asm2, 2) == pytest.approx(2 / 9)
+
+
+def test_knobs_change_the_choice_and_are_validated(cached: CachedPages) -> None:
+    rt = cached.runtime
+    choices = set()
+    for score in [ScoreConfig(), ScoreConfig(layers=(1, 2)), ScoreConfig(query_window=1),
+                  ScoreConfig(head_agg="max")]:
+        asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+        rows = ConduitPolicy(ConduitConfig(score=score)).explain(context(cached, asm, 0.2)).rows
+        choices.add(tuple(rows.tolist()))
+    assert len(choices) > 1
+    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    fixed = ConduitPolicy(ConduitConfig(budget=0.5)).explain(context(cached, asm, 0.1))
+    assert fixed.rows.numel() == round(0.5 * asm.layout.visual_rows().numel())
+    with pytest.raises(ValueError):
+        ConduitConfig(gamma=-1.0)
+    with pytest.raises(ValueError):
+        ConduitConfig(budget=1.2)
+
+
+def test_answer_reports_its_budget(cached: CachedPages) -> None:
+    result = cached.runtime.answer(AnswerRequest(
+        prefix=PREFIX, pages=cached.inputs(["A", "B", "C"]), question=QUESTION,
+        policy="conduit", budget=0.1, max_new_tokens=3))
+    assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
+    assert 0.0 < result.flops_ratio < 1.0

@@ -1,0 +1,90 @@
+"""FLOPs accounting: hand-computed small cases, and the analytic linear/vision terms against
+torch's own FLOP counter on the tiny model (eager attention, so attention matmuls count)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from conduit_core.flops import (
+    LMShape,
+    VisionShape,
+    full_prefill_flops,
+    linear_cost,
+    rows_flops,
+    vision_flops,
+    vision_tower_flops,
+)
+from conduit_core.loader import load_vlm
+
+from .conftest import text_page
+
+SMALL = LMShape(layers=2, hidden=4, heads=2, kv_heads=1, head_dim=2, intermediate=8)
+
+
+def test_linear_cost_by_hand() -> None:
+    # 2 * (2*4*2*2 + 2*4*1*2 + 3*4*8) = 2 * (32 + 16 + 96)
+    assert linear_cost(SMALL) == 288.0
+    assert SMALL.pair_cost == 16
+
+
+def test_full_prefill_by_hand() -> None:
+    # L [N c + 4 H dh N (N + 1) / 2] = 2 * (3 * 288 + 16 * 6)
+    assert full_prefill_flops(SMALL, 3) == 1920.0
+    assert rows_flops(SMALL, torch.arange(3)) == 1920.0
+
+
+def test_refresh_rows_by_hand() -> None:
+    # rows 0 and 2 see 1 and 3 keys: 2 * (2 * 288 + 16 * 4)
+    assert rows_flops(SMALL, [0, 2]) == 1280.0
+    assert rows_flops(SMALL, [0, 2], n_layers=1) == 640.0
+    assert rows_flops(SMALL, []) == 0.0
+
+
+def test_scoring_plus_refresh_below_full_only_for_small_sets() -> None:
+    n, text = 100, torch.tensor([0, 1, 2, 97, 98, 99])
+    scoring = rows_flops(SMALL, text)
+    refresh = rows_flops(SMALL, torch.cat([text, torch.arange(10, 20)]).unique())
+    assert scoring + refresh < full_prefill_flops(SMALL, n)
+    assert rows_flops(SMALL, torch.arange(n)) == full_prefill_flops(SMALL, n)
+
+
+def test_vision_window_pairs_by_hand() -> None:
+    # 8x8 patches, merge 2 -> 4x4 merged, windows of 2x2 merged = 4 windows of 16 patches
+    shape = VisionShape(patch_in=1, embed=1, depth=1, mlp_hidden=1, mlp_mats=2, merge=2,
+                        merger_hidden=1, out_hidden=1, window=2, full_blocks=())
+    windowed = vision_tower_flops(shape, [(1, 8, 8)])
+    full = vision_tower_flops(VisionShape(1, 1, 1, 1, 2, 2, 1, 1), [(1, 8, 8)])
+    assert full - windowed == 4 * (64 * 64 - 4 * 16 * 16)
+
+
+@pytest.fixture(scope="module")
+def eager_vlm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("m")),
+                    attn_implementation="eager")
+
+
+def test_lm_terms_match_torch_counter(eager_vlm) -> None:  # type: ignore[no-untyped-def]
+    model = eager_vlm.model
+    shape = LMShape.from_config(model.config.get_text_config())
+    n = 12
+    with FlopCounterMode(display=False) as counter:
+        model.model.language_model(input_ids=torch.arange(n).view(1, n))
+    # torch counts every (query, key) pair of the eager matmuls, the masked ones included
+    counted_pairs = shape.layers * shape.pair_cost * n * n
+    assert counter.get_total_flops() == shape.layers * n * linear_cost(shape) + counted_pairs
+
+
+def test_vision_flops_match_torch_counter(eager_vlm) -> None:  # type: ignore[no-untyped-def]
+    adapter = eager_vlm.adapter
+    pages = adapter.prepare_pages([text_page(0, (112, 112)), text_page(1, (140, 84))])
+    pixels = torch.cat([p.vision_inputs["pixel_values"] for p in pages])
+    grids = torch.stack([p.image_grid for p in pages])  # (2, 3)
+    with FlopCounterMode(display=False) as counter:
+        eager_vlm.model.model.get_image_features(pixels, grids)
+    assert vision_flops(adapter, list(grids)) == counter.get_total_flops()
+    assert vision_tower_flops(VisionShape.from_config(eager_vlm.model.config),
+                              list(grids)) == counter.get_total_flops()
