@@ -2,7 +2,10 @@
 
 Public API:
   BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, ProcessorMixin]]]
-      keyed by builtin name without the "builtin:" scheme, e.g. "tiny-qwen2-vl".
+      keyed by builtin name without the "builtin:" scheme: "tiny-qwen2-vl",
+      "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl".
+  All four share a tiny Qwen2 language model (hidden 64, 2 layers, 4 heads, 2 KV heads,
+  head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template.
   QWEN_SPECIAL_TOKENS, CHATML_TEMPLATE
 Weights are a pure function of the seed and config; `builtin.py` materialises them once.
 """
@@ -14,13 +17,26 @@ from typing import Any
 
 import torch
 from transformers import (
+    GotOcr2ImageProcessorPil,
+    InternVLConfig,
+    InternVLForConditionalGeneration,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessorPil,
     PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
 )
 
-from conduit_core.processors import ImageOnlyQwen2VLProcessor
+from conduit_core.processors import (
+    ImageOnlyInternVLProcessor,
+    ImageOnlyLlavaOnevisionProcessor,
+    ImageOnlyQwen2_5_VLProcessor,
+    ImageOnlyQwen2VLProcessor,
+)
 from conduit_core.tiny_tokenizer import build_tokenizer
 
 SEED = 1234
@@ -71,10 +87,7 @@ def _seeded(build: Callable[[], PreTrainedModel]) -> PreTrainedModel:
 
 def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
     """Qwen2-VL: M-RoPE sections (2, 3, 3) over head_dim 16, vision depth 2, embed 32."""
-    tok = build_tokenizer(QWEN_SPECIAL_TOKENS,
-                          chat_template=chatml_template(
-                              "<|vision_start|><|image_pad|><|vision_end|>"),
-                          eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok = _qwen_tokenizer()
     text = _text_config(tok, _vocab(tok))
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
                                "mrope_section": [2, 3, 3]}
@@ -94,6 +107,96 @@ def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
                                             chat_template=tok.chat_template)
 
 
+def _qwen_tokenizer() -> Any:
+    return build_tokenizer(QWEN_SPECIAL_TOKENS,
+                           chat_template=chatml_template(
+                               "<|vision_start|><|image_pad|><|vision_end|>"),
+                           eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def tiny_qwen2_5_vl() -> tuple[PreTrainedModel, Any]:
+    """Qwen2.5-VL: windowed vision attention (window 2x2 merged tokens, block 1 full)."""
+    tok = _qwen_tokenizer()
+    text = _text_config(tok, _vocab(tok))
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                               "mrope_section": [2, 3, 3]}
+    cfg = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                           out_hidden_size=64, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
+                           initializer_range=0.1),
+        image_token_id=_tid(tok, "<|image_pad|>"),
+        video_token_id=_tid(tok, "<|video_pad|>"),
+        vision_start_token_id=_tid(tok, "<|vision_start|>"),
+        vision_end_token_id=_tid(tok, "<|vision_end|>"),
+    )
+    model = _seeded(lambda: Qwen2_5_VLForConditionalGeneration(cfg))
+    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)
+    return model, ImageOnlyQwen2_5_VLProcessor(image_processor=ip, tokenizer=tok,
+                                               chat_template=tok.chat_template)
+
+
+_LLAVA_TILE = 28  # SigLIP tile side: 2 x 2 patches of 14 -> 4 tokens per tile
+_LLAVA_PINPOINTS = [[_LLAVA_TILE * a, _LLAVA_TILE * b] for a in (1, 2, 3) for b in (1, 2, 3)]
+
+
+def tiny_llava_onevision() -> tuple[PreTrainedModel, Any]:
+    """LLaVA-OneVision: tiny SigLIP tower (28 px tiles), anyres up to 3 x 3 tiles."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"]
+    tok = build_tokenizer(specials, chat_template=chatml_template("<image>\n"),
+                          eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          named_special={"image_token": "<image>", "video_token": "<video>"})
+    cfg = LlavaOnevisionConfig(
+        text_config=dict(model_type="qwen2", **_text_config(tok, _vocab(tok))),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=_LLAVA_TILE, patch_size=14, vision_use_head=False),
+        image_token_index=_tid(tok, "<image>"), video_token_index=_tid(tok, "<video>"),
+        image_grid_pinpoints=_LLAVA_PINPOINTS, vision_aspect_ratio="anyres_max_9",
+        vision_feature_select_strategy="full", vision_feature_layer=-1,
+    )
+    model = _seeded(lambda: LlavaOnevisionForConditionalGeneration(cfg))
+    ip = LlavaOnevisionImageProcessorPil(size={"height": _LLAVA_TILE, "width": _LLAVA_TILE},
+                                         image_grid_pinpoints=_LLAVA_PINPOINTS)
+    proc = ImageOnlyLlavaOnevisionProcessor(
+        image_processor=ip, tokenizer=tok, chat_template=tok.chat_template,
+        num_image_tokens=(_LLAVA_TILE // 14) ** 2, vision_feature_select_strategy="full",
+        vision_aspect_ratio="anyres_max_9")
+    return model, proc
+
+
+def tiny_internvl() -> tuple[PreTrainedModel, Any]:
+    """InternVL (native transformers class): 56 px tiles, pixel shuffle 0.5 -> 4 tokens per
+    tile, up to 4 tiles plus a thumbnail."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>",
+                "<IMG_CONTEXT>", "<video>"]
+    tok = build_tokenizer(specials, chat_template=chatml_template("<IMG_CONTEXT>\n"),
+                          eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                          named_special={"start_image_token": "<img>",
+                                         "end_image_token": "</img>",
+                                         "context_image_token": "<IMG_CONTEXT>",
+                                         "video_token": "<video>"})
+    cfg = InternVLConfig(
+        text_config=dict(model_type="qwen2", **_text_config(tok, _vocab(tok))),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=[56, 56], patch_size=[14, 14],
+                           initializer_range=0.1),
+        image_token_id=_tid(tok, "<IMG_CONTEXT>"), image_seq_length=4, downsample_ratio=0.5,
+        vision_feature_select_strategy="default", vision_feature_layer=-1,
+        tie_word_embeddings=False,
+    )
+    model = _seeded(lambda: InternVLForConditionalGeneration(cfg))
+    ip = GotOcr2ImageProcessorPil(size={"height": 56, "width": 56}, crop_to_patches=True,
+                                  min_patches=1, max_patches=4)
+    proc = ImageOnlyInternVLProcessor(image_processor=ip, tokenizer=tok,
+                                      chat_template=tok.chat_template, image_seq_length=4)
+    return model, proc
+
+
 BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, Any]]] = {
     "tiny-qwen2-vl": tiny_qwen2_vl,
+    "tiny-qwen2.5-vl": tiny_qwen2_5_vl,
+    "tiny-llava-onevision": tiny_llava_onevision,
+    "tiny-internvl": tiny_internvl,
 }

@@ -11,12 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import Qwen2VLForConditionalGeneration
+from transformers import (
+    InternVLForConditionalGeneration,
+    LlavaOnevisionForConditionalGeneration,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+)
 
 from conduit_core.adapters.base import VLMAdapter
+from conduit_core.adapters.internvl import InternVLAdapter
+from conduit_core.adapters.llava_onevision import LlavaOnevisionAdapter
+from conduit_core.adapters.qwen2_5_vl import Qwen2_5_VLAdapter
 from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
 from conduit_core.errors import UnsupportedModelError
-from conduit_core.processors import ImageOnlyQwen2VLProcessor
+from conduit_core.processors import (
+    ImageOnlyInternVLProcessor,
+    ImageOnlyLlavaOnevisionProcessor,
+    ImageOnlyQwen2_5_VLProcessor,
+    ImageOnlyQwen2VLProcessor,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,12 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "qwen2_vl": Family("qwen2_vl", Qwen2VLForConditionalGeneration, ImageOnlyQwen2VLProcessor,
                        Qwen2VLAdapter),
+    "qwen2_5_vl": Family("qwen2_5_vl", Qwen2_5_VLForConditionalGeneration,
+                         ImageOnlyQwen2_5_VLProcessor, Qwen2_5_VLAdapter),
+    "llava_onevision": Family("llava_onevision", LlavaOnevisionForConditionalGeneration,
+                              ImageOnlyLlavaOnevisionProcessor, LlavaOnevisionAdapter),
+    "internvl": Family("internvl", InternVLForConditionalGeneration,
+                       ImageOnlyInternVLProcessor, InternVLAdapter),
 }
 
 

@@ -5,7 +5,8 @@ pulls a CUDA torch). These subclasses drop that argument; everything else is inh
 
 Public API:
   ImageOnlyQwen2VLProcessor, ImageOnlyQwen2_5_VLProcessor, ImageOnlyLlavaOnevisionProcessor,
-  ImageOnlyInternVLProcessor  (each: `(image_processor, tokenizer, chat_template=None, **kw)`)
+  ImageOnlyInternVLProcessor  (each: `(image_processor, tokenizer, <family options>,
+                               chat_template=None, **kw)`; the options are saved with it)
 """
 
 from __future__ import annotations
@@ -42,15 +43,25 @@ class ImageOnlyLlavaOnevisionProcessor(LlavaOnevisionProcessor):
     """`LlavaOnevisionProcessor` without a video processor."""
 
     def __init__(self, image_processor: Any = None, tokenizer: Any = None,
-                 chat_template: str | None = None, **kwargs: Any):
+                 num_image_tokens: int | None = None,
+                 vision_feature_select_strategy: str | None = None,
+                 chat_template: str | None = None, image_token: str = "<image>",
+                 video_token: str = "<video>", vision_aspect_ratio: str = "anyres_max_9",
+                 **kwargs: Any):
         super().__init__(image_processor=image_processor, tokenizer=tokenizer,
-                         video_processor=None, chat_template=chat_template, **kwargs)
+                         video_processor=None, num_image_tokens=num_image_tokens,
+                         vision_feature_select_strategy=vision_feature_select_strategy,
+                         chat_template=chat_template, image_token=image_token,
+                         video_token=video_token, vision_aspect_ratio=vision_aspect_ratio,
+                         **kwargs)
 
 
 class ImageOnlyInternVLProcessor(InternVLProcessor):
     """`InternVLProcessor` without a video processor."""
 
     def __init__(self, image_processor: Any = None, tokenizer: Any = None,
-                 chat_template: str | None = None, **kwargs: Any):
+                 image_seq_length: int = 256, chat_template: str | None = None,
+                 **kwargs: Any):
         super().__init__(image_processor=image_processor, tokenizer=tokenizer,
-                         video_processor=None, chat_template=chat_template, **kwargs)
+                         video_processor=None, image_seq_length=image_seq_length,
+                         chat_template=chat_template, **kwargs)

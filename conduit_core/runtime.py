@@ -17,6 +17,7 @@ Public API:
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
     .logits(hidden) -> (R, vocab) float32
     .scoring(assembly) -> (StaleScores, flops)
+    .policy_context(assembly, budget, seed=None) -> PolicyContext
   Assembly(layout, cache, embeds, image_grids)
 """
 
@@ -67,7 +68,7 @@ class ReuseRuntime:
     @torch.inference_mode()
     def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:
         """Prefill each page once under the canonical page context (see module doc)."""
-        prepared = self.adapter.prepare_pages(images)
+        prepared = self.adapter.prepare_pages(images) if images else []
         out: list[PageKV] = []
         for i in range(0, len(prepared), self.page_batch_size):
             chunk = prepared[i:i + self.page_batch_size]
@@ -129,7 +130,8 @@ class ReuseRuntime:
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
                        extra_capacity: int = 0) -> Assembly:
         """Lay out the request from images (vision tower run now); the cache starts empty."""
-        prepared = self.adapter.prepare_pages([img for _, img in pages])
+        images = [img for _, img in pages]
+        prepared = self.adapter.prepare_pages(images) if images else []
         seg_embeds = self.adapter.page_embeds(prepared) if prepared else []
         grids = [p.image_grid for p in prepared]
         layout = build_layout(self.adapter, prefix, [label for label, _ in pages],
@@ -167,6 +169,13 @@ class ReuseRuntime:
                               text, layout.question_rows(), layout.n)
         return result, self.flops.rows(text)
 
+    def policy_context(self, assembly: Assembly, budget: float,
+                       seed: int | None = None) -> PolicyContext:
+        """What a refresh policy sees for this assembly (scoring pass on demand)."""
+        return PolicyContext(layout=assembly.layout, budget=budget, seed=seed,
+                             scorer=lambda: self.scoring(assembly), cache=assembly.cache,
+                             embeds=assembly.embeds, adapter=self.adapter)
+
     # ---- answers --------------------------------------------------------------------
     def _finish(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
                 refreshed: int, flops_used: float, max_new_tokens: int, temperature: float,
@@ -198,9 +207,7 @@ class ReuseRuntime:
         policy = get_policy(request.policy)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens)
-        ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
-                            scorer=lambda: self.scoring(assembly), cache=assembly.cache,
-                            embeds=assembly.embeds, adapter=self.adapter)
+        ctx = self.policy_context(assembly, request.budget, request.seed)
         visual = policy(ctx).to(torch.long).cpu().unique()
         hidden = self.prefill(assembly, visual)
         rows = torch.cat([assembly.layout.text_rows(), visual]).unique()

@@ -1,8 +1,8 @@
 """Locally built byte-level BPE tokenizers for the builtin tiny models (no downloads).
 
 Public API:
-  build_tokenizer(special_tokens, *, chat_template, eos_token, pad_token, vocab_size=768)
-      -> PreTrainedTokenizerFast
+  build_tokenizer(special_tokens, *, chat_template, eos_token, pad_token, vocab_size=768,
+                  named_special=None) -> PreTrainedTokenizerFast
       A byte-level BPE trained (deterministically) on an embedded English text, so that
       ordinary words tokenize into a few sensible pieces; `special_tokens` get the first ids
       in the order given and are never split.
@@ -41,6 +41,7 @@ def build_tokenizer(
     eos_token: str,
     pad_token: str,
     vocab_size: int = 768,
+    named_special: dict[str, str] | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on the embedded corpus and wrap it as a fast tokenizer.
 
@@ -56,7 +57,8 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer)
-    extra = [t for t in special_tokens if t not in (eos_token, pad_token)]
+    extra: list[str] | dict[str, str] = named_special or [
+        t for t in special_tokens if t not in (eos_token, pad_token)]
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=eos_token,

@@ -6,11 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from conduit_core.loader import LoadedVLM, load_vlm
+from conduit_core.runtime import ReuseRuntime
 
 torch.set_num_threads(1)
+
+FAMILIES = ["builtin:tiny-qwen2-vl", "builtin:tiny-qwen2.5-vl", "builtin:tiny-llava-onevision",
+            "builtin:tiny-internvl"]
+MROPE = {"builtin:tiny-qwen2-vl", "builtin:tiny-qwen2.5-vl"}
+
+_LOADED: dict[tuple[str, str, str], LoadedVLM] = {}
 
 
 @pytest.fixture(scope="session")
@@ -19,18 +25,29 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("conduit-models")
 
 
-_LOADED: dict[str, LoadedVLM] = {}
+def load_builtin(name: str, cache: Path, *, attn: str = "sdpa",
+                 dtype: str = "float32") -> LoadedVLM:
+    """Load (once per session) a builtin model on CPU."""
+    key = (name, attn, dtype)
+    if key not in _LOADED:
+        _LOADED[key] = load_vlm(name, cache_dir=cache, attn_implementation=attn, dtype=dtype)
+    return _LOADED[key]
 
 
-def load_builtin(name: str, cache: Path) -> LoadedVLM:
-    """Load (once per session) a builtin model in float32 on CPU."""
-    if name not in _LOADED:
-        _LOADED[name] = load_vlm(name, cache_dir=cache)
-    return _LOADED[name]
+@pytest.fixture(params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> str:
+    """Each builtin family in turn."""
+    name: str = request.param
+    return name
 
 
-def page_image(seed: int, size: tuple[int, int] = (224, 280)) -> Image.Image:
-    """A deterministic noisy page image."""
-    gen = torch.Generator().manual_seed(seed)
-    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=gen, dtype=torch.uint8)
-    return Image.fromarray(pixels.numpy(), "RGB")
+@pytest.fixture
+def vlm(family: str, model_cache: Path) -> LoadedVLM:
+    """The family's tiny model (float32, sdpa)."""
+    return load_builtin(family, model_cache)
+
+
+@pytest.fixture
+def runtime(vlm: LoadedVLM) -> ReuseRuntime:
+    """A runtime over the family's tiny model."""
+    return ReuseRuntime(vlm)

@@ -1,0 +1,46 @@
+"""Diagnostics: how far a reused (stale) cache is from a full prefill of the same layout.
+
+Public API:
+  KVError(key_max_abs, value_max_abs, key_rel, value_rel)   each (L,) float32 per layer;
+      rel = ||reused - reference||_F / ||reference||_F over the compared tokens
+  kv_error(reused, reference, rows) -> KVError
+      compare two `KVCache`s (batch item 0) at sequence indices `rows` (e.g. the visual rows)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class KVError:
+    """Per-layer error of reused K/V against a reference."""
+
+    key_max_abs: torch.Tensor  # (L,)
+    value_max_abs: torch.Tensor  # (L,)
+    key_rel: torch.Tensor  # (L,)
+    value_rel: torch.Tensor  # (L,)
+
+
+def _errors(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    diff = (a.float() - b.float()).flatten(1)  # (L, kv*T*hd)
+    ref = b.float().flatten(1)  # (L, kv*T*hd)
+    max_abs = diff.abs().amax(dim=1) if diff.shape[1] else torch.zeros(diff.shape[0])
+    rel = diff.norm(dim=1) / ref.norm(dim=1).clamp_min(1e-12)  # (L,)
+    return max_abs.cpu(), rel.cpu()
+
+
+def kv_error(reused: KVCache, reference: KVCache, rows: torch.Tensor) -> KVError:
+    """Per-layer max-abs and relative error of `reused` against `reference` at `rows`."""
+    idx = rows.to(reused.keys.device)
+    k_a = reused.keys[:, 0].index_select(2, idx)  # (L, kv, T, hd)
+    k_b = reference.keys[:, 0].index_select(2, idx.to(reference.keys.device))
+    v_a = reused.values[:, 0].index_select(2, idx)  # (L, kv, T, hd)
+    v_b = reference.values[:, 0].index_select(2, idx.to(reference.values.device))
+    k_max, k_rel = _errors(k_a, k_b.to(k_a.device))
+    v_max, v_rel = _errors(v_a, v_b.to(v_a.device))
+    return KVError(key_max_abs=k_max, value_max_abs=v_max, key_rel=k_rel, value_rel=v_rel)

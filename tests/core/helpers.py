@@ -1,0 +1,98 @@
+"""Test helpers: deterministic page images and independent reference computations that use
+the transformers model directly (never the runtime's own layer loop)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from PIL import Image
+
+from conduit_core.loader import LoadedVLM
+from conduit_core.page_kv import PageKV
+from conduit_core.runtime import Assembly, ReuseRuntime
+
+
+def page_image(seed: int, size: tuple[int, int] = (224, 280)) -> Image.Image:
+    """A deterministic noisy page image of `size` (width, height)."""
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (size[1], size[0], 3), generator=gen, dtype=torch.uint8)
+    return Image.fromarray(pixels.numpy(), "RGB")
+
+
+IMAGES = {"a": page_image(1), "b": page_image(2, (300, 200)), "c": page_image(3, (180, 360))}
+
+
+def reference_logits(vlm: LoadedVLM, asm: Assembly, images: list[Image.Image]) -> torch.Tensor:
+    """The transformers model's own forward logits (N, vocab) for an assembly's layout."""
+    prepared = vlm.adapter.prepare_pages(images)
+    kwargs = vlm.adapter.reference_inputs(asm.layout.token_ids, prepared)
+    with torch.no_grad():
+        logits: torch.Tensor = vlm.model(**kwargs).logits[0].float()
+    return logits
+
+
+def reference_hidden_states(vlm: LoadedVLM, token_ids: torch.Tensor,
+                            images: list[Image.Image]) -> tuple[torch.Tensor, ...]:
+    """Inputs of every decoder layer (L entries of (N, hidden)) from the model's own forward."""
+    prepared = vlm.adapter.prepare_pages(images)
+    kwargs = vlm.adapter.reference_inputs(token_ids, prepared)
+    with torch.no_grad():
+        out = vlm.model(**kwargs, output_hidden_states=True)
+    n_layers = len(vlm.adapter.layers)
+    return tuple(h[0] for h in out.hidden_states[:n_layers])
+
+
+def direct_keys(vlm: LoadedVLM, layer_inputs: tuple[torch.Tensor, ...], rows: slice,
+                new_positions: torch.Tensor) -> torch.Tensor:
+    """Keys (L, kv, T, hd) of tokens `rows` computed from their layer inputs with the model's
+    own norm, k_proj, rotary embedding and apply_rotary_pos_emb at `new_positions` (P, T)."""
+    lm = vlm.adapter.language_model
+    out = []
+    for layer, h in zip(vlm.adapter.layers, layer_inputs, strict=True):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h[rows]).unsqueeze(0)  # (1, T, hidden)
+        with torch.no_grad():
+            k = attn.k_proj(x).view(1, x.shape[1], -1, attn.head_dim).transpose(1, 2)
+            pos = new_positions.unsqueeze(1)  # (P, 1, T)
+            cos, sin = lm.rotary_emb(k, pos if pos.shape[0] == 3 else pos[0])
+            apply = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+            _, k_rot = apply(k, k, cos, sin)
+        out.append(k_rot[0])  # (kv, T, hd)
+    return torch.stack(out)
+
+
+def page_from_assembly(rt: ReuseRuntime, asm: Assembly, page: int) -> PageKV:
+    """A PageKV cut out of a fully prefilled assembly (the page as it sits in that layout)."""
+    seg = asm.layout.segments[page]
+    sl = slice(seg.start, seg.stop)
+    return PageKV(
+        embeds=asm.embeds[sl].clone(), keys=asm.cache.keys[:, 0, :, sl].clone(),
+        values=asm.cache.values[:, 0, :, sl].clone(),
+        position_ids=asm.layout.position_ids[:, sl].clone(),
+        token_ids=asm.layout.token_ids[sl].clone(), image_grid=asm.image_grids[page].clone(),
+        fingerprint=rt.vlm.fingerprint)
+
+
+def until_stop(tokens: list[int], stops: list[int]) -> list[int]:
+    """Tokens before the first stop token."""
+    out = []
+    for t in tokens:
+        if t in stops:
+            break
+        out.append(t)
+    return out
+
+
+def full_logits(rt: ReuseRuntime, prefix: str, pages: list[tuple[str, Image.Image]],
+                question: str) -> tuple[Assembly, torch.Tensor]:
+    """Full prefill (vision tower now) of a layout through the runtime: assembly, logits."""
+    asm = rt.assemble_fresh(prefix, pages, question)
+    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
+    return asm, logits
+
+
+def kwargs_of(obj: Any) -> dict[str, Any]:
+    """Public attributes of a dataclass-like object (for readable assertion messages)."""
+    return {k: v for k, v in vars(obj).items() if not k.startswith("_")}

@@ -1,0 +1,56 @@
+"""Exactness 1: the runtime's full prefill reproduces the transformers model itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit_core import ReuseRuntime
+from tests.core.conftest import FAMILIES, load_builtin
+from tests.core.helpers import IMAGES, reference_logits, until_stop
+
+PAGES = [("Page 1:\n", IMAGES["a"]), ("Page 2:\n", IMAGES["b"])]
+PREFIX, QUESTION = "You answer questions about documents.", "What is the total amount?"
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_full_prefill_logits_match_model_forward(name: str, attn: str, model_cache: Path) -> None:
+    vlm = load_builtin(name, model_cache, attn=attn)
+    rt = ReuseRuntime(vlm)
+    asm = rt.assemble_fresh(PREFIX, PAGES, QUESTION)
+    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))  # (N, vocab)
+    ref = reference_logits(vlm, asm, [img for _, img in PAGES])
+    assert logits.shape == ref.shape
+    assert (logits - ref).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_full_prefill_greedy_tokens_match_generate(name: str, model_cache: Path) -> None:
+    vlm = load_builtin(name, model_cache)
+    rt = ReuseRuntime(vlm)
+    result = rt.answer_full_prefill(PREFIX, PAGES, QUESTION, max_new_tokens=8)
+    asm = rt.assemble_fresh(PREFIX, PAGES, QUESTION)
+    prepared = vlm.adapter.prepare_pages([img for _, img in PAGES])
+    kwargs = vlm.adapter.reference_inputs(asm.layout.token_ids, prepared)
+    gen = vlm.model.generate(**kwargs, max_new_tokens=8, do_sample=False)[0, asm.layout.n:]
+    expected = until_stop(gen.tolist(), vlm.adapter.stop_token_ids())
+    assert result.token_ids == expected
+    assert len(expected) > 0
+    assert result.text == vlm.tokenizer.decode(expected, skip_special_tokens=True)
+    assert result.prompt_tokens == asm.layout.n
+    assert result.flops_ratio == 1.0 and result.flops_used == result.flops_full > 0
+    assert 0 < result.ttft_s <= result.total_s
+
+
+def test_text_only_request(model_cache: Path) -> None:
+    vlm = load_builtin("builtin:tiny-qwen2-vl", model_cache)
+    rt = ReuseRuntime(vlm)
+    asm = rt.assemble_fresh(PREFIX, [], QUESTION)
+    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
+    ids = asm.layout.token_ids.view(1, -1)
+    with torch.no_grad():
+        ref = vlm.model(input_ids=ids).logits[0]
+    assert (logits - ref).abs().max().item() <= 1e-4
