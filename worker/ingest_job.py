@@ -4,8 +4,7 @@ and prefill page KV once per page hash. Progress is written to the metadata stor
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from PIL import Image
@@ -14,11 +13,12 @@ from storage.keys import PageHash, page_hash
 from storage.metadata import Document, DocumentId, Page
 from storage.metadata.records import IngestStage
 from worker.context import WorkerContext
-from worker.ingest.errors import IngestError, IngestTimeoutError
+from worker.ingest.deadline import Deadline
+from worker.ingest.errors import IngestError
+from worker.ingest.pages import iter_pages
 from worker.ingest.pdf import open_pdf
-from worker.ingest.render import render_page
-from worker.ingest.text import extract_text
 from worker.retrieval.embedder import embedding_to_bytes
+from worker.retrieval.passages import embed_pages
 from worker.uploads import upload_path
 
 log = logging.getLogger(__name__)
@@ -70,40 +70,44 @@ def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) 
 
 def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page]:
     s = ctx.settings
-    deadline = time.monotonic() + s.ingest_timeout_s
+    deadline = Deadline(s.ingest_timeout_s)
     collection = ctx.meta.get_collection(doc.collection_id)
     namespace = None if collection.shared else collection.tenant
-    fingerprint = ctx.runtime.fingerprint
+    fingerprint = ctx.runtime.vlm.fingerprint
     pdf = open_pdf(upload_path(ctx.home, doc.id).read_bytes(), password=None,
                    max_pages=s.max_pages)
     progress.total = pdf.page_count
     pages: list[Page] = []
-    for index in range(pdf.page_count):
-        if time.monotonic() > deadline:
-            raise IngestTimeoutError(f"ingestion exceeded {s.ingest_timeout_s:.0f} s")
-        image = render_page(pdf, index, dpi=s.render_dpi, max_pixels=s.max_page_pixels)
-        text = extract_text(pdf, index, image=image, ocr=s.ocr)
-        rel = page_image_relpath(doc.id, index + 1)
-        path = ctx.page_image_path(rel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        image.save(path, format="PNG", compress_level=1)
-        key = page_hash(fingerprint=fingerprint, render=ctx.render, image=image,
-                        namespace=namespace)
-        pages.append(Page(document_id=doc.id, number=index + 1, page_hash=key, text=text.text,
-                          text_source=text.source, image_path=rel, width=image.width,
-                          height=image.height))
-        progress("render", index + 1)
+    try:
+        for item in iter_pages(pdf, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
+                               deadline=deadline,
+                               on_progress=lambda p: progress(p.stage, p.done)):
+            assert item.image is not None  # rendering is on
+            rel = page_image_relpath(doc.id, item.number)
+            path = ctx.page_image_path(rel)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            item.image.save(path, format="PNG", compress_level=1)
+            key = page_hash(fingerprint=fingerprint, render=ctx.render, image=item.image,
+                            namespace=namespace)
+            pages.append(Page(document_id=doc.id, number=item.number, page_hash=key,
+                              text=item.text.text, text_source=item.text.source,
+                              image_path=rel, width=item.width, height=item.height))
+    finally:
+        pdf.close()
     progress("index", 0)
-    vectors = ctx.embedder.embed([p.text for p in pages])
-    for page, vector in zip(pages, vectors, strict=True):
-        page.embedding = embedding_to_bytes(vector)
+    for page, matrix in zip(pages, embed_pages([p.text for p in pages], ctx.embedder),
+                            strict=True):
+        page.embedding = None if matrix is None else embedding_to_bytes(matrix)
     progress("index", len(pages))
+    deadline.check(len(pages), len(pages))
     if s.prefill_on_ingest:
         ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))
     return pages
 
 
-def ensure_prefilled(ctx: WorkerContext, pages: Sequence[Page], on_done=None) -> int:  # type: ignore[no-untyped-def]
+def ensure_prefilled(
+    ctx: WorkerContext, pages: Sequence[Page], on_done: Callable[[int], None] | None = None
+) -> int:
     """Prefill the KV of every page whose hash is not stored yet; return how many were computed.
 
     Identical pages (same hash) are prefilled once, across documents and within one.

@@ -28,8 +28,10 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
     )
-    max_page_tokens: int = Field(
-        256, ge=16, le=16384, description="Cap on visual tokens per page (bounds KV size)."
+    max_page_tokens: int | None = Field(
+        None, ge=4, le=16384,
+        description="Cap on visual tokens per page (bounds KV size); unset = the model's "
+        "default (256 for real checkpoints, 16 for builtin tiny models).",
     )
 
     # storage

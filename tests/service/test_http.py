@@ -57,8 +57,10 @@ def test_upload_poll_ask_cites_the_right_page(client: httpx.Client, collection: 
     assert out["citations"][0] == {**out["citations"][0], "filename": "handbook.pdf", "page": 2}
     assert len(out["citations"]) == 2
     assert out["timings"]["total_s"] > 0 and out["timings"]["ttft_s"] > 0
-    assert 0 < out["flops_ratio"] <= 1
+    assert out["flops_ratio"] > 0
+    assert out["policy"] == "conduit" and out["budget"] == 0.1
     assert out["visual_tokens"] > 0
+    assert out["refreshed_visual_tokens"] == round(0.1 * out["visual_tokens"])
 
 
 def test_bad_uploads_get_4xx_and_leave_nothing(
