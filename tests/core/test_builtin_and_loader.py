@@ -1,0 +1,69 @@
+"""Builtin models: deterministic, tokenizer ids match the config, vocabulary covered; the
+loader refuses unsupported architectures clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit_core import builtin_names, load_vlm
+from conduit_core.errors import UnsupportedModelError
+from tests.core.conftest import FAMILIES, load_builtin
+
+
+def test_builtin_names() -> None:
+    assert sorted(builtin_names()) == sorted(FAMILIES)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tokenizer_matches_config(name: str, model_cache: Path) -> None:
+    vlm = load_builtin(name, model_cache)
+    cfg, tok = vlm.model.config, vlm.tokenizer
+    assert cfg.get_text_config().vocab_size >= len(tok)
+    image_token = {"qwen2_vl": "<|image_pad|>", "qwen2_5_vl": "<|image_pad|>",
+                   "llava_onevision": "<image>", "internvl": "<IMG_CONTEXT>"}[cfg.model_type]
+    assert cfg.image_token_id == tok.convert_tokens_to_ids(image_token)
+    assert cfg.get_text_config().eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    pieces = tok.convert_ids_to_tokens(tok("What is the total revenue?").input_ids)
+    assert len(pieces) <= 6  # words tokenize sensibly, not byte by byte
+    assert tok.decode(tok("the invoice number").input_ids) == "the invoice number"
+    assert vlm.processor.chat_template and vlm.fingerprint.name == name
+
+
+def test_builtin_is_materialised_once_and_deterministic(model_cache: Path,
+                                                        tmp_path: Path) -> None:
+    a = load_builtin("builtin:tiny-qwen2-vl", model_cache)
+    folder = model_cache / "tiny-qwen2-vl"
+    mtime = (folder / "model.safetensors").stat().st_mtime_ns
+    again = load_vlm("builtin:tiny-qwen2-vl", cache_dir=model_cache)
+    assert (folder / "model.safetensors").stat().st_mtime_ns == mtime  # not rebuilt
+    fresh = load_vlm("builtin:tiny-qwen2-vl", cache_dir=tmp_path)  # built afresh elsewhere
+    assert a.fingerprint == again.fingerprint == fresh.fingerprint
+    for (ka, va), (kb, vb) in zip(a.model.state_dict().items(),
+                                  fresh.model.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+
+
+def test_max_image_tokens_bounds_pages_and_enters_the_fingerprint(model_cache: Path) -> None:
+    from tests.core.helpers import IMAGES
+
+    small = load_vlm("builtin:tiny-qwen2-vl", cache_dir=model_cache, max_image_tokens=8)
+    big = load_builtin("builtin:tiny-qwen2-vl", model_cache)
+    assert small.fingerprint != big.fingerprint
+    (page,) = small.adapter.prepare_pages([IMAGES["a"]])
+    assert int((page.token_ids == small.model.config.image_token_id).sum()) <= 8
+
+
+def test_unknown_builtin_and_unsupported_architecture(model_cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedModelError, match="available"):
+        load_vlm("builtin:tiny-nope", cache_dir=model_cache)
+    folder = tmp_path / "gpt2ish"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(UnsupportedModelError, match="gpt2.*not supported"):
+        load_vlm(str(folder), cache_dir=model_cache)
+    with pytest.raises(UnsupportedModelError, match="cannot read a model config"):
+        load_vlm(str(tmp_path / "missing"), cache_dir=model_cache)

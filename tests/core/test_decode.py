@@ -1,0 +1,72 @@
+"""Decoding from the assembled cache: greedy == stepwise reference, sampling, stop tokens,
+streaming callback, TTFT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime
+from conduit_core.decode import Sampler
+from conduit_core.errors import UnknownPolicyError
+from tests.core.conftest import load_builtin
+from tests.core.helpers import IMAGES
+
+
+@pytest.fixture(scope="module")
+def qwen(model_cache: Path) -> ReuseRuntime:
+    return ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache))
+
+
+def _request(rt: ReuseRuntime, **kw: object) -> AnswerRequest:
+    pages = rt.prefill_pages([IMAGES["a"]])
+    return AnswerRequest("Be brief.", [PageInput("Page 1:\n", pages[0])], "What is it?",
+                         policy="full_prefill", **kw)  # type: ignore[arg-type]
+
+
+def test_streaming_callback_sees_every_token(qwen: ReuseRuntime) -> None:
+    seen: list[tuple[int, str]] = []
+    result = qwen.answer(_request(qwen, max_new_tokens=7), on_token=lambda t, s: seen.append(
+        (t, s)))
+    assert [t for t, _ in seen] == result.token_ids
+    assert "".join(s for _, s in seen) == result.text
+    assert 0 < result.ttft_s <= result.total_s
+
+
+def test_sampling_is_seeded_and_differs_from_greedy(qwen: ReuseRuntime) -> None:
+    greedy = qwen.answer(_request(qwen, max_new_tokens=12))
+    a = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
+    b = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
+    c = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=8))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids or a.token_ids != greedy.token_ids
+
+
+def test_stop_token_ends_generation(qwen: ReuseRuntime) -> None:
+    free = qwen.answer(_request(qwen, max_new_tokens=6))
+    assert free.stop_reason == "length" and len(free.token_ids) == 6
+    stop = free.token_ids[2]
+    qwen._stop_ids = [stop]
+    try:
+        stopped = qwen.answer(_request(qwen, max_new_tokens=6))
+    finally:
+        qwen._stop_ids = qwen.adapter.stop_token_ids()
+    first = free.token_ids.index(stop)
+    assert stopped.token_ids == free.token_ids[:first] and stopped.stop_reason == "stop"
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.tensor([5.0, 4.9, -10.0, -10.0])
+    sampler = Sampler(temperature=1.0, top_p=0.5, seed=0)
+    picks = {int(sampler.pick(logits)) for _ in range(50)}
+    assert picks == {0}
+    assert int(Sampler().pick(logits)) == 0
+
+
+def test_unknown_policy_is_a_clear_error(qwen: ReuseRuntime) -> None:
+    request = _request(qwen, max_new_tokens=2)
+    with pytest.raises(UnknownPolicyError, match="full_reuse"):
+        qwen.answer(AnswerRequest(request.prefix, request.pages, request.question,
+                                  policy="no-such-policy"))
