@@ -50,7 +50,7 @@ def check_upload(data: bytes, *, password: str | None, max_bytes: int,
     try:
         stored = data
         if doc.is_encrypted or doc.needs_pass or password:
-            stored = doc.tobytes(encryption=pymupdf.PDF_ENCRYPT_NONE, garbage=1)
+            stored = doc.tobytes(encryption=pymupdf.mupdf.PDF_ENCRYPT_NONE, garbage=1)
         return CheckedUpload(data=stored, sha256=hashlib.sha256(data).hexdigest(),
                              page_count=doc.page_count)
     finally:

@@ -21,7 +21,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(home: Path, extra_env: dict[str, str] | None = None) -> tuple[str, subprocess.Popen[bytes]]:
+def start_server(
+    home: Path, extra_env: dict[str, str] | None = None
+) -> tuple[str, subprocess.Popen[bytes]]:
     """Start `conduit serve` and wait until /healthz answers."""
     port = free_port()
     env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
