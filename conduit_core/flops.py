@@ -15,7 +15,9 @@ Public API:
   linear_cost(shape) -> float                        c, per token per layer
   rows_flops(shape, rows, n_layers=None) -> float    causal rows at sequence indices `rows`
   full_prefill_flops(shape, n) -> float
-  VisionShape(...)  .from_config(config)             a ViT tower + merger, family specific
+  VisionShape(...)  .from_config(config)             Qwen2/2.5-VL: a ViT over a patch grid
+  TiledVisionShape(...)  .from_config(config)        LLaVA-OneVision / InternVL: fixed tiles
+  vision_shape(config) -> VisionShape | TiledVisionShape
   vision_tower_flops(shape, grids) -> float          tower FLOPs of pages with these grids
   FlopsModel(lm, vision_shape)  .from_adapter(adapter)   the runtime's accounting object:
       .rows(rows, n_layers=None), .full(n), .vision(grids)
@@ -139,8 +141,7 @@ def _window_pairs(gh: int, gw: int, merge: int, window: int) -> int:
     return total
 
 
-def vision_tower_flops(shape: VisionShape,
-                       grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
+def _grid_flops(shape: VisionShape, grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
     """Vision-tower FLOPs of encoding images with patch grids (t, h, w), one per page."""
     total = 0.0
     m2 = shape.merge * shape.merge
@@ -163,18 +164,95 @@ def vision_tower_flops(shape: VisionShape,
 
 
 @dataclass(frozen=True)
+class TiledVisionShape:
+    """A ViT run on fixed-size tiles, then a two-layer projector: FLOPs = tiles x per tile.
+
+    Per tile: `tokens` (= patches + `cls` extra tokens) through `depth` blocks of
+    q/k/v/o projections, a 2-matrix MLP (`mlp_hidden`) and full attention over the tile;
+    an optional attention-pooling head (SigLIP `vision_use_head`); then `proj_tokens` tokens of
+    width `proj_in` through `proj_in -> proj_hidden -> proj_hidden`.
+    """
+
+    patches: int
+    cls: int
+    patch_in: int
+    embed: int
+    depth: int
+    mlp_hidden: int
+    head: bool
+    proj_tokens: int
+    proj_in: int
+    proj_hidden: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> TiledVisionShape:
+        """The tile shape of a LLaVA-OneVision or InternVL config."""
+        vc = config.vision_config
+        kind = config.model_type
+        if not isinstance(config.vision_feature_layer, int):
+            raise UnsupportedModelError("several vision feature layers: no analytic FLOPs")
+        drop = 1 if config.vision_feature_select_strategy == "default" else 0
+        if kind == "llava_onevision":
+            patches = (int(vc.image_size) // int(vc.patch_size)) ** 2
+            return cls(patches=patches, cls=0, patch_in=int(vc.num_channels)
+                       * int(vc.patch_size) ** 2, embed=int(vc.hidden_size),
+                       depth=int(vc.num_hidden_layers), mlp_hidden=int(vc.intermediate_size),
+                       head=bool(getattr(vc, "vision_use_head", False)),
+                       proj_tokens=patches - drop, proj_in=int(vc.hidden_size),
+                       proj_hidden=int(config.text_config.hidden_size))
+        if kind == "internvl":
+            side = int(vc.image_size[0]) // int(vc.patch_size[0])
+            shuffle = float(config.downsample_ratio) ** 2
+            return cls(patches=side * side, cls=1, patch_in=int(vc.num_channels)
+                       * int(vc.patch_size[0]) * int(vc.patch_size[1]),
+                       embed=int(vc.hidden_size), depth=int(vc.num_hidden_layers),
+                       mlp_hidden=int(vc.intermediate_size), head=False,
+                       proj_tokens=round((side * side + 1 - drop) * shuffle),
+                       proj_in=round(int(vc.hidden_size) / shuffle),
+                       proj_hidden=int(config.text_config.hidden_size))
+        raise UnsupportedModelError(f"no tiled vision FLOPs model for model_type {kind!r}")
+
+    def per_tile(self) -> float:
+        """FLOPs of one tile through tower, head and projector."""
+        e, t = self.embed, self.patches + self.cls
+        total = 2 * self.patches * self.patch_in * e  # patch embedding
+        total += self.depth * (2 * t * (4 * e * e + 2 * e * self.mlp_hidden) + 4 * e * t * t)
+        if self.head:  # one probe query: q, k/v over the tile, attention, out proj, MLP
+            total += 2 * e * e + 4 * t * e * e + 4 * e * t + 2 * e * e + 4 * e * self.mlp_hidden
+        total += 2 * self.proj_tokens * (self.proj_in * self.proj_hidden
+                                         + self.proj_hidden * self.proj_hidden)
+        return float(total)
+
+
+def vision_shape(config: Any) -> VisionShape | TiledVisionShape:
+    """The analytic vision shape of a supported model config."""
+    if config.model_type in ("llava_onevision", "internvl"):
+        return TiledVisionShape.from_config(config)
+    return VisionShape.from_config(config)
+
+
+def vision_tower_flops(shape: VisionShape | TiledVisionShape,
+                       grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
+    """Vision FLOPs of encoding images with these grids, one per page: (t, h, w) patch grids
+    for `VisionShape`; (tiles, ...) for `TiledVisionShape`."""
+    if isinstance(shape, TiledVisionShape):
+        return sum(int(g[0]) for g in grids) * shape.per_tile()
+    return _grid_flops(shape, grids)
+
+
+@dataclass(frozen=True)
 class FlopsModel:
     """FLOPs accounting for one loaded model (language model + vision tower)."""
 
     lm: LMShape
-    vision_shape: VisionShape | None  # None: the tower has no analytic model here
+    vision_shape: VisionShape | TiledVisionShape | None  # None: no analytic model here
 
     @classmethod
     def from_adapter(cls, adapter: Any) -> FlopsModel:
         """Shapes of the adapter's model (`adapter.model.config`)."""
         config = adapter.model.config
         try:
-            vision: VisionShape | None = VisionShape.from_config(config)
+            vision: VisionShape | TiledVisionShape | None = vision_shape(config)
         except UnsupportedModelError:
             vision = None
         return cls(lm=LMShape.from_config(config.get_text_config()), vision_shape=vision)
@@ -197,4 +275,4 @@ class FlopsModel:
 def vision_flops(adapter: Any, grids: Sequence[torch.Tensor | Sequence[int]]) -> float:
     """Vision-tower FLOPs of pages with patch grids `grids` for the adapter's model; raises
     `UnsupportedModelError` where the family's tower has no analytic model."""
-    return vision_tower_flops(VisionShape.from_config(adapter.model.config), grids)
+    return vision_tower_flops(vision_shape(adapter.model.config), grids)

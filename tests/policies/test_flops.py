@@ -9,13 +9,16 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from conduit_core.builtin import builtin_names
 from conduit_core.flops import (
     LMShape,
+    TiledVisionShape,
     VisionShape,
     full_prefill_flops,
     linear_cost,
     rows_flops,
     vision_flops,
+    vision_shape,
     vision_tower_flops,
 )
 from conduit_core.loader import load_vlm
@@ -61,14 +64,21 @@ def test_vision_window_pairs_by_hand() -> None:
     assert full - windowed == 4 * (64 * 64 - 4 * 16 * 16)
 
 
-@pytest.fixture(scope="module")
-def eager_vlm(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    return load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("m")),
-                    attn_implementation="eager")
+def test_tiled_vision_by_hand() -> None:
+    shape = TiledVisionShape(patches=4, cls=1, patch_in=3, embed=2, depth=1, mlp_hidden=4,
+                             head=False, proj_tokens=1, proj_in=8, proj_hidden=2)
+    # patch 2*4*3*2 + block 2*5*(4*4 + 2*2*4) + 4*2*25 + projector 2*1*(8*2 + 2*2)
+    assert shape.per_tile() == 48 + 320 + 200 + 40
+    headed = TiledVisionShape(**{**shape.__dict__, "head": True})
+    # probe q 2*4, k/v 4*5*4, attention 4*2*5, out 2*4, MLP 4*2*4
+    assert headed.per_tile() - shape.per_tile() == 8 + 80 + 40 + 8 + 32
+    assert vision_tower_flops(shape, [(3, 0, 0), (2, 9, 9)]) == 5 * shape.per_tile()
 
 
-def test_lm_terms_match_torch_counter(eager_vlm) -> None:  # type: ignore[no-untyped-def]
-    model = eager_vlm.model
+def test_lm_terms_match_torch_counter(tmp_path_factory: pytest.TempPathFactory) -> None:
+    vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("m")),
+                   attn_implementation="eager")
+    model = vlm.model
     shape = LMShape.from_config(model.config.get_text_config())
     n = 12
     with FlopCounterMode(display=False) as counter:
@@ -78,13 +88,18 @@ def test_lm_terms_match_torch_counter(eager_vlm) -> None:  # type: ignore[no-unt
     assert counter.get_total_flops() == shape.layers * n * linear_cost(shape) + counted_pairs
 
 
-def test_vision_flops_match_torch_counter(eager_vlm) -> None:  # type: ignore[no-untyped-def]
-    adapter = eager_vlm.adapter
-    pages = adapter.prepare_pages([text_page(0, (112, 112)), text_page(1, (140, 84))])
-    pixels = torch.cat([p.vision_inputs["pixel_values"] for p in pages])
-    grids = torch.stack([p.image_grid for p in pages])  # (2, 3)
+@pytest.mark.parametrize("name", builtin_names())
+def test_vision_flops_match_torch_counter(name: str,
+                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Analytic vision FLOPs equal torch's count of the adapter's own page encoding (vision
+    tower, merger/projector; window attention for Qwen2.5-VL, tiles for the others)."""
+    vlm = load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m")),
+                   attn_implementation="eager")
+    adapter = vlm.adapter
+    pages = adapter.prepare_pages([text_page(0, (112, 112)), text_page(1, (140, 84)),
+                                   text_page(2, (300, 500))])
     with FlopCounterMode(display=False) as counter:
-        eager_vlm.model.model.get_image_features(pixels, grids)
-    assert vision_flops(adapter, list(grids)) == counter.get_total_flops()
-    assert vision_tower_flops(VisionShape.from_config(eager_vlm.model.config),
-                              list(grids)) == counter.get_total_flops()
+        adapter.page_embeds(pages)
+    grids = [p.image_grid for p in pages]
+    assert vision_flops(adapter, grids) == counter.get_total_flops()
+    assert vision_tower_flops(vision_shape(vlm.model.config), grids) == counter.get_total_flops()
