@@ -1,12 +1,13 @@
 """conduit_core: document QA over cached page KV for vision-language models (the algorithm).
 
-Imports only torch, transformers, tokenizers, PIL, numpy and safetensors.
+Imports only torch, transformers, tokenizers, PIL, numpy and safetensors. Names below are
+re-exported lazily (PEP 562), so `import conduit_core.page_kv` stays cheap for storage code.
 
 Public API (re-exported here):
   load_vlm(name_or_path, *, device="cpu", dtype="float32", cache_dir, max_image_tokens=None,
            attn_implementation="sdpa") -> LoadedVLM
   LoadedVLM       .model, .processor, .tokenizer, .adapter, .fingerprint, .device, .dtype
-  ReuseRuntime(vlm)
+  ReuseRuntime(vlm, *, page_batch_size=8)
       .prefill_pages(images) -> list[PageKV]
       .answer(request: AnswerRequest, on_token=None) -> AnswerResult
       .answer_full_prefill(prefix, pages: list[tuple[str, Image]], question, ...) -> AnswerResult
@@ -16,11 +17,29 @@ Public API (re-exported here):
 Errors derive from `conduit_core.errors.ConduitCoreError`.
 """
 
-from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
-from conduit_core.builtin import builtin_names
-from conduit_core.loader import LoadedVLM, load_vlm
-from conduit_core.page_kv import ModelFingerprint, PageKV
-from conduit_core.runtime import ReuseRuntime
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
+    from conduit_core.builtin import builtin_names
+    from conduit_core.loader import LoadedVLM, load_vlm
+    from conduit_core.page_kv import ModelFingerprint, PageKV
+    from conduit_core.runtime import ReuseRuntime
+
+_EXPORTS = {
+    "AnswerRequest": "conduit_core.answer_types",
+    "AnswerResult": "conduit_core.answer_types",
+    "PageInput": "conduit_core.answer_types",
+    "builtin_names": "conduit_core.builtin",
+    "LoadedVLM": "conduit_core.loader",
+    "load_vlm": "conduit_core.loader",
+    "ModelFingerprint": "conduit_core.page_kv",
+    "PageKV": "conduit_core.page_kv",
+    "ReuseRuntime": "conduit_core.runtime",
+}
 
 __all__ = [
     "AnswerRequest",
@@ -33,3 +52,10 @@ __all__ = [
     "builtin_names",
     "load_vlm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a re-exported name on first use."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'conduit_core' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -3,7 +3,7 @@
 Public API:
   PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
   AnswerRequest(prefix, pages, question, policy="conduit", budget=0.1, max_new_tokens=64,
-                temperature=0.0, top_p=1.0, seed=None)
+                temperature=0.0, top_p=1.0, seed=None)   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
                flops_full, flops_used, flops_ratio, policy, prompt_tokens)
   TokenCallback = Callable[[int, str], None]    called once per generated token (id, text piece)
@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from conduit_core.errors import InvalidRequestError
 from conduit_core.page_kv import PageKV
 
 TokenCallback = Callable[[int, str], None]
@@ -40,6 +41,16 @@ class AnswerRequest:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.budget <= 1.0:
+            raise InvalidRequestError(f"budget must be in [0, 1], got {self.budget}")
+        if self.max_new_tokens < 1:
+            raise InvalidRequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0.0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 @dataclass(frozen=True)

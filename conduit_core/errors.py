@@ -15,3 +15,11 @@ class FingerprintMismatch(ConduitCoreError):
 
 class UnknownPolicyError(ConduitCoreError):
     """A request named a refresh policy that is not registered."""
+
+
+class ModelLoadError(ConduitCoreError):
+    """A model could not be read (missing folder, offline hub id, unreadable config)."""
+
+
+class InvalidRequestError(ConduitCoreError, ValueError):
+    """An answer request's parameters are out of range."""

@@ -6,9 +6,11 @@ Public API:
   LoadedVLM(name, model, processor, tokenizer, adapter, fingerprint, device, dtype)
   DTYPES: dict[str, torch.dtype]
 Builtins (`builtin:tiny-qwen2-vl`, ...) are materialised once under `cache_dir/<name>`; a
-local path or hub id loads with its family's transformers class. Unsupported architectures
-raise `UnsupportedModelError`. The fingerprint's revision is the hub commit when known, else
-a sha256 of the weight files; its template version includes `max_image_tokens`.
+local path or hub id loads with its family's transformers class (dtype and device honoured).
+Unsupported architectures raise `UnsupportedModelError`; an unreadable source (missing
+folder, hub id not cached while offline) raises `ModelLoadError`. The fingerprint's revision
+is the hub commit when known, else a sha256 of the weight files (memoised in cache_dir); its
+template version includes `max_image_tokens`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.builtin import is_builtin, materialise_builtin
-from conduit_core.errors import ConduitCoreError, UnsupportedModelError
+from conduit_core.errors import ConduitCoreError, ModelLoadError
 from conduit_core.families import family_for
 from conduit_core.page_kv import ModelFingerprint
 
@@ -104,7 +106,7 @@ def load_vlm(
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
-        raise UnsupportedModelError(
+        raise ModelLoadError(
             f"cannot read a model config from {name_or_path!r}: {exc}") from exc
     family = family_for(config.model_type)
     hf_logging.disable_progress_bar()

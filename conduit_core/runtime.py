@@ -31,7 +31,7 @@ from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
 from conduit_core.decode import Sampler, decode
-from conduit_core.errors import ConduitCoreError
+from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows, logits_of
@@ -202,8 +202,6 @@ class ReuseRuntime:
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
         """Answer over cached pages with the request's refresh policy (see module doc)."""
         t0 = time.perf_counter()
-        if request.max_new_tokens < 1:
-            raise ConduitCoreError("max_new_tokens must be at least 1")
         policy = get_policy(request.policy)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens)
@@ -226,8 +224,9 @@ class ReuseRuntime:
                             on_token: TokenCallback | None = None) -> AnswerResult:
         """Answer with no reuse at all: vision tower and every token computed now."""
         t0 = time.perf_counter()
-        if max_new_tokens < 1:
-            raise ConduitCoreError("max_new_tokens must be at least 1")
+        if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise InvalidRequestError("need max_new_tokens >= 1, temperature >= 0, "
+                                      "0 < top_p <= 1")
         assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens)
         visual = assembly.layout.visual_rows()
         hidden = self.prefill(assembly, visual)

@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from conduit_core import builtin_names, load_vlm
-from conduit_core.errors import UnsupportedModelError
+from conduit_core.errors import ModelLoadError, UnsupportedModelError
 from tests.core.conftest import FAMILIES, load_builtin
 
 
 def test_builtin_names() -> None:
+    from conduit_core.builtin_models import BUILDERS
+
     assert sorted(builtin_names()) == sorted(FAMILIES)
+    assert sorted("builtin:" + n for n in BUILDERS) == sorted(FAMILIES)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -65,5 +68,5 @@ def test_unknown_builtin_and_unsupported_architecture(model_cache: Path, tmp_pat
     (folder / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(UnsupportedModelError, match="gpt2.*not supported"):
         load_vlm(str(folder), cache_dir=model_cache)
-    with pytest.raises(UnsupportedModelError, match="cannot read a model config"):
+    with pytest.raises(ModelLoadError, match="cannot read a model config"):
         load_vlm(str(tmp_path / "missing"), cache_dir=model_cache)

@@ -70,3 +70,26 @@ def test_unknown_policy_is_a_clear_error(qwen: ReuseRuntime) -> None:
     with pytest.raises(UnknownPolicyError, match="full_reuse"):
         qwen.answer(AnswerRequest(request.prefix, request.pages, request.question,
                                   policy="no-such-policy"))
+
+
+def test_request_parameters_are_validated() -> None:
+    from conduit_core.errors import InvalidRequestError
+
+    for bad in ({"budget": 1.5}, {"max_new_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}):
+        with pytest.raises(InvalidRequestError):
+            AnswerRequest("", [], "q", **bad)  # type: ignore[arg-type]
+
+
+def test_bfloat16_answers_with_the_same_code(model_cache: Path) -> None:
+    rt = ReuseRuntime(load_builtin("builtin:tiny-internvl", model_cache, dtype="bfloat16"))
+    pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    assert pages[0].keys.dtype == torch.bfloat16
+    inputs = [PageInput("Page 1:\n", pages[0]), PageInput("Page 2:\n", pages[1])]
+    full = rt.answer(AnswerRequest("Be brief.", inputs, "What?", policy="full_prefill",
+                                   max_new_tokens=4))
+    fresh = rt.answer_full_prefill("Be brief.", [("Page 1:\n", IMAGES["a"]),
+                                                 ("Page 2:\n", IMAGES["b"])], "What?",
+                                   max_new_tokens=4)
+    reuse = rt.answer(AnswerRequest("Be brief.", inputs, "What?", policy="full_reuse",
+                                    max_new_tokens=4))
+    assert full.token_ids == fresh.token_ids and len(reuse.token_ids) > 0

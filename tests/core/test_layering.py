@@ -31,3 +31,9 @@ def test_conduit_core_imports_only_allowed_packages() -> None:
         bad = {m for m in _imports(path)
                if m not in ALLOWED and m not in sys.stdlib_module_names}
         assert not bad, f"{path.relative_to(root)} imports {sorted(bad)}"
+
+
+def test_public_api_reexports_resolve() -> None:
+    assert sorted(conduit_core.__all__) == sorted(conduit_core._EXPORTS)
+    for name in conduit_core.__all__:
+        assert getattr(conduit_core, name).__name__ == name
