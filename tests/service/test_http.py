@@ -114,3 +114,29 @@ def test_query_validation_and_empty_collection(client: httpx.Client) -> None:
     r = client.post("/v1/query", json={"collection_id": col, "question": ""})
     assert r.status_code == 422
     assert client.post("/v1/collections", json={"name": "empty"}).status_code == 409
+
+
+def test_delete_keeps_shared_pages_until_last_user(
+    client: httpx.Client, collection: str, server: tuple[str, Path]
+) -> None:
+    _, home = server
+
+    def kv_files() -> set[Path]:
+        return set((home / "kv").rglob("*.safetensors"))
+
+    before = kv_files()
+    data = text_pdf(["Shared appendix: glossary of hydraulic terms.", "Shared index page."])
+    ids = []
+    for name in ("copy-a.pdf", "copy-b.pdf"):
+        r = _upload(client, collection, data, name)
+        ids.append(r.json()["document_id"])
+        assert wait_ready(client, ids[-1])["status"] == "ready"
+    added = kv_files() - before
+    assert len(added) == 2  # identical pages are stored once
+
+    assert client.delete(f"/v1/documents/{ids[0]}").status_code == 204
+    assert client.get(f"/v1/documents/{ids[0]}").status_code == 404
+    assert added <= kv_files()  # still used by the other copy
+    assert client.delete(f"/v1/documents/{ids[1]}").status_code == 204
+    assert not (added & kv_files())  # last user gone: removed
+    assert kv_files() == before

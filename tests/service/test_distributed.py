@@ -1,0 +1,69 @@
+"""The distributed form over real parts: Redis (metadata, KV tier, Celery broker), a real
+`conduit worker` Celery process, and a `conduit serve` process sharing one home volume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from tests.pdfs import text_pdf
+from tests.redis_server import start_redis
+from tests.service.conftest import start_server, wait_ready
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(API URL, Redis URL) of a server + Celery worker pair on a fresh Redis."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    redis_url, stop_redis = start_redis(tmp)
+    home = tmp / "home"
+    home.mkdir()
+    env = {"CONDUIT_REDIS_URL": redis_url}
+    worker_log = open(home / "worker.log", "wb")  # noqa: SIM115 - closed below
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "worker"],
+        env={**os.environ, **env, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1"},
+        stdout=worker_log, stderr=subprocess.STDOUT,
+    )
+    url, api = start_server(home, env)
+    try:
+        yield url, redis_url
+    finally:
+        for proc in (api, worker):
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        worker_log.close()
+        stop_redis()
+
+
+def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str]) -> None:
+    url, redis_url = cluster
+    client = httpx.Client(base_url=url, timeout=300)
+    col = client.post("/v1/collections", json={"name": "fleet"}).json()["collection_id"]
+    pages = ["Engine maintenance schedule: replace the oil filter every 500 hours.",
+             "Cabin crew roster for the winter season and holiday rotations."]
+    r = client.post(f"/v1/collections/{col}/documents",
+                    files={"file": ("fleet.pdf", text_pdf(pages), "application/pdf")})
+    assert r.status_code == 202, r.text
+    doc = wait_ready(client, r.json()["document_id"])
+    assert doc["status"] == "ready", doc
+    assert client.get(f"/v1/jobs/{r.json()['job_id']}").json()["status"] == "succeeded"
+    out = client.post("/v1/query", json={"collection_id": col, "top_k": 1, "max_new_tokens": 4,
+                                         "question": "When is the oil filter replaced?"})
+    assert out.status_code == 200, out.text
+    assert out.json()["citations"][0]["page"] == 1
+    # metadata and page KV live in Redis, not in a local SQLite file
+    keys = redis.Redis.from_url(redis_url).keys("*")
+    assert keys, "nothing was written to Redis"
+    assert not (Path(client.get("/readyz").json().get("home", "/nonexistent")) /
+                "metadata.sqlite3").exists()
