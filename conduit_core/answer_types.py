@@ -6,18 +6,21 @@ Public API:
                 temperature=0.0, top_p=1.0, seed=None)   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
                flops_full, flops_used, flops_ratio, policy, prompt_tokens)
-  TokenCallback = Callable[[int, str], None]    called once per generated token (id, text piece)
+  TokenId = NewType("TokenId", int)             a vocabulary id
+  TokenCallback = Callable[[TokenId, str], None]  called once per generated token (id, piece)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NewType
 
 from conduit_core.errors import InvalidRequestError
 from conduit_core.page_kv import PageKV
 
-TokenCallback = Callable[[int, str], None]
+TokenId = NewType("TokenId", int)
+TokenCallback = Callable[[TokenId, str], None]
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class AnswerResult:
     """The generated answer with timing, refresh and FLOPs accounting."""
 
     text: str
-    token_ids: list[int]
+    token_ids: list[TokenId]
     ttft_s: float  # request start to the first generated token, measured in the runtime
     total_s: float
     refreshed_visual_tokens: int

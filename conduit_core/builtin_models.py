@@ -6,7 +6,7 @@ Public API:
       "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl".
   All four share a tiny Qwen2 language model (hidden 64, 2 layers, 4 heads, 2 KV heads,
   head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template.
-  QWEN_SPECIAL_TOKENS, CHATML_TEMPLATE
+  QWEN_SPECIAL_TOKENS; chatml_template(image_markup) -> str   the builtin chat template
 Weights are a pure function of the seed and config; `builtin.py` materialises them once.
 """
 

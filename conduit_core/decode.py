@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
-from conduit_core.answer_types import TokenCallback
+from conduit_core.answer_types import TokenCallback, TokenId
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows, logits_of
 
@@ -52,7 +52,7 @@ class Sampler:
 class DecodeOutput:
     """Generated tokens and how generation ended."""
 
-    token_ids: list[int]
+    token_ids: list[TokenId]
     text: str
     stop_reason: str  # "stop" or "length"
     ttft_s: float
@@ -68,7 +68,7 @@ def decode(
     max_new_tokens: int,
     sampler: Sampler,
     stop_ids: list[int],
-    detokenize: Callable[[list[int]], str],
+    detokenize: Callable[[list[TokenId]], str],
     on_token: TokenCallback | None = None,
     t0: float | None = None,
 ) -> DecodeOutput:
@@ -78,12 +78,12 @@ def decode(
     Stop tokens end generation and are not part of the output.
     """
     t0 = time.perf_counter() if t0 is None else t0
-    tokens: list[int] = []
+    tokens: list[TokenId] = []
     text, ttft, reason = "", 0.0, "length"
     logits = first_logits
     stops = set(stop_ids)
     for step in range(max_new_tokens):
-        tok = int(sampler.pick(logits).item())
+        tok = TokenId(int(sampler.pick(logits).item()))
         if step == 0:
             ttft = time.perf_counter() - t0
         if tok in stops:

@@ -70,3 +70,16 @@ def test_unknown_builtin_and_unsupported_architecture(model_cache: Path, tmp_pat
         load_vlm(str(folder), cache_dir=model_cache)
     with pytest.raises(ModelLoadError, match="cannot read a model config"):
         load_vlm(str(tmp_path / "missing"), cache_dir=model_cache)
+
+
+def test_local_folder_loads_like_a_checkpoint(model_cache: Path) -> None:
+    builtin = load_builtin("builtin:tiny-llava-onevision", model_cache)
+    folder = str(model_cache / "tiny-llava-onevision")
+    local = load_vlm(folder, cache_dir=model_cache, max_image_tokens=16)
+    assert local.fingerprint.name == folder
+    assert local.fingerprint.revision == builtin.fingerprint.revision  # weight digest
+    assert local.fingerprint.config_hash == builtin.fingerprint.config_hash
+    assert type(local.adapter) is type(builtin.adapter)
+    for (ka, va), (kb, vb) in zip(local.model.state_dict().items(),
+                                  builtin.model.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
