@@ -5,15 +5,24 @@ Public API:
       rel = ||reused - reference||_F / ||reference||_F over the compared tokens
   kv_error(reused, reference, rows) -> KVError
       compare two `KVCache`s (batch item 0) at sequence indices `rows` (e.g. the visual rows)
+  reuse_kv_error(runtime, prefix, pages, images, question, visual_rows=None) -> KVError
+      the visual tokens' K/V error of reusing `pages` (refreshing `visual_rows`, default none;
+      text always fresh) against a full prefill of the same layout from `images`
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+from PIL import Image
 
+from conduit_core.answer_types import PageInput
 from conduit_core.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from conduit_core.runtime import ReuseRuntime
 
 
 @dataclass(frozen=True)
@@ -44,3 +53,17 @@ def kv_error(reused: KVCache, reference: KVCache, rows: torch.Tensor) -> KVError
     k_max, k_rel = _errors(k_a, k_b.to(k_a.device))
     v_max, v_rel = _errors(v_a, v_b.to(v_a.device))
     return KVError(key_max_abs=k_max, value_max_abs=v_max, key_rel=k_rel, value_rel=v_rel)
+
+
+def reuse_kv_error(runtime: ReuseRuntime, prefix: str, pages: list[PageInput],
+                   images: list[Image.Image], question: str,
+                   visual_rows: torch.Tensor | None = None) -> KVError:
+    """K/V error at the visual tokens of reusing cached pages under `prefix` (refreshing
+    `visual_rows`, default none) against a full prefill of the same layout."""
+    reused = runtime.assemble(prefix, pages, question)
+    refresh = visual_rows if visual_rows is not None else torch.zeros(0, dtype=torch.long)
+    runtime.prefill(reused, refresh)
+    reference = runtime.assemble_fresh(
+        prefix, [(p.label, img) for p, img in zip(pages, images, strict=True)], question)
+    runtime.prefill(reference, reference.layout.visual_rows())
+    return kv_error(reused.cache, reference.cache, reused.layout.visual_rows())

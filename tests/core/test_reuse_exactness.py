@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
-from conduit_core.diagnostics import kv_error
+from conduit_core.diagnostics import kv_error, reuse_kv_error
 from conduit_core.policies import get_policy
 from tests.core.helpers import IMAGES, full_logits
 
@@ -53,7 +53,9 @@ def test_reuse_under_changed_prefix_is_finite_and_reports_kv_error(runtime: Reus
                                                  ("Page 2:\n", IMAGES["b"])], QUESTION)
     assert torch.isfinite(logits).all()
     assert (logits - ref[-1]).abs().max().item() > 1e-3
-    err = kv_error(asm.cache, ref_asm.cache, asm.layout.visual_rows())
+    err = reuse_kv_error(runtime, prefix, inputs, [IMAGES["a"], IMAGES["b"]], QUESTION)
+    direct = kv_error(asm.cache, ref_asm.cache, asm.layout.visual_rows())
+    assert torch.equal(err.key_rel, direct.key_rel)
     n_layers = len(runtime.adapter.layers)
     assert err.key_rel.shape == (n_layers,) and err.value_rel.shape == (n_layers,)
     # layer 0 keys/values depend only on the token's embedding and position: exact after
