@@ -8,8 +8,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from service.metrics import UPLOADS, register_kv_collector
 from service.routers import collections, documents, health, query
 from service.routers.documents import ingest_error_status
 from storage.errors import ConflictError, NotFoundError
@@ -31,12 +32,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ctx = build_context(settings)
         app.state.ctx = ctx
         app.state.runner = _build_runner(ctx)
+        collector = register_kv_collector(ctx.kv)
         log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
                  settings.embedded)
         try:
             yield
         finally:
             app.state.runner.shutdown()
+            REGISTRY.unregister(collector)
             ctx.close()
 
     app = FastAPI(title="conduit", version="0.1.0", lifespan=lifespan,
@@ -63,6 +66,7 @@ def _build_runner(ctx):  # type: ignore[no-untyped-def]
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(IngestError)
     async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
+        UPLOADS.labels(type(exc).__name__).inc()
         return JSONResponse({"detail": exc.message}, status_code=ingest_error_status(exc))
 
     @app.exception_handler(NotFoundError)
@@ -75,4 +79,4 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WorkerError)
     async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=409)
+        return JSONResponse({"detail": exc.message}, status_code=exc.http_status)

@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conduit_core import AnswerRequest, PageInput
+from conduit_core.policies import POLICIES
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
-from worker.errors import NoPagesToAnswerError
+from worker.errors import NoPagesToAnswerError, UnknownPolicyError
 from worker.ingest_job import ensure_prefilled
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
@@ -65,6 +66,16 @@ class Question:
     dense_weight: float = 1.0
 
 
+def check_scope(ctx: WorkerContext, q: Question) -> None:
+    """Raise a `WorkerError` unless the question can be answered as asked."""
+    if q.policy is not None and q.policy not in POLICIES:
+        raise UnknownPolicyError(
+            f"unknown policy {q.policy!r}; known: {', '.join(sorted(POLICIES))}"
+        )
+    if not ctx.meta.list_pages(q.collection_id, q.document_ids):
+        raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
+
+
 def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     """The top-k pages of the question's scope with their fused retrieval scores."""
     pages = ctx.meta.list_pages(q.collection_id, q.document_ids)
@@ -85,6 +96,7 @@ def answer_question(
     ctx: WorkerContext, q: Question, on_token: Callable[[int, str], None] | None = None
 ) -> Answer:
     """Answer one question over the retrieved pages' cached KV."""
+    check_scope(ctx, q)
     t0 = time.perf_counter()
     hits = retrieve(ctx, q)
     t_retrieved = time.perf_counter()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from conduit_core import LoadedVLM, ReuseRuntime, load_vlm
 from storage.keys import RenderSettings
-from storage.kv import KVStore, build_kv_store
+from storage.kv import build_kv_store
+from storage.kv.tiered import TieredKVStore
 from storage.metadata import MetadataStore, SQLiteMetadataStore
 from worker.retrieval.embedder import Embedder
 from worker.settings import Settings
@@ -27,7 +28,7 @@ class WorkerContext:
 
     settings: Settings
     meta: MetadataStore
-    kv: KVStore
+    kv: TieredKVStore
     home: Path
     embedder: Embedder
     _vlm: LoadedVLM | None = None

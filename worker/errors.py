@@ -2,7 +2,9 @@
 
 
 class WorkerError(Exception):
-    """Base class of pipeline errors that carry a user-facing message."""
+    """Base class of pipeline errors that carry a user-facing message and an HTTP status."""
+
+    http_status = 409
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -11,3 +13,9 @@ class WorkerError(Exception):
 
 class NoPagesToAnswerError(WorkerError):
     """The scope of a question holds no ready pages."""
+
+
+class UnknownPolicyError(WorkerError):
+    """The request names a refresh policy the registry does not hold."""
+
+    http_status = 422

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
 
 from service.deps import CtxDep, RunnerDep, TenantDep
+from service.metrics import UPLOADS
 from service.routers.collections import owned_collection
 from service.schemas import DocumentOut, JobOut, UploadOut
 from service.views import document_out, job_out
@@ -76,6 +77,7 @@ async def upload_document(
         upload_path(ctx.home, doc_id).unlink(missing_ok=True)
         raise
     runner.submit_ingest(job.id, doc_id)
+    UPLOADS.labels("accepted").inc()
     return UploadOut(document_id=doc_id, job_id=job.id, status="queued")
 
 

@@ -1,30 +1,46 @@
-"""`POST /v1/query`: answer a question over a collection with page citations."""
+"""`POST /v1/query` (one JSON answer) and `POST /v1/query/stream` (server-sent events: one
+`token` event per generated piece, then `done` with the whole answer, or `error`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import anyio
 from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
 
 from service.deps import CtxDep, TenantDep
+from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
 from service.schemas import CitationOut, QueryIn, QueryOut
 from storage.metadata import DocumentId
-from worker.answer_job import Question, answer_question
+from worker.answer_job import Answer, Question, answer_question, check_scope
+from worker.context import WorkerContext
 
 router = APIRouter(tags=["query"])
 
 
-@router.post("/v1/query", response_model=QueryOut)
-def query(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> QueryOut:
-    """Retrieve pages, reuse their cached KV with selective refresh, and answer."""
+def _question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
     col = owned_collection(ctx, tenant, body.collection_id)
-    result = answer_question(ctx, Question(
+    question = Question(
         collection_id=col.id, question=body.question, top_k=body.top_k,
         max_new_tokens=body.max_new_tokens,
         document_ids=None if body.document_ids is None else [DocumentId(d) for d in
                                                               body.document_ids],
         policy=body.policy, budget=body.budget, temperature=body.temperature,
         bm25_weight=body.bm25_weight, dense_weight=body.dense_weight,
-    ))
+    )
+    check_scope(ctx, question)
+    return question
+
+
+def _out(result: Answer) -> QueryOut:
+    QUERIES.labels(result.policy, "ok").inc()
+    TTFT.observe(result.timings["ttft_s"])
+    ANSWER_SECONDS.observe(result.timings["total_s"])
+    FLOPS_RATIO.observe(result.flops_ratio)
     return QueryOut(
         answer=result.answer,
         citations=[CitationOut(document_id=c.document_id, filename=c.filename, page=c.page,
@@ -33,3 +49,42 @@ def query(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> QueryOut:
         refreshed_visual_tokens=result.refreshed_visual_tokens,
         visual_tokens=result.visual_tokens, timings=result.timings,
     )
+
+
+@router.post("/v1/query", response_model=QueryOut)
+def query(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> QueryOut:
+    """Retrieve pages, reuse their cached KV with selective refresh, and answer."""
+    return _out(answer_question(ctx, _question(body, ctx, tenant)))
+
+
+@router.post("/v1/query/stream", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def query_stream(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
+    """The same answer as server-sent events, token by token."""
+    question = await anyio.to_thread.run_sync(_question, body, ctx, tenant)
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+    def on_token(_token_id: int, text: str) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
+
+    def run() -> None:
+        try:
+            out = _out(answer_question(ctx, question, on_token=on_token))
+            event = ("done", out.model_dump_json())
+        except Exception as exc:  # reported to the client as an event, never a dropped stream
+            QUERIES.labels(question.policy or ctx.settings.policy, "error").inc()
+            event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    async def stream() -> AsyncIterator[str]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, run)
+            while True:
+                kind, data = await events.get()
+                yield f"event: {kind}\ndata: {data}\n\n"
+                if kind in ("done", "error"):
+                    break
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

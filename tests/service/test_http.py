@@ -140,3 +140,30 @@ def test_delete_keeps_shared_pages_until_last_user(
     assert client.delete(f"/v1/documents/{ids[1]}").status_code == 204
     assert not (added & kv_files())  # last user gone: removed
     assert kv_files() == before
+
+
+def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str) -> None:
+    ask = {"collection_id": collection, "question": "What converts sunlight into glucose?",
+           "top_k": 1, "max_new_tokens": 5}
+    with client.stream("POST", "/v1/query/stream", json=ask) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line.removeprefix("event: ") for line in r.iter_lines()
+                  if line.startswith("event: ")]
+    assert events[-1] == "done" and "token" in events
+    assert 1 <= events.count("token") <= 5
+
+    full = client.post("/v1/query", json={**ask, "policy": "full_prefill"}).json()
+    assert full["policy"] == "full_prefill"
+    assert full["refreshed_visual_tokens"] == full["visual_tokens"]
+    reuse = client.post("/v1/query", json={**ask, "policy": "full_reuse"}).json()
+    assert reuse["refreshed_visual_tokens"] == 0 and reuse["flops_ratio"] < full["flops_ratio"]
+    r = client.post("/v1/query", json={**ask, "policy": "no-such-policy"})
+    assert r.status_code == 422 and "conduit" in r.json()["detail"]
+
+    metrics = client.get("/metrics").text
+    assert 'conduit_queries_total{outcome="ok",policy="conduit"}' in metrics
+    assert "conduit_ttft_seconds_bucket" in metrics
+    assert 'conduit_kv_hits_total{tier="disk"}' in metrics or \
+        'conduit_kv_hits_total{tier="memory"}' in metrics
+    assert 'conduit_uploads_total{outcome="accepted"}' in metrics
