@@ -65,7 +65,7 @@ class ReuseRuntime:
         self._stop_ids = self.adapter.stop_token_ids()
 
     # ---- pages ----------------------------------------------------------------------
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:
         """Prefill each page once under the canonical page context (see module doc)."""
         prepared = self.adapter.prepare_pages(images) if images else []
@@ -107,7 +107,7 @@ class ReuseRuntime:
             embeds[seg.start:seg.stop] = emb.to(embeds.device, embeds.dtype)
         return embeds
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def assemble(self, prefix: str, pages: list[PageInput], question: str,
                  extra_capacity: int = 0) -> Assembly:
         """Lay out the request and fill the cache with the pages' re-rotated K/V."""
@@ -126,7 +126,7 @@ class ReuseRuntime:
         embeds = self._embeds(layout, [p.kv.embeds for p in pages])
         return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
                        extra_capacity: int = 0) -> Assembly:
         """Lay out the request from images (vision tower run now); the cache starts empty."""
@@ -141,7 +141,7 @@ class ReuseRuntime:
                         image_grids=grids)
 
     # ---- passes ---------------------------------------------------------------------
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self, assembly: Assembly, visual_rows: torch.Tensor) -> torch.Tensor:
         """Recompute `visual_rows` and all text rows in sequence order, writing their K/V;
         returns their last-layer hidden states (R, hidden) in row order."""
@@ -155,12 +155,12 @@ class ReuseRuntime:
                            plain_causal=everything)
         return out[0]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits (R, vocab) float32 of last-layer hidden states (R, hidden)."""
         return logits_of(self.adapter, hidden.unsqueeze(0))[0]
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def scoring(self, assembly: Assembly) -> tuple[StaleScores, float]:
         """The scoring pass over the assembled cache and its FLOPs."""
         layout = assembly.layout
@@ -198,7 +198,7 @@ class ReuseRuntime:
             flops_ratio=flops_used / full if full else 0.0, policy=policy,
             prompt_tokens=layout.n, stop_reason=out.stop_reason)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
         """Answer over cached pages with the request's refresh policy (see module doc)."""
         t0 = time.perf_counter()
@@ -216,7 +216,7 @@ class ReuseRuntime:
                             temperature=request.temperature, top_p=request.top_p,
                             seed=request.seed, on_token=on_token)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def answer_full_prefill(self, prefix: str, pages: list[tuple[str, Image.Image]],
                             question: str, *, max_new_tokens: int = 64,
                             temperature: float = 0.0, top_p: float = 1.0,
