@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from service.metrics import UPLOADS, register_kv_collector
-from service.routers import collections, documents, health, query
+from service.routers import collections, documents, health, openai_chat, query
 from service.routers.documents import ingest_error_status
 from storage.errors import ConflictError, NotFoundError
 from worker.context import build_context
@@ -44,7 +44,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="conduit", version="0.1.0", lifespan=lifespan,
                   description="Document question answering over cached page KV.")
-    for router in (collections.router, documents.router, query.router, health.router):
+    for router in (collections.router, documents.router, query.router, openai_chat.router,
+                   health.router):
         app.include_router(router)
     _install_error_handlers(app)
 

@@ -22,7 +22,8 @@ from worker.context import WorkerContext
 router = APIRouter(tags=["query"])
 
 
-def _question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
+def build_question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
+    """Resolve and check a query body into the worker's `Question` (404/409/422 on problems)."""
     col = owned_collection(ctx, tenant, body.collection_id)
     question = Question(
         collection_id=col.id, question=body.question, top_k=body.top_k,
@@ -36,7 +37,8 @@ def _question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
     return question
 
 
-def _out(result: Answer) -> QueryOut:
+def to_query_out(result: Answer) -> QueryOut:
+    """Record the answer's metrics and shape it as the response body."""
     QUERIES.labels(result.policy, "ok").inc()
     TTFT.observe(result.timings["ttft_s"])
     ANSWER_SECONDS.observe(result.timings["total_s"])
@@ -54,14 +56,14 @@ def _out(result: Answer) -> QueryOut:
 @router.post("/v1/query", response_model=QueryOut)
 def query(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> QueryOut:
     """Retrieve pages, reuse their cached KV with selective refresh, and answer."""
-    return _out(answer_question(ctx, _question(body, ctx, tenant)))
+    return to_query_out(answer_question(ctx, build_question(body, ctx, tenant)))
 
 
 @router.post("/v1/query/stream", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
 async def query_stream(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
     """The same answer as server-sent events, token by token."""
-    question = await anyio.to_thread.run_sync(_question, body, ctx, tenant)
+    question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
@@ -70,7 +72,7 @@ async def query_stream(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> Streami
 
     def run() -> None:
         try:
-            out = _out(answer_question(ctx, question, on_token=on_token))
+            out = to_query_out(answer_question(ctx, question, on_token=on_token))
             event = ("done", out.model_dump_json())
         except Exception as exc:  # reported to the client as an event, never a dropped stream
             QUERIES.labels(question.policy or ctx.settings.policy, "error").inc()

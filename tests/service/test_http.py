@@ -167,3 +167,21 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
     assert 'conduit_kv_hits_total{tier="disk"}' in metrics or \
         'conduit_kv_hits_total{tier="memory"}' in metrics
     assert 'conduit_uploads_total{outcome="accepted"}' in metrics
+
+
+def test_openai_compatible_chat(client: httpx.Client, collection: str) -> None:
+    body = {"model": f"conduit:{collection}", "max_tokens": 4,
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": "Which region grew revenue?"}]}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"]["role"] == "assistant"
+    assert out["citations"][0]["page"] == 1
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+        lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert '"finish_reason": "stop"' in lines[-2]
+    r = client.post("/v1/chat/completions", json={**body, "model": "gpt-4"})
+    assert r.status_code == 422

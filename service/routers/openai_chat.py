@@ -1,0 +1,107 @@
+"""`POST /v1/chat/completions`: an OpenAI-compatible chat endpoint over a collection.
+
+`model` names the collection as `conduit:<collection_id>` (or pass `collection_id`); the last
+user message is the question. Non-streaming replies carry conduit's citations in an extra
+`citations` field; `stream: true` sends `chat.completion.chunk` events and `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Literal
+
+import anyio
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from service.deps import CtxDep, TenantDep
+from service.routers.query import build_question, to_query_out
+from service.schemas import CitationOut, QueryIn
+from worker.answer_job import answer_question
+
+router = APIRouter(tags=["openai"])
+
+
+class ChatMessage(BaseModel):
+    """One chat turn (text content only)."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatIn(BaseModel):
+    """The subset of the OpenAI chat request conduit understands."""
+
+    model: str = Field(..., description="`conduit:<collection_id>`")
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int = Field(64, ge=1, le=2048)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    stream: bool = False
+    collection_id: str | None = None
+    top_k: int = Field(3, ge=1, le=32)
+
+
+def _query(body: ChatIn) -> QueryIn:
+    collection = body.collection_id
+    if collection is None and body.model.startswith("conduit:"):
+        collection = body.model.removeprefix("conduit:")
+    if not collection:
+        raise HTTPException(422, "set model to 'conduit:<collection_id>' or pass collection_id")
+    users = [m.content for m in body.messages if m.role == "user"]
+    if not users or not users[-1].strip():
+        raise HTTPException(422, "the conversation has no user message to answer")
+    return QueryIn(collection_id=collection, question=users[-1], top_k=body.top_k,
+                   max_new_tokens=body.max_tokens, temperature=body.temperature)
+
+
+def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None) -> str:
+    payload = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+               "model": model, "choices": [{"index": 0, "delta": delta,
+                                            "finish_reason": finish}]}
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatIn, ctx: CtxDep,
+                           tenant: TenantDep) -> dict[str, object] | StreamingResponse:
+    """Answer the last user message over the collection named by `model`."""
+    question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant)
+    cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+    if not body.stream:
+        out = to_query_out(await anyio.to_thread.run_sync(answer_question, ctx, question))
+        return {
+            "id": cid, "object": "chat.completion", "created": int(time.time()),
+            "model": body.model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": out.answer}}],
+            "usage": {"completion_tokens": None, "prompt_tokens": None, "total_tokens": None},
+            "citations": [c.model_dump() for c in out.citations],
+        }
+    loop = asyncio.get_running_loop()
+    pieces: asyncio.Queue[str | None | list[CitationOut]] = asyncio.Queue()
+
+    def run() -> None:
+        try:
+            out = to_query_out(answer_question(ctx, question, on_token=lambda _i, text:
+                                       loop.call_soon_threadsafe(pieces.put_nowait, text)))
+            loop.call_soon_threadsafe(pieces.put_nowait, out.citations)
+        finally:
+            loop.call_soon_threadsafe(pieces.put_nowait, None)
+
+    async def stream() -> AsyncIterator[str]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, run)
+            yield _chunk(cid, body.model, {"role": "assistant"}, None)
+            while (piece := await pieces.get()) is not None:
+                if isinstance(piece, list):
+                    yield _chunk(cid, body.model, {}, "stop")
+                else:
+                    yield _chunk(cid, body.model, {"content": piece}, None)
+            yield "data: [DONE]\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
