@@ -85,10 +85,12 @@ async def chat_completions(body: ChatIn, ctx: CtxDep,
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str | None | list[CitationOut]] = asyncio.Queue()
 
+    def on_token(_token_id: int, text: str) -> None:
+        loop.call_soon_threadsafe(pieces.put_nowait, text)
+
     def run() -> None:
         try:
-            out = to_query_out(answer_question(ctx, question, on_token=lambda _i, text:
-                                       loop.call_soon_threadsafe(pieces.put_nowait, text)))
+            out = to_query_out(answer_question(ctx, question, on_token=on_token))
             loop.call_soon_threadsafe(pieces.put_nowait, out.citations)
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)
