@@ -31,6 +31,7 @@ from worker.ingest.render import render_page
 from worker.ingest.text import (
     PageText,
     TextPolicy,
+    TextSource,
     extract_text,
     page_text,
     usable_text_layer,
@@ -51,6 +52,7 @@ __all__ = [
     "ProgressCallback",
     "Stage",
     "TextPolicy",
+    "TextSource",
     "TooManyPagesError",
     "WrongPasswordError",
     "extract_text",
