@@ -31,6 +31,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,8 @@ def run_fidelity_eval(
     doc: dict[str, Any] = {
         "model": model, "pages": pages, "samples": samples, "seed": seed,
         "budgets": list(budgets), "policies": names, "max_new_tokens": max_new_tokens,
+        "max_image_tokens": rt.adapter.max_image_tokens,
+        "lm_shape": asdict(rt.flops.lm),
         "full_prefill_seconds": sum(ref_ttft) / len(ref_ttft),
         "wall_seconds": time.perf_counter() - t0,
         "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),

@@ -2,7 +2,8 @@
 
 Public API:
   write_table(doc, path) -> None     markdown: command, setup, one row per policy and budget
-  write_plot(doc, path) -> None      PNG: KL, top-1 agreement and continuation match vs budget
+  write_plot(doc, path) -> None      PNG: KL gap closed, top-1, continuation vs budget; and
+                                     KL gap closed vs FLOPs ratio
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 _RANDOM_WEIGHTS_NOTE = (
     "**What a random-weight model can and cannot show.** `builtin:` models are tiny "
-    "(2 decoder layers, hidden 64, at most 16 visual tokens per page) with random weights: "
+    "({layers} decoder layers, hidden {hidden}, at most {max_image_tokens} visual tokens per "
+    "page here) with random weights: "
     "their attention carries no answer-relevant signal, so these numbers check the machinery "
     "(budget 1.0 and `full_prefill` reproduce full prefill; quality rises with budget; the "
     "FLOPs accounting) and measure how far stale page KV drifts from a full prefill under a "
     "new prefix. They say nothing about which policy finds the *relevant* tokens of a real "
     "document; that needs a trained checkpoint (`--model` a local Qwen2-VL folder). The "
     "FLOPs ratio of a tiny model is dominated by its text tokens and vision tower, unlike a "
-    "7B model with ~1,000 visual tokens per page. With 2 layers CacheBlend's default check "
-    "layer (1) recomputes every layer for every token, i.e. it is a full prefill here."
+    "7B model with ~1,000 visual tokens per page, and CPU wall times of a model this small "
+    "are per-layer overhead, not compute. With 2 layers CacheBlend's default check layer (1) "
+    "recomputes every layer for every token, i.e. it is a full prefill on such a model."
 )
 
 
@@ -80,30 +83,55 @@ def write_table(doc: dict[str, Any], path: Path) -> None:
             f"{r['kl']:.2e} | {'' if g is None else f'{g:.2f}'} | "
             f"{r['continuation_match']:.3f} | {r['flops_ratio']:.3f} | "
             f"{r['seconds'] * 1000:.1f} | {r['refreshed']:.1f} / {r['visual']:.0f} |")
-    lines += ["", _RANDOM_WEIGHTS_NOTE if doc["model"].startswith("builtin:") else "", ""]
+    if doc["model"].startswith("builtin:"):
+        lines += ["", _RANDOM_WEIGHTS_NOTE.format(layers=doc["lm_shape"]["layers"],
+                                                  hidden=doc["lm_shape"]["hidden"],
+                                                  max_image_tokens=doc["max_image_tokens"])]
+    lines.append("")
     path.write_text("\n".join(lines))
 
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:
-    """Write quality vs budget, one line per policy, to `path` (PNG)."""
-    metrics = [("kl", "KL(full || policy), first token", True),
-               ("top1_agreement", "top-1 agreement", False),
-               ("continuation_match", "continuation match", False)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(15, 4.6))
+    """Write quality vs budget, one line per policy, and quality vs FLOPs, to `path` (PNG).
+
+    Quality is the KL gap closed (1 - KL / KL(full_reuse)) when full_reuse was run, else KL."""
+    gap = _gap_closed(doc)
+    has_gap = any(v is not None for v in gap.values())
+    quality = (("gap", "KL gap closed: 1 - KL / KL(full_reuse)") if has_gap
+               else ("kl", "KL(full || policy), first token"))
+    metrics = [quality, ("top1_agreement", "top-1 agreement"),
+               ("continuation_match", "continuation match")]
+    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(20, 4.8))
     rows = _ordered(doc)
-    for ax, (key, title, log) in zip(axes, metrics, strict=True):
-        for name in doc["policies"]:
-            pts = [(r["budget"], r[key]) for r in rows if r["policy"] == name]
-            style = "--" if name in ("full_prefill", "full_reuse", "prefix_reuse") else "-o"
-            ax.plot([p[0] for p in pts], [max(p[1], 1e-12) if log else p[1] for p in pts],
-                    style, label=name, markersize=4)
+    colors = plt.get_cmap("tab20")
+
+    def value(r: dict[str, Any], key: str) -> float:
+        if key == "gap":
+            g = gap[(r["policy"], r["budget"])]
+            return float("nan") if g is None else g
+        return float(r[key])
+
+    for i, name in enumerate(doc["policies"]):
+        mine = [r for r in rows if r["policy"] == name]
+        flat = name in ("full_prefill", "full_reuse", "prefix_reuse")
+        style = {"linestyle": "--" if flat else "-", "marker": "s" if flat else "o",
+                 "color": colors(i % 20), "markersize": 4, "label": name,
+                 "linewidth": 2.5 if name == "conduit" else 1.2}
+        for ax, (key, _) in zip(axes, metrics, strict=False):
+            ax.plot([r["budget"] for r in mine], [value(r, key) for r in mine], **style)
+        axes[-1].plot([r["flops_ratio"] for r in mine], [value(r, quality[0]) for r in mine],
+                      **style)
+    for ax, (key, title) in zip(axes, metrics, strict=False):
         ax.set_xlabel("budget (fraction of visual tokens)")
         ax.set_title(title)
-        if log:
-            ax.set_yscale("log")
+        if key == "kl":
+            ax.set_yscale("symlog", linthresh=1e-6)
+    axes[-1].set_xlabel("FLOPs / full prefill FLOPs")
+    axes[-1].set_title(f"{quality[1].split(':')[0]} vs FLOPs")
+    for ax in axes:
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="lower right")
+    axes[-1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{doc['model']}: {doc['samples']} requests x {doc['pages']} pages")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
