@@ -8,7 +8,8 @@ pages are refreshed (text tokens are always recomputed and not charged to the bu
 
 Public API:
   ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False)
-  ConduitPolicy(config)            a RefreshPolicy; .explain(ctx) -> ConduitChoice
+  ConduitPolicy(config)            a RefreshPolicy; .explain(ctx) -> ConduitChoice (always
+                                   scores; calling the policy skips scoring when k is 0 or N_v)
   ConduitChoice(rows, scores, amplification)
   select = ConduitPolicy()         the registered `conduit`
 """
@@ -69,11 +70,17 @@ class ConduitPolicy:
 
     config: ConduitConfig = field(default_factory=ConduitConfig)
 
+    def budget_k(self, ctx: PolicyContext) -> int:
+        """Visual tokens to refresh: the config's budget, else the request's."""
+        if self.config.budget is None:
+            return ctx.k
+        return budget_tokens(self.config.budget, int(ctx.visual_rows.numel()))
+
     def explain(self, ctx: PolicyContext) -> ConduitChoice:
         """Score, amplify and select; runs the scoring pass through `ctx`."""
         cfg = self.config
         rows = ctx.visual_rows  # (N_v,)
-        k = ctx.k if cfg.budget is None else budget_tokens(cfg.budget, int(rows.numel()))
+        k = self.budget_k(ctx)
         stale = ctx.scores()
         s = token_scores(stale.probs, stale.value_norms, cfg.score)  # (N,)
         s = s.cpu()[rows]  # (N_v,)
@@ -88,7 +95,13 @@ class ConduitPolicy:
         return ConduitChoice(rows=rows[pos], scores=amplified, amplification=c)
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
-        """Sequence indices of the visual tokens to refresh."""
+        """Sequence indices of the visual tokens to refresh. With k = 0 or k = N_v the choice
+        does not depend on scores, so no scoring pass is run (nor charged)."""
+        k = self.budget_k(ctx)
+        if k == 0:
+            return torch.zeros(0, dtype=torch.long)
+        if k >= ctx.visual_rows.numel():
+            return ctx.visual_rows
         return self.explain(ctx).rows
 
 

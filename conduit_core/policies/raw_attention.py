@@ -34,6 +34,8 @@ class RawAttentionPolicy:
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """The k visual tokens with the highest (pooled) question attention."""
         rows = ctx.visual_rows  # (N_v,)
+        if ctx.k == 0 or ctx.k >= rows.numel():  # the choice needs no scores
+            return rows[:ctx.k]
         stale = ctx.scores()
         s = token_scores(stale.probs, stale.value_norms, self.score, value_norm=False)  # (N,)
         s = pool_within_pages(s.cpu()[rows], ctx.page_of_visual, self.pool_kernel, self.pool)

@@ -129,3 +129,13 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
     assert full.flops_used == pytest.approx(ref.flops_used - vision_flops(
         rt.adapter, rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION).image_grids))
     assert full.token_ids == ref.token_ids
+
+
+def test_score_based_policies_skip_scoring_at_trivial_budgets(cached: CachedPages) -> None:
+    rt = cached.runtime
+    reuse = rt.answer(request(cached, "full_reuse", 0.0))
+    everything = rt.answer(request(cached, "full_prefill", 1.0))
+    for name in ("conduit", "raw_attention", "conduit_per_page"):
+        assert rt.answer(request(cached, name, 0.0)).flops_used == reuse.flops_used
+        assert rt.answer(request(cached, name, 1.0)).flops_used == everything.flops_used
+    assert rt.answer(request(cached, "conduit", 0.1)).flops_used > reuse.flops_used
