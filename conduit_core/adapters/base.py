@@ -3,7 +3,9 @@
 Public API:
   PreparedPage        one page image made ready for the model: segment token ids, image grid,
                       and the processor's tensors for the vision tower
-  VLMAdapter          base class; a family subclass supplies the page segment layout and its
+  SUPPORTED_TEXT_MODELS   language model types the shared layer loop reproduces exactly
+  VLMAdapter          base class (refuses other language models: UnsupportedModelError);
+                      a family subclass supplies the page segment layout and its
                       image tokens (`prepare_pages`), the segment's layer-0 input embeddings
                       (`page_embeds`), position ids for any layout (`position_ids`), the
                       reference forward inputs for tests (`reference_inputs`); the base class
@@ -23,6 +25,10 @@ from torch import nn
 
 from conduit_core import flops
 from conduit_core.errors import UnsupportedModelError
+
+# decoder stacks with the Qwen2 layer structure (pre-norm attention + gated MLP, rotate-half
+# RoPE); Qwen3 adds per-head q/k norms, which `VLMAdapter.qkv` applies
+SUPPORTED_TEXT_MODELS = frozenset({"qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_vl_text"})
 
 
 @dataclass
@@ -46,6 +52,18 @@ class VLMAdapter(ABC):
         self.processor = processor
         self.tokenizer = tokenizer
         self.max_image_tokens = max_image_tokens
+        self._check_language_model()
+
+    def _check_language_model(self) -> None:
+        """Refuse decoder stacks the shared layer loop does not reproduce exactly."""
+        cfg = self.text_config
+        if cfg.model_type not in SUPPORTED_TEXT_MODELS:
+            raise UnsupportedModelError(
+                f"{self.family}: language model type {cfg.model_type!r} is not supported "
+                f"(supported: {', '.join(sorted(SUPPORTED_TEXT_MODELS))})")
+        if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+            raise UnsupportedModelError(
+                f"{self.family}: sliding-window attention layers are not supported")
 
     # ---- structure -------------------------------------------------------------------
     @property
@@ -90,10 +108,12 @@ class VLMAdapter(ABC):
         projections: q (B, heads, R, hd), k and v (B, kv_heads, R, hd)."""
         b, r, _ = h.shape
         hd = attn.head_dim
-        q = attn.q_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, heads, R, hd)
-        k = attn.k_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
+        q = attn.q_proj(h).view(b, r, -1, hd)  # (B, R, heads, hd)
+        k = attn.k_proj(h).view(b, r, -1, hd)  # (B, R, kv_heads, hd)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3 language models: per-head norms
+            q, k = attn.q_norm(q), attn.k_norm(k)
         v = attn.v_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
-        return q, k, v
+        return q.transpose(1, 2), k.transpose(1, 2), v
 
     def rotary(self, like: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """cos, sin (B, R, hd) from the model's own rotary embedding; position_ids (P, B, R)."""
