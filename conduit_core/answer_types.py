@@ -32,6 +32,29 @@ class PageInput:
 
 
 @dataclass(frozen=True)
+class PolicyOptions:
+    """Per-request knobs of the CONDUIT family (`conduit`, `conduit_no_amp`, `conduit_per_page`).
+
+    Every field None = the registered policy's own value. See `conduit_core.scoring.ScoreConfig`
+    and `conduit_core.policies.conduit.ConduitConfig` for meanings and bounds.
+    gamma:         amplification exponent >= 0 (0 = no image-level amplification).
+    score_layers:  "all" or a half-open (start, stop) range of decoder layers to score with.
+    query_window:  score with only the last w question tokens (None = all of them).
+    head_agg:      "mean" or "max" over query heads.
+    """
+
+    gamma: float | None = None
+    score_layers: str | tuple[int, int] | None = None
+    query_window: int | None = None
+    head_agg: str | None = None
+
+    def is_default(self) -> bool:
+        """True when no knob is set."""
+        return all(v is None for v in (self.gamma, self.score_layers, self.query_window,
+                                       self.head_agg))
+
+
+@dataclass(frozen=True)
 class AnswerRequest:
     """One question over cached pages; `policy` names a refresh policy in the registry."""
 
@@ -44,6 +67,7 @@ class AnswerRequest:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int | None = None
+    options: PolicyOptions = field(default_factory=PolicyOptions)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.budget <= 1.0:

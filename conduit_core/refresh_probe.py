@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.policies import get_policy
+from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 
@@ -38,7 +38,7 @@ class RefreshProbe:
 @torch.inference_mode()
 def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest) -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
-    policy = get_policy(request.policy)
+    policy = resolve_policy(request.policy, request.options)
     assembly = runtime.assemble(request.prefix, request.pages, request.question)
     ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
                         scorer=lambda: runtime.scoring(assembly), cache=assembly.cache,

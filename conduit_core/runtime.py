@@ -38,7 +38,7 @@ from conduit_core.layer_forward import forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout, page_context
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
-from conduit_core.policies import get_policy
+from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.rotation import rerotate, segment_delta
 from conduit_core.stale_pass import StaleScores, stale_pass
@@ -202,7 +202,7 @@ class ReuseRuntime:
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
         """Answer over cached pages with the request's refresh policy (see module doc)."""
         t0 = time.perf_counter()
-        policy = get_policy(request.policy)
+        policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens)
         ctx = self.policy_context(assembly, request.budget, request.seed)

@@ -9,11 +9,13 @@ Public API:
   POLICIES: dict[str, RefreshPolicy]     "full_prefill", "full_reuse", ...
   register_policy(name, policy) -> None
   get_policy(name) -> RefreshPolicy      raises UnknownPolicyError listing the known names
+  resolve_policy(name, options) -> RefreshPolicy   the policy configured by `PolicyOptions`
 """
 
 from __future__ import annotations
 
-from conduit_core.errors import UnknownPolicyError
+from conduit_core.answer_types import PolicyOptions
+from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
     conduit,
@@ -49,6 +51,22 @@ POLICIES: dict[str, RefreshPolicy] = {
 def register_policy(name: str, policy: RefreshPolicy) -> None:
     """Add (or replace) a policy under `name`."""
     POLICIES[name] = policy
+
+
+def resolve_policy(name: str, options: PolicyOptions) -> RefreshPolicy:
+    """The policy registered under `name`, configured with `options` when any is set.
+
+    Only policies with a `with_options(options)` method (the CONDUIT family) take options;
+    setting one for another policy raises `InvalidRequestError`.
+    """
+    policy = get_policy(name)
+    if options.is_default():
+        return policy
+    configure = getattr(policy, "with_options", None)
+    if configure is None:
+        raise InvalidRequestError(f"policy {name!r} takes no options")
+    configured: RefreshPolicy = configure(options)
+    return configured
 
 
 def get_policy(name: str) -> RefreshPolicy:

@@ -16,10 +16,12 @@ Public API:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from conduit_core.answer_types import PolicyOptions
+from conduit_core.errors import InvalidRequestError
 from conduit_core.policy_context import PolicyContext
 from conduit_core.scoring import ScoreConfig, token_scores
 from conduit_core.selection import (
@@ -93,6 +95,22 @@ class ConduitPolicy:
         else:
             pos = topk_positions(amplified, k)
         return ConduitChoice(rows=rows[pos], scores=amplified, amplification=c)
+
+    def with_options(self, options: PolicyOptions) -> ConduitPolicy:
+        """This policy with the request's knobs applied (unset knobs keep their values)."""
+        cfg = self.config
+        o = options
+        try:
+            score = ScoreConfig(
+                layers=cfg.score.layers if o.score_layers is None else o.score_layers,
+                query_window=cfg.score.query_window if o.query_window is None
+                else o.query_window,
+                head_agg=cfg.score.head_agg if o.head_agg is None else o.head_agg,  # type: ignore[arg-type]
+            )
+            gamma = cfg.gamma if o.gamma is None else o.gamma
+            return ConduitPolicy(replace(cfg, gamma=gamma, score=score))
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """Sequence indices of the visual tokens to refresh. With k = 0 or k = N_v the choice

@@ -1,0 +1,57 @@
+"""Per-request CONDUIT knobs (`PolicyOptions`): they change the choice, are validated, and are
+refused by policies that have no knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conduit_core.answer_types import AnswerRequest, PolicyOptions
+from conduit_core.errors import InvalidRequestError
+from conduit_core.policies import get_policy, resolve_policy
+from conduit_core.policies.conduit import ConduitPolicy
+from conduit_core.refresh_probe import probe_refresh
+from tests.policies.conftest import CachedPages
+
+LABELS = ["[a p.1]", "[a p.2]", "[b p.1]"]
+
+
+def _request(cached: CachedPages, options: PolicyOptions,
+             policy: str = "conduit") -> AnswerRequest:
+    return AnswerRequest(prefix="Another prefix entirely.", pages=cached.inputs(LABELS),
+                         question="Which page mentions the valve?", policy=policy,
+                         budget=0.3, max_new_tokens=1, options=options)
+
+
+def test_default_options_resolve_to_the_registered_policy() -> None:
+    assert resolve_policy("conduit", PolicyOptions()) is get_policy("conduit")
+
+
+def test_options_configure_the_conduit_family() -> None:
+    p = resolve_policy("conduit_per_page", PolicyOptions(gamma=2.0, score_layers=(1, 2),
+                                                        query_window=3, head_agg="max"))
+    assert isinstance(p, ConduitPolicy)
+    assert p.config.per_page and p.config.gamma == 2.0
+    assert p.config.score.layers == (1, 2)
+    assert p.config.score.query_window == 3 and p.config.score.head_agg == "max"
+
+
+def test_knobs_change_the_choice_but_not_the_budget(cached: CachedPages) -> None:
+    base = probe_refresh(cached.runtime, _request(cached, PolicyOptions()))
+    other = probe_refresh(cached.runtime, _request(cached, PolicyOptions(
+        head_agg="max", query_window=1, score_layers=(1, 2), gamma=4.0)))
+    n_visual = sum(kv.num_tokens for kv in cached.kvs)
+    assert base.visual_rows.numel() == other.visual_rows.numel() == round(0.3 * n_visual)
+    assert set(base.visual_rows.tolist()) != set(other.visual_rows.tolist())
+
+
+@pytest.mark.parametrize("options", [PolicyOptions(head_agg="median"),
+                                     PolicyOptions(gamma=-1.0),
+                                     PolicyOptions(query_window=0)])
+def test_bad_knobs_are_refused(options: PolicyOptions) -> None:
+    with pytest.raises(InvalidRequestError):
+        resolve_policy("conduit", options)
+
+
+def test_policies_without_knobs_refuse_options() -> None:
+    with pytest.raises(InvalidRequestError, match="takes no options"):
+        resolve_policy("random", PolicyOptions(gamma=1.0))
