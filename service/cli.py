@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=None)
     ask.add_argument("--policy", default=None)
     ask.add_argument("--budget", type=float, default=None)
+    ask.add_argument("--gamma", type=float, default=None, help="CONDUIT amplification exponent")
+    ask.add_argument("--score-layers", default=None, help="'all' or 'start:stop'")
+    ask.add_argument("--query-window", type=int, default=None)
+    ask.add_argument("--head-agg", choices=["mean", "max"], default=None)
     ask.add_argument("--json", action="store_true", help="print the full answer as JSON")
     ask.set_defaults(func=_ask)
 
@@ -122,7 +126,8 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from worker.answer_job import Question, answer_question
+    from conduit_core.answer_types import PolicyOptions
+    from worker.answer_job import Question, answer_question, parse_layers
     from worker.context import build_context
     from worker.errors import WorkerError
 
@@ -136,6 +141,8 @@ def _ask(args: argparse.Namespace) -> int:
         collection_id=col.id, question=args.question, top_k=args.top_k or settings.top_k,
         max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
         policy=args.policy, budget=args.budget,
+        options=PolicyOptions(gamma=args.gamma, score_layers=parse_layers(args.score_layers),
+                              query_window=args.query_window, head_agg=args.head_agg),
     )
     stream = None if args.json else (lambda _id, text: print(text, end="", flush=True))
     try:

@@ -32,6 +32,17 @@ def add_tool_commands(sub: Any) -> None:
     retr.add_argument("--no-ocr", action="store_true")
     retr.set_defaults(func=_eval_retrieval)
 
+    fid = ev.add_parser("fidelity", help="refresh policies against full prefill")
+    fid.add_argument("--model", default="builtin:tiny-qwen2-vl")
+    fid.add_argument("--pages", type=int, default=4)
+    fid.add_argument("--budgets", type=_floats, default=[0.05, 0.1, 0.2])
+    fid.add_argument("--policies", default="all", help="comma-separated registry names or all")
+    fid.add_argument("--samples", type=int, default=8)
+    fid.add_argument("--seed", type=int, default=0)
+    fid.add_argument("--max-image-tokens", type=int, default=None)
+    fid.add_argument("--out", type=Path, default=Path("bench/results/fidelity.json"))
+    fid.set_defaults(func=_eval_fidelity)
+
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers()
     store = bench.add_parser("store", help="KV store tier throughput vs raw ceilings")
     store.add_argument("--pages", type=int, default=16)
@@ -46,6 +57,22 @@ def _eval_retrieval(args: argparse.Namespace) -> int:
     summary = run_retrieval_eval(args.pdfs, args.questions, args.out, ks=args.k,
                                  within_doc=args.within_doc, ocr=not args.no_ocr)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _eval_fidelity(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+
+    from bench.fidelity import run_fidelity_eval
+    from worker.settings import Settings
+
+    policies = "all" if args.policies == "all" else args.policies.split(",")
+    run_fidelity_eval(model=args.model, pages=args.pages, budgets=args.budgets,
+                      policies=policies, samples=args.samples, out=args.out, seed=args.seed,
+                      cache_dir=Settings().model_cache_dir,
+                      max_image_tokens=args.max_image_tokens,
+                      command="conduit " + shlex.join(sys.argv[1:]))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -72,6 +74,13 @@ class QueryIn(BaseModel):
     policy: str | None = Field(None, description="Refresh policy; default from settings.")
     budget: float | None = Field(None, ge=0.0, le=1.0, description="Refresh budget.")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    gamma: float | None = Field(None, ge=0.0, description="CONDUIT amplification exponent.")
+    score_layers: Literal["all"] | tuple[int, int] | None = Field(
+        None, description="'all' or a [start, stop) pair of decoder layers CONDUIT scores with."
+    )
+    query_window: int | None = Field(None, ge=1, description="Score with the last w question "
+                                     "tokens.")
+    head_agg: Literal["mean", "max"] | None = Field(None, description="Head aggregation.")
     bm25_weight: float = Field(1.0, ge=0.0)
     dense_weight: float = Field(1.0, ge=0.0)
 

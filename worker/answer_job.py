@@ -6,17 +6,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from conduit_core import AnswerRequest, PageInput
-from conduit_core.policies import POLICIES
+from conduit_core.answer_types import PolicyOptions
+from conduit_core.errors import InvalidRequestError
+from conduit_core.policies import POLICIES, resolve_policy
+from conduit_core.scoring import ScoreConfig
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
-from worker.errors import NoPagesToAnswerError, UnknownPolicyError
+from worker.errors import InvalidOptionsError, NoPagesToAnswerError, UnknownPolicyError
 from worker.ingest_job import ensure_prefilled
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
+from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +68,42 @@ class Question:
     temperature: float = 0.0
     bm25_weight: float = 1.0
     dense_weight: float = 1.0
+    options: PolicyOptions = field(default_factory=PolicyOptions)
+
+
+def parse_layers(text: str | None) -> str | tuple[int, int] | None:
+    """'all' or 'start:stop' (from settings or the CLI) as a `PolicyOptions.score_layers`."""
+    if text is None or text == "all":
+        return text
+    start, _, stop = text.partition(":")
+    return int(start), int(stop)
+
+
+def default_options(settings: Settings) -> PolicyOptions:
+    """The deployment's CONDUIT knobs from settings."""
+    return PolicyOptions(gamma=settings.gamma, score_layers=parse_layers(settings.score_layers),
+                         query_window=settings.query_window, head_agg=settings.head_agg)
+
+
+def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions:
+    """`override`'s set knobs over `base`'s."""
+    return PolicyOptions(**{f.name: getattr(override, f.name) if getattr(override, f.name)
+                            is not None else getattr(base, f.name) for f in fields(base)})
 
 
 def check_scope(ctx: WorkerContext, q: Question) -> None:
     """Raise a `WorkerError` unless the question can be answered as asked."""
-    if q.policy is not None and q.policy not in POLICIES:
-        raise UnknownPolicyError(
-            f"unknown policy {q.policy!r}; known: {', '.join(sorted(POLICIES))}"
-        )
+    name = q.policy or ctx.settings.policy
+    if name not in POLICIES:
+        raise UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    options = merge_options(default_options(ctx.settings), q.options)
+    try:
+        resolve_policy(name, options)
+        if isinstance(options.score_layers, tuple):
+            ScoreConfig(layers=options.score_layers).layer_slice(
+                len(ctx.runtime.adapter.layers))
+    except (InvalidRequestError, ValueError) as exc:
+        raise InvalidOptionsError(str(exc)) from None
     if not ctx.meta.list_pages(q.collection_id, q.document_ids):
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
 
@@ -119,6 +151,7 @@ def answer_question(
         budget=ctx.settings.budget if q.budget is None else q.budget,
         max_new_tokens=q.max_new_tokens,
         temperature=q.temperature,
+        options=merge_options(default_options(ctx.settings), q.options),
     )
     with ctx.model_lock:
         result = ctx.runtime.answer(request, on_token=on_token)

@@ -19,3 +19,9 @@ class UnknownPolicyError(WorkerError):
     """The request names a refresh policy the registry does not hold."""
 
     http_status = 422
+
+
+class InvalidOptionsError(WorkerError):
+    """The request's policy knobs are out of bounds or not taken by its policy."""
+
+    http_status = 422

@@ -62,6 +62,19 @@ class Settings(BaseSettings):
     # answering
     policy: str = Field("conduit", description="Refresh policy used to answer.")
     budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
+    gamma: float | None = Field(
+        None, ge=0.0, description="CONDUIT amplification exponent; unset = 1 (0 = off)."
+    )
+    score_layers: str | None = Field(
+        None, pattern=r"^(all|-?\d+:-?\d+)$",
+        description="Layers CONDUIT scores with: 'all' or 'start:stop'; unset = all.",
+    )
+    query_window: int | None = Field(
+        None, ge=1, description="Score with the last w question tokens; unset = all."
+    )
+    head_agg: Literal["mean", "max"] | None = Field(
+        None, description="Aggregation over query heads; unset = mean."
+    )
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 

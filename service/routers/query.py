@@ -11,6 +11,7 @@ import anyio
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from conduit_core.answer_types import PolicyOptions
 from service.deps import CtxDep, TenantDep
 from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
@@ -32,6 +33,8 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
                                                               body.document_ids],
         policy=body.policy, budget=body.budget, temperature=body.temperature,
         bm25_weight=body.bm25_weight, dense_weight=body.dense_weight,
+        options=PolicyOptions(gamma=body.gamma, score_layers=body.score_layers,
+                              query_window=body.query_window, head_agg=body.head_agg),
     )
     check_scope(ctx, question)
     return question

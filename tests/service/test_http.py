@@ -160,6 +160,13 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
     assert reuse["refreshed_visual_tokens"] == 0 and reuse["flops_ratio"] < full["flops_ratio"]
     r = client.post("/v1/query", json={**ask, "policy": "no-such-policy"})
     assert r.status_code == 422 and "conduit" in r.json()["detail"]
+    knobs = {"gamma": 2.0, "score_layers": [0, 1], "query_window": 2, "head_agg": "max"}
+    tuned = client.post("/v1/query", json={**ask, **knobs})
+    assert tuned.status_code == 200, tuned.text
+    r = client.post("/v1/query", json={**ask, "policy": "random", "gamma": 2.0})
+    assert r.status_code == 422 and "takes no options" in r.json()["detail"]
+    r = client.post("/v1/query", json={**ask, "score_layers": [5, 9]})
+    assert r.status_code == 422, r.text
 
     metrics = client.get("/metrics").text
     assert 'conduit_queries_total{outcome="ok",policy="conduit"}' in metrics
