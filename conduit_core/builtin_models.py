@@ -59,9 +59,9 @@ def chatml_template(image_markup: str) -> str:
 
 
 def _text_config(tok: Any, vocab: int) -> dict[str, Any]:
-    """A tiny Qwen2 language model: hidden 64, 2 layers, 4 heads, 2 KV heads, head_dim 16."""
+    """A tiny Qwen2 language model: hidden 64, 4 layers, 4 heads, 2 KV heads, head_dim 16."""
     return dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         rms_norm_eps=1e-6, initializer_range=0.1,
         bos_token_id=_tid(tok, "<|endoftext|>"),

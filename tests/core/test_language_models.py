@@ -44,7 +44,7 @@ def test_qwen3_language_model_full_prefill_is_exact(tmp_path: Path) -> None:
 @pytest.mark.parametrize("overrides, match", [
     ({"model_type": "llama"}, "language model type 'llama'"),
     ({"use_sliding_window": True, "sliding_window": 8,
-      "layer_types": ["sliding_attention", "sliding_attention"]},
+      "layer_types": ["sliding_attention"] * 4},
      "sliding-window"),
 ])
 def test_unreproducible_language_models_are_refused(tmp_path: Path, overrides: dict[str, Any],

@@ -114,17 +114,20 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     rt = cached.runtime
     shape = LMShape.from_config(rt.adapter.text_config)
-    monkeypatch.setitem(POLICIES, "cacheblend_l0", CacheBlendPolicy(check_layer=0))
-    probe = probe_refresh(rt, request(cached, "cacheblend_l0", 0.1))
-    n = int(probe.rows.max()) + 1
-    # every token through layer 0, the carried rows through layer 1
-    expected = rows_flops(shape, torch.arange(n), n_layers=1) + rows_flops(shape, probe.rows,
-                                                                             n_layers=1)
-    assert probe.extra_flops + rows_flops(shape, probe.rows) == pytest.approx(expected)
-    result = rt.answer(request(cached, "cacheblend_l0", 0.1))
-    assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
-    # the default check layer 1 of a 2-layer model recomputes everything: a full prefill
-    full = rt.answer(request(cached, "cacheblend", 0.1))
+    n_layers = len(rt.adapter.layers)
+    for check in (0, 1):
+        monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=check))
+        probe = probe_refresh(rt, request(cached, "cacheblend_x", 0.1))
+        n = int(probe.rows.max()) + 1
+        # every token through layers 0..check, the carried rows through the rest
+        expected = (rows_flops(shape, torch.arange(n), n_layers=check + 1)
+                    + rows_flops(shape, probe.rows, n_layers=n_layers - check - 1))
+        assert probe.extra_flops + rows_flops(shape, probe.rows) == pytest.approx(expected)
+        result = rt.answer(request(cached, "cacheblend_x", 0.1))
+        assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
+    # a check at the last layer recomputes everything: a full prefill
+    monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=n_layers - 1))
+    full = rt.answer(request(cached, "cacheblend_x", 0.1))
     ref = rt.answer_full_prefill(PREFIX, cached.fresh(LABELS), QUESTION, max_new_tokens=2)
     assert full.flops_used == pytest.approx(ref.flops_used - vision_flops(
         rt.adapter, rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION).image_grids))
