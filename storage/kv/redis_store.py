@@ -2,18 +2,22 @@
 
 Keys of one entry share a hash tag (`{prefix}:{<hash>}:h` for the header, `...:<i>` for layer
 value i) so a Redis Cluster keeps them in one slot. Each entry is written in its own
-MULTI/EXEC (layers first, header last), all entries of a batch in one pipeline. A read fetches
-all headers in one round trip and all layer values in a second. Under `maxmemory` with an
-`allkeys-*` policy Redis may evict single values: an entry missing any value is a miss and its
-remaining values are removed. An unreachable Redis (after a few retries with exponential
+MULTI/EXEC (layers first, header last), entries batched into pipelines of about
+`pipeline_bytes`. A read fetches all headers in one round trip, then the layer values in
+pipelines of about `pipeline_bytes`: Redis counts client query and reply buffers as used memory,
+so one huge pipeline under `maxmemory` would itself evict other entries. Under `maxmemory` with
+an `allkeys-*` policy Redis may evict single values: an entry missing any value is a miss and
+its remaining values are removed. An unreachable Redis (after a few retries with exponential
 backoff) degrades every call to a miss or a skipped write, logged and counted, never raised.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,9 +34,41 @@ from conduit_core.page_kv import PageKV
 from storage.errors import CorruptEntryError
 from storage.keys import PageHash
 from storage.kv.base import Counters, TierStats
-from storage.kv.split import SplitHeader, decode_split, encode_split, read_header
+from storage.kv.split import (
+    SplitEncoded,
+    SplitHeader,
+    decode_split,
+    encode_split,
+    read_header,
+)
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T", bound=tuple[Any, ...])
+
+
+def _value_bytes(header: SplitHeader) -> int:
+    """Size of one layer value of the entry."""
+    return math.prod(header.layer_shape) * header.layer_dtype.itemsize
+
+
+def _get_all(pipe: Pipeline, names: Sequence[str]) -> None:
+    for name in names:
+        pipe.get(name)
+
+
+def _chunks(items: list[T], max_bytes: int) -> Iterator[list[T]]:
+    """Consecutive runs of `items` (sized by their last field) of about `max_bytes` each."""
+    run: list[T] = []
+    size = 0
+    for item in items:
+        if run and size + item[-1] > max_bytes:
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += item[-1]
+    if run:
+        yield run
 
 
 class RedisKVStore:
@@ -40,12 +76,13 @@ class RedisKVStore:
 
     def __init__(self, url: str, *, ttl_s: int | None = None, prefix: str = "conduit:kv",
                  quantize: bool = False, attempts: int = 3, socket_timeout_s: float = 120.0,
-                 connect_timeout_s: float = 2.0) -> None:
+                 connect_timeout_s: float = 2.0, pipeline_bytes: int = 64 << 20) -> None:
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError("ttl_s must be positive or None")
         self.ttl_s = ttl_s
         self.prefix = prefix
         self.quantize = quantize
+        self.pipeline_bytes = pipeline_bytes
         self._client = redis.Redis.from_url(
             url, retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s)
@@ -93,18 +130,12 @@ class RedisKVStore:
                 broken[key] = None
                 corrupt += 1
         if headers:
-            def fetch(p: Pipeline) -> None:
-                for k, h in headers.items():
-                    for name in self._layer_keys(k, h.n_values):
-                        p.get(name)
             try:
-                values = self._pipeline(fetch)
+                values = self._get_layers(headers)
             except redis.RedisError as exc:
                 return self._unavailable("read", exc, misses=len(keys))
-            pos = 0
             for key, header in headers.items():
-                parts = values[pos:pos + header.n_values]
-                pos += header.n_values
+                parts = values[key]
                 try:
                     found[key] = decode_split(header, parts)
                 except CorruptEntryError as exc:
@@ -117,6 +148,18 @@ class RedisKVStore:
         if broken:
             self._remove(broken)
         return found
+
+    def _get_layers(self, headers: Mapping[PageHash, SplitHeader]
+                    ) -> dict[PageHash, list[Any]]:
+        """All layer values of the entries, in pipelines of about `pipeline_bytes`."""
+        names = [(k, name, _value_bytes(h)) for k, h in headers.items()
+                 for name in self._layer_keys(k, h.n_values)]
+        out: dict[PageHash, list[Any]] = {k: [] for k in headers}
+        for chunk in _chunks(names, self.pipeline_bytes):
+            got = self._pipeline(partial(_get_all, names=[name for _, name, _ in chunk]))
+            for (key, _, _), value in zip(chunk, got, strict=True):
+                out[key].append(value)
+        return out
 
     def _unavailable(self, what: str, exc: Exception, *, misses: int = 0
                      ) -> dict[PageHash, PageKV]:
@@ -148,16 +191,18 @@ class RedisKVStore:
         encoded = {k: encode_split(page, quantize=self.quantize) for k, page in items.items()}
         ex: tuple[Any, ...] = ("EX", self.ttl_s) if self.ttl_s else ()
 
-        def build(p: Pipeline) -> None:
-            for key, enc in encoded.items():
+        def build(p: Pipeline, batch: list[tuple[PageHash, SplitEncoded, int]]) -> None:
+            for key, enc, _ in batch:
                 p.execute_command("MULTI")
                 for name, value in zip(self._layer_keys(key, len(enc.layers)), enc.layers,
                                        strict=True):
                     p.execute_command("SET", name, value, *ex)
                 p.execute_command("SET", self._header_key(key), enc.header, *ex)
                 p.execute_command("EXEC")
+        entries = [(k, enc, enc.nbytes) for k, enc in encoded.items()]
         try:
-            self._pipeline(build)
+            for batch in _chunks(entries, self.pipeline_bytes):
+                self._pipeline(partial(build, batch=batch))
         except redis.RedisError as exc:
             self._unavailable("write", exc)
 

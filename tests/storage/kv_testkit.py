@@ -42,18 +42,23 @@ def assert_same_page(a: PageKV, b: PageKV) -> None:
     for name in ("embeds", "keys", "values", "position_ids", "token_ids", "image_grid"):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and x.shape == y.shape, name
+        x, y = x.contiguous(), y.contiguous()
         assert torch.equal(x.view(torch.uint8) if x.dtype.is_floating_point else x,
                            y.view(torch.uint8) if y.dtype.is_floating_point else y), name
 
 
-def disk_writer(root: str, key: str, seed: int, shape: tuple[int, int, int, int, int],
-                barrier: object, rounds: int) -> None:
-    """Process target: open a disk store on `root` and write the same page `rounds` times."""
+def disk_writer(root: str, key: str, page: PageKV, barrier: object, rounds: int) -> None:
+    """Process target (fork): delete and rewrite the same page in a disk store `rounds` times.
+
+    The page comes from the parent through fork, so the child runs no parallel torch kernel
+    (OpenMP is not fork-safe once the parent has used it).
+    """
+    torch.set_num_threads(1)
     from storage.kv.disk import DiskKVStore
 
-    page = make_page(seed, shape)
     barrier.wait()  # type: ignore[attr-defined]
     for _ in range(rounds):
-        # a fresh store and no file yet each round, so every writer really writes
+        # delete then write: writers really overlap (a put skips a page already on disk)
         store = DiskKVStore(Path(root), 1 << 34, stale_tmp_s=3600)
+        store.delete([key])  # type: ignore[list-item]
         store.put_many({key: page})  # type: ignore[dict-item]
