@@ -24,7 +24,7 @@ BUILTIN_SCHEME = "builtin:"
 # the builders live in builtin_models (imported on first build: it loads transformers)
 BUILTIN_MODELS = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl")
 _MARKER = "conduit_builtin.json"
-_BUILD_VERSION = 1  # bump when a builder changes: old folders are rebuilt
+_BUILD_VERSION = 2  # bump when a builder changes: old folders are rebuilt
 
 
 def builtin_names() -> list[str]:
