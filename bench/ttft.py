@@ -1,0 +1,336 @@
+"""Time to first token and FLOPs of page-KV reuse against full prefill, side by side (issue 7).
+
+Workload: a random-weight Qwen2.5-VL (`bench.ttft_model`, shape "cpu" by default, "7b" for
+GPUs), P pages of T visual tokens (default 8 x 256) prefilled beforehand in their canonical
+page context and stored in each tier (`bench.ttft_tiers`), then asked about under a NEW
+prefix (system prompt + a label before each page) with a question of `question_tokens`
+tokens. Methods, each timed to the first generated token:
+  full_prefill                 images -> processor -> vision tower -> every token (no tier)
+  full_prefill_cached_vision   page entries loaded from the tier; every token recomputed from
+                               the cached vision features (policy `full_prefill`)
+  full_reuse                   loaded KV re-rotated, only text tokens computed (budget 0)
+  conduit                      scoring pass + refresh of 10% of the visual tokens
+  cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
+Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
+rounds run every (method, tier) cell once each, in an order rotated every round, so slow
+phases of a noisy machine hit all methods alike. Reported per cell: median TTFT, speedup over
+full prefill (ratio of medians, same run), FLOPs ratio (analytic, vision tower included in
+full), bound fraction = speedup / (1 / FLOPs ratio), and the median tier load.
+`pages_sweep` repeats full prefill and CONDUIT over several page counts (first tier) and
+records TTFT, FLOPs and peak memory (CUDA: peak allocated; CPU: peak RSS above the RSS
+before the request, Linux VmHWM reset through /proc/self/clear_refs).
+
+Public API:
+  METHODS; Method(name, policy, budget)
+  run_ttft_bench(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32,
+                 tiers=("memory", "disk", "redis"), repeats=5, warmup=1, pages_sweep=None,
+                 out=None, device="cpu", dtype="float32", threads=1, sweep_repeats=None,
+                 check=True, command=None, workdir=None) -> dict
+  check_budget_one(rt, work, images, kvs) -> dict   budget 1.0 against full prefill
+  main(argv=None) -> int                            `python -m bench.ttft --help`
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+
+from bench.ttft_model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
+from bench.ttft_report import write_outputs
+from bench.ttft_tiers import TIER_NOTES, BenchTiers, sync
+from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.loader import DTYPES
+from conduit_core.page_kv import PageKV
+from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from conduit_core.runtime import ReuseRuntime
+
+RESULTS = Path(__file__).parent / "results"
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # max |diff| / max |logit|
+
+
+@dataclass(frozen=True)
+class Method:
+    """A timed method: `policy` None means full prefill from the images."""
+
+    name: str
+    policy: str | None
+    budget: float
+
+
+METHODS = (Method("full_prefill", None, 1.0),
+           Method("full_prefill_cached_vision", "full_prefill", 1.0),
+           Method("full_reuse", "full_reuse", 0.0),
+           Method("conduit", "conduit", 0.10),
+           Method("cacheblend", "cacheblend", 0.15))
+_BY_NAME = {m.name: m for m in METHODS}
+
+
+@dataclass
+class Sample:
+    """One timed request."""
+
+    ttft_s: float
+    load_s: float
+    flops_ratio: float
+    flops_used: float
+    flops_full: float
+    refreshed: int
+    peak_bytes: int | None = None
+
+
+class PeakMemory:
+    """Peak memory of a block: CUDA peak allocated, or CPU peak RSS (both above the start)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.peak: int | None = None
+        self._base = 0
+
+    @staticmethod
+    def _status(field: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"{field} not in /proc/self/status")
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._base = torch.cuda.memory_allocated(self.device)
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+            self._base = self._status("VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self.peak = self._status("VmHWM") - self._base
+
+
+class _Runner:
+    """Runs one method on one tier for a fixed request."""
+
+    def __init__(self, rt: ReuseRuntime, work: Workload, images: list[Image.Image],
+                 tiers: BenchTiers, keys: Sequence[Any]) -> None:
+        self.rt, self.work, self.images, self.tiers, self.keys = rt, work, images, tiers, keys
+
+    def once(self, method: Method, tier: str, *, memory: bool = False) -> Sample:
+        rt, w = self.rt, self.work
+        sync(rt.adapter.device)
+        peak = PeakMemory(rt.adapter.device)
+        if method.policy is None:
+            with peak if memory else _null():
+                res = rt.answer_full_prefill(w.prefix, list(zip(w.labels, self.images,
+                                                                strict=True)),
+                                             w.question, max_new_tokens=1)
+            load_s = 0.0
+        else:
+            with peak if memory else _null():
+                kvs, load_s = self.tiers.load(tier, self.keys)
+                pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
+                res = rt.answer(AnswerRequest(w.prefix, pages, w.question, policy=method.policy,
+                                              budget=method.budget, max_new_tokens=1))
+        return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s, flops_ratio=res.flops_ratio,
+                      flops_used=res.flops_used, flops_full=res.flops_full,
+                      refreshed=res.refreshed_visual_tokens, peak_bytes=peak.peak)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _rounds(runner: _Runner, cells: list[tuple[Method, str]], repeats: int, warmup: int,
+            memory: bool = False) -> dict[tuple[str, str], list[Sample]]:
+    """Warm-up, then `repeats` rounds over all cells in a rotated order."""
+    for _ in range(warmup):
+        for method, tier in cells:
+            runner.once(method, tier)
+    samples: dict[tuple[str, str], list[Sample]] = {(m.name, t): [] for m, t in cells}
+    for rep in range(repeats):
+        shift = rep % len(cells)
+        for method, tier in cells[shift:] + cells[:shift]:
+            samples[(method.name, tier)].append(runner.once(method, tier, memory=memory))
+    return samples
+
+
+def _rows(samples: dict[tuple[str, str], list[Sample]]) -> list[dict[str, Any]]:
+    full = statistics.median(s.ttft_s for s in samples[("full_prefill", "none")])
+    rows = []
+    for (name, tier), got in samples.items():
+        ttft = statistics.median(s.ttft_s for s in got)
+        load = statistics.median(s.load_s for s in got)
+        speedup = full / ttft
+        ratio = got[0].flops_ratio
+        peaks = [s.peak_bytes for s in got if s.peak_bytes is not None]
+        rows.append({
+            "method": name, "tier": tier, "ttft_ms_median": 1e3 * ttft, "speedup": speedup,
+            "flops_ratio": ratio, "bound_fraction": speedup * ratio,
+            "load_ms_median": 1e3 * load, "load_fraction": load / ttft,
+            "ttft_ms_min": 1e3 * min(s.ttft_s for s in got),
+            "ttft_ms_max": 1e3 * max(s.ttft_s for s in got),
+            "refreshed_visual_tokens": got[0].refreshed, "gflops_used": got[0].flops_used / 1e9,
+            "gflops_full": got[0].flops_full / 1e9, "samples": len(got),
+            "peak_mb": max(peaks) / 2**20 if peaks else None,
+        })
+    return rows
+
+
+@torch.no_grad()
+def check_budget_one(rt: ReuseRuntime, work: Workload, images: list[Image.Image],
+                     kvs: list[PageKV]) -> dict[str, Any]:
+    """First-token logits of CONDUIT at budget 1.0 (from cached pages) against full prefill
+    from the images: max |diff| over max |logit| within the dtype's tolerance, same top-1."""
+    fresh = list(zip(work.labels, images, strict=True))
+    ref = probe_full_prefill(rt, work.prefix, fresh, work.question).logits[-1]  # (V,)
+    pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
+    got = probe_refresh(rt, AnswerRequest(work.prefix, pages, work.question, policy="conduit",
+                                          budget=1.0, max_new_tokens=1)).logits[-1]  # (V,)
+    dtype = str(rt.adapter.dtype).removeprefix("torch.")
+    rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+    top1 = bool(got.argmax() == ref.argmax())
+    ok = top1 and rel <= TOLERANCE.get(dtype, 1e-4) and bool(torch.isfinite(got).all())
+    return {"budget_one_rel_diff": rel, "top1_equal": top1, "tolerance": TOLERANCE.get(dtype),
+            "passed": ok}
+
+
+def _sweep(rt: ReuseRuntime, tiers: BenchTiers, pages_sweep: Sequence[int], tokens: int,
+           question_tokens: int, repeats: int, warmup: int) -> list[dict[str, Any]]:
+    """Full prefill and CONDUIT at each page count (first tier), with peak memory."""
+    images = bench_pages(max(pages_sweep), tokens)
+    kvs = rt.prefill_pages(images)
+    tier = tiers.names[0]
+    cells = [(_BY_NAME["full_prefill"], "none"), (_BY_NAME["conduit"], tier)]
+    out = []
+    for p in pages_sweep:
+        keys = tiers.put(kvs[:p], tag=f"sweep-{p}")
+        runner = _Runner(rt, make_workload(rt.vlm, p, question_tokens), images[:p], tiers, keys)
+        for row in _rows(_rounds(runner, cells, repeats, warmup, memory=True)):
+            out.append({"pages": p, **{k: row[k] for k in (
+                "method", "tier", "ttft_ms_median", "speedup", "flops_ratio", "gflops_used",
+                "gflops_full", "peak_mb", "load_ms_median")}})
+    return out
+
+
+def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 256,
+                   question_tokens: int = 32, tiers: Sequence[str] = ("memory", "disk", "redis"),
+                   repeats: int = 5, warmup: int = 1, pages_sweep: list[int] | None = None,
+                   out: Path | None = None, device: str = "cpu",
+                   dtype: str | torch.dtype = "float32", threads: int | None = 1,
+                   sweep_repeats: int | None = None, check: bool = True,
+                   command: str | None = None, workdir: Path | None = None) -> dict[str, Any]:
+    """Run the benchmark described in the module docstring; write JSON (`out`, default
+    `bench/results/ttft_<shape>.json`), a markdown table and, with a sweep, a PNG beside it.
+    `threads` pins torch's CPU threads for the run (None leaves them)."""
+    if pages < 1 or tokens_per_page < 1 or question_tokens < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("pages, tokens_per_page, question_tokens, repeats must be >= 1")
+    if not tiers:
+        raise ValueError("at least one tier is needed")
+    dt = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    dtype_name = str(dt).removeprefix("torch.")
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    t_start = time.perf_counter()
+    try:
+        vlm = build_bench_vlm(model_shape, tokens_per_page=tokens_per_page, device=device,
+                              dtype=dt)
+        rt = ReuseRuntime(vlm)
+        work = make_workload(vlm, pages, question_tokens)
+        images = bench_pages(pages, tokens_per_page)
+        kvs = rt.prefill_pages(images)
+        checks = check_budget_one(rt, work, images, kvs) if check else None
+        if checks is not None and not checks["passed"]:
+            raise RuntimeError(f"budget 1.0 does not reproduce full prefill: {checks}")
+        with tempfile.TemporaryDirectory(prefix="ttft-", dir=workdir) as tmp, \
+                BenchTiers(tiers, Path(tmp)) as bt:
+            keys = bt.put(kvs, tag="main")
+            runner = _Runner(rt, work, images, bt, keys)
+            cells = [(_BY_NAME["full_prefill"], "none")] + [
+                (m, t) for t in tiers for m in METHODS if m.policy is not None]
+            rows = _rows(_rounds(runner, cells, repeats, warmup))
+            sweep = (_sweep(rt, bt, pages_sweep, tokens_per_page, question_tokens,
+                            sweep_repeats or repeats, warmup) if pages_sweep else None)
+    finally:
+        torch.set_num_threads(saved_threads)
+    probe = rt.assemble(work.prefix, [PageInput(lab, kv) for lab, kv in
+                                      zip(work.labels, kvs, strict=True)], work.question)
+    n_v = int(probe.layout.visual_rows().numel())
+    doc: dict[str, Any] = {
+        "workload": {
+            "model_shape": model_shape, "model_notes": SHAPES[model_shape].notes,
+            "lm_shape": asdict(rt.flops.lm), "vision": dict(SHAPES[model_shape].vision),
+            "pages": pages, "tokens_per_page": tokens_per_page,
+            "question_tokens": question_tokens, "prompt_tokens": probe.layout.n,
+            "visual_tokens": n_v, "text_tokens": probe.layout.n - n_v,
+            "budgets": {m.name: m.budget for m in METHODS if m.policy is not None},
+            "tiers": list(tiers), "tier_notes": {t: TIER_NOTES[t] for t in tiers},
+            "repeats": repeats, "warmup": warmup, "device": device, "dtype": dtype_name,
+            "threads": threads, "check": checks,
+            "machine": f"{platform.machine()} {platform.system()}, torch {torch.__version__}",
+            "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "wall_seconds": time.perf_counter() - t_start,
+        },
+        "rows": rows,
+    }
+    if sweep is not None:
+        doc["sweep"] = sweep
+    out = Path(out) if out is not None else RESULTS / f"ttft_{model_shape}.json"
+    write_outputs(doc, out)
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: `python -m bench.ttft [--pages 8] [--sweep 1,2,4,8,16,32] [--out F]`."""
+    p = argparse.ArgumentParser(prog="python -m bench.ttft", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-shape", default="cpu", choices=sorted(SHAPES))
+    p.add_argument("--pages", type=int, default=8)
+    p.add_argument("--tokens-per-page", type=int, default=256)
+    p.add_argument("--question-tokens", type=int, default=32)
+    p.add_argument("--tier", default="memory,disk,redis", help="comma-separated tiers")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--sweep", default="", help="page counts, e.g. 1,2,4,8,16,32")
+    p.add_argument("--sweep-repeats", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    doc = run_ttft_bench(
+        model_shape=args.model_shape, pages=args.pages, tokens_per_page=args.tokens_per_page,
+        question_tokens=args.question_tokens, tiers=args.tier.split(","),
+        repeats=args.repeats, warmup=args.warmup,
+        pages_sweep=[int(x) for x in args.sweep.split(",")] if args.sweep else None,
+        sweep_repeats=args.sweep_repeats, out=args.out, device=args.device, dtype=args.dtype,
+        threads=args.threads, check=not args.no_check,
+        command=shlex.join(["python", "-m", "bench.ttft", *argv_list]))
+    from bench.ttft_report import summary_lines
+
+    print("\n".join(summary_lines(doc)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

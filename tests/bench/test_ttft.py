@@ -1,0 +1,87 @@
+"""The TTFT benchmark end to end at a tiny size, and its GPU script's code path on CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu_ttft import main as gpu_main
+from bench.ttft import METHODS, check_budget_one, run_ttft_bench
+from bench.ttft_model import bench_pages, build_bench_vlm, make_workload, page_grid
+from conduit_core.runtime import ReuseRuntime
+
+TINY = dict(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=8)
+ROW_KEYS = {"method", "tier", "ttft_ms_median", "speedup", "flops_ratio", "bound_fraction"}
+
+
+def _tiers() -> tuple[str, ...]:
+    return ("memory", "disk", "redis") if shutil.which("redis-server") else ("memory", "disk")
+
+
+def test_run_ttft_bench_tiny_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "ttft.json"
+    doc = run_ttft_bench(**TINY, tiers=_tiers(), repeats=1, warmup=0, pages_sweep=[1, 2],
+                         sweep_repeats=1, out=out, workdir=tmp_path)
+    assert json.loads(out.read_text()) == doc
+    assert out.with_suffix(".md").read_text().startswith("# TTFT")
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    w = doc["workload"]
+    assert w["pages"] == 2 and w["visual_tokens"] == 2 * (16 + 2)
+    assert w["check"]["passed"] and w["check"]["budget_one_rel_diff"] <= 1e-4
+    cells = {(r["method"], r["tier"]) for r in doc["rows"]}
+    expected = {("full_prefill", "none")} | {
+        (m.name, t) for t in _tiers() for m in METHODS if m.policy is not None}
+    assert cells == expected
+    for r in doc["rows"]:
+        assert ROW_KEYS <= set(r)
+        assert r["ttft_ms_median"] > 0 and 0 < r["flops_ratio"] <= 1.0 + 1e-9
+        assert r["bound_fraction"] == pytest.approx(r["speedup"] * r["flops_ratio"])
+        assert (r["load_ms_median"] > 0) == (r["tier"] != "none")
+    full = next(r for r in doc["rows"] if r["method"] == "full_prefill")
+    assert full["speedup"] == 1.0 and full["flops_ratio"] == 1.0
+    reuse = [r for r in doc["rows"] if r["method"] == "full_reuse"]
+    cached = [r for r in doc["rows"] if r["method"] == "full_prefill_cached_vision"]
+    for a, b in zip(reuse, cached, strict=True):
+        assert a["flops_ratio"] < b["flops_ratio"] < 1.0
+    sweep = doc["sweep"]
+    assert {(s["pages"], s["method"]) for s in sweep} == {
+        (p, m) for p in (1, 2) for m in ("full_prefill", "conduit")}
+    assert all(s["peak_mb"] is not None and s["peak_mb"] >= 0 for s in sweep)
+
+
+def test_gpu_script_runs_on_cpu_at_tiny_shape_in_bf16(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    rc = gpu_main(["--model-shape", "tiny", "--device", "cpu", "--dtype", "bfloat16",
+                   "--pages", "2", "--tokens-per-page", "16", "--question-tokens", "8",
+                   "--tier", "memory,disk", "--repeats", "1", "--warmup", "0",
+                   "--sweep", "1,2", "--sweep-repeats", "1", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["dtype"] == "bfloat16" and doc["workload"]["check"]["passed"]
+    assert doc["workload"]["check"]["tolerance"] == 5e-2
+    assert {r["tier"] for r in doc["rows"]} == {"none", "memory", "disk"}
+
+
+def test_budget_one_check_fails_on_the_wrong_pages() -> None:
+    vlm = build_bench_vlm("tiny", tokens_per_page=16)
+    rt = ReuseRuntime(vlm)
+    work = make_workload(vlm, 2, 8)
+    images = bench_pages(2, 16)
+    kvs = rt.prefill_pages(images)
+    assert check_budget_one(rt, work, images, kvs)["passed"]
+    bad = check_budget_one(rt, work, images, kvs[::-1])  # pages swapped: not the same prompt
+    assert not bad["passed"] and bad["budget_one_rel_diff"] > 1e-3
+
+
+def test_workload_shapes() -> None:
+    vlm = build_bench_vlm("tiny", tokens_per_page=12, dtype=torch.float32)
+    assert page_grid(256) == (16, 16) and page_grid(12) == (3, 4) and page_grid(7) == (1, 7)
+    work = make_workload(vlm, 3, 32)
+    assert len(vlm.tokenizer(work.question, add_special_tokens=False).input_ids) == 32
+    assert work.labels == ["Page 1:", "Page 2:", "Page 3:"]
+    kv = ReuseRuntime(vlm).prefill_pages(bench_pages(1, 12))[0]
+    assert kv.num_tokens == 12 + 2  # the visual tokens and the two vision delimiters
