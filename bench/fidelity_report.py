@@ -27,8 +27,9 @@ _RANDOM_WEIGHTS_NOTE = (
     "document; that needs a trained checkpoint (`--model` a local Qwen2-VL folder). The "
     "FLOPs ratio of a tiny model is dominated by its text tokens and vision tower, unlike a "
     "7B model with ~1,000 visual tokens per page, and CPU wall times of a model this small "
-    "are per-layer overhead, not compute. With 2 layers CacheBlend's default check layer (1) "
-    "recomputes every layer for every token, i.e. it is a full prefill on such a model."
+    "are per-layer overhead, not compute. CacheBlend runs every token through layers 0..1 "
+    "(its default check layer is 1) before it selects, so on a {layers}-layer model it pays "
+    "a large share of a full prefill; its FLOPs column shows that cost."
 )
 
 
