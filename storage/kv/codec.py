@@ -11,6 +11,7 @@ stores treat that as a miss and remove the entry.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -107,37 +109,120 @@ def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, s
     return Encoded(parts=(head, *views), nbytes=len(head) + offset)
 
 
+Span = tuple[torch.dtype, list[int], int, int]  # dtype, shape, begin, end in the data section
+
+
+@dataclass(frozen=True)
+class Header:
+    """A parsed, layout-checked entry header; the checksum is verified separately."""
+
+    data_offset: int
+    spans: dict[str, Span]
+    meta: dict[str, str]
+    stored_sum: str
+    canonical: bytes
+
+    def hasher(self) -> xxhash.xxh3_128:
+        """A checksum state already fed with the canonical header: feed it the data next."""
+        h = xxhash.xxh3_128()
+        h.update(self.canonical)
+        return h
+
+    def verify(self, hasher: xxhash.xxh3_128) -> None:
+        """`CorruptEntryError` unless the fed state matches the stored checksum."""
+        if f"{CHECKSUM_ALGO}:{hasher.hexdigest()}" != self.stored_sum:
+            raise CorruptEntryError("checksum mismatch")
+
+    def tensors(self, data: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Views into `data` (the data section as a flat uint8 tensor)."""
+        out: dict[str, torch.Tensor] = {}
+        for name, (dtype, shape, begin, end) in self.spans.items():
+            if data is None or begin == end:
+                out[name] = torch.empty(shape, dtype=dtype)
+            else:
+                out[name] = data[begin:end].view(dtype).reshape(shape)
+        return out
+
+
+def header_length(prefix: memoryview) -> int:
+    """Bytes taken by the length field and JSON header, read from the first 8 bytes."""
+    if prefix.nbytes < 8:
+        raise CorruptEntryError("entry shorter than its header length")
+    (n,) = struct.unpack_from("<Q", prefix, 0)
+    if n > _MAX_HEADER:
+        raise CorruptEntryError("implausible header length")
+    return 8 + int(n)
+
+
+def parse_header(head: memoryview, total: int) -> Header:
+    """Parse the header at the start of `head` for an entry of `total` bytes."""
+    offset = header_length(head)
+    if offset > head.nbytes or offset > total:
+        raise CorruptEntryError("truncated header")
+    try:
+        header = json.loads(bytes(head[8:offset]))
+        meta = header["__metadata__"]
+        stored_sum = meta.pop("checksum")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptEntryError(f"unreadable header: {exc}") from exc
+    spans = _validate_layout(header, total - offset)
+    return Header(data_offset=offset, spans=spans,
+                  meta={str(k): str(v) for k, v in meta.items()}, stored_sum=str(stored_sum),
+                  canonical=_canonical(header))
+
+
 def decode_tensors(buf: bytes | bytearray | memoryview) -> tuple[dict[str, torch.Tensor],
                                                                   dict[str, str]]:
     """Parse and verify `encode_tensors` output; tensors are zero-copy views when `buf` is
     writable (e.g. a bytearray), otherwise one copy of the data section is made."""
     mv = memoryview(buf).cast("B")
-    if mv.nbytes < 8:
-        raise CorruptEntryError("entry shorter than its header length")
-    (n,) = struct.unpack_from("<Q", mv, 0)
-    if n > _MAX_HEADER or 8 + n > mv.nbytes:
-        raise CorruptEntryError("truncated header")
-    try:
-        header = json.loads(bytes(mv[8:8 + n]))
-        meta = header["__metadata__"]
-        stored_sum = meta.pop("checksum")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CorruptEntryError(f"unreadable header: {exc}") from exc
-    data = mv[8 + n:]
-    spans = _validate_layout(header, data.nbytes)
-    if checksum(_canonical(header), data) != stored_sum:
-        raise CorruptEntryError("checksum mismatch")
-    if mv.readonly:
-        base = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data.nbytes else None
-    else:
-        base = torch.frombuffer(data, dtype=torch.uint8) if data.nbytes else None
-    out: dict[str, torch.Tensor] = {}
-    for name, (dtype, shape, begin, end) in spans.items():
-        if base is None or begin == end:
-            out[name] = torch.empty(shape, dtype=dtype)
-        else:
-            out[name] = base[begin:end].view(dtype).reshape(shape)
-    return out, {str(k): str(v) for k, v in meta.items()}
+    head = parse_header(mv, mv.nbytes)
+    data = mv[head.data_offset:]
+    hasher = head.hasher()
+    hasher.update(data)
+    head.verify(hasher)
+    base: torch.Tensor | None = None
+    if data.nbytes:
+        base = torch.frombuffer(bytearray(data) if mv.readonly else data, dtype=torch.uint8)
+    return head.tensors(base), head.meta
+
+
+def read_tensors(f: io.RawIOBase, size: int, *, chunk: int = 1 << 20
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read and verify an entry of `size` bytes from an unbuffered file in one pass.
+
+    The file is read into one uninitialised buffer in `chunk`-sized pieces (about the L2
+    size), each hashed right after it lands while still in cache, so verification costs no
+    extra pass over memory; tensors are views into that buffer.
+    """
+    array = np.empty(size, dtype=np.uint8)  # malloc'd: reuses freed memory, no zero fill
+    buf = torch.from_numpy(array)
+    mv = array.data.cast("B")
+    got = _fill(f, mv, 0, min(size, 64 * 1024))
+    offset = header_length(mv[:got])
+    if offset > got:
+        got = _fill(f, mv, got, min(offset, size))
+    head = parse_header(mv[:got], size)
+    hasher = head.hasher()
+    hasher.update(mv[offset:got])
+    while got < size:
+        n = f.readinto(mv[got:min(size, got + chunk)])
+        if not n:
+            raise CorruptEntryError("entry shorter than its file size (changed while read)")
+        hasher.update(mv[got:got + n])
+        got += n
+    head.verify(hasher)
+    return head.tensors(buf[offset:] if size > offset else None), head.meta
+
+
+def _fill(f: io.RawIOBase, mv: memoryview, start: int, stop: int) -> int:
+    pos = start
+    while pos < stop:
+        n = f.readinto(mv[pos:stop])
+        if not n:
+            break
+        pos += n
+    return pos
 
 
 def _validate_layout(header: dict[str, Any], data_len: int
@@ -200,7 +285,16 @@ def encode_page(page: PageKV, *, quantize: bool = False) -> Encoded:
 
 def decode_page(buf: bytes | bytearray | memoryview) -> PageKV:
     """Verify and deserialise an `encode_page` entry (dequantising int8 to the stored dtype)."""
-    tensors, meta = decode_tensors(buf)
+    return page_from_tensors(*decode_tensors(buf))
+
+
+def read_page(f: io.RawIOBase, size: int) -> PageKV:
+    """`decode_page` of an entry read from an unbuffered file (see `read_tensors`)."""
+    return page_from_tensors(*read_tensors(f, size))
+
+
+def page_from_tensors(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> PageKV:
+    """Build a page from a verified entry's tensors and metadata."""
     check_metadata(meta)
     try:
         if meta["quant"] == "int8":

@@ -24,7 +24,7 @@ from conduit_core.page_kv import PageKV
 from storage.errors import CorruptEntryError, InvalidKeyError
 from storage.keys import PageHash, check_page_hash
 from storage.kv.base import Counters, TierStats
-from storage.kv.codec import Encoded, decode_page, encode_page
+from storage.kv.codec import Encoded, encode_page, read_page
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,11 @@ TMP_PREFIX = ".tmp-"
 class DiskKVStore:
     """Page KV files under `root`, at most `max_bytes` of them (least recently used go first).
 
-    `quantize` stores int8 keys/values; `fsync=False` skips the data and directory fsyncs
-    (faster, still atomic against crashes of this process, not against power loss);
-    temp files untouched for `stale_tmp_s` are removed at startup as crash leftovers.
+    `quantize` stores int8 keys/values. Each file's data is fsynced before the rename, so
+    after a power loss a name never points at incomplete data; the directory is not fsynced,
+    so the newest entries may be missing after one (a miss: this is a cache). `fsync=False`
+    skips the data fsync too (still atomic against a crash of the process, not of the
+    machine). Temp files untouched for `stale_tmp_s` are removed at startup as crash leftovers.
     """
 
     def __init__(self, root: Path, max_bytes: int, *, quantize: bool = False,
@@ -127,20 +129,10 @@ class DiskKVStore:
         self._counters.add(evictions=len(victims))
 
     # -- I/O --------------------------------------------------------------------------------
-    def _read(self, path: Path) -> bytearray:
+    def _load(self, path: Path) -> tuple[PageKV, int]:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            buf = bytearray(size)
-            view = memoryview(buf)
-            got = 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-        if got != size:
-            raise CorruptEntryError(f"{path} shrank while being read")
-        return buf
+            return read_page(f, size), size
 
     def _write(self, path: Path, enc: Encoded) -> None:
         path.parent.mkdir(exist_ok=True)
@@ -158,12 +150,6 @@ class DiskKVStore:
             raise
         os.close(fd)
         os.replace(tmp, path)
-        if self.fsync:
-            dfd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
 
     # -- KVStore ----------------------------------------------------------------------------
     def get_many(self, keys: Sequence[PageHash]) -> dict[PageHash, PageKV]:
@@ -173,8 +159,7 @@ class DiskKVStore:
         for key in keys:
             path = self.path(key)
             try:
-                buf = self._read(path)
-                found[key] = decode_page(buf)
+                found[key], size = self._load(path)
             except FileNotFoundError:
                 self._forget(key)
                 continue
@@ -188,7 +173,7 @@ class DiskKVStore:
                 log.warning("disk KV read of %s failed: %s", key, exc)
                 errors += 1
                 continue
-            self._remove_files(self._track(key, len(buf)))
+            self._remove_files(self._track(key, size))
         self._counters.add(hits=len(found), misses=len(keys) - len(found), corrupt=corrupt,
                            errors=errors)
         return found
