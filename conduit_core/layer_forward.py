@@ -4,11 +4,13 @@ Rows are sequence indices; each row computes q/k/v at its explicit position with
 layer's own modules (norms, projections, rotary embedding, attention kernel, MLP), writes its
 k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
 the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
-both `sdpa` and `eager`.
+both `sdpa` and `eager`. Under `sdpa` a masked subset runs blocked (`row_attention`: row
+blocks read only the keys they can see, GQA folded into rows, block masks built once); other
+implementations get the model's own attention function with one (1, 1, R, n_keys) mask.
 
 Public API:
   causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask
-  LayerObserver = Callable[[int, q, keys, values, mask], None]
+  LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
                observer=None, layers=None) -> hidden after the last layer run (B, R, hidden)
   logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
@@ -25,9 +27,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
+from conduit_core.row_attention import blocked_attention, row_blocks
 
-LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
-                         None]
+LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -63,15 +65,21 @@ def forward_rows(
 
     `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
     last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
-    `observer(layer, q, keys, values, mask)` sees each layer's rotated queries
-    (B, heads, R, hd), the cache keys/values
-    (B, kv_heads, n_keys, hd) after this layer's write, and the mask used (None = causal).
+    `observer(layer, q, keys, values)` sees each layer's rotated queries
+    (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
+    layer's write.
     """
     impl = adapter.model.config._attn_implementation or "sdpa"
     rows = rows.to(adapter.device)
     mask: torch.Tensor | None = None
+    blocks = None
     if not (plain_causal and impl != "eager"):
-        mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
+        if impl == "sdpa":
+            cfg = adapter.text_config
+            rep = cfg.num_attention_heads // cfg.num_key_value_heads
+            blocks = row_blocks(rows, n_keys, hidden.dtype, rep)
+        else:
+            mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
     cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
     b, r, _ = hidden.shape
     run = layers if layers is not None else range(len(adapter.layers))
@@ -86,11 +94,14 @@ def forward_rows(
         cache.write(li, rows, k, v)
         keys, values = cache.view(li, n_keys)  # (B, kv_heads, n_keys, hd)
         if observer is not None:
-            observer(li, q, keys, values, mask)
-        out, _ = _attention_fn(attn, impl)(
-            attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling,
-            is_causal=mask is None and r > 1,
-        )  # (B, R, heads, hd)
+            observer(li, q, keys, values)
+        if blocks is not None:
+            out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R, heads, hd)
+        else:
+            out, _ = _attention_fn(attn, impl)(
+                attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling,
+                is_causal=mask is None and r > 1,
+            )  # (B, R, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, r, -1))
         residual = hidden
         hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))

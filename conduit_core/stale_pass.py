@@ -57,8 +57,7 @@ def stale_pass(
                               device=device)  # (L, G, N)
     allowed = torch.arange(n_keys, device=device).view(1, -1) <= question_rows.view(-1, 1)
 
-    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None) -> None:
+    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         scaling = adapter.layers[layer].self_attn.scaling
         qq = q[0, :, pick].float()  # (H, n_q, hd)
         k = keys[0].float().repeat_interleave(heads // kv_heads, dim=0)  # (H, N, hd)

@@ -1,0 +1,55 @@
+"""The blocked row attention (sdpa fast path) equals one masked attention call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conduit_core.layer_forward import causal_row_mask
+from conduit_core.row_attention import blocked_attention, row_blocks
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
+               scaling: float) -> torch.Tensor:
+    """Every row over all keys with the full (1, 1, R, N) mask, K/V repeated per head."""
+    rep = q.shape[1] // k.shape[1]
+    mask = causal_row_mask(rows, k.shape[2], q.dtype)  # (1, 1, R, N)
+    kk, vv = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scaling).transpose(1, 2)
+
+
+@pytest.mark.parametrize("heads,groups", [(4, 4), (8, 2), (7, 1)])
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+@pytest.mark.parametrize("order", ["sorted", "unsorted", "tail"])
+def test_blocked_attention_equals_one_masked_call(heads: int, groups: int, chunk: int,
+                                                  order: str) -> None:
+    gen = torch.Generator().manual_seed(heads * 100 + chunk)
+    n, hd, batch = 97, 16, 2
+    if order == "tail":  # the last rows, contiguous (a question): triangular blocks
+        rows = torch.arange(n - 23, n)
+    else:
+        rows = torch.randperm(n, generator=gen)[:40]
+        rows = rows.sort().values if order == "sorted" else rows
+    q = torch.randn(batch, heads, rows.numel(), hd, generator=gen)
+    k = torch.randn(batch, groups, n, hd, generator=gen)
+    v = torch.randn(batch, groups, n, hd, generator=gen)
+    blocks = row_blocks(rows, n, torch.float32, heads // groups, chunk=chunk)
+    assert [b.start for b in blocks] == list(range(0, rows.numel(), chunk))
+    for b in blocks:
+        assert b.n_keys == int(rows[b.start:b.stop].max()) + 1  # a block reads only its keys
+    got = blocked_attention(q, k, v, blocks, scaling=hd ** -0.5)  # (B, R, H, hd)
+    want = _reference(q, k, v, rows, hd ** -0.5)
+    assert got.shape == (batch, rows.numel(), heads, hd)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_single_row_blocks_need_no_mask_and_masks_are_shared_per_kv_head() -> None:
+    rows = torch.tensor([3, 10, 11])
+    blocks = row_blocks(rows, 20, torch.float32, rep=2, chunk=1)
+    assert all(b.mask is None for b in blocks)
+    (blk,) = row_blocks(rows, 20, torch.float32, rep=2, chunk=8)
+    assert blk.n_keys == 12 and blk.mask is not None and blk.mask.shape == (1, 1, 6, 12)
+    allowed = blk.mask[0, 0] == 0  # (rep * c, n_keys)
+    assert torch.equal(allowed[:3], allowed[3:])  # both query heads of the group alike
+    assert allowed[0].sum() == 4 and allowed[1].sum() == 11 and allowed[2].sum() == 12
