@@ -1,11 +1,13 @@
 """Store benchmark: each KV tier's write/read MB/s against the raw ceiling measured alike.
 
 For `pages` random pages of the given shape, each tier writes the batch (`put_many`) and reads
-it back (`get_many`); in the same run, interleaved with the tier runs, the same encoded bytes
-go through the plain path underneath the tier: a file per page (write + fsync, then read into
-a buffer) for the disk tier, one Redis SET/GET per page in one pipeline for the Redis tier,
-and a bytes copy for the memory tier (which stores references, so it beats its "ceiling").
-MB/s uses the encoded entry bytes for both sides; each figure is the best of `repeats`.
+it back (`get_many`). In the same run, interleaved with the tier runs, the same encoded bytes
+go through the plain path underneath the tier:
+  disk:   one file per page, write + fsync; read = one `readinto` of the whole file into a
+          buffer allocated the way the tier allocates its own;
+  redis:  one SET / GET per page of the page's bytes, all in one pipeline, same client library;
+  memory: a bytes copy (the tier keeps references, so it beats this "ceiling" by far).
+MB/s counts the encoded entry bytes on both sides; each figure is the best of `repeats`.
 
     python -m bench.store --out bench/results/store.json
 """
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import redis
 import torch
 
@@ -89,11 +92,13 @@ def _disk_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes]
             os.fsync(fd)
             os.close(fd)
 
-    def raw_read() -> list[bytes]:
+    def raw_read() -> list[np.ndarray]:
         bufs = []  # kept, like the pages a tier read returns
-        for i in range(len(blobs)):
+        for i, blob in enumerate(blobs):
             with open(raw_root / f"{i}.bin", "rb", buffering=0) as f:
-                bufs.append(f.read())
+                buf = np.empty(len(blob), dtype=np.uint8)  # the tier's own allocation
+                f.readinto(buf.data)
+                bufs.append(buf)
         return bufs
 
     keys = list(pages)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from storage.errors import ConflictError, NotFoundError
+from storage.errors import ConflictError, NotFoundError, UnavailableError
 from storage.metadata import (
     CollectionId,
     Document,
@@ -15,8 +16,10 @@ from storage.metadata import (
     JobId,
     MetadataStore,
     Page,
+    RedisMetadataStore,
     new_id,
 )
+from tests.redis_server import start_redis
 
 
 def _doc(col: CollectionId, name: str = "a.pdf") -> Document:
@@ -160,3 +163,13 @@ def test_jobs(meta: MetadataStore) -> None:
         meta.update_job(JobId("job_missing"), status="running")
     with pytest.raises(NotFoundError):
         meta.get_job(JobId("job_missing"))
+
+
+def test_redis_metadata_store_down_raises_unavailable(tmp_path: Path) -> None:
+    url, stop = start_redis(tmp_path)
+    store = RedisMetadataStore(url, attempts=2)
+    col = store.create_collection("c", "t")
+    stop()
+    with pytest.raises(UnavailableError):
+        store.get_collection(col.id)
+    store.close()
