@@ -5,6 +5,7 @@ indices, so the runtime keeps one tensor per kind for all layers.
 
 Public API:
   KVCache(keys, values)             keys/values (L, B, kv_heads, capacity, head_dim)
+  KVCache.writes                    number of `write` calls so far (a cheap change stamp)
   KVCache.allocate(adapter, batch, capacity) -> KVCache
   KVCache.write(layer, rows, k, v)  k, v (B, kv_heads, R, head_dim) at sequence indices rows (R,)
   KVCache.view(layer, n_keys) -> (k, v)  the first n_keys positions, (B, kv_heads, n_keys, hd)
@@ -12,7 +13,7 @@ Public API:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +26,7 @@ class KVCache:
 
     keys: torch.Tensor  # (L, B, kv_heads, capacity, head_dim)
     values: torch.Tensor  # (L, B, kv_heads, capacity, head_dim)
+    writes: int = field(default=0, compare=False)  # `write` calls so far
 
     @classmethod
     def allocate(cls, adapter: VLMAdapter, batch: int, capacity: int) -> KVCache:
@@ -42,6 +44,7 @@ class KVCache:
 
     def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Overwrite positions `rows` (R,) of `layer` with k, v (B, kv_heads, R, head_dim)."""
+        self.writes += 1
         self.keys[layer].index_copy_(2, rows, k.to(self.keys.dtype))
         self.values[layer].index_copy_(2, rows, v.to(self.values.dtype))
 

@@ -5,7 +5,7 @@ The steps are those of `ReuseRuntime.answer` (assemble, policy over a `PolicyCon
 refresh visual choice + all text rows); decoding is left out.
 
 Public API:
-  RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds)
+  RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds, computed_rows)
   probe_refresh(runtime, request) -> RefreshProbe
   probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question) -> RefreshProbe
 """
@@ -33,6 +33,8 @@ class RefreshProbe:
     logits: torch.Tensor  # (R, vocab) float32, row order of `rows`; [-1] predicts token 1
     extra_flops: float  # FLOPs the policy itself spent (scoring pass, check layers)
     choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
+    computed_rows: torch.Tensor  # (R_c,) the rows the refresh computed (the rest of `rows`
+    # came exact from the scoring pass: text rows before the first refreshed visual row)
 
 
 @torch.inference_mode()
@@ -46,10 +48,11 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest) -> RefreshProbe
     t0 = time.perf_counter()
     visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
     seconds = time.perf_counter() - t0
-    hidden = runtime.prefill(assembly, visual)  # (R, hidden)
+    hidden, computed = runtime.refresh(assembly, visual)  # (R, hidden), (R_c,)
     rows = torch.cat([assembly.layout.text_rows(), visual]).unique()  # (R,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
-                        extra_flops=ctx.extra_flops, choice_seconds=seconds)
+                        extra_flops=ctx.extra_flops, choice_seconds=seconds,
+                        computed_rows=computed)
 
 
 @torch.inference_mode()
@@ -59,5 +62,6 @@ def probe_full_prefill(runtime: ReuseRuntime, prefix: str,
     assembly = runtime.assemble_fresh(prefix, pages, question)
     visual = assembly.layout.visual_rows()
     hidden = runtime.prefill(assembly, visual)  # (N, hidden)
-    return RefreshProbe(visual_rows=visual, rows=torch.arange(assembly.layout.n),
-                        logits=runtime.logits(hidden), extra_flops=0.0, choice_seconds=0.0)
+    rows = torch.arange(assembly.layout.n)  # (N,)
+    return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
+                        extra_flops=0.0, choice_seconds=0.0, computed_rows=rows)

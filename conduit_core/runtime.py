@@ -15,10 +15,13 @@ Public API:
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
+        (text rows before the first refreshed visual token are taken from the scoring pass
+        when it ran on this cache and nothing wrote to the cache since: they are exact)
+    .refresh(assembly, visual_rows) -> (hidden (R, hidden), rows actually computed)
     .logits(hidden) -> (R, vocab) float32
     .scoring(assembly) -> (StaleScores, flops)
     .policy_context(assembly, budget, seed=None) -> PolicyContext
-  Assembly(layout, cache, embeds, image_grids)
+  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1)
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class Assembly:
     cache: KVCache  # (L, 1, kv_heads, capacity, hd); page rows hold re-rotated stale K/V
     embeds: torch.Tensor  # (N, hidden)
     image_grids: list[torch.Tensor]
+    stale: StaleScores | None = None  # the scoring pass run on this cache, if any
+    stale_writes: int = -1  # cache.writes right after that pass
 
 
 class ReuseRuntime:
@@ -145,15 +150,39 @@ class ReuseRuntime:
     def prefill(self, assembly: Assembly, visual_rows: torch.Tensor) -> torch.Tensor:
         """Recompute `visual_rows` and all text rows in sequence order, writing their K/V;
         returns their last-layer hidden states (R, hidden) in row order."""
+        return self.refresh(assembly, visual_rows)[0]
+
+    @torch.no_grad()
+    def refresh(self, assembly: Assembly,
+                visual_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`prefill`, also returning the rows it actually computed (R_c,).
+
+        Text row t's stale-pass result is exact when every key before t is as the refresh
+        will leave it: text rows before t (by induction) and unselected visual rows (stale
+        in both passes). So the text rows before the first refreshed visual row are reused
+        from the scoring pass, provided it ran on this cache and nothing wrote since."""
         layout = assembly.layout
         visual_rows = visual_rows.to(torch.long).cpu()
         rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
         everything = rows.numel() == layout.n
+        stale = assembly.stale
+        reuse: torch.Tensor | None = None  # (R_r, hidden) last-layer states of rows[:R_r]
+        if (stale is not None and stale.text_hidden is not None and not everything
+                and assembly.stale_writes == assembly.cache.writes):
+            first = int(visual_rows.min()) if visual_rows.numel() else layout.n
+            n_exact = int((stale.text_rows.cpu() < first).sum())
+            reuse = stale.text_hidden[:n_exact]
+            rows = rows[n_exact:]  # every row before `first` is a text row
+        if rows.numel() == 0:
+            assert reuse is not None
+            return reuse, rows
         hidden = assembly.embeds[rows.to(assembly.embeds.device)].unsqueeze(0)  # (1, R, hidden)
         pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
         out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                           plain_causal=everything)
-        return out[0]
+                           plain_causal=everything)[0]  # (R_c, hidden)
+        if reuse is not None and reuse.numel():
+            out = torch.cat([reuse.to(out.dtype), out])  # (R, hidden) in row order
+        return out, rows
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -167,6 +196,7 @@ class ReuseRuntime:
         text = layout.text_rows()
         result = stale_pass(self.adapter, assembly.cache, assembly.embeds, layout.position_ids,
                               text, layout.question_rows(), layout.n)
+        assembly.stale, assembly.stale_writes = result, assembly.cache.writes
         return result, self.flops.rows(text)
 
     def policy_context(self, assembly: Assembly, budget: float,
@@ -207,9 +237,8 @@ class ReuseRuntime:
                                  extra_capacity=request.max_new_tokens)
         ctx = self.policy_context(assembly, request.budget, request.seed)
         visual = policy(ctx).to(torch.long).cpu().unique()
-        hidden = self.prefill(assembly, visual)
-        rows = torch.cat([assembly.layout.text_rows(), visual]).unique()
-        used = ctx.extra_flops + self.flops.rows(rows)
+        hidden, computed = self.refresh(assembly, visual)
+        used = ctx.extra_flops + self.flops.rows(computed)
         return self._finish(assembly, hidden, t0=t0, policy=request.policy,
                             refreshed=int(visual.numel()), flops_used=used,
                             max_new_tokens=request.max_new_tokens,

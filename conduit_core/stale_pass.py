@@ -6,9 +6,11 @@ over all keys are recorded (softmax over all N keys, per query head; query head 
 head h // (H / G)), with the cache's value norms at that layer.
 
 Public API:
-  StaleScores(probs, value_norms, question_rows, text_rows)
+  StaleScores(probs, value_norms, question_rows, text_rows, text_hidden=None)
     probs        (L, H, n_question, N) float32, rows sum to 1 (keys after the row get 0)
     value_norms  (L, G, N) float32, ||V||_2 per cached token and KV head (pre-o_proj values)
+    text_hidden  (N_t, hidden) last-layer hidden states of text_rows (the runtime reuses the
+                 rows before the first refreshed visual token: they are already exact)
   stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys)
       -> StaleScores
 """
@@ -32,6 +34,7 @@ class StaleScores:
     value_norms: torch.Tensor  # (L, G, N) float32
     question_rows: torch.Tensor  # (n_question,) sequence indices
     text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
+    text_hidden: torch.Tensor | None = None  # (N_t, hidden) their last-layer hidden states
 
 
 def stale_pass(
@@ -68,6 +71,7 @@ def stale_pass(
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
-    forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe)
+    out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
+                       observer=observe)  # (1, N_t, hidden)
     return StaleScores(probs=probs, value_norms=value_norms, question_rows=question_rows,
-                       text_rows=text_rows)
+                       text_rows=text_rows, text_hidden=out[0])

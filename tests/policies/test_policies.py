@@ -102,7 +102,12 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     for name, scoring in [("conduit", True), ("random", False), ("value_norm", False)]:
         probe = probe_refresh(rt, request(cached, name, 0.1))
         result = rt.answer(request(cached, name, 0.1))
-        used = rows_flops(shape, probe.rows) + (rows_flops(shape, text) if scoring else 0.0)
+        used = (rows_flops(shape, probe.computed_rows)
+                + (rows_flops(shape, text) if scoring else 0.0))
+        first = int(probe.visual_rows.min())  # text rows before it come from the scoring pass
+        reused = probe.rows[probe.rows < first] if scoring else probe.rows[:0]
+        assert torch.equal(probe.computed_rows, probe.rows[reused.numel():])
+        assert (reused.numel() > 0) == scoring  # the prefix rows are reused after scoring
         assert result.flops_full == pytest.approx(full)
         assert result.flops_used == pytest.approx(used)
         assert result.flops_ratio == pytest.approx(used / full)

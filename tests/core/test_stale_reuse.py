@@ -1,0 +1,64 @@
+"""The refresh reuses the scoring pass's text rows before the first refreshed visual token:
+the result equals recomputing them, and the reuse is dropped once the cache was written."""
+
+from __future__ import annotations
+
+import torch
+
+from conduit_core import PageInput, ReuseRuntime
+from conduit_core.diagnostics import kv_error
+from conduit_core.runtime import Assembly
+from tests.core.helpers import IMAGES
+
+PREFIX = "You answer questions about the invoice and the contract."
+LABELS = ["Page 3:\n", "Page 7 shows the table:\n"]
+QUESTION = "What is the total amount?"
+
+
+def _assemble(runtime: ReuseRuntime) -> Assembly:
+    kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    return runtime.assemble(PREFIX, [PageInput(lab, kv) for lab, kv in
+                                     zip(LABELS, kvs, strict=True)], QUESTION)
+
+
+def _visual_choice(asm: Assembly) -> torch.Tensor:
+    """Some tokens of the second page and the last of the first (not its first ones)."""
+    first, second = asm.layout.segments
+    return torch.tensor([first.stop - 1, second.start + 1, second.start + 4, second.stop - 2])
+
+
+def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
+    fast, slow = _assemble(runtime), _assemble(runtime)
+    runtime.scoring(fast)
+    runtime.scoring(slow)
+    slow.stale = None  # the reference: every text row recomputed
+    visual = _visual_choice(fast)
+    hidden, computed = runtime.refresh(fast, visual)
+    ref_hidden, ref_computed = runtime.refresh(slow, visual)
+    text = fast.layout.text_rows()
+    reused = text[text < int(visual.min())]
+    assert reused.numel() > 10  # the prefix, the first label
+    assert torch.equal(ref_computed, torch.cat([text, visual]).unique())
+    assert torch.equal(computed, ref_computed[reused.numel():])
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-4)
+    err = kv_error(fast.cache, slow.cache, torch.arange(fast.layout.n))
+    assert err.key_max_abs.max().item() <= 1e-4 and err.value_max_abs.max().item() <= 1e-4
+
+
+def test_no_refreshed_visual_token_reuses_every_text_row(runtime: ReuseRuntime) -> None:
+    fast, slow = _assemble(runtime), _assemble(runtime)
+    runtime.scoring(fast)
+    none = torch.zeros(0, dtype=torch.long)
+    hidden, computed = runtime.refresh(fast, none)
+    assert computed.numel() == 0
+    torch.testing.assert_close(hidden, runtime.prefill(slow, none), rtol=1e-4, atol=1e-4)
+
+
+def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> None:
+    asm = _assemble(runtime)
+    runtime.scoring(asm)
+    k = asm.cache.keys[0, :, :, :1].clone()  # (B, G, 1, hd)
+    asm.cache.write(0, torch.tensor([0]), k, asm.cache.values[0, :, :, :1].clone())
+    visual = _visual_choice(asm)
+    _, computed = runtime.refresh(asm, visual)
+    assert torch.equal(computed, torch.cat([asm.layout.text_rows(), visual]).unique())
