@@ -1,0 +1,51 @@
+"""values.yaml, values.schema.json and Settings agree: every Settings field is reachable from the
+chart exactly once, and every config value reaches Settings unchanged."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from deploy.helm.sync_config_schema import MANAGED, SCHEMA_PATH, config_schema, render, synced
+from tests.deploy.chart import CHART, container, container_env, full, settings_of
+from tests.deploy.chart import render as render_chart
+from worker.settings import Settings
+
+# A valid, non-default value for every config key (a new Settings field must be added here).
+EVERY_KEY: dict[str, Any] = {
+    "model": "Qwen/Qwen2.5-VL-7B-Instruct", "dtype": "float16", "max_page_tokens": 512,
+    "memory_kv_bytes": 3 * 2**30, "disk_kv_bytes": 500 * 2**30, "redis_kv_ttl_s": 86400,
+    "kv_int8": True, "max_upload_bytes": 128 * 2**20, "max_pages": 900, "render_dpi": 144,
+    "max_page_pixels": 4_000_000, "ingest_timeout_s": 1234.5, "ocr": False,
+    "prefill_on_ingest": False, "policy": "cacheblend", "budget": 0.25, "gamma": 2.0,
+    "score_layers": "4:-2", "query_window": 16, "head_agg": "max", "top_k": 7,
+    "max_new_tokens": 512,
+}
+
+
+def test_the_schema_config_section_is_generated_from_settings() -> None:
+    text = SCHEMA_PATH.read_text()
+    assert text == render(synced(json.loads(text))), \
+        "stale: run python deploy/helm/sync_config_schema.py"
+
+
+def test_every_settings_field_is_config_or_set_by_the_chart() -> None:
+    config_keys = set(config_schema()["properties"])
+    assert config_keys.isdisjoint(MANAGED)
+    assert config_keys | set(MANAGED) == set(Settings.model_fields)
+
+
+def test_values_yaml_documents_every_config_key() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["config"]) == set(config_schema()["properties"])
+
+
+def test_every_config_key_reaches_settings_unchanged() -> None:
+    assert set(EVERY_KEY) == set(config_schema()["properties"])
+    out = render_chart({"config": EVERY_KEY})
+    for name in ("api", "worker"):
+        s = settings_of(container_env(out, container(out.one("Deployment", full(name)))))
+        for key, value in EVERY_KEY.items():
+            assert getattr(s, key) == value, (name, key)
