@@ -25,6 +25,7 @@ from bench.retrieval.devset_specs import (
     ask,
     filler,
     paragraphs,
+    plant,
 )
 
 COMPANIES = ["Norrvik Energy", "Caldera Foods", "Brightwater Logistics", "Meridian Textiles",
@@ -66,8 +67,8 @@ def annual_report(rng: random.Random, i: int) -> tuple[DocSpec, list[QuestionSpe
     hub_fact = (f"In {rng.choice(MONTHS)} we opened a new distribution hub in {hub}, "
                 f"adding {jobs} jobs.")
     letter = filler(rng, REPORT_FILLER, 22, **fill)
-    letter.insert(rng.randint(3, 20), hub_fact)
-    letter.insert(rng.randint(3, 20), f"This year {trained} employees completed our leadership programme.")
+    plant(rng, letter, hub_fact)
+    plant(rng, letter, f"This year {trained} employees completed our leadership programme.")
     doc.pages.append(PageSpec("columns", f"Letter from the CEO, {ceo}", paragraphs(letter, 4)))
     years = ["2021", "2022", "2023"]
     base = rng.uniform(800, 5000)
@@ -89,17 +90,17 @@ def annual_report(rng: random.Random, i: int) -> tuple[DocSpec, list[QuestionSpe
         "Revenue is allocated by the location of the customer."], regional))
     cut, emissions = rng.randint(8, 35), rng.randint(40, 900)
     sustain = filler(rng, REPORT_FILLER, 18, **fill)
-    sustain.insert(rng.randint(1, 17), f"Water withdrawal at the {site} site fell by {cut}% after closed-loop "
+    plant(rng, sustain, f"Water withdrawal at the {site} site fell by {cut}% after closed-loop "
                       f"cooling was installed.")
-    sustain.insert(rng.randint(1, 17), f"Scope 1 and 2 emissions were {emissions} kilotonnes of CO2e.")
+    plant(rng, sustain, f"Scope 1 and 2 emissions were {emissions} kilotonnes of CO2e.")
     doc.pages.append(PageSpec("columns", "Sustainability", paragraphs(sustain, 4)))
     customer = rng.choice(["Halvorsen Retail", "Pacifica Foods", "Stellar Motors",
                            "Greenway Grocers", "Ironbridge Utilities", "Bluepeak Airlines"])
     share = rng.randint(9, 24)
     risks = filler(rng, REPORT_FILLER, 16, **fill)
-    risks.insert(rng.randint(1, 15), f"Our largest customer, {customer}, accounted for {share}% of revenue; "
+    plant(rng, risks, f"Our largest customer, {customer}, accounted for {share}% of revenue; "
                     f"losing it would hurt results.")
-    risks.insert(rng.randint(1, 15), "A cyberattack on our order management system could interrupt deliveries.")
+    plant(rng, risks, "A cyberattack on our order management system could interrupt deliveries.")
     doc.pages.append(PageSpec("columns", "Principal risks", paragraphs(risks, 4)))
     dividend = f"EUR {rng.uniform(0.2, 3.5):.2f}"
     day = f"{rng.randint(1, 28)} {rng.choice(MONTHS)} 2024"
@@ -146,7 +147,7 @@ def manual(rng: random.Random, i: int) -> tuple[DocSpec, list[QuestionSpec]]:
         f"Original instructions for the {machine}, model {model}.", "Edition 3, 2023."]))
     t_max = rng.randint(32, 45)
     safety = filler(rng, MANUAL_FILLER, 20, **fill)
-    safety.insert(rng.randint(2, 18), f"Never operate the {machine} when the ambient temperature exceeds "
+    plant(rng, safety, f"Never operate the {machine} when the ambient temperature exceeds "
                      f"{t_max} degrees Celsius.")
     doc.pages.append(PageSpec("columns", "Safety instructions", paragraphs(safety, 4)))
     spec = [["Property", "Value"],
@@ -257,19 +258,20 @@ def paper(rng: random.Random, i: int) -> tuple[DocSpec, list[QuestionSpec]]:
                                                              *paragraphs(intro)]))
     window, heads = rng.choice([64, 128, 256, 512]), rng.choice([4, 8, 12, 16])
     method = filler(rng, PAPER_FILLER, 18)
-    method.insert(rng.randint(2, 16), f"{name} uses an attention window of {window} positions and {heads} "
+    plant(rng, method, f"{name} uses an attention window of {window} positions and {heads} "
                      f"heads in every layer.")
     doc.pages.append(PageSpec("columns", "Method", paragraphs(method)))
     ours = rng.uniform(70, 95)
     table = [["Dataset", "Baseline", name]] + [
-        [d, f"{ours - rng.uniform(2, 9):.1f}", f"{ours if d == dataset else rng.uniform(60, 90):.1f}"]
+        [d, f"{ours - rng.uniform(2, 9):.1f}",
+         f"{ours if d == dataset else rng.uniform(60, 90):.1f}"]
         for d in rng.sample(["Metro-9", "Ridge-4", "Delta-2"], 2) + [dataset]]
     doc.pages.append(PageSpec("table", "Results", [
         "Accuracy (%) on the test split of each dataset."], table))
     future = rng.choice(["multilingual inputs", "streaming data", "edge devices",
                          "active learning"])
     end = filler(rng, PAPER_FILLER, 16)
-    end.insert(rng.randint(2, 14), f"In future work we will extend {name} to {future}.")
+    plant(rng, end, f"In future work we will extend {name} to {future}.")
     doc.pages.append(PageSpec("columns", "Discussion and conclusion", paragraphs(end)))
     doc.pages.append(PageSpec("columns", "References", [
         f"[{k}] {p.split()[0]} et al. Notes on {t}. 2021." for k, (p, t) in

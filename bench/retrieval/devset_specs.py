@@ -68,6 +68,11 @@ def filler(rng: random.Random, pool: list[str], n: int, **slots: str) -> list[st
     return out
 
 
+def plant(rng: random.Random, sentences: list[str], fact: str) -> None:
+    """Insert `fact` at a random position after the first sentence of `sentences`."""
+    sentences.insert(rng.randint(1, max(len(sentences) - 1, 1)), fact)
+
+
 def paragraphs(sentences: list[str], per: int = 3) -> list[str]:
     """Group sentences into paragraphs of `per`."""
     return [" ".join(sentences[i:i + per]) for i in range(0, len(sentences), per)]

@@ -53,8 +53,9 @@ def _draw_table(page: pymupdf.Page, top: float, rows: list[list[str]], size: flo
     page.draw_line((MARGIN, top), (MARGIN + width, top), width=1.0)
 
 
-def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool) -> None:
-    """Draw `spec` as real text on `page`."""
+def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
+            running: str) -> None:
+    """Draw `spec` as real text on `page`, with a running footer naming the document."""
     w = page.rect.width
     title_size = 26 if slide else (22 if spec.kind == "cover" else 15)
     top = 90.0 if spec.kind == "cover" and not slide else 40.0
@@ -77,17 +78,19 @@ def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool) -> Non
             y += span + 10
         if spec.table:
             _draw_table(page, y, spec.table, 14 if slide else 10)
-    if not slide:
-        page.insert_text((MARGIN, page.rect.height - 25), f"Page {number}", fontsize=8)
+    if number > 1:
+        page.insert_text((MARGIN, page.rect.height - 25), f"{running} - page {number}",
+                         fontsize=8)
 
 
 def _as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool,
-             rng: random.Random) -> bytes:
+             running: str, rng: random.Random) -> bytes:
     """Lay the page out in a scratch document, render it, and degrade it like a scan."""
     scratch = pymupdf.open()
     page = scratch.new_page(width=size[0], height=size[1])
     _layout(page, spec if spec.kind != "scan" else PageSpec("cover", spec.title,
-                                                            spec.paragraphs), number, slide)
+                                                            spec.paragraphs), number, slide,
+            running)
     pix = page.get_pixmap(dpi=200 if not slide else 150, colorspace=pymupdf.csGRAY)
     image = Image.frombytes("L", (pix.width, pix.height), pix.samples)
     scratch.close()
@@ -102,16 +105,18 @@ def _as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool
 def write_pdf(doc: DocSpec, path: Path, rng: random.Random) -> None:
     """Write one document."""
     size = SLIDE if doc.landscape else A4
+    running = doc.pages[0].title
     pdf = pymupdf.open()
     for number, spec in enumerate(doc.pages, start=1):
         page = pdf.new_page(width=size[0], height=size[1])
         if spec.kind in ("scan", "slide_image"):
-            page.insert_image(page.rect, stream=_as_scan(spec, size, number, doc.landscape, rng))
+            page.insert_image(page.rect, stream=_as_scan(spec, size, number, doc.landscape,
+                                                         running, rng))
             if spec.kind == "scan" and rng.random() < 0.5:  # a stamped text-layer footer
                 page.insert_text((MARGIN, size[1] - 12), f"Scanned copy - page {number}",
                                  fontsize=6)
         else:
-            _layout(page, spec, number, doc.landscape)
+            _layout(page, spec, number, doc.landscape, running)
     pdf.set_metadata({"title": doc.pages[0].title, "producer": "conduit dev set"})
     pdf.save(path, garbage=3, deflate=True)
     pdf.close()

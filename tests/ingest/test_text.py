@@ -5,7 +5,13 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf, two_column_page
+from tests.ingest.builders import (
+    image_only_page,
+    pdf_bytes,
+    text_image,
+    text_pages_pdf,
+    two_column_page,
+)
 from worker.ingest import (
     Deadline,
     IngestTimeoutError,
@@ -106,3 +112,16 @@ def test_deadline_stops_between_pages() -> None:
     assert seen and len(seen) < 10
     assert "2.5 s limit" in info.value.message
     assert info.value.pages_total == 10
+
+
+@needs_ocr
+def test_caption_over_a_large_image_keeps_the_layer_and_adds_the_image_words() -> None:
+    doc = pymupdf.open()
+    page = doc.new_page(width=595, height=842)
+    page.insert_image(pymupdf.Rect(0, 120, 595, 842), stream=text_image(SCAN_LINES))
+    page.insert_text((50, 60), "Figure 4: photograph of the maintenance whiteboard", fontsize=12)
+    opened = open_pdf(pdf_bytes(doc), max_pages=5)
+    text = extract_text(opened, 0, ocr=True)
+    assert text.source == "ocr"
+    assert "photograph of the maintenance whiteboard" in text.text  # the layer is kept
+    assert "gearbox" in text.text and "Vindeby" in text.text  # the image is read

@@ -43,11 +43,14 @@ def ocr_available(language: str = DEFAULT_LANGUAGE) -> bool:
 
 def ocr_page(
     page: pymupdf.Page, *, dpi: int = 300, max_pixels: int = 5000 * 5000,
-    language: str = DEFAULT_LANGUAGE,
+    language: str = DEFAULT_LANGUAGE, full: bool = True,
 ) -> str:
-    """OCR the whole rendered page and return its text ("" when OCR is unavailable).
+    """OCR the page and return its text ("" when OCR is unavailable).
 
-    The OCR resolution is lowered so the page image stays within `max_pixels`.
+    `full=True` recognises the whole rendered page; `full=False` recognises only the areas
+    of its images and merges them with the text layer (for pages whose text layer is good
+    but whose images hold more words). The OCR resolution is lowered so the page image
+    stays within `max_pixels`.
     Raises whatever MuPDF raises on a page it cannot draw; the caller maps it.
     """
     tessdata = find_tessdata(language)
@@ -55,6 +58,6 @@ def ocr_page(
         return ""
     effective = capped_dpi(page.rect, dpi=dpi, max_pixels=max_pixels)
     textpage = page.get_textpage_ocr(
-        dpi=effective, full=True, language=language, tessdata=str(tessdata)
+        dpi=effective, full=full, language=language, tessdata=str(tessdata)
     )
     return str(page.get_text("text", textpage=textpage))

@@ -35,10 +35,11 @@ class TextPolicy:
     """When a page's text layer is trusted and when it is OCRed.
 
     A text layer is usable when it has at least `min_word_chars` word characters and at most
-    `max_broken_ratio` of its characters are replacement or private-use glyphs. A usable but
-    short layer (< `short_layer_word_chars`) on a page whose images cover at least
-    `image_cover_ratio` of its area is OCRed too: that is a scan or a slide screenshot
-    with a stamped header or footer, and the words are in the image.
+    `max_broken_ratio` of its characters are replacement or private-use glyphs; a page
+    without a usable layer is OCRed whole. A usable but short layer
+    (< `short_layer_word_chars`) on a page whose images cover at least `image_cover_ratio`
+    of its area (a slide over a screenshot, a captioned figure) keeps its layer, and the
+    words inside its images are recognised and merged in.
     """
 
     min_word_chars: int = 40
@@ -91,11 +92,14 @@ def page_text(
         layer = str(page.get_text("text"))
     except Exception as exc:
         raise CorruptPdfError(f"page {page.number + 1} cannot be read") from exc
-    if not _needs_ocr(page, layer, policy) or not ocr or not ocr_available(policy.language):
+    usable = usable_text_layer(layer, policy)
+    if not _needs_ocr(page, layer, usable, policy) or not ocr or not ocr_available(
+            policy.language):
         return _layer_result(layer)
     try:
         recognised = ocr_page(
-            page, dpi=policy.ocr_dpi, max_pixels=policy.ocr_max_pixels, language=policy.language
+            page, dpi=policy.ocr_dpi, max_pixels=policy.ocr_max_pixels,
+            language=policy.language, full=not usable,
         )
     except Exception as exc:  # an OCR failure on one page must not fail the document
         log.warning("OCR failed on page %d: %s", page.number + 1, exc)
@@ -105,8 +109,8 @@ def page_text(
     return _layer_result(layer)
 
 
-def _needs_ocr(page: pymupdf.Page, layer: str, policy: TextPolicy) -> bool:
-    if not usable_text_layer(layer, policy):
+def _needs_ocr(page: pymupdf.Page, layer: str, usable: bool, policy: TextPolicy) -> bool:
+    if not usable:
         return True
     return (word_chars(layer) < policy.short_layer_word_chars
             and image_cover(page) >= policy.image_cover_ratio)

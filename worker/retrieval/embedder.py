@@ -8,6 +8,7 @@ Embeddings are float32, L2-normalised, 384-dimensional; they travel as raw float
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 EMBEDDING_DIM = 384
+QUERY_CACHE_SIZE = 1024
 
 _models: dict[tuple[str, str], SentenceTransformer] = {}
 _models_lock = threading.Lock()
@@ -38,6 +40,8 @@ class Embedder:
         self.model_path = Path(model_path) if model_path is not None else None
         self.device = device
         self.batch_size = batch_size
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries_lock = threading.Lock()
 
     @property
     def dim(self) -> int:
@@ -68,6 +72,22 @@ class Embedder:
             show_progress_bar=False,
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+    def embed_query(self, query: str) -> np.ndarray:
+        """Embed one query as a `(384,)` unit vector; the last 1,024 queries are cached."""
+        with self._queries_lock:
+            cached = self._queries.get(query)
+            if cached is not None:
+                self._queries.move_to_end(query)
+                return cached
+        vector = self.embed([query])[0]
+        vector.setflags(write=False)
+        with self._queries_lock:
+            self._queries[query] = vector
+            while len(self._queries) > QUERY_CACHE_SIZE:
+                self._queries.popitem(last=False)
+        return vector
 
 
 def embedding_to_bytes(vectors: np.ndarray) -> bytes:

@@ -115,7 +115,7 @@ def _dense_order(query: str, candidates: Sequence[Candidate], embedder: Embedder
         for i, matrix in zip(missing, embed_pages([candidates[i].text for i in missing],
                                                   embedder), strict=True):
             pages[i] = matrix
-    query_vector = embedder.embed([query])[0]
+    query_vector = embedder.embed_query(query)
     scores = max_passage_scores(query_vector, pages)
     order = ranks_from_scores(scores, positive_only=False)
     return [i for i in order if np.isfinite(scores[i])]

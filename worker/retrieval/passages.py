@@ -2,9 +2,11 @@
 
 all-MiniLM-L6-v2 reads at most 256 word pieces; a dense page holds several times that, so a
 page is cut into overlapping word windows and every window is embedded. `PassageMode` says
-what is stored per page: every passage vector ("max": the page scores as its best passage),
-their renormalised mean ("mean": one vector), or only the first window ("first": what
-plain truncation would give). `bench/retrieval/RESULTS.md` compares them.
+what is stored per page: their renormalised mean ("mean", the default: one 384-float vector,
+1,536 bytes), every passage vector ("max": the page scores as its best passage; the blob
+holds one row per passage), or only the first window ("first"). On the dev set
+(`bench/retrieval/RESULTS.md`) mean and max tie within noise and both beat truncating the
+page to the model's 256 word pieces; mean is the default because it keeps one vector per page.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class PassageConfig:
     words: int = 120
     overlap: int = 30
     max_passages: int = 12
-    mode: PassageMode = "max"
+    mode: PassageMode = "mean"
 
 
 DEFAULT_PASSAGES = PassageConfig()
