@@ -58,15 +58,21 @@ def stale_pass(
                         dtype=torch.float32, device=device)  # (L, H, n_q, N)
     value_norms = torch.zeros(n_layers, kv_heads, n_keys, dtype=torch.float32,
                               device=device)  # (L, G, N)
-    allowed = torch.arange(n_keys, device=device).view(1, -1) <= question_rows.view(-1, 1)
+    n_q, rep = question_rows.numel(), heads // kv_heads
+    # keys before the earliest question row are visible to every question row: only the
+    # columns from there on need the causal mask
+    first = int(question_rows.min()) if n_q else n_keys
+    hidden_keys = (torch.arange(first, n_keys, device=device).view(1, -1)
+                   > question_rows.view(-1, 1))  # (n_q, N - first)
 
     def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         scaling = adapter.layers[layer].self_attn.scaling
-        qq = q[0, :, pick].float()  # (H, n_q, hd)
-        k = keys[0].float().repeat_interleave(heads // kv_heads, dim=0)  # (H, N, hd)
-        scores = torch.einsum("hqd,hnd->hqn", qq, k) * scaling  # (H, n_q, N)
-        scores = scores.masked_fill(~allowed, float("-inf"))  # (H, n_q, N)
-        probs[layer] = torch.softmax(scores, dim=-1)
+        qq = q[0, :, pick].float().reshape(kv_heads, rep * n_q, -1)  # (G, rep*n_q, hd)
+        k = keys[0].float()  # (G, N, hd): query head h reads KV head h // rep
+        scores = torch.matmul(qq, k.transpose(1, 2)).view(heads, n_q, n_keys)  # (H, n_q, N)
+        scores.mul_(scaling)
+        scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
+        torch.softmax(scores, dim=-1, out=probs[layer])
         value_norms[layer] = values[0].float().norm(dim=-1)  # (G, N)
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
