@@ -91,15 +91,19 @@ def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions
                             is not None else getattr(base, f.name) for f in fields(base)})
 
 
-def check_scope(ctx: WorkerContext, q: Question) -> None:
-    """Raise a `WorkerError` unless the question can be answered as asked."""
+def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True) -> None:
+    """Raise a `WorkerError` unless the question can be answered as asked.
+
+    `with_model=False` skips the checks that need the model loaded (an API process in the
+    distributed form has none); the worker that answers runs them.
+    """
     name = q.policy or ctx.settings.policy
     if name not in POLICIES:
         raise UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
     options = merge_options(default_options(ctx.settings), q.options)
     try:
         resolve_policy(name, options)
-        if isinstance(options.score_layers, tuple):
+        if with_model and isinstance(options.score_layers, tuple):
             ScoreConfig(layers=options.score_layers).layer_slice(
                 len(ctx.runtime.adapter.layers))
     except (InvalidRequestError, ValueError) as exc:

@@ -1,24 +1,44 @@
-"""The distributed job runner: a Celery app on the Redis broker, JSON-serialised tasks only.
+"""The distributed runner: a Celery app on the Redis broker, JSON-serialised tasks only.
 
 Tasks are thin wrappers over the same pipeline functions the in-process runner calls. Each worker
-process builds its `WorkerContext` (stores + model) once, from `Settings`, on first task.
+process builds its `WorkerContext` (stores + model) once, from `Settings`, on first task. An
+answer streams back over a Redis pub/sub channel the API subscribed to before sending the task:
+`{"token": [id, text]}` messages, then `{"done": answer}` or `{"error": message, "status": code}`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+import uuid
+from typing import Any
 
+import redis
 from celery import Celery
 
 from storage.metadata import DocumentId, JobId
+from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext, build_context
-from worker.jobs import execute_ingest_job
+from worker.errors import WorkerError
+from worker.jobs import TokenSink, execute_ingest_job
 from worker.settings import Settings
+from worker.wire import answer_from_json, answer_to_json, question_from_json, question_to_json
 
 log = logging.getLogger(__name__)
 
 INGEST_TASK = "conduit.ingest"
+ANSWER_TASK = "conduit.answer"
+CHANNEL_PREFIX = "conduit:answer:"
+
+
+class RemoteAnswerError(WorkerError):
+    """A worker refused or failed a question; carries the worker's message and status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
 
 
 def make_celery(broker_url: str) -> Celery:
@@ -28,13 +48,14 @@ def make_celery(broker_url: str) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
-        task_acks_late=True,  # a worker that dies mid-job leaves the job to another
+        task_acks_late=True,  # a worker that dies mid-ingest leaves the job to another
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
     )
     app.task(name=INGEST_TASK)(_ingest_task)
+    app.task(name=ANSWER_TASK, acks_late=False)(_answer_task)
     return app
 
 
@@ -54,15 +75,63 @@ def _ingest_task(job_id: str, document_id: str) -> None:
     execute_ingest_job(_context(), JobId(job_id), DocumentId(document_id))
 
 
-class CeleryRunner:
-    """`JobRunner` that sends jobs to Celery workers through the broker."""
+def _answer_task(question: dict[str, Any], channel: str) -> None:
+    ctx = _context()
+    assert ctx.settings.redis_url
+    bus = redis.Redis.from_url(ctx.settings.redis_url)
 
-    def __init__(self, broker_url: str) -> None:
+    def send(message: dict[str, Any]) -> None:
+        bus.publish(channel, json.dumps(message))
+
+    try:
+        answer = answer_question(ctx, question_from_json(question),
+                                 on_token=lambda tid, text: send({"token": [tid, text]}))
+        send({"done": answer_to_json(answer)})
+    except WorkerError as exc:
+        send({"error": exc.message, "status": exc.http_status})
+    except Exception as exc:  # the worker survives; the caller gets a clean 500
+        log.exception("answer task failed")
+        send({"error": f"internal error while answering: {type(exc).__name__}", "status": 500})
+    finally:
+        bus.close()
+
+
+class CeleryRunner:
+    """`JobRunner` that sends jobs and questions to Celery workers through the broker."""
+
+    def __init__(self, broker_url: str, answer_timeout_s: float = 600.0) -> None:
         self._app = make_celery(broker_url)
+        self._url = broker_url
+        self._timeout = answer_timeout_s
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document on the broker."""
         self._app.send_task(INGEST_TASK, args=[job_id, document_id])
+
+    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
+        """Send the question to a worker and relay its tokens until the answer arrives."""
+        channel = CHANNEL_PREFIX + uuid.uuid4().hex
+        bus = redis.Redis.from_url(self._url)
+        sub = bus.pubsub(ignore_subscribe_messages=True)
+        try:
+            sub.subscribe(channel)
+            self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel])
+            deadline = time.monotonic() + self._timeout
+            while time.monotonic() < deadline:
+                message = sub.get_message(timeout=1.0)
+                if message is None:
+                    continue
+                data = json.loads(message["data"])
+                if "token" in data and on_token is not None:
+                    on_token(int(data["token"][0]), str(data["token"][1]))
+                elif "done" in data:
+                    return answer_from_json(data["done"])
+                elif "error" in data:
+                    raise RemoteAnswerError(data["error"], int(data["status"]))
+            raise RemoteAnswerError(f"no worker answered within {self._timeout:.0f} s", 504)
+        finally:
+            sub.close()
+            bus.close()
 
     def shutdown(self) -> None:
         """Close broker connections."""

@@ -56,6 +56,12 @@ class WorkerContext:
                 self._runtime = ReuseRuntime(self._vlm)
             return self._runtime
 
+    @property
+    def model_loaded(self) -> bool:
+        """Whether this process has loaded the model (an API process in the distributed form
+        never does)."""
+        return self._runtime is not None
+
     def page_image_path(self, relative: str) -> Path:
         """Absolute path of a stored page image."""
         return self.home / relative

@@ -4,21 +4,29 @@ thread of the serving process; the Celery runner (distributed) sends them to GPU
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from storage.metadata import DocumentId, JobId
+from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext
 from worker.ingest_job import run_ingest
+
+TokenSink = Callable[[int, str], None]
 
 log = logging.getLogger(__name__)
 
 
 class JobRunner(Protocol):
-    """Accepts ingest jobs; status is read back from the metadata store."""
+    """Runs ingest jobs (status is read back from the metadata store) and answers questions."""
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document."""
+        ...
+
+    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
+        """Answer a question where the model lives; blocks until the answer is complete."""
         ...
 
     def shutdown(self) -> None:
@@ -49,6 +57,10 @@ class InProcessRunner:
         future: Future[None] = self._pool.submit(execute_ingest_job, self._ctx, job_id,
                                                  document_id)
         future.add_done_callback(_log_crash)
+
+    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
+        """Answer in this process (the model is loaded here)."""
+        return answer_question(self._ctx, question, on_token=on_token)
 
     def shutdown(self) -> None:
         """Stop accepting jobs and wait for the running one."""

@@ -21,4 +21,5 @@ def readyz(ctx: CtxDep) -> dict[str, object]:
     ctx.meta.list_collections("default")
     s = ctx.settings
     return {"status": "ready", "model": s.model, "embedded": s.embedded, "policy": s.policy,
-            "budget": s.budget, "home": str(ctx.home)}
+            "budget": s.budget, "home": str(ctx.home),
+            "model_loaded": ctx.model_loaded}

@@ -19,10 +19,9 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from service.deps import CtxDep, TenantDep
+from service.deps import CtxDep, RunnerDep, TenantDep
 from service.routers.query import build_question, to_query_out
 from service.schemas import CitationOut, QueryIn
-from worker.answer_job import answer_question
 
 router = APIRouter(tags=["openai"])
 
@@ -67,13 +66,13 @@ def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None) -> s
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatIn, ctx: CtxDep,
+async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
                            tenant: TenantDep) -> dict[str, object] | StreamingResponse:
     """Answer the last user message over the collection named by `model`."""
     question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     if not body.stream:
-        out = to_query_out(await anyio.to_thread.run_sync(answer_question, ctx, question))
+        out = to_query_out(await anyio.to_thread.run_sync(runner.answer, question))
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
             "model": body.model,
@@ -90,7 +89,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep,
 
     def run() -> None:
         try:
-            out = to_query_out(answer_question(ctx, question, on_token=on_token))
+            out = to_query_out(runner.answer(question, on_token=on_token))
             loop.call_soon_threadsafe(pieces.put_nowait, out.citations)
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)

@@ -12,12 +12,12 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from conduit_core.answer_types import PolicyOptions
-from service.deps import CtxDep, TenantDep
+from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
 from service.schemas import CitationOut, QueryIn, QueryOut
 from storage.metadata import DocumentId
-from worker.answer_job import Answer, Question, answer_question, check_scope
+from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
 
 router = APIRouter(tags=["query"])
@@ -36,7 +36,7 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
         options=PolicyOptions(gamma=body.gamma, score_layers=body.score_layers,
                               query_window=body.query_window, head_agg=body.head_agg),
     )
-    check_scope(ctx, question)
+    check_scope(ctx, question, with_model=ctx.settings.embedded)
     return question
 
 
@@ -57,14 +57,15 @@ def to_query_out(result: Answer) -> QueryOut:
 
 
 @router.post("/v1/query", response_model=QueryOut)
-def query(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> QueryOut:
+def query(body: QueryIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep) -> QueryOut:
     """Retrieve pages, reuse their cached KV with selective refresh, and answer."""
-    return to_query_out(answer_question(ctx, build_question(body, ctx, tenant)))
+    return to_query_out(runner.answer(build_question(body, ctx, tenant)))
 
 
 @router.post("/v1/query/stream", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
-async def query_stream(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> StreamingResponse:
+async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
+                       tenant: TenantDep) -> StreamingResponse:
     """The same answer as server-sent events, token by token."""
     question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant)
     loop = asyncio.get_running_loop()
@@ -75,7 +76,7 @@ async def query_stream(body: QueryIn, ctx: CtxDep, tenant: TenantDep) -> Streami
 
     def run() -> None:
         try:
-            out = to_query_out(answer_question(ctx, question, on_token=on_token))
+            out = to_query_out(runner.answer(question, on_token=on_token))
             event = ("done", out.model_dump_json())
         except Exception as exc:  # reported to the client as an event, never a dropped stream
             QUERIES.labels(question.policy or ctx.settings.policy, "error").inc()

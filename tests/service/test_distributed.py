@@ -62,6 +62,17 @@ def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str]) -> None
                                          "question": "When is the oil filter replaced?"})
     assert out.status_code == 200, out.text
     assert out.json()["citations"][0]["page"] == 1
+    # the worker answered: the API process never loaded the model
+    assert client.get("/readyz").json()["model_loaded"] is False
+    with client.stream("POST", "/v1/query/stream", json={
+            "collection_id": col, "top_k": 1, "max_new_tokens": 3,
+            "question": "Who is on the winter roster?"}) as s:
+        events = [ln.removeprefix("event: ") for ln in s.iter_lines() if ln.startswith("event: ")]
+    assert events[-1] == "done" and "token" in events
+    # a refusal that only the worker can make (it knows the model depth) comes back as a 422
+    bad = client.post("/v1/query", json={"collection_id": col, "question": "oil?",
+                                         "score_layers": [7, 9]})
+    assert bad.status_code == 422 and "layer" in bad.json()["detail"]
     # metadata and page KV live in Redis, not in a local SQLite file
     keys = redis.Redis.from_url(redis_url).keys("*")
     assert keys, "nothing was written to Redis"

@@ -1,0 +1,38 @@
+"""JSON forms of the answer seam's dataclasses, for Celery tasks and Redis messages (no pickle)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from conduit_core.answer_types import PolicyOptions
+from storage.metadata import CollectionId, DocumentId
+from worker.answer_job import Answer, Citation, Question
+
+
+def question_to_json(q: Question) -> dict[str, Any]:
+    """A JSON-safe dict of a `Question`."""
+    data = asdict(q)
+    data["document_ids"] = None if q.document_ids is None else list(q.document_ids)
+    return data
+
+
+def question_from_json(data: dict[str, Any]) -> Question:
+    """Inverse of `question_to_json`."""
+    opts = dict(data["options"])
+    if isinstance(opts.get("score_layers"), list):
+        opts["score_layers"] = tuple(opts["score_layers"])
+    docs = data["document_ids"]
+    return Question(**{**data, "collection_id": CollectionId(data["collection_id"]),
+                       "document_ids": None if docs is None else [DocumentId(d) for d in docs],
+                       "options": PolicyOptions(**opts)})
+
+
+def answer_to_json(a: Answer) -> dict[str, Any]:
+    """A JSON-safe dict of an `Answer`."""
+    return asdict(a)
+
+
+def answer_from_json(data: dict[str, Any]) -> Answer:
+    """Inverse of `answer_to_json`."""
+    return Answer(**{**data, "citations": [Citation(**c) for c in data["citations"]]})
