@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from service.metrics import UPLOADS, register_kv_collector
 from service.routers import collections, documents, health, openai_chat, query
 from service.routers.documents import ingest_error_status
-from storage.errors import ConflictError, NotFoundError
+from storage.errors import ConflictError, NotFoundError, UnavailableError
 from worker.context import build_context
 from worker.errors import WorkerError
 from worker.ingest.errors import IngestError
@@ -77,6 +77,12 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConflictError)
     async def conflict(_: Request, exc: ConflictError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(UnavailableError)
+    async def unavailable(_: Request, exc: UnavailableError) -> JSONResponse:
+        log.warning("storage unavailable: %s", exc)
+        return JSONResponse({"detail": "storage is unavailable; retry shortly"}, status_code=503,
+                            headers={"Retry-After": "5"})
 
     @app.exception_handler(WorkerError)
     async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
