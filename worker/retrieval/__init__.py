@@ -1,7 +1,8 @@
 """Page retrieval: BM25 (bm25s) and dense all-MiniLM-L6-v2 rankings fused by RRF.
 
-Ingest: `embed_pages(texts, embedder)` -> per page an `(n, 384)` passage matrix, stored as
-`embedding_to_bytes(...)`. Answer: build `Candidate`s for the pages in scope (the caller
+Ingest: `embed_pages(texts, embedder)` -> per page a `(1, 384)` float32 matrix (the mean of
+its 120-word passages; `PassageConfig(mode="max")` keeps one row per passage instead), stored
+as `embedding_to_bytes(...)`. Answer: build `Candidate`s for the pages in scope (the caller
 applies the scope: the whole collection or the pages of chosen document ids) and call
 `search(query, candidates, top_k=..., embedder=...)`.
 """
