@@ -81,8 +81,8 @@ class QueryIn(BaseModel):
     query_window: int | None = Field(None, ge=1, description="Score with the last w question "
                                      "tokens.")
     head_agg: Literal["mean", "max"] | None = Field(None, description="Head aggregation.")
-    bm25_weight: float = Field(1.0, ge=0.0)
-    dense_weight: float = Field(1.0, ge=0.0)
+    bm25_weight: float | None = Field(None, ge=0.0, description="RRF weight of BM25.")
+    dense_weight: float | None = Field(None, ge=0.0, description="RRF weight of dense.")
 
 
 class CitationOut(BaseModel):

@@ -66,8 +66,8 @@ class Question:
     policy: str | None = None
     budget: float | None = None
     temperature: float = 0.0
-    bm25_weight: float = 1.0
-    dense_weight: float = 1.0
+    bm25_weight: float | None = None  # None = the deployment's setting
+    dense_weight: float | None = None
     options: PolicyOptions = field(default_factory=PolicyOptions)
 
 
@@ -123,8 +123,11 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
                   embedding=None if p.embedding is None else embedding_from_bytes(p.embedding))
         for k, p in by_key.items()
     ]
-    hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=q.bm25_weight,
-                  dense_weight=q.dense_weight, embedder=ctx.embedder)
+    s = ctx.settings
+    hits = search(q.question, candidates, top_k=q.top_k,
+                  bm25_weight=s.bm25_weight if q.bm25_weight is None else q.bm25_weight,
+                  dense_weight=s.dense_weight if q.dense_weight is None else q.dense_weight,
+                  embedder=ctx.embedder)
     return [(by_key[h.key], h.score) for h in hits]
 
 

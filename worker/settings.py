@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     head_agg: Literal["mean", "max"] | None = Field(
         None, description="Aggregation over query heads; unset = mean."
     )
+    bm25_weight: float = Field(1.0, ge=0.0, description="RRF weight of the BM25 ranking.")
+    dense_weight: float = Field(
+        0.6, ge=0.0, description="RRF weight of the dense ranking (0.5-0.7 measured best at "
+        "rank 1 on the dev set; see bench/retrieval/RESULTS.md).",
+    )
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 
