@@ -19,7 +19,10 @@ def _floats(text: str) -> list[float]:
 def add_tool_commands(sub: Any) -> None:
     """Register the tool subcommands on the top-level subparsers."""
     work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
-    work.add_argument("--concurrency", type=int, default=1)
+    work.add_argument("--concurrency", type=int, default=2,
+                      help="jobs at once (threads; >= 2 lets answers pass long ingests)")
+    work.add_argument("--queues", default="conduit.answer,conduit.ingest",
+                      help="comma-separated queues to consume")
     work.set_defaults(func=_worker)
 
     ev = sub.add_parser("eval", help="quality evaluations").add_subparsers()
@@ -87,5 +90,6 @@ def _worker(args: argparse.Namespace) -> int:
     from worker.celery_app import run_worker
     from worker.settings import Settings
 
-    run_worker(Settings(), concurrency=args.concurrency)
+    run_worker(Settings(), concurrency=args.concurrency,
+               queues=tuple(q for q in args.queues.split(",") if q))
     return 0

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 INGEST_TASK = "conduit.ingest"
 ANSWER_TASK = "conduit.answer"
+# one queue per kind, so that a question never waits in line behind a long ingest
+INGEST_QUEUE = "conduit.ingest"
+ANSWER_QUEUE = "conduit.answer"
 CHANNEL_PREFIX = "conduit:answer:"
 
 
@@ -53,6 +56,7 @@ def make_celery(broker_url: str) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
+        task_routes={INGEST_TASK: {"queue": INGEST_QUEUE}, ANSWER_TASK: {"queue": ANSWER_QUEUE}},
     )
     app.task(name=INGEST_TASK)(_ingest_task)
     app.task(name=ANSWER_TASK, acks_late=False)(_answer_task)
@@ -138,10 +142,16 @@ class CeleryRunner:
         self._app.close()
 
 
-def run_worker(settings: Settings, concurrency: int = 1) -> None:
-    """Run a Celery worker in this process (the `conduit worker` command)."""
+def run_worker(settings: Settings, concurrency: int = 2,
+               queues: tuple[str, ...] = (ANSWER_QUEUE, INGEST_QUEUE)) -> None:
+    """Run a Celery worker in this process (the `conduit worker` command).
+
+    With concurrency >= 2 (threads) an answer can run between an ingest's prefill batches:
+    both share one model, and the model lock is held per batch, not per document.
+    """
     if not settings.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
     app = make_celery(settings.redis_url)
     app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={concurrency}",
-                     "--pool=threads" if concurrency > 1 else "--pool=solo"])
+                     "--pool=threads" if concurrency > 1 else "--pool=solo",
+                     f"--queues={','.join(queues)}"])

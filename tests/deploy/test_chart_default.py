@@ -48,7 +48,7 @@ def test_worker_runs_conduit_worker_and_api_runs_conduit_serve(out: Rendered) ->
     worker = container(out.one("Deployment", full("worker")))
     args = _parser().parse_args(worker["command"][1:])
     assert worker["command"][0] == "conduit"
-    assert args.func.__name__ == "_worker" and args.concurrency == 1
+    assert args.func.__name__ == "_worker" and args.concurrency == 2
 
     api = container(out.one("Deployment", full("api")))
     args = _parser().parse_args(api["command"][1:])
