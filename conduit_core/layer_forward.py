@@ -9,6 +9,8 @@ blocks read only the keys they can see, GQA folded into rows, block masks built 
 implementations get the model's own attention function with one (1, 1, R, n_keys) mask.
 
 Public API:
+  BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
+                             sdpa too (for A/B measurements and tests)
   causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask
   LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
@@ -30,6 +32,7 @@ from conduit_core.kv_cache import KVCache
 from conduit_core.row_attention import blocked_attention, row_blocks
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+BLOCKED_ATTENTION = True
 
 
 def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -74,7 +77,7 @@ def forward_rows(
     mask: torch.Tensor | None = None
     blocks = None
     if not (plain_causal and impl != "eager"):
-        if impl == "sdpa":
+        if impl == "sdpa" and BLOCKED_ATTENTION:
             cfg = adapter.text_config
             rep = cfg.num_attention_heads // cfg.num_key_value_heads
             blocks = row_blocks(rows, n_keys, hidden.dtype, rep)

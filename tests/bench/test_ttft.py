@@ -11,7 +11,9 @@ import torch
 
 from bench.gpu_ttft import main as gpu_main
 from bench.ttft import METHODS, check_budget_one, run_ttft_bench
+from bench.ttft_ab import run_ab
 from bench.ttft_model import bench_pages, build_bench_vlm, make_workload, page_grid
+from conduit_core import layer_forward
 from conduit_core.runtime import ReuseRuntime
 
 TINY = dict(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=8)
@@ -85,3 +87,16 @@ def test_workload_shapes() -> None:
     assert work.labels == ["Page 1:", "Page 2:", "Page 3:"]
     kv = ReuseRuntime(vlm).prefill_pages(bench_pages(1, 12))[0]
     assert kv.num_tokens == 12 + 2  # the visual tokens and the two vision delimiters
+
+
+def test_ab_variants_toggle_the_optimisations() -> None:
+    doc = run_ab(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=8,
+                 repeats=1, warmup=0)
+    rows = {r["variant"]: r for r in doc["rows"]}
+    assert set(rows) == {"full_prefill", "optimised", "no_blocked_attn", "no_stale_reuse",
+                         "neither"}
+    # without the reuse the prefix rows are recomputed: more FLOPs, same with or without blocks
+    assert rows["no_stale_reuse"]["flops_ratio"] > rows["optimised"]["flops_ratio"]
+    assert rows["neither"]["flops_ratio"] == rows["no_stale_reuse"]["flops_ratio"]
+    assert rows["no_blocked_attn"]["flops_ratio"] == rows["optimised"]["flops_ratio"]
+    assert layer_forward.BLOCKED_ATTENTION  # restored

@@ -6,8 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime, layer_forward
 from conduit_core.layer_forward import causal_row_mask
+from conduit_core.refresh_probe import probe_refresh
 from conduit_core.row_attention import blocked_attention, row_blocks
+from tests.core.helpers import IMAGES
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor,
@@ -53,3 +56,17 @@ def test_single_row_blocks_need_no_mask_and_masks_are_shared_per_kv_head() -> No
     allowed = blk.mask[0, 0] == 0  # (rep * c, n_keys)
     assert torch.equal(allowed[:3], allowed[3:])  # both query heads of the group alike
     assert allowed[0].sum() == 4 and allowed[1].sum() == 11 and allowed[2].sum() == 12
+
+
+def test_runtime_blocked_and_reference_paths_agree(runtime: ReuseRuntime,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scoring pass + CONDUIT refresh through the blocked path equal the one-mask path."""
+    kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    request = AnswerRequest("Answer from the pages.", [PageInput("Page 1:", kvs[0]),
+                                                       PageInput("Page 2:", kvs[1])],
+                            "What is the total amount?", policy="conduit", budget=0.3)
+    fast = probe_refresh(runtime, request)
+    monkeypatch.setattr(layer_forward, "BLOCKED_ATTENTION", False)
+    ref = probe_refresh(runtime, request)
+    assert torch.equal(fast.visual_rows, ref.visual_rows)
+    torch.testing.assert_close(fast.logits, ref.logits, rtol=1e-4, atol=1e-4)

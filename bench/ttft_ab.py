@@ -1,0 +1,133 @@
+"""A/B of the runtime's TTFT optimisations on the TTFT benchmark's workload, side by side.
+
+CONDUIT at 10% over pages held in memory, in four variants, with full prefill (vision tower
+included) as the yardstick, all alternating in rotated order after a warm-up round:
+  optimised         as shipped
+  no_blocked_attn   `layer_forward.BLOCKED_ATTENTION = False`: masked subsets take one sdpa
+                    call with an (R, N) mask and K/V repeated per query head
+  no_stale_reuse    the refresh recomputes every text row (the scoring pass's rows dropped)
+  neither           both off (the runtime before these two optimisations)
+Reported: median TTFT, speedup over full prefill, FLOPs ratio and speedup / bound.
+
+Public API:
+  VARIANTS
+  run_ab(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32, repeats=5,
+         warmup=1, threads=1, out=None) -> dict
+  main(argv=None) -> int          `python -m bench.ttft_ab --help`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.ttft_model import bench_pages, build_bench_vlm, make_workload
+from conduit_core import layer_forward
+from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.runtime import Assembly, ReuseRuntime
+from conduit_core.stale_pass import StaleScores
+
+VARIANTS = {"optimised": (True, True), "no_blocked_attn": (False, True),
+            "no_stale_reuse": (True, False), "neither": (False, False)}
+
+
+class _NoReuseRuntime(ReuseRuntime):
+    """A runtime whose refresh never sees the scoring pass's rows."""
+
+    def scoring(self, assembly: Assembly) -> tuple[StaleScores, float]:
+        result = super().scoring(assembly)
+        assembly.stale = None
+        return result
+
+
+@contextmanager
+def _blocked(on: bool) -> Iterator[None]:
+    saved = layer_forward.BLOCKED_ATTENTION
+    layer_forward.BLOCKED_ATTENTION = on
+    try:
+        yield
+    finally:
+        layer_forward.BLOCKED_ATTENTION = saved
+
+
+def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 256,
+           question_tokens: int = 32, repeats: int = 5, warmup: int = 1, threads: int = 1,
+           out: Path | None = None) -> dict[str, Any]:
+    """Time the variants (module docstring); return and optionally write the JSON."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        vlm = build_bench_vlm(model_shape, tokens_per_page=tokens_per_page)
+        runtimes = {True: ReuseRuntime(vlm), False: _NoReuseRuntime(vlm)}
+        work = make_workload(vlm, pages, question_tokens)
+        images = bench_pages(pages, tokens_per_page)
+        kvs = runtimes[True].prefill_pages(images)
+        request = AnswerRequest(work.prefix, [PageInput(lab, kv) for lab, kv in
+                                              zip(work.labels, kvs, strict=True)],
+                                work.question, policy="conduit", budget=0.1, max_new_tokens=1)
+        fresh = list(zip(work.labels, images, strict=True))
+        names = ["full_prefill", *VARIANTS]
+        times: dict[str, list[float]] = {n: [] for n in names}
+        ratios: dict[str, float] = {"full_prefill": 1.0}
+        for rep in range(warmup + repeats):
+            shift = rep % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name == "full_prefill":
+                    res = runtimes[True].answer_full_prefill(work.prefix, fresh, work.question,
+                                                             max_new_tokens=1)
+                else:
+                    blocked, reuse = VARIANTS[name]
+                    with _blocked(blocked):
+                        res = runtimes[reuse].answer(request)
+                    ratios[name] = res.flops_ratio
+                if rep >= warmup:
+                    times[name].append(res.ttft_s)
+    finally:
+        torch.set_num_threads(saved)
+    full = statistics.median(times["full_prefill"])
+    rows = []
+    for name in names:
+        med = statistics.median(times[name])
+        rows.append({"variant": name, "ttft_ms_median": 1e3 * med, "speedup": full / med,
+                     "flops_ratio": ratios[name], "bound_fraction": full / med * ratios[name],
+                     "ttft_ms_all": [1e3 * t for t in times[name]]})
+    doc = {"workload": {"model_shape": model_shape, "pages": pages,
+                        "tokens_per_page": tokens_per_page, "question_tokens": question_tokens,
+                        "repeats": repeats, "warmup": warmup, "threads": threads},
+           "rows": rows}
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: `python -m bench.ttft_ab [--repeats 5] [--out FILE]`."""
+    p = argparse.ArgumentParser(prog="python -m bench.ttft_ab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-shape", default="cpu")
+    p.add_argument("--pages", type=int, default=8)
+    p.add_argument("--tokens-per-page", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    doc = run_ab(model_shape=args.model_shape, pages=args.pages,
+                 tokens_per_page=args.tokens_per_page, repeats=args.repeats,
+                 warmup=args.warmup, out=args.out)
+    for r in doc["rows"]:
+        print(f"{r['variant']:16s} {r['ttft_ms_median']:9.1f} ms  {r['speedup']:5.2f}x  "
+              f"FLOPs {r['flops_ratio']:.3f}  speedup/bound {r['bound_fraction']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
