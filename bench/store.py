@@ -7,7 +7,8 @@ go through the plain path underneath the tier:
           buffer allocated the way the tier allocates its own;
   redis:  one SET / GET per page of the page's bytes, all in one pipeline, same client library;
   memory: a bytes copy (the tier keeps references, so it beats this "ceiling" by far).
-MB/s counts the encoded entry bytes on both sides; each figure is the best of `repeats`.
+MB/s counts the encoded entry bytes on both sides; each figure is the best of `repeats`,
+with the raw and tier runs of an operation back to back in alternating order.
 
     python -m bench.store --out bench/results/store.json
 """
@@ -54,34 +55,38 @@ def _pages(n: int, tokens: int, layers: int, kv_heads: int, head_dim: int, hidde
     return out
 
 
-def _best(fn: Callable[[], object], before: Callable[[], object] | None = None) -> float:
-    if before is not None:
-        before()
+def _seconds(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    result = fn()
+    dt = time.perf_counter() - t0
+    del result  # freeing what was read is not part of the operation
+    return dt
 
 
 class _Timer:
-    """Best-of-N seconds per (tier, op, side), runs interleaved in one loop."""
+    """Best-of-N seconds per (tier, op, side); tier and raw runs alternate their order."""
 
     def __init__(self) -> None:
         self.best: dict[tuple[str, str, str], float] = {}
+        self.round = 0
 
-    def run(self, key: tuple[str, str, str], fn: Callable[[], object],
-            before: Callable[[], object] | None = None) -> None:
-        dt = _best(fn, before)
-        self.best[key] = min(dt, self.best.get(key, float("inf")))
+    def pair(self, tier: str, op: str, raw_fn: Callable[[], object],
+             tier_fn: Callable[[], object]) -> None:
+        """Time the raw and the tier side of one operation, in alternating order."""
+        sides = [("raw", raw_fn), ("tier", tier_fn)]
+        for side, fn in sides if self.round % 2 == 0 else sides[::-1]:
+            key = (tier, op, side)
+            self.best[key] = min(_seconds(fn), self.best.get(key, float("inf")))
 
 
 def _disk_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes],
                 work: Path) -> None:
     store_root, raw_root = work / "store", work / "raw"
-
-    def reset() -> None:
-        for d in (store_root, raw_root):
-            shutil.rmtree(d, ignore_errors=True)
-            d.mkdir(parents=True)
+    for d in (store_root, raw_root):  # remove files, keep the (shard) directories
+        d.mkdir(parents=True, exist_ok=True)
+        for f in d.rglob("*"):
+            if f.is_file():
+                f.unlink()
 
     def raw_write() -> None:
         for i, blob in enumerate(blobs):
@@ -102,11 +107,10 @@ def _disk_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes]
         return bufs
 
     keys = list(pages)
-    timer.run(("disk", "write", "raw"), raw_write, reset)
-    timer.run(("disk", "write", "tier"),
-              lambda: DiskKVStore(store_root, 1 << 40).put_many(pages))
-    timer.run(("disk", "read", "raw"), raw_read)
-    timer.run(("disk", "read", "tier"), lambda: DiskKVStore(store_root, 1 << 40).get_many(keys))
+    store = DiskKVStore(store_root, 1 << 40)
+    timer.pair("disk", "write", raw_write, lambda: store.put_many(pages))
+    os.sync()  # no writeback of the files just written during the reads
+    timer.pair("disk", "read", raw_read, lambda: store.get_many(keys))
 
 
 def _redis_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes],
@@ -129,26 +133,23 @@ def _redis_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes
             pipe.get(k)
         return pipe.execute()
 
-    def clear() -> None:
+    try:
+        timer.pair("redis", "write", raw_write, lambda: store.put_many(pages))
+        timer.pair("redis", "read", raw_read, lambda: store.get_many(keys))
+    finally:
         client.delete(*raw_keys)
         store.delete(keys)
-
-    timer.run(("redis", "write", "raw"), raw_write, clear)
-    timer.run(("redis", "write", "tier"), lambda: store.put_many(pages))
-    timer.run(("redis", "read", "raw"), raw_read)
-    timer.run(("redis", "read", "tier"), lambda: store.get_many(keys))
-    clear()
-    client.close()
-    store.close()
+        client.close()
+        store.close()
 
 
 def _memory_cases(timer: _Timer, pages: dict[PageHash, PageKV], blobs: list[bytes]) -> None:
     store = MemoryKVStore(1 << 40)
     keys = list(pages)
-    timer.run(("memory", "write", "raw"), lambda: [bytearray(b) for b in blobs])
-    timer.run(("memory", "write", "tier"), lambda: store.put_many(pages))
-    timer.run(("memory", "read", "raw"), lambda: [bytearray(b) for b in blobs])
-    timer.run(("memory", "read", "tier"), lambda: store.get_many(keys))
+    timer.pair("memory", "write", lambda: [bytearray(b) for b in blobs],
+               lambda: store.put_many(pages))
+    timer.pair("memory", "read", lambda: [bytearray(b) for b in blobs],
+               lambda: store.get_many(keys))
 
 
 def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int = 28,
@@ -174,7 +175,8 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
 
             redis_url, stop = start_redis(work / "redis")
         timer = _Timer()
-        for _ in range(repeats):
+        for i in range(repeats):
+            timer.round = i
             _memory_cases(timer, batch, blobs)
             _disk_cases(timer, batch, blobs, work / "disk")
             _redis_cases(timer, batch, blobs, redis_url)

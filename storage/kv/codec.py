@@ -11,15 +11,14 @@ stores treat that as a miss and remove the entry.
 
 from __future__ import annotations
 
-import io
 import json
 import math
+import mmap
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
@@ -187,42 +186,26 @@ def decode_tensors(buf: bytes | bytearray | memoryview) -> tuple[dict[str, torch
     return head.tensors(base), head.meta
 
 
-def read_tensors(f: io.RawIOBase, size: int, *, chunk: int = 1 << 20
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read and verify an entry of `size` bytes from an unbuffered file in one pass.
+def map_tensors(fileno: int, size: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Map an entry file copy-on-write, verify it, and return tensors viewing the mapping.
 
-    The file is read into one uninitialised buffer in `chunk`-sized pieces (about the L2
-    size), each hashed right after it lands while still in cache, so verification costs no
-    extra pass over memory; tensors are views into that buffer.
+    No copy is made: the checksum pass faults the file's page-cache pages into a private
+    mapping and the tensors use them in place. Writing to a tensor copies only the touched
+    pages (the file never changes). The mapping outlives the file's name: an entry deleted
+    or replaced while its tensors are alive stays readable (its disk space is released when
+    they are). A file truncated by someone else while mapped would fault (SIGBUS) on access:
+    the stores never modify a file in place.
     """
-    array = np.empty(size, dtype=np.uint8)  # malloc'd: reuses freed memory, no zero fill
-    buf = torch.from_numpy(array)
-    mv = array.data.cast("B")
-    got = _fill(f, mv, 0, min(size, 64 * 1024))
-    offset = header_length(mv[:got])
-    if offset > got:
-        got = _fill(f, mv, got, min(offset, size))
-    head = parse_header(mv[:got], size)
+    if size < 8:
+        raise CorruptEntryError("entry shorter than its header length")
+    mm = mmap.mmap(fileno, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    mv = memoryview(mm)
+    head = parse_header(mv, size)
     hasher = head.hasher()
-    hasher.update(mv[offset:got])
-    while got < size:
-        n = f.readinto(mv[got:min(size, got + chunk)])
-        if not n:
-            raise CorruptEntryError("entry shorter than its file size (changed while read)")
-        hasher.update(mv[got:got + n])
-        got += n
+    hasher.update(mv[head.data_offset:])
     head.verify(hasher)
-    return head.tensors(buf[offset:] if size > offset else None), head.meta
-
-
-def _fill(f: io.RawIOBase, mv: memoryview, start: int, stop: int) -> int:
-    pos = start
-    while pos < stop:
-        n = f.readinto(mv[pos:stop])
-        if not n:
-            break
-        pos += n
-    return pos
+    base = torch.frombuffer(mm, dtype=torch.uint8)
+    return head.tensors(base[head.data_offset:] if size > head.data_offset else None), head.meta
 
 
 def _validate_layout(header: dict[str, Any], data_len: int
@@ -235,7 +218,7 @@ def _validate_layout(header: dict[str, Any], data_len: int
             dtype = NAME_DTYPES[info["dtype"]]
             shape = [int(s) for s in info["shape"]]
             begin, end = (int(x) for x in info["data_offsets"])
-            itemsize = torch.empty((), dtype=dtype).element_size()
+            itemsize = dtype.itemsize
             size = math.prod(shape) * itemsize
             if min(shape, default=0) < 0 or end - begin != size or begin % itemsize:
                 raise CorruptEntryError(f"tensor {name!r} has inconsistent size")
@@ -288,9 +271,9 @@ def decode_page(buf: bytes | bytearray | memoryview) -> PageKV:
     return page_from_tensors(*decode_tensors(buf))
 
 
-def read_page(f: io.RawIOBase, size: int) -> PageKV:
-    """`decode_page` of an entry read from an unbuffered file (see `read_tensors`)."""
-    return page_from_tensors(*read_tensors(f, size))
+def map_page(fileno: int, size: int) -> PageKV:
+    """`decode_page` of an entry file, zero-copy (see `map_tensors`)."""
+    return page_from_tensors(*map_tensors(fileno, size))
 
 
 def page_from_tensors(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> PageKV:

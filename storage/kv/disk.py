@@ -7,6 +7,11 @@ leave one complete copy. The LRU index (size and recency per entry) lives in mem
 rebuilt from the files at startup (recency from mtime), when stray temp files left by a crash
 are removed. Several processes may share a root: each reads files the others wrote and
 enforces the budget on what it knows of.
+
+Reads are zero-copy: a file is mapped copy-on-write and its checksum verified over the
+mapping (`codec.map_tensors`); the returned tensors use the page cache in place. An entry
+evicted while a caller (e.g. the memory tier) still holds its tensors keeps its disk blocks
+until they are freed, so disk usage can exceed the budget by what callers hold.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from conduit_core.page_kv import PageKV
 from storage.errors import CorruptEntryError, InvalidKeyError
 from storage.keys import PageHash, check_page_hash
 from storage.kv.base import Counters, TierStats
-from storage.kv.codec import Encoded, encode_page, read_page
+from storage.kv.codec import Encoded, encode_page, map_page
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +137,7 @@ class DiskKVStore:
     def _load(self, path: Path) -> tuple[PageKV, int]:
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            return read_page(f, size), size
+            return map_page(f.fileno(), size), size
 
     def _write(self, path: Path, enc: Encoded) -> None:
         path.parent.mkdir(exist_ok=True)

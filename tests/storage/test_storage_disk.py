@@ -162,3 +162,18 @@ def test_concurrent_process_writers_leave_one_whole_copy(tmp_path: Path) -> None
         assert p.exitcode == 0
     assert reader.stats().corrupt == 0
     _assert_one_clean_copy(tmp_path, _k(4), 4, shape)
+
+
+def test_reads_are_private_mappings_that_outlive_the_file(tmp_path: Path) -> None:
+    store = DiskKVStore(tmp_path, 1 << 30)
+    page = make_page(7)
+    store.put_many({_k(7): page})
+    before = store.path(_k(7)).read_bytes()
+    got = store.get_many([_k(7)])[_k(7)]
+    got.keys.mul_(0)  # writable; copy-on-write, the file is untouched
+    assert store.path(_k(7)).read_bytes() == before
+    assert_same_page(page, store.get_many([_k(7)])[_k(7)])
+    again = store.get_many([_k(7)])[_k(7)]
+    store.delete([_k(7)])
+    assert not store.path(_k(7)).exists()
+    assert_same_page(page, again)  # still readable after its file is gone
