@@ -163,6 +163,7 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
     temporary redis-server is started (and stopped) for the run.
     """
     torch.set_num_threads(1)
+    load = os.getloadavg()[0]
     tdtype = getattr(torch, dtype)
     batch = _pages(pages, tokens_per_page, layers, kv_heads, head_dim, hidden, tdtype)
     blobs = [encode_page(p).to_bytes() for p in batch.values()]
@@ -174,6 +175,8 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
             from tests.redis_server import start_redis
 
             redis_url, stop = start_redis(work / "redis")
+        with redis.Redis.from_url(redis_url) as probe:
+            redis_version = str(probe.info("server").get("redis_version"))
         timer = _Timer()
         for i in range(repeats):
             timer.round = i
@@ -196,7 +199,9 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
         "config": {"pages": pages, "tokens_per_page": tokens_per_page, "layers": layers,
                    "kv_heads": kv_heads, "head_dim": head_dim, "hidden": hidden,
                    "dtype": dtype, "bytes_per_page": total // pages, "total_bytes": total,
-                   "repeats": repeats, "statistic": "best of repeats", "torch_threads": 1},
+                   "repeats": repeats, "statistic": "best of repeats", "torch_threads": 1,
+                   "cpus": os.cpu_count(), "load_avg_1m_at_start": round(load, 2),
+                   "redis_version": redis_version},
         "rows": rows,
     }
     print(f"{'tier':8} {'op':6} {'MB/s':>10} {'raw MB/s':>10} {'fraction':>9}")
