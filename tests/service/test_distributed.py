@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
+from bench.redis_server import start_redis
 from tests.pdfs import text_pdf
-from tests.redis_server import start_redis
 from tests.service.conftest import start_server, wait_ready
 
 

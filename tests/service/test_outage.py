@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from tests.redis_server import start_redis
+from bench.redis_server import start_redis
 from tests.service.conftest import start_server
 
 

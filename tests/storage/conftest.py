@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.redis_server import start_redis
 from storage.metadata import MetadataStore, RedisMetadataStore, SQLiteMetadataStore
-from tests.redis_server import start_redis
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.redis_server import start_redis
 from storage.errors import ConflictError, NotFoundError, UnavailableError
 from storage.metadata import (
     CollectionId,
@@ -19,7 +20,6 @@ from storage.metadata import (
     RedisMetadataStore,
     new_id,
 )
-from tests.redis_server import start_redis
 
 
 def _doc(col: CollectionId, name: str = "a.pdf") -> Document:

@@ -10,9 +10,9 @@ import pytest
 import redis
 import torch
 
+from bench.redis_server import free_port, start_redis
 from storage.keys import PageHash
 from storage.kv.redis_store import RedisKVStore
-from tests.redis_server import free_port, start_redis
 from tests.storage.kv_testkit import QWEN2VL_2B, SMALL, assert_same_page, make_page
 
 

@@ -1,8 +1,8 @@
-"""Start and stop a real `redis-server` for tests (no mocks): `start_redis(tmp_path)`.
+"""Start and stop a real local `redis-server` (tests, `conduit bench store`): `start_redis(dir)`.
 
 The server listens on a free loopback port, keeps no data on disk (`--save ''
 --appendonly no`), runs in `tmp_path`, and is stopped by its PID. Reusable by any test suite:
-import this file (e.g. `from tests.redis_server import start_redis` with the repo root on
+import this file (e.g. `from bench.redis_server import start_redis` with the repo root on
 `sys.path`) and call `start_redis(tmp_path)`, which returns `(url, stop)`.
 """
 
