@@ -298,12 +298,11 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
     return doc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m bench.ttft [--pages 8] [--sweep 1,2,4,8,16,32] [--out F]`."""
-    p = argparse.ArgumentParser(prog="python -m bench.ttft", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared by `python -m bench.ttft` and `conduit bench ttft`)."""
     p.add_argument("--model-shape", default="cpu", choices=sorted(SHAPES))
-    p.add_argument("--pages", type=int, default=8)
+    p.add_argument("--pages", default="8",
+                   help="pages per request; a list such as 1,2,4,8,16,32 also sweeps them")
     p.add_argument("--tokens-per-page", type=int, default=256)
     p.add_argument("--question-tokens", type=int, default=32)
     p.add_argument("--tier", default="memory,disk,redis", help="comma-separated tiers")
@@ -316,19 +315,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
+
+
+def run_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Run with parsed options; a list in `--pages` is a sweep (the largest count is also
+    the main workload unless `--sweep` is given)."""
+    counts = [int(x) for x in str(args.pages).split(",") if x.strip()]
+    sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
+    if len(counts) > 1 and sweep is None:
+        sweep = counts
+    pages = 8 if len(counts) > 1 and 8 in counts else counts[-1]
     doc = run_ttft_bench(
-        model_shape=args.model_shape, pages=args.pages, tokens_per_page=args.tokens_per_page,
+        model_shape=args.model_shape, pages=pages, tokens_per_page=args.tokens_per_page,
         question_tokens=args.question_tokens, tiers=args.tier.split(","),
-        repeats=args.repeats, warmup=args.warmup,
-        pages_sweep=[int(x) for x in args.sweep.split(",")] if args.sweep else None,
+        repeats=args.repeats, warmup=args.warmup, pages_sweep=sweep,
         sweep_repeats=args.sweep_repeats, out=args.out, device=args.device, dtype=args.dtype,
-        threads=args.threads, check=not args.no_check,
-        command=shlex.join(["python", "-m", "bench.ttft", *argv_list]))
+        threads=args.threads, check=not args.no_check, command=command)
     from bench.ttft_report import summary_lines
 
     print("\n".join(summary_lines(doc)))
+    return doc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: `python -m bench.ttft [--pages 8] [--sweep 1,2,4,8,16,32] [--out F]`."""
+    p = argparse.ArgumentParser(prog="python -m bench.ttft", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    argv_list = list(sys.argv[1:] if argv is None else argv)
+    run_from_args(args, shlex.join(["python", "-m", "bench.ttft", *argv_list]))
     return 0
 
 

@@ -52,6 +52,21 @@ def add_tool_commands(sub: Any) -> None:
     store.add_argument("--redis-url", default=None)
     store.add_argument("--out", type=Path, default=Path("bench/results/store.json"))
     store.set_defaults(func=_bench_store)
+    ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
+    from bench.ttft import add_arguments
+
+    add_arguments(ttft)
+    ttft.set_defaults(func=_bench_ttft)
+
+
+def _bench_ttft(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+
+    from bench.ttft import run_from_args
+
+    run_from_args(args, "conduit " + shlex.join(sys.argv[1:]))
+    return 0
 
 
 def _eval_retrieval(args: argparse.Namespace) -> int:
