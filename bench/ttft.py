@@ -14,8 +14,9 @@ tokens. Methods, each timed to the first generated token:
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
 phases of a noisy machine hit all methods alike. Reported per cell: median TTFT, speedup over
-full prefill (ratio of medians, same run), FLOPs ratio (analytic, vision tower included in
-full), bound fraction = speedup / (1 / FLOPs ratio), and the median tier load.
+full prefill (ratio of medians, same run; also the ratio of the fastest runs, less exposed
+to other processes), FLOPs ratio (analytic, vision tower included in full), bound fraction
+= speedup / (1 / FLOPs ratio), and the median tier load.
 `pages_sweep` repeats full prefill and CONDUIT over several page counts (first tier) and
 records TTFT, FLOPs and peak memory (CUDA: peak allocated; CPU: peak RSS above the RSS
 before the request, Linux VmHWM reset through /proc/self/clear_refs).
@@ -33,6 +34,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import platform
 import shlex
 import statistics
@@ -90,8 +92,17 @@ class Sample:
     peak_bytes: int | None = None
 
 
+def _malloc_trim() -> None:
+    """Return freed heap memory to the OS (glibc), so RSS growth shows new allocations."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
 class PeakMemory:
-    """Peak memory of a block: CUDA peak allocated, or CPU peak RSS (both above the start)."""
+    """Peak memory of a block: CUDA peak allocated, or CPU peak RSS above the RSS at the
+    start (after returning freed heap memory to the OS, so reused heap pages count)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -111,6 +122,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._base = torch.cuda.memory_allocated(self.device)
         else:
+            _malloc_trim()
             Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
             self._base = self._status("VmRSS")
         return self
@@ -160,7 +172,8 @@ class _null:
 
 def _rounds(runner: _Runner, cells: list[tuple[Method, str]], repeats: int, warmup: int,
             memory: bool = False) -> dict[tuple[str, str], list[Sample]]:
-    """Warm-up, then `repeats` rounds over all cells in a rotated order."""
+    """Warm-up, then `repeats` timed rounds over all cells in a rotated order; with
+    `memory`, one more round measures each cell's peak memory (its timing is not kept)."""
     for _ in range(warmup):
         for method, tier in cells:
             runner.once(method, tier)
@@ -168,12 +181,18 @@ def _rounds(runner: _Runner, cells: list[tuple[Method, str]], repeats: int, warm
     for rep in range(repeats):
         shift = rep % len(cells)
         for method, tier in cells[shift:] + cells[:shift]:
-            samples[(method.name, tier)].append(runner.once(method, tier, memory=memory))
+            samples[(method.name, tier)].append(runner.once(method, tier))
+    if memory:
+        for method, tier in cells:
+            peak = runner.once(method, tier, memory=True).peak_bytes
+            for sample in samples[(method.name, tier)]:
+                sample.peak_bytes = peak
     return samples
 
 
 def _rows(samples: dict[tuple[str, str], list[Sample]]) -> list[dict[str, Any]]:
     full = statistics.median(s.ttft_s for s in samples[("full_prefill", "none")])
+    full_min = min(s.ttft_s for s in samples[("full_prefill", "none")])
     rows = []
     for (name, tier), got in samples.items():
         ttft = statistics.median(s.ttft_s for s in got)
@@ -187,6 +206,7 @@ def _rows(samples: dict[tuple[str, str], list[Sample]]) -> list[dict[str, Any]]:
             "load_ms_median": 1e3 * load, "load_fraction": load / ttft,
             "ttft_ms_min": 1e3 * min(s.ttft_s for s in got),
             "ttft_ms_max": 1e3 * max(s.ttft_s for s in got),
+            "speedup_of_min": full_min / min(s.ttft_s for s in got),
             "refreshed_visual_tokens": got[0].refreshed, "gflops_used": got[0].flops_used / 1e9,
             "gflops_full": got[0].flops_full / 1e9, "samples": len(got),
             "peak_mb": max(peaks) / 2**20 if peaks else None,
@@ -221,7 +241,7 @@ def _sweep(rt: ReuseRuntime, tiers: BenchTiers, pages_sweep: Sequence[int], toke
     cells = [(_BY_NAME["full_prefill"], "none"), (_BY_NAME["conduit"], tier)]
     out = []
     for p in pages_sweep:
-        keys = tiers.put(kvs[:p], tag=f"sweep-{p}")
+        keys = tiers.put(kvs[:p], tag=f"sweep-{p}", only=tier)
         runner = _Runner(rt, make_workload(rt.vlm, p, question_tokens), images[:p], tiers, keys)
         for row in _rows(_rounds(runner, cells, repeats, warmup, memory=True)):
             out.append({"pages": p, **{k: row[k] for k in (

@@ -7,7 +7,7 @@ a page-cache copy) and `redis` (RedisKVStore against a real `redis-server` start
 run on a loopback port, stopped at exit).
 
 Public API:
-  BenchTiers(names, workdir)   context manager;  .put(pages) -> keys,
+  BenchTiers(names, workdir)   context manager;  .put(pages, tag, only=None) -> keys,
                                .load(tier, keys) -> (pages, seconds), .names
   TIER_NOTES: dict[str, str]   how each tier is set up (recorded in the results)
 """
@@ -86,12 +86,15 @@ class BenchTiers:
         while self._stops:
             self._stops.pop()()
 
-    def put(self, pages: Sequence[PageKV], tag: str = "") -> list[PageHash]:
-        """Store `pages` in every tier; returns their keys (in order)."""
+    def put(self, pages: Sequence[PageKV], tag: str = "",
+            only: str | None = None) -> list[PageHash]:
+        """Store `pages` in every tier (or only in tier `only`); returns their keys."""
         keys = [PageHash(hashlib.sha256(f"ttft-bench/{tag}/{i}".encode()).hexdigest())
                 for i in range(len(pages))]
         items = dict(zip(keys, pages, strict=True))
         for name, store in self.stores.items():
+            if only is not None and name != only:
+                continue
             store.put_many(items)
             if len(store.contains(keys)) != len(keys):
                 raise RuntimeError(f"tier {name} did not keep the benchmark pages")
