@@ -73,16 +73,16 @@ def forward_rows(
     layer's write.
     """
     impl = adapter.model.config._attn_implementation or "sdpa"
-    rows = rows.to(adapter.device)
     mask: torch.Tensor | None = None
     blocks = None
-    if not (plain_causal and impl != "eager"):
-        if impl == "sdpa" and BLOCKED_ATTENTION:
-            cfg = adapter.text_config
-            rep = cfg.num_attention_heads // cfg.num_key_value_heads
-            blocks = row_blocks(rows, n_keys, hidden.dtype, rep)
-        else:
-            mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
+    needs_mask = not (plain_causal and impl != "eager")
+    if needs_mask and impl == "sdpa" and BLOCKED_ATTENTION:
+        cfg = adapter.text_config
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        blocks = row_blocks(rows, n_keys, hidden.dtype, rep, device=adapter.device)
+    rows = rows.to(adapter.device)
+    if needs_mask and blocks is None:
+        mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
     cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
     b, r, _ = hidden.shape
     run = layers if layers is not None else range(len(adapter.layers))

@@ -17,7 +17,7 @@ The result equals `F.scaled_dot_product_attention` over the full mask up to floa
 Public API:
   ROW_CHUNK = 64
   RowBlock(start, stop, n_keys, mask)
-  row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK) -> list[RowBlock]
+  row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK, device=None) -> list[RowBlock]
   blocked_attention(q, keys, values, blocks, scaling) -> (B, R, heads, hd)
 """
 
@@ -42,19 +42,23 @@ class RowBlock:
 
 
 def row_blocks(rows: torch.Tensor, n_keys: int, dtype: torch.dtype, rep: int,
-               chunk: int = ROW_CHUNK) -> list[RowBlock]:
+               chunk: int = ROW_CHUNK, device: torch.device | None = None) -> list[RowBlock]:
     """Blocks of `chunk` consecutive entries of `rows` (R,), each with its key range and its
-    additive mask repeated for the `rep` query heads of a KV head."""
+    additive mask repeated for the `rep` query heads of a KV head, built on `device`
+    (default: the rows' device; key ranges are read on the CPU, no device sync)."""
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
+    device = rows.device if device is None else device
+    host = rows.cpu()
     out = []
-    for start in range(0, rows.numel(), chunk):
-        part = rows[start:start + chunk]  # (c,)
+    for start in range(0, host.numel(), chunk):
+        part = host[start:start + chunk]  # (c,)
         limit = min(int(part.max()) + 1, n_keys)
-        allowed = torch.arange(limit, device=rows.device).view(1, -1) <= part.view(-1, 1)
         mask: torch.Tensor | None = None
-        if not bool(allowed.all()):
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=rows.device)  # (c, limit)
+        if int(part.min()) + 1 < limit:  # some row cannot see every key of the block
+            allowed = (torch.arange(limit, device=device).view(1, -1)
+                       <= part.to(device).view(-1, 1))  # (c, limit)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=device)  # (c, limit)
             mask.masked_fill_(~allowed, torch.finfo(dtype).min)
             mask = mask.repeat(rep, 1).view(1, 1, rep * part.numel(), limit)
         out.append(RowBlock(start, start + part.numel(), limit, mask))
