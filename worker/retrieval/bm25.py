@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import threading
+from collections import OrderedDict
 
 import bm25s
 import numpy as np
@@ -14,12 +17,44 @@ def _stemmer() -> Stemmer.Stemmer:
     return Stemmer.Stemmer("english")
 
 
+_INDEX_CACHE_SIZE = 8
+_indexes: OrderedDict[str, tuple[bm25s.BM25, dict[str, int]]] = OrderedDict()
+_indexes_lock = threading.Lock()
+
+
+def _corpus_key(texts: list[str], k1: float, b: float) -> str:
+    h = hashlib.sha256(f"{k1}:{b}:{len(texts)}".encode())
+    for text in texts:
+        h.update(len(text).to_bytes(8, "little"))
+        h.update(text.encode())
+    return h.hexdigest()
+
+
+def _index(texts: list[str], k1: float, b: float) -> tuple[bm25s.BM25, dict[str, int]]:
+    """The BM25 index of `texts` and its vocabulary, built once per distinct candidate set
+    (an LRU of the last few sets: repeated questions over one collection reuse it)."""
+    key = _corpus_key(texts, k1, b)
+    with _indexes_lock:
+        if key in _indexes:
+            _indexes.move_to_end(key)
+            return _indexes[key]
+    corpus = bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(), show_progress=False)
+    index = bm25s.BM25(k1=k1, b=b)
+    if corpus.vocab:
+        index.index(corpus, show_progress=False)
+    with _indexes_lock:
+        _indexes[key] = (index, dict(corpus.vocab))
+        while len(_indexes) > _INDEX_CACHE_SIZE:
+            _indexes.popitem(last=False)
+    return index, dict(corpus.vocab)
+
+
 def bm25_scores(query: str, texts: list[str], *, k1: float = 1.5, b: float = 0.75) -> np.ndarray:
     """BM25 score of every text for `query` (float32, 0 where no query term occurs).
 
-    The index is built over `texts` on each call: retrieval is stateless over whatever
-    candidates the caller selected (tokenising and indexing 10,000 pages takes about a second
-    on one core).
+    Stateless over whatever candidates the caller selected; the index of a candidate set is
+    cached (keyed by a digest of the texts), so only the first question over a set pays for
+    tokenising and indexing (about a second for 10,000 pages on one core).
     """
     scores = np.zeros(len(texts), dtype=np.float32)
     if not texts:
@@ -29,12 +64,10 @@ def bm25_scores(query: str, texts: list[str], *, k1: float = 1.5, b: float = 0.7
     )[0]
     if not query_tokens:
         return scores
-    corpus = bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(), show_progress=False)
-    if not corpus.vocab:
+    index, vocab = _index(texts, k1, b)
+    if not vocab:
         return scores
-    index = bm25s.BM25(k1=k1, b=b)
-    index.index(corpus, show_progress=False)
-    known = [token for token in query_tokens if token in corpus.vocab]
+    known = [token for token in query_tokens if token in vocab]
     if not known:
         return scores
     return np.asarray(index.get_scores(known), dtype=np.float32)
