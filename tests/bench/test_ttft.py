@@ -100,3 +100,13 @@ def test_ab_variants_toggle_the_optimisations() -> None:
     assert rows["neither"]["flops_ratio"] == rows["no_stale_reuse"]["flops_ratio"]
     assert rows["no_blocked_attn"]["flops_ratio"] == rows["optimised"]["flops_ratio"]
     assert layer_forward.BLOCKED_ATTENTION  # restored
+
+
+def test_7b_shape_is_qwen2_5_vl_7b() -> None:
+    """The GPU shape, built on the meta device: Qwen2.5-VL-7B's 8.29 B parameters."""
+    vlm = build_bench_vlm("7b", tokens_per_page=256, device="meta", dtype=torch.bfloat16)
+    total = sum(p.numel() for p in vlm.model.parameters())
+    assert total == pytest.approx(8.292e9, rel=1e-3)
+    lm = ReuseRuntime(vlm).flops.lm
+    assert (lm.layers, lm.hidden, lm.heads, lm.kv_heads, lm.head_dim, lm.intermediate) == (
+        28, 3584, 28, 4, 128, 18944)
