@@ -7,6 +7,9 @@ keys 0..r, so its key count is r + 1. Hence
   full prefill  = L [N c + 4 H dh N (N + 1) / 2]
   refresh       = L [(N_t + k) c + 4 H dh * sum of key counts of the refreshed rows]
   scoring       = L [N_t c + 4 H dh * sum of key counts of the text rows]
+The runtime charges the refresh only for the rows it actually computes: text rows before the
+first refreshed visual token come out of the scoring pass exact and are not run again, so a
+request pays `rows_flops` of the refreshed rows it computed plus the scoring pass.
 Decode is excluded. The vision tower is counted separately (`vision_flops`): a full prefill
 pays it, reuse does not (page embeddings are cached).
 
