@@ -91,11 +91,14 @@ def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions
                             is not None else getattr(base, f.name) for f in fields(base)})
 
 
-def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True) -> None:
+def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
+                pages: bool = False) -> None:
     """Raise a `WorkerError` unless the question can be answered as asked.
 
     `with_model=False` skips the checks that need the model loaded (an API process in the
-    distributed form has none); the worker that answers runs them.
+    distributed form has none); the worker that answers runs them. `pages=True` also checks
+    that the scope holds ready pages (a streaming reply needs to know before it starts;
+    otherwise `retrieve` finds out while listing them).
     """
     name = q.policy or ctx.settings.policy
     if name not in POLICIES:
@@ -108,7 +111,7 @@ def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True) -> 
                 len(ctx.runtime.adapter.layers))
     except (InvalidRequestError, ValueError) as exc:
         raise InvalidOptionsError(str(exc)) from None
-    if not ctx.meta.list_pages(q.collection_id, q.document_ids):
+    if pages and not ctx.meta.list_pages(q.collection_id, q.document_ids):
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
 
 

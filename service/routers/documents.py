@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Annotated
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
@@ -96,11 +97,7 @@ def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
     released = release_pages(ctx.kv, ctx.meta, doc.id)
     log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
     upload_path(ctx.home, doc.id).unlink(missing_ok=True)
-    pages_dir = ctx.home / "pages" / doc.id
-    if pages_dir.is_dir():
-        for f in pages_dir.iterdir():
-            f.unlink()
-        pages_dir.rmdir()
+    shutil.rmtree(ctx.home / "pages" / doc.id, ignore_errors=True)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut)

@@ -69,7 +69,8 @@ def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None) -> s
 async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
                            tenant: TenantDep) -> dict[str, object] | StreamingResponse:
     """Answer the last user message over the collection named by `model`."""
-    question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant)
+    question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant,
+                                              body.stream)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     if not body.stream:
         out = to_query_out(await anyio.to_thread.run_sync(runner.answer, question))

@@ -23,7 +23,8 @@ from worker.context import WorkerContext
 router = APIRouter(tags=["query"])
 
 
-def build_question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
+def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
+                   check_pages: bool = False) -> Question:
     """Resolve and check a query body into the worker's `Question` (404/409/422 on problems)."""
     col = owned_collection(ctx, tenant, body.collection_id)
     question = Question(
@@ -36,7 +37,7 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str) -> Question:
         options=PolicyOptions(gamma=body.gamma, score_layers=body.score_layers,
                               query_window=body.query_window, head_agg=body.head_agg),
     )
-    check_scope(ctx, question, with_model=ctx.settings.embedded)
+    check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
     return question
 
 
@@ -67,7 +68,7 @@ def query(body: QueryIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep) -> Q
 async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
                        tenant: TenantDep) -> StreamingResponse:
     """The same answer as server-sent events, token by token."""
-    question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant)
+    question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant, True)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 

@@ -78,6 +78,17 @@ class SQLiteMetadataStore:
                 raise
             self._conn.execute("COMMIT")
 
+    def _insert(self, table: str, record: Any, conflict: str) -> None:
+        """Insert a dataclass record as one row; `ConflictError(conflict)` on a duplicate."""
+        values = asdict(record)
+        cols, marks = ", ".join(values), ", ".join("?" for _ in values)
+        try:
+            with self._tx() as c:
+                c.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks})",
+                          tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(conflict) from exc
+
     def _one(self, sql: str, args: Sequence[Any]) -> sqlite3.Row | None:
         with self._lock:
             row: sqlite3.Row | None = self._conn.execute(sql, args).fetchone()
@@ -135,15 +146,7 @@ class SQLiteMetadataStore:
     def add_document(self, document: Document) -> None:
         """Insert a new document record."""
         self.get_collection(document.collection_id)
-        values = asdict(document)
-        cols = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
-        try:
-            with self._tx() as c:
-                c.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})",
-                          tuple(values.values()))
-        except sqlite3.IntegrityError as exc:
-            raise ConflictError(f"document {document.id} already exists") from exc
+        self._insert("documents", document, f"document {document.id} already exists")
 
     def get_document(self, document_id: DocumentId) -> Document:
         """The document, or `NotFoundError`."""
@@ -226,16 +229,7 @@ class SQLiteMetadataStore:
     # jobs
     def add_job(self, job: Job) -> None:
         """Insert a new job record."""
-        values = asdict(job)
-        try:
-            with self._tx() as c:
-                c.execute(
-                    f"INSERT INTO jobs ({', '.join(values)}) "
-                    f"VALUES ({', '.join('?' for _ in values)})",
-                    tuple(values.values()),
-                )
-        except sqlite3.IntegrityError as exc:
-            raise ConflictError(f"job {job.id} already exists") from exc
+        self._insert("jobs", job, f"job {job.id} already exists")
 
     def get_job(self, job_id: JobId) -> Job:
         """The job, or `NotFoundError`."""

@@ -111,6 +111,8 @@ def test_query_validation_and_empty_collection(client: httpx.Client) -> None:
     col = client.post("/v1/collections", json={"name": "empty"}).json()["collection_id"]
     r = client.post("/v1/query", json={"collection_id": col, "question": "anything?"})
     assert r.status_code == 409 and "upload" in r.json()["detail"]
+    r = client.post("/v1/query/stream", json={"collection_id": col, "question": "anything?"})
+    assert r.status_code == 409 and "upload" in r.json()["detail"]
     r = client.post("/v1/query", json={"collection_id": col, "question": ""})
     assert r.status_code == 422
     assert client.post("/v1/collections", json={"name": "empty"}).status_code == 409
