@@ -49,6 +49,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from bench.ttft_args import add_arguments
 from bench.ttft_model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
 from bench.ttft_report import write_outputs
 from bench.ttft_tiers import TIER_NOTES, BenchTiers, sync
@@ -316,25 +317,6 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
     out = Path(out) if out is not None else RESULTS / f"ttft_{model_shape}.json"
     write_outputs(doc, out)
     return doc
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The benchmark's options (shared by `python -m bench.ttft` and `conduit bench ttft`)."""
-    p.add_argument("--model-shape", default="cpu", choices=sorted(SHAPES))
-    p.add_argument("--pages", default="8",
-                   help="pages per request; a list such as 1,2,4,8,16,32 also sweeps them")
-    p.add_argument("--tokens-per-page", type=int, default=256)
-    p.add_argument("--question-tokens", type=int, default=32)
-    p.add_argument("--tier", default="memory,disk,redis", help="comma-separated tiers")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--sweep", default="", help="page counts, e.g. 1,2,4,8,16,32")
-    p.add_argument("--sweep-repeats", type=int, default=None)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--no-check", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
 
 
 def run_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def add_tool_commands(sub: Any) -> None:
     store.add_argument("--out", type=Path, default=Path("bench/results/store.json"))
     store.set_defaults(func=_bench_store)
     ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
-    from bench.ttft import add_arguments
+    from bench.ttft_args import add_arguments
 
     add_arguments(ttft)
     ttft.set_defaults(func=_bench_ttft)

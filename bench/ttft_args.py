@@ -1,0 +1,29 @@
+"""Options of the TTFT benchmark, importable without torch (the `conduit` CLI builds its parser
+from them on every start; `bench.ttft` checks the names against its shapes and dtypes)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SHAPE_NAMES = ["7b", "cpu", "tiny"]  # bench.ttft_model.SHAPES
+DTYPE_NAMES = ["bfloat16", "float16", "float32"]  # bench.ttft.DTYPES
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared by `python -m bench.ttft` and `conduit bench ttft`)."""
+    p.add_argument("--model-shape", default="cpu", choices=SHAPE_NAMES)
+    p.add_argument("--pages", default="8",
+                   help="pages per request; a list such as 1,2,4,8,16,32 also sweeps them")
+    p.add_argument("--tokens-per-page", type=int, default=256)
+    p.add_argument("--question-tokens", type=int, default=32)
+    p.add_argument("--tier", default="memory,disk,redis", help="comma-separated tiers")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--sweep", default="", help="page counts, e.g. 1,2,4,8,16,32")
+    p.add_argument("--sweep-repeats", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=DTYPE_NAMES)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-check", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
