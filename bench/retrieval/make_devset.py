@@ -55,7 +55,10 @@ def _draw_table(page: pymupdf.Page, top: float, rows: list[list[str]], size: flo
 
 def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
             running: str) -> None:
-    """Draw `spec` as real text on `page`, with a running footer naming the document."""
+    """Draw `spec` as real text on `page`, with a running footer naming the document.
+
+    With `running` empty, the footer (from page 2 on) is the bare page number.
+    """
     w = page.rect.width
     title_size = 26 if slide else (22 if spec.kind == "cover" else 15)
     top = 90.0 if spec.kind == "cover" and not slide else 40.0
@@ -79,19 +82,23 @@ def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
         if spec.table:
             _draw_table(page, y, spec.table, 14 if slide else 10)
     if number > 1:
-        page.insert_text((MARGIN, page.rect.height - 25), f"{running} - page {number}",
-                         fontsize=8)
+        footer = f"{running} - page {number}" if running else str(number)
+        page.insert_text((MARGIN, page.rect.height - 25), footer, fontsize=8)
 
 
 def _as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool,
-             running: str, rng: random.Random) -> bytes:
-    """Lay the page out in a scratch document, render it, and degrade it like a scan."""
+             running: str, rng: random.Random, dpi: int | None = None) -> bytes:
+    """Lay the page out in a scratch document, render it, and degrade it like a scan.
+
+    `dpi` defaults to 200 for portrait scans and 150 for slide screenshots.
+    """
     scratch = pymupdf.open()
     page = scratch.new_page(width=size[0], height=size[1])
     _layout(page, spec if spec.kind != "scan" else PageSpec("cover", spec.title,
                                                             spec.paragraphs), number, slide,
             running)
-    pix = page.get_pixmap(dpi=200 if not slide else 150, colorspace=pymupdf.csGRAY)
+    dpi = dpi or (200 if not slide else 150)
+    pix = page.get_pixmap(dpi=dpi, colorspace=pymupdf.csGRAY)
     image = Image.frombytes("L", (pix.width, pix.height), pix.samples)
     scratch.close()
     if not slide:  # a slightly skewed, blurred, grey-paper scan
@@ -138,10 +145,10 @@ def build(out: Path, seed: int) -> tuple[int, int, int]:
             pages += len(doc.pages)
             questions.extend((doc.family, q) for q in qs)
     with (out / "questions.jsonl").open("w", encoding="utf-8") as fh:
-        for n, (family, q) in enumerate(questions, start=1):
+        for n, (family_name, q) in enumerate(questions, start=1):
             fh.write(json.dumps({"id": f"q{n:03d}", "question": q.question, "doc": q.doc,
                                  "evidence_pages": q.evidence_pages, "style": q.style,
-                                 "page_kind": q.page_kind, "family": family}) + "\n")
+                                 "page_kind": q.page_kind, "family": family_name}) + "\n")
     return docs, pages, len(questions)
 
 
