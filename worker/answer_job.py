@@ -122,7 +122,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
     by_key = {f"{p.document_id}:{p.number}": p for p in pages}
     candidates = [
-        Candidate(key=k, text=p.text,
+        Candidate(key=k, text=p.text, context=p.context,
                   embedding=None if p.embedding is None else embedding_from_bytes(p.embedding))
         for k, p in by_key.items()
     ]
@@ -130,7 +130,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     hits = search(q.question, candidates, top_k=q.top_k,
                   bm25_weight=s.bm25_weight if q.bm25_weight is None else q.bm25_weight,
                   dense_weight=s.dense_weight if q.dense_weight is None else q.dense_weight,
-                  embedder=ctx.embedder)
+                  embedder=ctx.embedder, rrf_k=s.rrf_k)
     return [(by_key[h.key], h.score) for h in hits]
 
 

@@ -17,6 +17,7 @@ from worker.ingest.deadline import Deadline
 from worker.ingest.errors import IngestError
 from worker.ingest.pages import iter_pages
 from worker.ingest.pdf import open_pdf
+from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
 from worker.retrieval.passages import embed_pages
 from worker.uploads import upload_path
@@ -77,6 +78,7 @@ def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page
     pdf = open_pdf(upload_path(ctx.home, doc.id).read_bytes(), password=None,
                    max_pages=s.max_pages)
     progress.total = pdf.page_count
+    title = (pdf.metadata or {}).get("title")
     pages: list[Page] = []
     try:
         for item in iter_pages(pdf, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
@@ -95,8 +97,11 @@ def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page
     finally:
         pdf.close()
     progress("index", 0)
-    for page, matrix in zip(pages, embed_pages([p.text for p in pages], ctx.embedder),
-                            strict=True):
+    context = document_context(doc.filename, title, pages[0].text if pages else "")
+    matrices = embed_pages([p.text for p in pages], ctx.embedder,
+                           contexts=[context] * len(pages))
+    for page, matrix in zip(pages, matrices, strict=True):
+        page.context = context
         page.embedding = None if matrix is None else embedding_to_bytes(matrix)
     progress("index", len(pages))
     deadline.check(len(pages), len(pages))

@@ -64,7 +64,8 @@ class Page:
     image_path: str  # relative to the home dir
     width: int
     height: int
-    embedding: bytes | None = None  # float32 dense embedding of the text
+    embedding: bytes | None = None  # float32 dense embedding of the text (with `context`)
+    context: str = ""  # title words of the page's document, indexed with every page
 
 
 @dataclass

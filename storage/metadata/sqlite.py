@@ -41,12 +41,25 @@ CREATE TABLE IF NOT EXISTS pages (
     document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
     number INTEGER NOT NULL, page_hash TEXT NOT NULL, text TEXT NOT NULL,
     text_source TEXT NOT NULL, image_path TEXT NOT NULL, width INTEGER NOT NULL,
-    height INTEGER NOT NULL, embedding BLOB, PRIMARY KEY (document_id, number));
+    height INTEGER NOT NULL, embedding BLOB, context TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (document_id, number));
 CREATE INDEX IF NOT EXISTS pages_by_hash ON pages (page_hash);
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, status TEXT NOT NULL, document_id TEXT,
     error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
 """
+
+
+# Columns added after the first release: (table, column, definition). A database written by
+# an older version gains them on open; their defaults are what the older version meant.
+_ADDED_COLUMNS = [("pages", "context", "TEXT NOT NULL DEFAULT ''")]
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    for table, column, definition in _ADDED_COLUMNS:
+        present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
 
 def _row(cls: type, row: sqlite3.Row) -> Any:
@@ -66,6 +79,7 @@ class SQLiteMetadataStore:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self._conn.executescript(_SCHEMA)
+            _migrate(self._conn)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -189,8 +203,9 @@ class SQLiteMetadataStore:
             if c.execute("SELECT 1 FROM documents WHERE id = ?", (document_id,)).fetchone() is None:
                 raise NotFoundError(f"document {document_id} not found")
             c.execute("DELETE FROM pages WHERE document_id = ?", (document_id,))
+            names = [f.name for f in fields(Page)]
             c.executemany(
-                "INSERT INTO pages VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO pages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                 [tuple(asdict(p).values()) for p in pages],
             )
 

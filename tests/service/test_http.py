@@ -194,3 +194,27 @@ def test_openai_compatible_chat(client: httpx.Client, collection: str) -> None:
     assert '"finish_reason": "stop"' in lines[-2]
     r = client.post("/v1/chat/completions", json={**body, "model": "gpt-4"})
     assert r.status_code == 422
+
+
+def test_a_question_naming_a_document_reaches_its_inner_page(client: httpx.Client) -> None:
+    """Two reports share a template; only their covers and file names say whose they are.
+    Ingestion stores each document's title words with its pages, so a question naming the
+    company is answered from that company's inner page, not the other's twin page."""
+    r = client.post("/v1/collections", json={"name": "same-template reports"})
+    collection = str(r.json()["collection_id"])
+    ids = {}
+    for slug, name, dividend in [("norrvik", "Norrvik Energy", "1.20"),
+                                 ("caldera", "Caldera Foods", "0.45")]:
+        pages = [f"{name} Annual Report 2023. Our year in review.",
+                 "Letter to shareholders. Demand recovered and margins improved.",
+                 f"Dividend. The board proposes a final dividend of EUR {dividend} per share."]
+        r = _upload(client, collection, text_pdf(pages), f"{slug}_annual_report_2023.pdf")
+        ids[slug] = r.json()["document_id"]
+        assert wait_ready(client, ids[slug])["status"] == "ready"
+    for slug, name in [("norrvik", "Norrvik Energy"), ("caldera", "Caldera Foods")]:
+        r = client.post("/v1/query", json={
+            "collection_id": collection, "top_k": 1, "max_new_tokens": 2,
+            "question": f"What final dividend per share does {name} propose?"})
+        assert r.status_code == 200, r.text
+        cited = r.json()["citations"][0]
+        assert (cited["document_id"], cited["page"]) == (ids[slug], 3), cited

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from storage.metadata import (
     MetadataStore,
     Page,
     RedisMetadataStore,
+    SQLiteMetadataStore,
     new_id,
 )
 
@@ -30,7 +32,7 @@ def _doc(col: CollectionId, name: str = "a.pdf") -> Document:
 def _page(doc: DocumentId, number: int, page_hash: str, emb: bytes | None = None) -> Page:
     return Page(document_id=doc, number=number, page_hash=page_hash, text=f"page {number} é",
                 text_source="text_layer", image_path=f"pages/{doc}/{number}.png", width=800,
-                height=1000, embedding=emb)
+                height=1000, embedding=emb, context="Caldera Foods Annual Report 2023")
 
 
 def _ready(meta: MetadataStore, doc: Document, n: int) -> None:
@@ -173,3 +175,28 @@ def test_redis_metadata_store_down_raises_unavailable(tmp_path: Path) -> None:
     with pytest.raises(UnavailableError):
         store.get_collection(col.id)
     store.close()
+
+
+def test_sqlite_store_opens_a_database_written_before_pages_had_a_context(
+        tmp_path: Path) -> None:
+    path = tmp_path / "meta.db"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE pages (
+            document_id TEXT NOT NULL, number INTEGER NOT NULL, page_hash TEXT NOT NULL,
+            text TEXT NOT NULL, text_source TEXT NOT NULL, image_path TEXT NOT NULL,
+            width INTEGER NOT NULL, height INTEGER NOT NULL, embedding BLOB,
+            PRIMARY KEY (document_id, number));
+        INSERT INTO pages VALUES ('doc_old', 1, 'h1', 'old text', 'ocr', 'p.png', 8, 9, NULL);
+    """)
+    old.commit()
+    old.close()
+    meta = SQLiteMetadataStore(path)
+    col = meta.create_collection("c", "t")
+    doc = _doc(col.id)
+    meta.add_document(doc)
+    meta.put_pages(doc.id, [_page(doc.id, 1, "h2")])
+    _ready(meta, doc, 1)
+    assert meta.list_pages(col.id) == [_page(doc.id, 1, "h2")]
+    rows = meta._all("SELECT context FROM pages WHERE document_id = 'doc_old'", ())
+    assert [r["context"] for r in rows] == [""]  # older pages read as "no context"

@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from worker.ingest import IngestError, TextSource, iter_pages, open_pdf
+from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import Embedder
+from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.hybrid import Candidate, search
 from worker.retrieval.passages import DEFAULT_PASSAGES, PassageConfig, embed_pages
 
@@ -43,6 +45,7 @@ class CorpusPage:
     text: str
     source: TextSource
     embedding: np.ndarray | None = None
+    context: str = ""  # the document's title words (`document_context`)
 
 
 @dataclass
@@ -103,18 +106,24 @@ def ingest_corpus(
     for path in sorted(pdfs_dir.glob("*.pdf")):
         try:
             with open_pdf(path.read_bytes(), max_pages=MAX_EVAL_PAGES) as doc:
-                for ingested in iter_pages(doc, dpi=72, max_pixels=10**7, ocr=ocr,
-                                           render=False):
-                    corpus.pages.append(CorpusPage(path.name, ingested.number,
-                                                   ingested.text.text, ingested.text.source))
+                title = (doc.metadata or {}).get("title")
+                pages = [CorpusPage(path.name, ingested.number, ingested.text.text,
+                                    ingested.text.source)
+                         for ingested in iter_pages(doc, dpi=72, max_pixels=10**7, ocr=ocr,
+                                                    render=False)]
         except IngestError as exc:
             log.warning("skipping %s: %s", path.name, exc.message)
             corpus.failed[path.name] = exc.message
             continue
+        context = document_context(path.name, title, pages[0].text if pages else "")
+        for page in pages:
+            page.context = context
+        corpus.pages.extend(pages)
         if on_document is not None:
             on_document(path.name, sum(p.doc == path.name for p in corpus.pages))
     if embedder is not None:
-        matrices = embed_pages([p.text for p in corpus.pages], embedder, passages)
+        matrices = embed_pages([p.text for p in corpus.pages], embedder, passages,
+                               contexts=[p.context for p in corpus.pages])
         for page, matrix in zip(corpus.pages, matrices, strict=True):
             page.embedding = matrix
     corpus.seconds = time.perf_counter() - started
@@ -133,6 +142,7 @@ def _resolve_doc(name: str | None, documents: Sequence[str]) -> str | None:
 def rank_questions(
     corpus: Corpus, questions: Sequence[EvalQuestion], *, within_doc: bool, depth: int = 20,
     bm25_weight: float = 1.0, dense_weight: float = 1.0, embedder: Embedder | None = None,
+    rrf_k: float = DEFAULT_RRF_K,
 ) -> list[list[PageRef]]:
     """Ranked pages per question (at most `depth`, fewer only when the scope is smaller).
 
@@ -140,7 +150,7 @@ def rank_questions(
     without a `doc`, or whose doc is not in the folder, raises `ValueError`.
     """
     documents = corpus.documents()
-    all_candidates = [Candidate(key=str(i), text=p.text, embedding=p.embedding)
+    all_candidates = [Candidate(key=str(i), text=p.text, embedding=p.embedding, context=p.context)
                       for i, p in enumerate(corpus.pages)]
     by_doc: dict[str, list[Candidate]] = {}
     for candidate, page in zip(all_candidates, corpus.pages, strict=True):
@@ -159,7 +169,7 @@ def rank_questions(
                                  f"of the PDFs in the folder (got {q.doc!r})")
             candidates = by_doc[doc]
         hits = search(q.question, candidates, top_k=depth, bm25_weight=bm25_weight,
-                      dense_weight=dense_weight, embedder=embedder)
+                      dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k)
         rankings.append([(corpus.pages[int(h.key)].doc, corpus.pages[int(h.key)].page)
                          for h in hits])
     return rankings
@@ -205,8 +215,8 @@ def write_predictions(out: Path, questions: Sequence[EvalQuestion],
 
 def run_retrieval_eval(
     pdfs_dir: Path, questions: Path, out: Path, ks: list[int], within_doc: bool,
-    ocr: bool = True, *, bm25_weight: float = 1.0, dense_weight: float = 1.0,
-    embedder: Embedder | None = None, depth: int = 20,
+    ocr: bool = True, *, bm25_weight: float = 1.0, dense_weight: float = 0.6,
+    rrf_k: float = DEFAULT_RRF_K, embedder: Embedder | None = None, depth: int = 20,
 ) -> dict[str, object]:
     """Ingest `pdfs_dir`, rank pages for every question, write `out`, return the summary.
 
@@ -224,7 +234,7 @@ def run_retrieval_eval(
     started = time.perf_counter()
     rankings = rank_questions(corpus, items, within_doc=within_doc,
                               depth=max(depth, max(ks)), bm25_weight=bm25_weight,
-                              dense_weight=dense_weight, embedder=embedder)
+                              dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k)
     rank_seconds = time.perf_counter() - started
     write_predictions(out, items, rankings)
     summary: dict[str, object] = {
@@ -237,6 +247,7 @@ def run_retrieval_eval(
         "within_doc": within_doc,
         "bm25_weight": bm25_weight,
         "dense_weight": dense_weight,
+        "rrf_k": rrf_k,
         "ingest_s": round(corpus.seconds, 2),
         "rank_s_per_question": round(rank_seconds / max(len(items), 1), 4),
     }

@@ -3,6 +3,7 @@
 Stateless over candidates: the caller picks the candidate pages (the scope: a whole
 collection, or the pages of a list of document ids) and passes their stored text and
 embeddings; nothing here reads a store, so embedded and distributed mode share the code.
+Each candidate's document context (its document's title words) is indexed with its text.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from worker.retrieval.bm25 import bm25_scores
 from worker.retrieval.dense import max_passage_scores
+from worker.retrieval.document_context import with_context
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import (
     DEFAULT_RRF_K,
@@ -32,13 +34,15 @@ class Candidate:
     `key` is the caller's id for the page (e.g. "doc_ab12:3"). `embedding` is the page's
     `(n, 384)` passage matrix from ingestion (`embedding_from_bytes`); when None and the page
     has text, it is computed on the fly. `visual` is the page's multi-vector embedding from
-    a configured `VisualRetriever` (None when there is none).
+    a configured `VisualRetriever` (None when there is none). `context` is the title words
+    of the page's document (`document_context`), indexed with the page by BM25.
     """
 
     key: str
     text: str
     embedding: np.ndarray | None = None
     visual: np.ndarray | None = None
+    context: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,13 +70,13 @@ def search(
 ) -> list[Hit]:
     """The `top_k` best candidates for `query`, best first.
 
-    Rankings: BM25 over page text (pages without a query term are unranked), dense cosine
-    of the query with each page's best passage (needs `embedder`; skipped when None or
-    `dense_weight` is 0), and visual late interaction (when `visual` is given and
-    candidates carry `visual` embeddings). Fused by weighted reciprocal rank fusion;
-    ties go to the better single rank, then to input order. When fewer than `top_k`
-    candidates are ranked at all, the rest follow in input order with score 0, so the
-    result always has `min(top_k, len(candidates))` entries.
+    Rankings: BM25 over page context and text (pages without a query term are unranked),
+    dense cosine of the query with each page's best passage (needs `embedder`; skipped when
+    None or `dense_weight` is 0), and visual late interaction (when `visual` is given and
+    candidates carry `visual` embeddings). Fused by weighted reciprocal rank fusion with
+    constant `rrf_k`. Ties go to the better single rank, then to input order. When fewer
+    than `top_k` candidates are ranked at all, the rest follow in input order with score 0,
+    so the result always has `min(top_k, len(candidates))` entries.
     """
     if top_k < 1:
         raise ValueError("top_k must be >= 1")
@@ -81,12 +85,15 @@ def search(
         return []
     rankings: list[Ranking] = []
     if bm25_weight:
-        scores = bm25_scores(query, [c.text for c in candidates])
+        scores = bm25_scores(query, [with_context(c.context, c.text) for c in candidates])
         rankings.append(Ranking("bm25", ranks_from_scores(scores, positive_only=True),
                                 bm25_weight))
+    pages: list[np.ndarray | None] | None = None
+    query_vector: np.ndarray | None = None
     if dense_weight and embedder is not None:
-        rankings.append(Ranking("dense", _dense_order(query, candidates, embedder),
-                                dense_weight))
+        pages = _page_vectors(candidates, embedder)
+        query_vector = embedder.embed_query(query)
+        rankings.append(Ranking("dense", _dense_order(query_vector, pages), dense_weight))
     if visual_weight and visual is not None:
         rankings.append(Ranking("visual", _visual_order(query, candidates, visual),
                                 visual_weight))
@@ -108,14 +115,21 @@ def search(
     ]
 
 
-def _dense_order(query: str, candidates: Sequence[Candidate], embedder: Embedder) -> list[int]:
+def _page_vectors(candidates: Sequence[Candidate], embedder: Embedder
+                  ) -> list[np.ndarray | None]:
+    """Every candidate's passage matrix, embedding on the fly those that came without one."""
     pages: list[np.ndarray | None] = [c.embedding for c in candidates]
     missing = [i for i, c in enumerate(candidates) if c.embedding is None and c.text.strip()]
     if missing:
-        for i, matrix in zip(missing, embed_pages([candidates[i].text for i in missing],
-                                                  embedder), strict=True):
+        texts = [candidates[i].text for i in missing]
+        contexts = [candidates[i].context for i in missing]
+        for i, matrix in zip(missing, embed_pages(texts, embedder, contexts=contexts),
+                             strict=True):
             pages[i] = matrix
-    query_vector = embedder.embed_query(query)
+    return pages
+
+
+def _dense_order(query_vector: np.ndarray, pages: Sequence[np.ndarray | None]) -> list[int]:
     scores = max_passage_scores(query_vector, pages)
     order = ranks_from_scores(scores, positive_only=False)
     return [i for i in order if np.isfinite(scores[i])]

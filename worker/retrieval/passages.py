@@ -17,6 +17,7 @@ from typing import Literal
 
 import numpy as np
 
+from worker.retrieval.document_context import with_context
 from worker.retrieval.embedder import EMBEDDING_DIM, Embedder
 
 PassageMode = Literal["max", "mean", "first"]
@@ -55,18 +56,25 @@ def split_passages(text: str, config: PassageConfig = DEFAULT_PASSAGES) -> list[
 
 
 def embed_pages(
-    texts: list[str], embedder: Embedder, config: PassageConfig = DEFAULT_PASSAGES
+    texts: list[str], embedder: Embedder, config: PassageConfig = DEFAULT_PASSAGES,
+    contexts: list[str] | None = None,
 ) -> list[np.ndarray | None]:
     """Embed each page text as an `(n, 384)` float32 matrix (None for a page without text).
 
+    `contexts` (one per page, e.g. its document's title words from
+    `document_context`) is written in front of every passage of its page.
     All passages of all pages go through the model in one batch.
     """
+    if contexts is not None and len(contexts) != len(texts):
+        raise ValueError("one context per page text")
     passages: list[str] = []
     owners: list[int] = []
     for index, text in enumerate(texts):
         chunks = split_passages(text, config)
         if config.mode == "first":
             chunks = chunks[:1]
+        if contexts is not None:
+            chunks = [with_context(contexts[index], chunk) for chunk in chunks]
         passages.extend(chunks)
         owners.extend([index] * len(chunks))
     vectors = embedder.embed(passages)
