@@ -33,6 +33,12 @@ def add_tool_commands(sub: Any) -> None:
     retr.add_argument("--k", type=_ints, default=[1, 3, 5, 10])
     retr.add_argument("--within-doc", action="store_true")
     retr.add_argument("--no-ocr", action="store_true")
+    retr.add_argument("--bm25-weight", type=float, default=None,
+                      help="RRF weight of BM25 (default: CONDUIT_BM25_WEIGHT)")
+    retr.add_argument("--dense-weight", type=float, default=None,
+                      help="RRF weight of dense (default: CONDUIT_DENSE_WEIGHT)")
+    retr.add_argument("--rrf-k", type=float, default=None,
+                      help="RRF constant (default: CONDUIT_RRF_K)")
     retr.set_defaults(func=_eval_retrieval)
 
     fid = ev.add_parser("fidelity", help="refresh policies against full prefill")
@@ -70,10 +76,20 @@ def _bench_ttft(args: argparse.Namespace) -> int:
 
 
 def _eval_retrieval(args: argparse.Namespace) -> int:
+    """Rank with the deployment's retrieval settings unless flags override them."""
     from worker.retrieval.evaluate import run_retrieval_eval
+    from worker.settings import Settings
+
+    s = Settings()
+
+    def pick(flag: float | None, setting: float) -> float:
+        return setting if flag is None else flag
 
     summary = run_retrieval_eval(args.pdfs, args.questions, args.out, ks=args.k,
-                                 within_doc=args.within_doc, ocr=not args.no_ocr)
+                                 within_doc=args.within_doc, ocr=not args.no_ocr,
+                                 bm25_weight=pick(args.bm25_weight, s.bm25_weight),
+                                 dense_weight=pick(args.dense_weight, s.dense_weight),
+                                 rrf_k=pick(args.rrf_k, s.rrf_k))
     print(json.dumps(summary, indent=2))
     return 0
 

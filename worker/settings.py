@@ -77,8 +77,12 @@ class Settings(BaseSettings):
     )
     bm25_weight: float = Field(1.0, ge=0.0, description="RRF weight of the BM25 ranking.")
     dense_weight: float = Field(
-        0.6, ge=0.0, description="RRF weight of the dense ranking (0.5-0.7 measured best at "
-        "rank 1 on the dev set; see bench/retrieval/RESULTS.md).",
+        0.6, ge=0.0, description="RRF weight of the dense ranking (0.6 with rrf_k 10 measured "
+        "best over both dev sets; see bench/retrieval/RESULTS.md).",
+    )
+    rrf_k: float = Field(  # = worker.retrieval.fusion.DEFAULT_RRF_K (tested)
+        10.0, ge=0.0, description="RRF constant k: a page at rank r of a ranking scores "
+        "weight / (k + r); smaller k trusts each ranking's top pages more.",
     )
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")

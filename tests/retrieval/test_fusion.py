@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from worker.retrieval import Candidate, Ranking, reciprocal_rank_fusion, search
-from worker.retrieval.fusion import ranks_from_scores
+from worker.retrieval.fusion import DEFAULT_RRF_K, ranks_from_scores
+from worker.settings import Settings
 
 
 def test_rrf_sums_weighted_reciprocal_ranks() -> None:
@@ -63,3 +64,7 @@ def test_search_edge_cases() -> None:
     # a query of stop words only ranks nothing but still returns pages
     hits = search("the of and", PAGES, top_k=2, dense_weight=0.0)
     assert [h.key for h in hits] == ["a", "b"] and all(h.score == 0 for h in hits)
+
+
+def test_the_deployment_default_rrf_constant_is_the_library_default() -> None:
+    assert Settings.model_fields["rrf_k"].default == DEFAULT_RRF_K
