@@ -125,3 +125,22 @@ def test_caption_over_a_large_image_keeps_the_layer_and_adds_the_image_words() -
     assert text.source == "ocr"
     assert "photograph of the maintenance whiteboard" in text.text  # the layer is kept
     assert "gearbox" in text.text and "Vindeby" in text.text  # the image is read
+
+
+@needs_ocr
+def test_a_chart_on_a_page_full_of_text_is_read_too() -> None:
+    """A report page: two columns of prose and a chart image whose labels exist only as
+    pixels. The long text layer is kept and the chart's words are added."""
+    doc = pymupdf.open()
+    two_column_page(doc)
+    page = doc[0]
+    page.insert_image(pymupdf.Rect(50, 500, 545, 790), stream=text_image(
+        ["Revenue by segment 2023", "Wholesale 715", "Consumer 595"], size=(1400, 800),
+        font_px=60))
+    opened = open_pdf(pdf_bytes(doc), max_pages=5)
+    layer = opened[0].get_text("text")
+    assert "Wholesale" not in layer and len(layer) > 400
+    text = extract_text(opened, 0, ocr=True)
+    assert text.source == "ocr"
+    assert "Wholesale" in text.text and "715" in text.text
+    assert all(word in text.text for word in layer.split()[:20])  # the layer is kept
