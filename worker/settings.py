@@ -56,7 +56,8 @@ class Settings(BaseSettings):
         1654 * 2339, ge=10_000, description="Pixel cap per rendered page (A4 at 200 dpi)."
     )
     ingest_timeout_s: float = Field(600.0, gt=0, description="Per-document ingest deadline.")
-    ocr: bool = Field(True, description="OCR pages without a usable text layer (tesseract).")
+    ocr: bool = Field(True, description="OCR pages without a usable text layer, and the "
+                      "images of pages with figures (tesseract).")
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
     # answering
