@@ -1,12 +1,17 @@
-"""Measure page retrieval on the dev set: BM25 vs dense vs hybrid, OCR on/off, passage modes.
+"""Measure page retrieval on a dev set: BM25 vs dense vs hybrid, OCR on/off, document
+context on/off, passage modes, fusion weights.
 
     python -m bench.retrieval.make_devset --out /tmp/devset
     python -m bench.retrieval.run_bench --devset /tmp/devset \
         --json bench/results/retrieval_devset.json
+    python -m bench.retrieval.hard_devset --out /tmp/hardset
+    python -m bench.retrieval.run_bench --devset /tmp/hardset --preset hard \
+        --json bench/results/retrieval_hardset.json
 
-Ingests the PDFs once with OCR and once without (text layers only), embeds every page once
-per passage mode, then ranks all questions under each configuration, over the whole
-collection and within each question's document. Prints a markdown table.
+Ingests the PDFs once with OCR and once without (text layers only; cached as JSON in the
+dev set folder), embeds every page once per (OCR, passage mode, context) it needs (cached
+as .npy), then ranks all questions under each configuration, over the whole collection and
+within each question's document. Prints markdown tables; writes every number to --json.
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ import argparse
 import json
 import platform
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
-from worker.retrieval.embedder import Embedder
+from worker.retrieval.document_context import document_context
+from worker.retrieval.embedder import EMBEDDING_DIM, Embedder
 from worker.retrieval.evaluate import (
     Corpus,
     CorpusPage,
@@ -32,15 +38,70 @@ from worker.retrieval.evaluate import (
     rank_questions,
     score_rankings,
 )
-from worker.retrieval.passages import DEFAULT_PASSAGES, embed_pages
+from worker.retrieval.fusion import DEFAULT_RRF_K
+from worker.retrieval.passages import DEFAULT_PASSAGES, PassageMode, embed_pages
 
 KS = [1, 3, 5, 10]
+# Document context per page: none; full (file name, PDF title, first-page words: what
+# ingestion stores); or the first page's words only (opaque file names, no PDF titles).
+ContextKind = Literal["none", "full", "first_page"]
+BREAKDOWNS = ("style", "page_kind", "family", "image_only", "multi_page", "named")
 
 
-def with_embeddings(corpus: Corpus, matrices: Sequence[np.ndarray | None]) -> Corpus:
-    """A copy of `corpus` whose pages carry `matrices`."""
-    pages = [replace(p, embedding=m) for p, m in zip(corpus.pages, matrices, strict=True)]
-    return Corpus(pages=pages, failed=dict(corpus.failed), seconds=corpus.seconds)
+@dataclass(frozen=True)
+class Config:
+    """One retrieval configuration of the benchmark."""
+
+    name: str
+    ocr: bool = True
+    context: ContextKind = "full"
+    mode: PassageMode = "mean"
+    bm25: float = 1.0
+    dense: float = 0.0
+    rrf_k: float = DEFAULT_RRF_K
+    detail: bool = False  # also break the metrics down by question fields
+
+
+def _c(name: str, **kw: object) -> Config:
+    return Config(name, **kw)  # type: ignore[arg-type]
+
+
+PRESETS: dict[str, list[Config]] = {
+    "devset": [
+        _c("bm25, no OCR, no context", ocr=False, context="none"),
+        _c("bm25, no context", context="none", detail=True),
+        _c("dense max-passage, no context", context="none", mode="max", bm25=0, dense=1),
+        _c("dense mean-passage, no context", context="none", bm25=0, dense=1),
+        _c("dense truncated, no context", context="none", mode="first", bm25=0, dense=1),
+        _c("hybrid 1:0.6 k=60, no context", context="none", dense=0.6, rrf_k=60),
+        _c("hybrid 1:0.6, no context", context="none", dense=0.6, detail=True),
+        _c("hybrid 1:0.6, no OCR, no context", ocr=False, context="none", dense=0.6),
+        _c("bm25 + context", detail=True),
+        _c("dense + context", bm25=0, dense=1),
+        _c("hybrid 1:0.3 + context", dense=0.3),
+        _c("hybrid 1:0.6 k=60 + context", dense=0.6, rrf_k=60),
+        _c("hybrid 1:0.6 + context (default)", dense=0.6, detail=True),
+        _c("hybrid 1:1 + context", dense=1),
+        _c("hybrid 1:0.6 + context, max-passage", dense=0.6, mode="max"),
+    ],
+    "hard": [
+        _c("bm25, text layer only (baseline)", ocr=False, context="none", detail=True),
+        _c("bm25 + OCR", context="none", detail=True),
+        _c("bm25 + OCR + context", detail=True),
+        _c("dense + OCR, no context", context="none", bm25=0, dense=1),
+        _c("dense + OCR + context", bm25=0, dense=1, detail=True),
+        _c("hybrid 1:0.6 k=60 + OCR, no context", context="none", dense=0.6, rrf_k=60),
+        _c("hybrid 1:0.6 + OCR, no context", context="none", dense=0.6, detail=True),
+        _c("hybrid 1:0.3 + OCR + context", dense=0.3),
+        _c("hybrid 1:0.6 k=60 + OCR + context", dense=0.6, rrf_k=60, detail=True),
+        _c("hybrid 1:0.6 + OCR + context (default)", dense=0.6, detail=True),
+        _c("hybrid 1:1 + OCR + context", dense=1),
+        _c("hybrid 1:0.6 + OCR + context, max-passage", dense=0.6, mode="max"),
+        _c("hybrid 1:0.6 + OCR + first-page context only", context="first_page", dense=0.6,
+           detail=True),
+        _c("hybrid 1:0.6 + context, no OCR", ocr=False, dense=0.6, detail=True),
+    ],
+}
 
 
 def cached_corpus(pdfs: Path, ocr: bool, cache: Path) -> Corpus:
@@ -52,36 +113,64 @@ def cached_corpus(pdfs: Path, ocr: bool, cache: Path) -> Corpus:
                       seconds=data["seconds"])
     corpus = ingest_corpus(pdfs, ocr=ocr, embedder=None)
     cache.write_text(json.dumps({
-        "pages": [{"doc": p.doc, "page": p.page, "text": p.text, "source": p.source}
-                  for p in corpus.pages],
+        "pages": [{"doc": p.doc, "page": p.page, "text": p.text, "source": p.source,
+                   "context": p.context} for p in corpus.pages],
         "failed": corpus.failed, "seconds": corpus.seconds}))
     return corpus
 
 
-def mode_embeddings(corpus: Corpus, embedder: Embedder) -> dict[str, list[np.ndarray | None]]:
-    """Page embeddings per passage mode: all windows (max), their mean, or truncation."""
-    texts = [p.text for p in corpus.pages]
-    windows = embed_pages(texts, embedder, replace(DEFAULT_PASSAGES, mode="max"))
-    means: list[np.ndarray | None] = []
-    for m in windows:
-        if m is None:
-            means.append(None)
-            continue
-        v = m.mean(axis=0)
-        means.append((v / np.linalg.norm(v))[None, :].astype(np.float32))
-    present = [i for i, t in enumerate(texts) if t.strip()]
-    truncated: list[np.ndarray | None] = [None] * len(texts)
-    for i, row in zip(present, embedder.embed([texts[i] for i in present]), strict=True):
-        truncated[i] = row[None, :]
-    return {"max": windows, "mean": means, "truncate": truncated}
+def with_context_kind(corpus: Corpus, kind: ContextKind) -> Corpus:
+    """`corpus` with every page's document context as `kind` says."""
+    first: dict[str, str] = {}
+    for page in corpus.pages:
+        first.setdefault(page.doc, page.text)
+    contexts = {"none": lambda p: "", "full": lambda p: p.context,
+                "first_page": lambda p: document_context("", None, first[p.doc])}
+    return Corpus(pages=[replace(p, context=contexts[kind](p)) for p in corpus.pages],
+                  failed=dict(corpus.failed), seconds=corpus.seconds)
+
+
+class Embeddings:
+    """Page embeddings per (OCR, passage mode, context), computed once and cached as .npz."""
+
+    def __init__(self, folder: Path, embedder: Embedder) -> None:
+        self.folder, self.embedder = folder, embedder
+        self.seconds: dict[str, float] = {}
+
+    def get(self, corpus: Corpus, ocr: bool, mode: PassageMode, context: ContextKind
+            ) -> list[np.ndarray | None]:
+        """One matrix per page of `corpus` (the OCR or text-layer corpus with `context`
+        applied): `(n, 384)` rows for "max", one row otherwise; None for a page without text."""
+        tag = f"{'ocr' if ocr else 'text'}_{mode}_{context}"
+        path = self.folder / f"emb_{tag}.npz"
+        source = self.folder / f"corpus_{'ocr' if ocr else 'text'}.json"
+        if path.exists() and path.stat().st_mtime > source.stat().st_mtime:
+            with np.load(path, allow_pickle=False) as data:
+                rows, owners = data["rows"], data["owners"]
+        else:
+            started = time.perf_counter()
+            matrices = embed_pages(
+                [p.text for p in corpus.pages], self.embedder,
+                replace(DEFAULT_PASSAGES, mode=mode),
+                contexts=None if context == "none" else [p.context for p in corpus.pages])
+            self.seconds[tag] = round(time.perf_counter() - started, 1)
+            owners = np.concatenate([np.full(len(m), i) for i, m in enumerate(matrices)
+                                     if m is not None] or [np.zeros(0, dtype=np.int64)])
+            rows = np.concatenate([m for m in matrices if m is not None]
+                                  or [np.zeros((0, EMBEDDING_DIM), np.float32)])
+            np.savez(path, rows=rows, owners=owners)
+        out: list[np.ndarray | None] = [None] * len(corpus.pages)
+        for i in np.unique(owners):
+            out[int(i)] = rows[owners == i]
+        return out
 
 
 def breakdown(corpus: Corpus, questions: list[EvalQuestion], rankings: list, extra: list[dict],
               field: str) -> dict[str, dict[str, object]]:
-    """Metrics per value of a question field (style, page_kind, family)."""
+    """Metrics per value of a question field (style, page_kind, image_only, ...)."""
     out = {}
-    for value in sorted({row[field] for row in extra}):
-        idx = [i for i, row in enumerate(extra) if row[field] == value]
+    for value in sorted({str(row[field]) for row in extra}):
+        idx = [i for i, row in enumerate(extra) if str(row[field]) == value]
         out[value] = score_rankings(corpus, [questions[i] for i in idx],
                                     [rankings[i] for i in idx], KS)
     return out
@@ -92,6 +181,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devset", type=Path, required=True)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="devset")
     args = parser.parse_args()
     questions = load_questions(args.devset / "questions.jsonl")
     extra = [json.loads(line) for line in
@@ -99,68 +189,55 @@ def main() -> None:
     torch.set_num_threads(1)  # stable timings on a shared 2-core machine
     embedder = Embedder()
     pdfs = args.devset / "pdfs"
-    with_ocr = cached_corpus(pdfs, True, args.devset / "corpus_ocr.json")
-    without_ocr = cached_corpus(pdfs, False, args.devset / "corpus_text_layer.json")
+    corpora = {True: cached_corpus(pdfs, True, args.devset / "corpus_ocr.json"),
+               False: cached_corpus(pdfs, False, args.devset / "corpus_text.json")}
+    with_ocr = corpora[True]
     print(f"ingested: {len(with_ocr.pages)} pages in {with_ocr.seconds:.0f} s", flush=True)
-    started = time.perf_counter()
-    modes = mode_embeddings(with_ocr, embedder)
-    embed_s = time.perf_counter() - started
-    print(f"embedded in {embed_s:.0f} s", flush=True)
-    plain = mode_embeddings(without_ocr, embedder)["mean"]
-    corpora = {"ocr": {m: with_embeddings(with_ocr, e) for m, e in modes.items()},
-               "no_ocr": {"mean": with_embeddings(without_ocr, plain)}}
-    configs = [  # name, ocr, passage mode, bm25 weight, dense weight
-        ("bm25", "ocr", "max", 1.0, 0.0),
-        ("bm25 (no OCR)", "no_ocr", "mean", 1.0, 0.0),
-        ("dense max-passage", "ocr", "max", 0.0, 1.0),
-        ("dense mean-passage", "ocr", "mean", 0.0, 1.0),
-        ("dense truncated", "ocr", "truncate", 0.0, 1.0),
-        ("hybrid max-passage", "ocr", "max", 1.0, 1.0),
-        ("hybrid mean-passage", "ocr", "mean", 1.0, 1.0),
-        ("hybrid truncated", "ocr", "truncate", 1.0, 1.0),
-        ("hybrid mean-passage (no OCR)", "no_ocr", "mean", 1.0, 1.0),
-        ("hybrid mean, dense weight 0.7", "ocr", "mean", 1.0, 0.7),
-        ("hybrid mean, dense weight 0.5", "ocr", "mean", 1.0, 0.5),
-        ("hybrid mean, dense weight 0.25", "ocr", "mean", 1.0, 0.25),
-        ("hybrid mean, dense weight 2", "ocr", "mean", 1.0, 2.0),
-    ]
-    results: dict[str, object] = {}
+    embeddings = Embeddings(args.devset, embedder)
+    fields = [f for f in BREAKDOWNS if extra and f in extra[0]]
+    results: dict[str, dict[str, dict]] = {}
     for scope in ("collection", "within_doc"):
-        rows = {}
-        for name, ocr, mode, bw, dw in configs:
-            corpus = corpora[ocr][mode]
+        rows: dict[str, dict] = {}
+        for config in PRESETS[args.preset]:
+            base = with_context_kind(corpora[config.ocr], config.context)
+            matrices = (embeddings.get(base, config.ocr, config.mode, config.context)
+                        if config.dense else [None] * len(base.pages))
+            corpus = Corpus(pages=[replace(p, embedding=m)
+                                   for p, m in zip(base.pages, matrices, strict=True)],
+                            failed=dict(base.failed))
             t0 = time.perf_counter()
             ranked = rank_questions(corpus, questions, within_doc=scope == "within_doc",
-                                    bm25_weight=bw, dense_weight=dw,
-                                    embedder=embedder if dw else None)
-            row = score_rankings(corpus, questions, ranked, KS)
+                                    bm25_weight=config.bm25, dense_weight=config.dense,
+                                    rrf_k=config.rrf_k,
+                                    embedder=embedder if config.dense else None)
+            row: dict = score_rankings(corpus, questions, ranked, KS)
             row["ms_per_question"] = round(1000 * (time.perf_counter() - t0) / len(questions), 1)
-            if name in ("bm25", "dense mean-passage", "hybrid mean-passage",
-                        "hybrid mean, dense weight 0.5"):
-                row["by_style"] = breakdown(corpus, questions, ranked, extra, "style")
-                row["by_page_kind"] = breakdown(corpus, questions, ranked, extra, "page_kind")
-            rows[name] = row
-            print(f"{scope:10s} {name:30s} R@1={row['page_recall']['1']:.3f} "
+            if config.detail:
+                for f in fields:
+                    row[f"by_{f}"] = breakdown(corpus, questions, ranked, extra, f)
+            rows[config.name] = row
+            print(f"{scope:10s} {config.name:45s} R@1={row['page_recall']['1']:.3f} "
                   f"R@10={row['page_recall']['10']:.3f}", flush=True)
         results[scope] = rows
     summary = {
-        "devset": {"documents": len(with_ocr.documents()), "pages": len(with_ocr.pages),
+        "devset": {"folder": str(args.devset), "documents": len(with_ocr.documents()),
+                   "pages": len(with_ocr.pages),
                    "ocr_pages": sum(p.source == "ocr" for p in with_ocr.pages),
-                   "questions": len(questions),
-                   "generator": "python -m bench.retrieval.make_devset --seed 7"},
+                   "questions": len(questions), "preset": args.preset},
         "ingest_s": {"with_ocr": round(with_ocr.seconds, 1),
-                     "text_layer_only": round(without_ocr.seconds, 1),
-                     "embed_all_modes": round(embed_s, 1)},
+                     "text_layer_only": round(corpora[False].seconds, 1)},
+        "embed_s": embeddings.seconds,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "configs": {c.name: c.__dict__ for c in PRESETS[args.preset]},
         "results": results,
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=1) + "\n")
-    for scope, rows in results.items():
+    for scope, scope_rows in results.items():
         print(f"\n### {scope}\n")
         print("| config | R@1 | R@3 | R@5 | R@10 | doc hit@1 | ms/q |")
         print("|---|---|---|---|---|---|---|")
-        for name, row in rows.items():
+        for name, row in scope_rows.items():
             r = row["page_recall"]
             print(f"| {name} | {r['1']:.3f} | {r['3']:.3f} | {r['5']:.3f} | {r['10']:.3f} | "
                   f"{row['doc_hit']['1']:.3f} | {row['ms_per_question']} |")
