@@ -11,7 +11,13 @@ import pytest
 from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
 from worker.ingest import ocr_available
 from worker.retrieval import Embedder
-from worker.retrieval.evaluate import format_summary, load_questions, run_retrieval_eval
+from worker.retrieval.document_context import document_context
+from worker.retrieval.evaluate import (
+    format_summary,
+    ingest_corpus,
+    load_questions,
+    run_retrieval_eval,
+)
 
 HARBOUR = [
     "Harbour authority annual review. Ferry traffic and cargo volumes for the year.",
@@ -107,3 +113,15 @@ def test_load_questions_accepts_mmlongbench_style_fields(tmp_path: Path) -> None
                                 "evidence_pages": "[3, 5]"}) + "\n\n")
     (q,) = load_questions(path)
     assert (q.id, q.doc, q.evidence_pages) == ("1", "a.pdf", (3, 5))
+
+
+@pytest.mark.skipif(not ocr_available(), reason="tesseract language data missing")
+def test_worker_processes_read_the_same_corpus_as_one_process(folder: Path) -> None:
+    alone = ingest_corpus(folder / "pdfs", ocr=True, embedder=None, workers=1)
+    pooled = ingest_corpus(folder / "pdfs", ocr=True, embedder=None, workers=2)
+    assert pooled.pages == alone.pages and pooled.failed == alone.failed
+    assert [p.source for p in alone.pages].count("ocr") == 1
+    # every page carries its document's title words (the cover's first words, the file name)
+    assert {p.context for p in alone.pages if p.doc == "windfarm.pdf"} == {
+        document_context("windfarm.pdf", None, alone.pages[3].text)}
+    assert "Wind farm operations report" in alone.pages[3].context

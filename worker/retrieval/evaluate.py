@@ -14,10 +14,15 @@ gold page in the top k) and `doc_hit@k` (at least one of the top k from the gold
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
+import multiprocessing
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,33 +99,37 @@ def load_questions(path: Path) -> list[EvalQuestion]:
 def ingest_corpus(
     pdfs_dir: Path, *, ocr: bool, embedder: Embedder | None,
     passages: PassageConfig = DEFAULT_PASSAGES,
-    on_document: Callable[[str, int], None] | None = None,
+    workers: int | None = None,
 ) -> Corpus:
     """Read the text (layer or OCR) of every `*.pdf` in `pdfs_dir` and embed it.
 
+    Documents are read by `workers` processes (default: one per CPU; 1 reads them in this
+    process), since OCR dominates and MuPDF is not thread-safe; they travel back as JSON.
     A file that fails to open is recorded in `Corpus.failed` with its user-facing message.
     With `embedder` None, pages get no embeddings (BM25-only evaluation).
     """
     started = time.perf_counter()
     corpus = Corpus(pages=[])
-    for path in sorted(pdfs_dir.glob("*.pdf")):
-        try:
-            with open_pdf(path.read_bytes(), max_pages=MAX_EVAL_PAGES) as doc:
-                title = (doc.metadata or {}).get("title")
-                pages = [CorpusPage(path.name, ingested.number, ingested.text.text,
-                                    ingested.text.source)
-                         for ingested in iter_pages(doc, dpi=72, max_pixels=10**7, ocr=ocr,
-                                                    render=False)]
-        except IngestError as exc:
-            log.warning("skipping %s: %s", path.name, exc.message)
-            corpus.failed[path.name] = exc.message
-            continue
-        context = document_context(path.name, title, pages[0].text if pages else "")
-        for page in pages:
-            page.context = context
-        corpus.pages.extend(pages)
-        if on_document is not None:
-            on_document(path.name, sum(p.doc == path.name for p in corpus.pages))
+    paths = sorted(pdfs_dir.glob("*.pdf"))
+    count = min(workers or os.cpu_count() or 1, max(len(paths), 1))
+    read = functools.partial(_read_document, ocr=ocr)
+    with contextlib.ExitStack() as stack:
+        if count > 1:
+            pool = stack.enter_context(ProcessPoolExecutor(
+                count, mp_context=multiprocessing.get_context("spawn")))
+            results = pool.map(read, [str(p) for p in paths])
+        else:
+            results = map(read, [str(p) for p in paths])
+        for path, result in zip(paths, results, strict=True):
+            data = json.loads(result)
+            if "error" in data:
+                log.warning("skipping %s: %s", path.name, data["error"])
+                corpus.failed[path.name] = data["error"]
+                continue
+            context = document_context(path.name, data["title"],
+                                       data["pages"][0][1] if data["pages"] else "")
+            corpus.pages.extend(CorpusPage(path.name, number, text, source, context=context)
+                                for number, text, source in data["pages"])
     if embedder is not None:
         matrices = embed_pages([p.text for p in corpus.pages], embedder, passages,
                                contexts=[p.context for p in corpus.pages])
@@ -128,6 +137,19 @@ def ingest_corpus(
             page.embedding = matrix
     corpus.seconds = time.perf_counter() - started
     return corpus
+
+
+def _read_document(path: str, *, ocr: bool) -> str:
+    """One PDF's title and pages `[number, text, source]` (or its ingest error) as JSON."""
+    try:
+        with open_pdf(Path(path).read_bytes(), max_pages=MAX_EVAL_PAGES) as doc:
+            title = (doc.metadata or {}).get("title")
+            pages = [[item.number, item.text.text, item.text.source]
+                     for item in iter_pages(doc, dpi=72, max_pixels=10**7, ocr=ocr,
+                                            render=False)]
+    except IngestError as exc:
+        return json.dumps({"error": exc.message})
+    return json.dumps({"title": title, "pages": pages})
 
 
 def _resolve_doc(name: str | None, documents: Sequence[str]) -> str | None:
