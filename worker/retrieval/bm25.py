@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
 
 import bm25s
 import numpy as np
 import Stemmer
+
+
+# bm25s sets its logger to DEBUG, which prints a line per index build whatever the
+# application's level; follow the root logger instead.
+logging.getLogger("bm25s").setLevel(logging.NOTSET)
 
 
 @functools.cache
