@@ -25,6 +25,7 @@ from worker.uploads import upload_path
 log = logging.getLogger(__name__)
 
 PREFILL_BATCH = 4  # pages per prefill call
+EMBED_BATCH = 32  # pages per embedding call (progress is reported after each)
 
 
 @dataclass
@@ -98,12 +99,14 @@ def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page
         pdf.close()
     progress("index", 0)
     context = document_context(doc.filename, title, pages[0].text if pages else "")
-    matrices = embed_pages([p.text for p in pages], ctx.embedder,
-                           contexts=[context] * len(pages))
-    for page, matrix in zip(pages, matrices, strict=True):
-        page.context = context
-        page.embedding = None if matrix is None else embedding_to_bytes(matrix)
-    progress("index", len(pages))
+    for start in range(0, len(pages), EMBED_BATCH):
+        batch = pages[start:start + EMBED_BATCH]
+        matrices = embed_pages([p.text for p in batch], ctx.embedder,
+                               contexts=[context] * len(batch))
+        for page, matrix in zip(batch, matrices, strict=True):
+            page.context = context
+            page.embedding = None if matrix is None else embedding_to_bytes(matrix)
+        progress("index", start + len(batch))
     deadline.check(len(pages), len(pages))
     if s.prefill_on_ingest:
         ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))

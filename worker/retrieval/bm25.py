@@ -12,7 +12,6 @@ import bm25s
 import numpy as np
 import Stemmer
 
-
 # bm25s sets its logger to DEBUG, which prints a line per index build whatever the
 # application's level; follow the root logger instead.
 logging.getLogger("bm25s").setLevel(logging.NOTSET)
