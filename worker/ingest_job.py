@@ -83,7 +83,7 @@ def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page
     pages: list[Page] = []
     try:
         for item in iter_pages(pdf, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
-                               deadline=deadline,
+                               ocr_workers=s.ocr_workers, deadline=deadline,
                                on_progress=lambda p: progress(p.stage, p.done)):
             assert item.image is not None  # rendering is on
             rel = page_image_relpath(doc.id, item.number)

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     ingest_timeout_s: float = Field(600.0, gt=0, description="Per-document ingest deadline.")
     ocr: bool = Field(True, description="OCR pages without a usable text layer, and the "
                       "images of pages with figures (tesseract).")
+    ocr_workers: int = Field(
+        2, ge=1, le=64, description="Processes that OCR one document's pages in parallel "
+        "(1 = in the ingesting process).",
+    )
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
     # answering

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
@@ -10,9 +12,17 @@ import pymupdf
 from PIL import Image
 
 from worker.ingest.deadline import Deadline
-from worker.ingest.errors import CorruptPdfError
+from worker.ingest.errors import CorruptPdfError, IngestTimeoutError
+from worker.ingest.ocr import ocr_available
+from worker.ingest.ocr_pool import OcrPool, as_page_text
 from worker.ingest.render import capped_zoom, render_page
-from worker.ingest.text import DEFAULT_TEXT_POLICY, PageText, TextPolicy, extract_text
+from worker.ingest.text import (
+    DEFAULT_TEXT_POLICY,
+    PageText,
+    TextPolicy,
+    extract_text,
+    wants_ocr,
+)
 
 Stage = Literal["render", "text", "index", "prefill"]
 
@@ -50,6 +60,7 @@ def iter_pages(
     deadline: Deadline | None = None,
     on_progress: ProgressCallback | None = None,
     text_policy: TextPolicy = DEFAULT_TEXT_POLICY,
+    ocr_workers: int = 1,
 ) -> Iterator[IngestedPage]:
     """Yield every page of `doc` in order, rendered (if `render`) and with its text.
 
@@ -57,25 +68,64 @@ def iter_pages(
     through `on_progress`; the caller reports its own "index" and "prefill" stages with the
     same type. `deadline.check` runs before every step and raises `IngestTimeoutError`.
     `width`/`height` are the rendered size, or the size a render would have when not rendering.
-    Raises `CorruptPdfError` for a page MuPDF cannot load.
+    With `ocr_workers` > 1 and at least two pages to OCR, those pages are OCRed by an
+    `OcrPool` of that many processes while this one renders. Raises `CorruptPdfError` for a
+    page MuPDF cannot load.
     """
     total = doc.page_count
     report = on_progress or (lambda _p: None)
-    for index in range(total):
-        if deadline is not None:
-            deadline.check(index, total)
-        image = None
-        if render:
-            image = render_page(doc, index, dpi=dpi, max_pixels=max_pixels)
-            width, height = image.size
-            report(Progress("render", index + 1, total))
+    with contextlib.ExitStack() as stack:
+        pending = _start_ocr(doc, stack, ocr_workers, text_policy) if ocr else {}
+        for index in range(total):
             if deadline is not None:
                 deadline.check(index, total)
-        if image is None:
-            width, height = _size_at(doc, index, dpi, max_pixels)
-        text = extract_text(doc, index, ocr=ocr, policy=text_policy)
-        report(Progress("text", index + 1, total))
-        yield IngestedPage(number=index + 1, text=text, image=image, width=width, height=height)
+            image = None
+            if render:
+                image = render_page(doc, index, dpi=dpi, max_pixels=max_pixels)
+                width, height = image.size
+                report(Progress("render", index + 1, total))
+                if deadline is not None:
+                    deadline.check(index, total)
+            if image is None:
+                width, height = _size_at(doc, index, dpi, max_pixels)
+            text = None
+            if index in pending:
+                text = as_page_text(_wait(pending.pop(index), deadline, index, total))
+            if text is None:
+                text = extract_text(doc, index, ocr=ocr, policy=text_policy)
+            report(Progress("text", index + 1, total))
+            yield IngestedPage(number=index + 1, text=text, image=image, width=width,
+                               height=height)
+
+
+def _start_ocr(doc: pymupdf.Document, stack: contextlib.ExitStack, workers: int,
+               policy: TextPolicy) -> dict[int, Future[list[str] | None]]:
+    """Submit the pages that need OCR to a pool (none when one process is enough)."""
+    if workers < 2 or not ocr_available(policy.language):
+        return {}
+    todo = [i for i in range(doc.page_count) if _wants_ocr(doc, i, policy)]
+    if len(todo) < 2:
+        return {}
+    pool = stack.enter_context(OcrPool(doc, min(workers, len(todo)), policy))
+    return {i: pool.submit(i) for i in todo}
+
+
+def _wants_ocr(doc: pymupdf.Document, index: int, policy: TextPolicy) -> bool:
+    try:
+        return wants_ocr(doc.load_page(index), policy)
+    except Exception:  # read again, and reported, in the page loop
+        return False
+
+
+def _wait(future: Future[list[str] | None], deadline: Deadline | None, index: int,
+          total: int) -> list[str] | None:
+    """The worker's result, waiting no longer than the deadline leaves."""
+    if deadline is None:
+        return future.result()
+    try:
+        return future.result(timeout=max(deadline.seconds - deadline.elapsed, 0.0))
+    except TimeoutError:
+        raise IngestTimeoutError(deadline.seconds, index, total) from None
 
 
 def _size_at(doc: pymupdf.Document, index: int, dpi: int, max_pixels: int) -> tuple[int, int]:

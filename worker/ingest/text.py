@@ -80,6 +80,17 @@ def image_cover(page: pymupdf.Page) -> float:
     return min(covered / area, 1.0)
 
 
+def wants_ocr(page: pymupdf.Page, policy: TextPolicy = DEFAULT_TEXT_POLICY) -> bool:
+    """Whether `page_text` would OCR `page` (when OCR is on): its text layer is unusable, or
+    its images cover at least `policy.image_cover_ratio` of it. False for an unreadable page
+    (`page_text` reports it)."""
+    try:
+        layer = str(page.get_text("text"))
+    except Exception:
+        return False
+    return not usable_text_layer(layer, policy) or image_cover(page) >= policy.image_cover_ratio
+
+
 def page_text(
     page: pymupdf.Page, *, ocr: bool, policy: TextPolicy = DEFAULT_TEXT_POLICY
 ) -> PageText:
