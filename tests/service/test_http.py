@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pymupdf
 import pytest
 
+from tests.ingest.builders import image_only_page, pdf_bytes
 from tests.pdfs import encrypted_pdf, text_pdf
 from tests.service.conftest import wait_ready
+from worker.ingest import ocr_available
 
 PAGES = [
     "Quarterly report. Revenue grew in the northern region thanks to new retail stores.",
@@ -218,3 +221,21 @@ def test_a_question_naming_a_document_reaches_its_inner_page(client: httpx.Clien
         assert r.status_code == 200, r.text
         cited = r.json()["citations"][0]
         assert (cited["document_id"], cited["page"]) == (ids[slug], 3), cited
+
+
+@pytest.mark.skipif(not ocr_available(), reason="tesseract language data missing")
+def test_a_scanned_document_is_read_by_ocr_workers_and_cited(client: httpx.Client,
+                                                            collection: str) -> None:
+    """Two scanned pages: the server OCRs them in worker processes (CONDUIT_OCR_WORKERS=2)."""
+    doc = pymupdf.open()
+    image_only_page(doc, ["Harbour board minutes", "The dredging contract went to Kessel"])
+    image_only_page(doc, ["Wind farm log", "Turbine 7 gearbox replaced in March"])
+    r = _upload(client, collection, pdf_bytes(doc), "scans.pdf")
+    assert r.status_code == 202, r.text
+    assert wait_ready(client, r.json()["document_id"])["status"] == "ready"
+    r = client.post("/v1/query", json={"collection_id": collection, "top_k": 1,
+                                       "max_new_tokens": 2, "document_ids":
+                                       [r.json()["document_id"]],
+                                       "question": "Which turbine had its gearbox replaced?"})
+    assert r.status_code == 200, r.text
+    assert r.json()["citations"][0]["page"] == 2
