@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -100,8 +101,10 @@ def iter_pages(
 
 def _start_ocr(doc: pymupdf.Document, stack: contextlib.ExitStack, workers: int,
                policy: TextPolicy) -> dict[int, Future[list[str] | None]]:
-    """Submit the pages that need OCR to a pool (none when one process is enough)."""
-    if workers < 2 or not ocr_available(policy.language):
+    """Submit the pages that need OCR to a pool (none when one process is enough, or when
+    this process may not start any: a daemonic one, e.g. a prefork Celery child)."""
+    if workers < 2 or multiprocessing.current_process().daemon or not ocr_available(
+            policy.language):
         return {}
     todo = [i for i in range(doc.page_count) if _wants_ocr(doc, i, policy)]
     if len(todo) < 2:
