@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from bench.retrieval.hard_docs import manual, paper, slide_deck
 from bench.retrieval.hard_families import annual_report, filing
 from bench.retrieval.hard_specs import Builder, Chart, HardDoc, HardPage, HardQuestion
-from bench.retrieval.make_devset import A4, MARGIN, SLIDE, _as_scan, _layout
+from bench.retrieval.make_devset import A4, MARGIN, SLIDE, as_scan, layout_page
 
 Family = Callable[[random.Random, int, set[str]], Builder]
 FAMILIES: list[tuple[Family, int]] = [(annual_report, 10), (manual, 10), (paper, 12),
@@ -73,9 +73,9 @@ def _png(image: Image.Image) -> bytes:
 
 def _chart_page(page: pymupdf.Page, spec: HardPage, number: int, slide: bool,
                 running: str) -> None:
-    """Lay out the caption and prose like `_layout`, then embed the chart image below."""
+    """Lay out the caption and prose like `layout_page`, then embed the chart image below."""
     assert spec.chart is not None
-    _layout(page, HardPage("table", spec.title, spec.paragraphs), number, slide, running)
+    layout_page(page, HardPage("table", spec.title, spec.paragraphs), number, slide, running)
     size = 18 if slide else 11
     bullets = [("- " if slide else "") + p for p in spec.paragraphs]
     span = size * 1.9 * sum(1 + len(p) // 70 for p in bullets) + 10
@@ -96,7 +96,7 @@ def write_hard_pdf(doc: HardDoc, path: Path, rng: random.Random) -> None:
         page = pdf.new_page(width=size[0], height=size[1])
         if spec.kind in ("scan", "slide_image"):
             dpi = 150 if doc.landscape else doc.scan_dpi
-            page.insert_image(page.rect, stream=_as_scan(spec, size, number, doc.landscape,
+            page.insert_image(page.rect, stream=as_scan(spec, size, number, doc.landscape,
                                                          doc.running, rng, dpi=dpi))
             if spec.kind == "scan" and rng.random() < 0.5:  # a stamped text-layer footer
                 page.insert_text((MARGIN, size[1] - 12), f"Scanned copy - page {number}",
@@ -104,7 +104,7 @@ def write_hard_pdf(doc: HardDoc, path: Path, rng: random.Random) -> None:
         elif isinstance(spec, HardPage) and spec.chart is not None:
             _chart_page(page, spec, number, doc.landscape, doc.running)
         else:
-            _layout(page, spec, number, doc.landscape, doc.running)
+            layout_page(page, spec, number, doc.landscape, doc.running)
     pdf.set_metadata({"title": doc.title, "producer": "conduit hard dev set"})
     pdf.save(path, garbage=3, deflate=True)
     pdf.close()

@@ -53,7 +53,7 @@ def _draw_table(page: pymupdf.Page, top: float, rows: list[list[str]], size: flo
     page.draw_line((MARGIN, top), (MARGIN + width, top), width=1.0)
 
 
-def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
+def layout_page(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
             running: str) -> None:
     """Draw `spec` as real text on `page`, with a running footer naming the document.
 
@@ -86,7 +86,7 @@ def _layout(page: pymupdf.Page, spec: PageSpec, number: int, slide: bool,
         page.insert_text((MARGIN, page.rect.height - 25), footer, fontsize=8)
 
 
-def _as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool,
+def as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool,
              running: str, rng: random.Random, dpi: int | None = None) -> bytes:
     """Lay the page out in a scratch document, render it, and degrade it like a scan.
 
@@ -94,7 +94,7 @@ def _as_scan(spec: PageSpec, size: tuple[float, float], number: int, slide: bool
     """
     scratch = pymupdf.open()
     page = scratch.new_page(width=size[0], height=size[1])
-    _layout(page, spec if spec.kind != "scan" else PageSpec("cover", spec.title,
+    layout_page(page, spec if spec.kind != "scan" else PageSpec("cover", spec.title,
                                                             spec.paragraphs), number, slide,
             running)
     dpi = dpi or (200 if not slide else 150)
@@ -117,13 +117,13 @@ def write_pdf(doc: DocSpec, path: Path, rng: random.Random) -> None:
     for number, spec in enumerate(doc.pages, start=1):
         page = pdf.new_page(width=size[0], height=size[1])
         if spec.kind in ("scan", "slide_image"):
-            page.insert_image(page.rect, stream=_as_scan(spec, size, number, doc.landscape,
+            page.insert_image(page.rect, stream=as_scan(spec, size, number, doc.landscape,
                                                          running, rng))
             if spec.kind == "scan" and rng.random() < 0.5:  # a stamped text-layer footer
                 page.insert_text((MARGIN, size[1] - 12), f"Scanned copy - page {number}",
                                  fontsize=6)
         else:
-            _layout(page, spec, number, doc.landscape, running)
+            layout_page(page, spec, number, doc.landscape, running)
     pdf.set_metadata({"title": doc.pages[0].title, "producer": "conduit dev set"})
     pdf.save(path, garbage=3, deflate=True)
     pdf.close()
