@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
-from conduit_core.policies import POLICIES, resolve_policy
+from conduit_core.policies import POLICIES, get_policy, resolve_policy
 from conduit_core.scoring import ScoreConfig
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
@@ -91,6 +91,17 @@ def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions
                             is not None else getattr(base, f.name) for f in fields(base)})
 
 
+def effective_options(settings: Settings, policy: str, requested: PolicyOptions
+                      ) -> PolicyOptions:
+    """The knobs `policy` runs with: the request's over the deployment's. The deployment's
+    CONDUIT knobs apply only to policies that take options, so setting `CONDUIT_GAMMA` does
+    not make `full_prefill` requests invalid; a request that sets a knob for such a policy
+    still is."""
+    takes_options = hasattr(get_policy(policy), "with_options")
+    return merge_options(default_options(settings) if takes_options else PolicyOptions(),
+                         requested)
+
+
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
                 pages: bool = False) -> None:
     """Raise a `WorkerError` unless the question can be answered as asked.
@@ -103,7 +114,7 @@ def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
     name = q.policy or ctx.settings.policy
     if name not in POLICIES:
         raise UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    options = merge_options(default_options(ctx.settings), q.options)
+    options = effective_options(ctx.settings, name, q.options)
     try:
         resolve_policy(name, options)
         if with_model and isinstance(options.score_layers, tuple):
@@ -120,17 +131,18 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     pages = ctx.meta.list_pages(q.collection_id, q.document_ids)
     if not pages:
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
+    s = ctx.settings
+    dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
+    dense = bool(dense_weight) and ctx.embedder is not None  # else embeddings go unread
     by_key = {f"{p.document_id}:{p.number}": p for p in pages}
     candidates = [
         Candidate(key=k, text=p.text, context=p.context,
-                  embedding=None if p.embedding is None else embedding_from_bytes(p.embedding))
+                  embedding=embedding_from_bytes(p.embedding) if dense and p.embedding else None)
         for k, p in by_key.items()
     ]
-    s = ctx.settings
     hits = search(q.question, candidates, top_k=q.top_k,
                   bm25_weight=s.bm25_weight if q.bm25_weight is None else q.bm25_weight,
-                  dense_weight=s.dense_weight if q.dense_weight is None else q.dense_weight,
-                  embedder=ctx.embedder, rrf_k=s.rrf_k)
+                  dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k)
     return [(by_key[h.key], h.score) for h in hits]
 
 
@@ -152,16 +164,17 @@ def answer_question(
         kvs.update(ctx.kv.get_many([PageHash(p.page_hash) for p in missing]))
     t_loaded = time.perf_counter()
     filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
+    policy = q.policy or ctx.settings.policy
     request = AnswerRequest(
         prefix=ANSWER_PREFIX,
         pages=[PageInput(label=f"[{filenames[p.document_id]} p.{p.number}]",
                          kv=kvs[PageHash(p.page_hash)]) for p in pages],
         question=q.question,
-        policy=q.policy or ctx.settings.policy,
+        policy=policy,
         budget=ctx.settings.budget if q.budget is None else q.budget,
         max_new_tokens=q.max_new_tokens,
         temperature=q.temperature,
-        options=merge_options(default_options(ctx.settings), q.options),
+        options=effective_options(ctx.settings, policy, q.options),
     )
     with ctx.model_lock:
         result = ctx.runtime.answer(request, on_token=on_token)

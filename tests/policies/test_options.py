@@ -11,6 +11,8 @@ from conduit_core.policies import get_policy, resolve_policy
 from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.refresh_probe import probe_refresh
 from tests.policies.conftest import CachedPages
+from worker.answer_job import effective_options
+from worker.settings import Settings
 
 LABELS = ["[a p.1]", "[a p.2]", "[b p.1]"]
 
@@ -55,3 +57,15 @@ def test_bad_knobs_are_refused(options: PolicyOptions) -> None:
 def test_policies_without_knobs_refuse_options() -> None:
     with pytest.raises(InvalidRequestError, match="takes no options"):
         resolve_policy("random", PolicyOptions(gamma=1.0))
+
+
+def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
+    settings = Settings(gamma=2.0, head_agg="max")
+    plain = effective_options(settings, "full_prefill", PolicyOptions())
+    assert plain.is_default()
+    resolve_policy("full_prefill", plain)  # no InvalidRequestError: CONDUIT_GAMMA is not a knob
+    conduit = effective_options(settings, "conduit", PolicyOptions(query_window=4))
+    assert (conduit.gamma, conduit.head_agg, conduit.query_window) == (2.0, "max", 4)
+    asked = effective_options(settings, "random", PolicyOptions(gamma=3.0))
+    with pytest.raises(InvalidRequestError):  # the request itself set a knob it cannot take
+        resolve_policy("random", asked)
