@@ -11,7 +11,7 @@ implementations get the model's own attention function with one (1, 1, R, n_keys
 Public API:
   BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
                              sdpa too (for A/B measurements and tests)
-  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask
+  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
   LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
                observer=None, layers=None) -> hidden after the last layer run (B, R, hidden)
@@ -29,19 +29,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
-from conduit_core.row_attention import blocked_attention, row_blocks
+from conduit_core.row_attention import blocked_attention, causal_row_mask, row_blocks
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 BLOCKED_ATTENTION = True
-
-
-def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask (1, 1, R, n_keys): 0 where key index <= row index, else dtype min."""
-    keys = torch.arange(n_keys, device=rows.device)  # (n_keys,)
-    allowed = keys.view(1, -1) <= rows.view(-1, 1)  # (R, n_keys)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=rows.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
 
 
 def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, object]]:

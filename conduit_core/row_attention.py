@@ -41,6 +41,15 @@ class RowBlock:
     mask: torch.Tensor | None  # (1, 1, rep * (stop - start), n_keys) additive; None: all
 
 
+def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask (1, 1, R, n_keys): 0 where key index <= row index, else dtype min."""
+    keys = torch.arange(n_keys, device=rows.device)  # (n_keys,)
+    allowed = keys.view(1, -1) <= rows.view(-1, 1)  # (R, n_keys)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=rows.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
+
+
 def row_blocks(rows: torch.Tensor, n_keys: int, dtype: torch.dtype, rep: int,
                chunk: int = ROW_CHUNK, device: torch.device | None = None) -> list[RowBlock]:
     """Blocks of `chunk` consecutive entries of `rows` (R,), each with its key range and its
@@ -56,11 +65,8 @@ def row_blocks(rows: torch.Tensor, n_keys: int, dtype: torch.dtype, rep: int,
         limit = min(int(part.max()) + 1, n_keys)
         mask: torch.Tensor | None = None
         if int(part.min()) + 1 < limit:  # some row cannot see every key of the block
-            allowed = (torch.arange(limit, device=device).view(1, -1)
-                       <= part.to(device).view(-1, 1))  # (c, limit)
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=device)  # (c, limit)
-            mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-            mask = mask.repeat(rep, 1).view(1, 1, rep * part.numel(), limit)
+            mask = causal_row_mask(part.to(device), limit, dtype).repeat(1, 1, rep, 1)
+            # (1, 1, rep*c, limit): row order matches the GQA fold in blocked_attention
         out.append(RowBlock(start, start + part.numel(), limit, mask))
     return out
 
@@ -69,15 +75,15 @@ def blocked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       blocks: list[RowBlock], scaling: float) -> torch.Tensor:
     """Attention of q (B, H, R, hd) over keys/values (B, G, N, hd) by `blocks`; returns
     (B, R, H, hd) like transformers' attention functions."""
-    b, heads, _, hd = q.shape
+    b, heads, rows, hd = q.shape
     groups = keys.shape[1]
     rep = heads // groups
-    outs = []
+    out = q.new_empty(b, rows, heads, hd)  # (B, R, H, hd), contiguous: callers view it
     for blk in blocks:
         c = blk.stop - blk.start
         qq = q[:, :, blk.start:blk.stop].reshape(b, groups, rep * c, hd)  # (B, G, rep*c, hd)
         o = F.scaled_dot_product_attention(
             qq, keys[:, :, :blk.n_keys], values[:, :, :blk.n_keys], attn_mask=blk.mask,
             scale=scaling)  # (B, G, rep*c, hd)
-        outs.append(o.view(b, heads, c, hd))
-    return torch.cat(outs, dim=2).transpose(1, 2)  # (B, R, H, hd)
+        out[:, blk.start:blk.stop] = o.view(b, heads, c, hd).transpose(1, 2)
+    return out

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime, layer_forward
-from conduit_core.layer_forward import causal_row_mask
 from conduit_core.refresh_probe import probe_refresh
-from conduit_core.row_attention import blocked_attention, row_blocks
+from conduit_core.row_attention import blocked_attention, causal_row_mask, row_blocks
 from tests.core.helpers import IMAGES
 
 
@@ -65,8 +64,18 @@ def test_runtime_blocked_and_reference_paths_agree(runtime: ReuseRuntime,
     request = AnswerRequest("Answer from the pages.", [PageInput("Page 1:", kvs[0]),
                                                        PageInput("Page 2:", kvs[1])],
                             "What is the total amount?", policy="conduit", budget=0.3)
+    calls: list[int] = []
+
+    def counted(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return blocked_attention(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(layer_forward, "blocked_attention", counted)
     fast = probe_refresh(runtime, request)
+    assert calls  # the fast path really ran blocked
     monkeypatch.setattr(layer_forward, "BLOCKED_ATTENTION", False)
+    seen = len(calls)
     ref = probe_refresh(runtime, request)
+    assert len(calls) == seen  # and the reference path did not
     assert torch.equal(fast.visual_rows, ref.visual_rows)
     torch.testing.assert_close(fast.logits, ref.logits, rtol=1e-4, atol=1e-4)
