@@ -105,7 +105,7 @@ class CeleryRunner:
 
     def __init__(self, broker_url: str, answer_timeout_s: float = 600.0) -> None:
         self._app = make_celery(broker_url)
-        self._url = broker_url
+        self._bus = redis.Redis.from_url(broker_url)  # one pool; each answer subscribes on it
         self._timeout = answer_timeout_s
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
@@ -115,11 +115,12 @@ class CeleryRunner:
     def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
         """Send the question to a worker and relay its tokens until the answer arrives."""
         channel = CHANNEL_PREFIX + uuid.uuid4().hex
-        bus = redis.Redis.from_url(self._url)
-        sub = bus.pubsub(ignore_subscribe_messages=True)
+        sub = self._bus.pubsub(ignore_subscribe_messages=True)
         try:
             sub.subscribe(channel)
-            self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel])
+            # a question nobody waits for any more is dropped unrun, not answered later
+            self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel],
+                                expires=self._timeout)
             deadline = time.monotonic() + self._timeout
             while time.monotonic() < deadline:
                 message = sub.get_message(timeout=1.0)
@@ -135,11 +136,11 @@ class CeleryRunner:
             raise RemoteAnswerError(f"no worker answered within {self._timeout:.0f} s", 504)
         finally:
             sub.close()
-            bus.close()
 
     def shutdown(self) -> None:
         """Close broker connections."""
         self._app.close()
+        self._bus.close()
 
 
 def run_worker(settings: Settings, concurrency: int = 2,

@@ -73,7 +73,6 @@ class Embedder:
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-
     def embed_query(self, query: str) -> np.ndarray:
         """Embed one query as a `(384,)` unit vector; the last 1,024 queries are cached."""
         with self._queries_lock:
@@ -101,7 +100,10 @@ def embedding_to_bytes(vectors: np.ndarray) -> bytes:
 
 
 def embedding_from_bytes(blob: bytes) -> np.ndarray:
-    """Parse bytes from `embedding_to_bytes` into an `(n, 384)` float32 array (n >= 1)."""
+    """Parse bytes from `embedding_to_bytes` into an `(n, 384)` float32 array (n >= 1).
+
+    The array is a read-only view of `blob` (no copy: retrieval decodes every page in scope
+    per question and only reads them)."""
     if not blob or len(blob) % (4 * EMBEDDING_DIM):
         raise ValueError(f"embedding blob of {len(blob)} bytes is not a float32 (n, 384) array")
-    return np.frombuffer(blob, dtype=np.float32).reshape(-1, EMBEDDING_DIM).copy()
+    return np.frombuffer(blob, dtype=np.float32).reshape(-1, EMBEDDING_DIM)
