@@ -121,15 +121,9 @@ class Header:
     stored_sum: str
     canonical: bytes
 
-    def hasher(self) -> xxhash.xxh3_128:
-        """A checksum state already fed with the canonical header: feed it the data next."""
-        h = xxhash.xxh3_128()
-        h.update(self.canonical)
-        return h
-
-    def verify(self, hasher: xxhash.xxh3_128) -> None:
-        """`CorruptEntryError` unless the fed state matches the stored checksum."""
-        if f"{CHECKSUM_ALGO}:{hasher.hexdigest()}" != self.stored_sum:
+    def verify(self, data: bytes | bytearray | memoryview) -> None:
+        """`CorruptEntryError` unless the header and `data` match the stored checksum."""
+        if checksum(self.canonical, data) != self.stored_sum:
             raise CorruptEntryError("checksum mismatch")
 
     def tensors(self, data: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -177,9 +171,7 @@ def decode_tensors(buf: bytes | bytearray | memoryview) -> tuple[dict[str, torch
     mv = memoryview(buf).cast("B")
     head = parse_header(mv, mv.nbytes)
     data = mv[head.data_offset:]
-    hasher = head.hasher()
-    hasher.update(data)
-    head.verify(hasher)
+    head.verify(data)
     base: torch.Tensor | None = None
     if data.nbytes:
         base = torch.frombuffer(bytearray(data) if mv.readonly else data, dtype=torch.uint8)
@@ -196,14 +188,12 @@ def map_tensors(fileno: int, size: int) -> tuple[dict[str, torch.Tensor], dict[s
     they are). A file truncated by someone else while mapped would fault (SIGBUS) on access:
     the stores never modify a file in place.
     """
-    if size < 8:
+    if size < 8:  # mmap cannot map an empty file; header_length needs 8 bytes anyway
         raise CorruptEntryError("entry shorter than its header length")
     mm = mmap.mmap(fileno, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     mv = memoryview(mm)
     head = parse_header(mv, size)
-    hasher = head.hasher()
-    hasher.update(mv[head.data_offset:])
-    head.verify(hasher)
+    head.verify(mv[head.data_offset:])
     base = torch.frombuffer(mm, dtype=torch.uint8)
     return head.tensors(base[head.data_offset:] if size > head.data_offset else None), head.meta
 
