@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from bench.ttft import RESULTS, run_ttft_bench
+from bench.ttft import RESULTS, BudgetCheckError, run_ttft_bench
+from bench.ttft_args import DTYPE_NAMES, SHAPE_NAMES
 from bench.ttft_report import summary_lines
 
 
@@ -50,9 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, check the GPU, run the correctness check and the benchmark."""
     p = argparse.ArgumentParser(prog="python -m bench.gpu_ttft", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-shape", default="7b")
+    p.add_argument("--model-shape", default="7b", choices=SHAPE_NAMES)
     p.add_argument("--device", default=None, help="default: cuda (required)")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", choices=DTYPE_NAMES)
     p.add_argument("--pages", type=int, default=8)
     p.add_argument("--tokens-per-page", type=int, default=256)
     p.add_argument("--question-tokens", type=int, default=32)
@@ -84,11 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sweep_repeats=args.sweep_repeats, out=out, device=device, dtype=args.dtype,
             threads=None if device.startswith("cuda") else 1, check=True,
             command=shlex.join(["python", "-m", "bench.gpu_ttft", *argv_list]))
-    except RuntimeError as exc:
-        if "budget 1.0 does not reproduce" in str(exc):
-            print(f"[{time.perf_counter() - t0:6.1f}s] CORRECTNESS CHECK FAILED: {exc}")
-            return 1
-        raise
+    except BudgetCheckError as exc:
+        print(f"[{time.perf_counter() - t0:6.1f}s] CORRECTNESS CHECK FAILED: {exc}")
+        return 1
     print(f"[{time.perf_counter() - t0:6.1f}s] correctness: {doc['workload']['check']}")
     print("\n".join(summary_lines(doc)))
     print(f"[{time.perf_counter() - t0:6.1f}s] wrote {out}, {out.with_suffix('.md')}"

@@ -34,6 +34,7 @@ Public API:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import platform
 import shlex
@@ -101,6 +102,10 @@ def _malloc_trim() -> None:
         pass
 
 
+class BudgetCheckError(RuntimeError):
+    """The correctness check failed: budget 1.0 did not reproduce full prefill."""
+
+
 class PeakMemory:
     """Peak memory of a block: CUDA peak allocated, or CPU peak RSS above the RSS at the
     start (after returning freed heap memory to the OS, so reused heap pages count)."""
@@ -146,14 +151,16 @@ class _Runner:
         rt, w = self.rt, self.work
         sync(rt.adapter.device)
         peak = PeakMemory(rt.adapter.device)
+        measured: contextlib.AbstractContextManager[Any] = (
+            peak if memory else contextlib.nullcontext())
         if method.policy is None:
-            with peak if memory else _null():
+            with measured:
                 res = rt.answer_full_prefill(w.prefix, list(zip(w.labels, self.images,
                                                                 strict=True)),
                                              w.question, max_new_tokens=1)
             load_s = 0.0
         else:
-            with peak if memory else _null():
+            with measured:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
                 res = rt.answer(AnswerRequest(w.prefix, pages, w.question, policy=method.policy,
@@ -161,14 +168,6 @@ class _Runner:
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s, flops_ratio=res.flops_ratio,
                       flops_used=res.flops_used, flops_full=res.flops_full,
                       refreshed=res.refreshed_visual_tokens, peak_bytes=peak.peak)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _rounds(runner: _Runner, cells: list[tuple[Method, str]], repeats: int, warmup: int,
@@ -280,7 +279,7 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
         kvs = rt.prefill_pages(images)
         checks = check_budget_one(rt, work, images, kvs) if check else None
         if checks is not None and not checks["passed"]:
-            raise RuntimeError(f"budget 1.0 does not reproduce full prefill: {checks}")
+            raise BudgetCheckError(f"budget 1.0 does not reproduce full prefill: {checks}")
         with tempfile.TemporaryDirectory(prefix="ttft-", dir=workdir) as tmp, \
                 BenchTiers(tiers, Path(tmp)) as bt:
             keys = bt.put(kvs, tag="main")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from bench.retrieval.devset_specs import DocSpec, PageKind, PageSpec
+from bench.retrieval.devset_specs import DocSpec, PageKind, PageSpec, paragraphs, plant
 from bench.retrieval.hard_text import LABELS, fill
 
 LEXICAL_SHARE = 0.25
@@ -88,9 +88,8 @@ class Builder:
         """A page of `n` filler sentences from `pool` with `facts` planted among them."""
         sentences = fill(self.rng, pool, n, **fixed)
         for fact in facts:
-            sentences.insert(self.rng.randint(1, len(sentences) - 1), fact)
-        paras = [" ".join(sentences[i:i + per]) for i in range(0, len(sentences), per)]
-        return self.add("columns" if columns else "table", title, paras)
+            plant(self.rng, sentences, fact)
+        return self.add("columns" if columns else "table", title, paragraphs(sentences, per))
 
     def number_table(self, title: str, intro: str, years: tuple[str, str] = ("2023", "2022"),
                      rows: int = 9, planted: list[list[str]] | None = None,

@@ -113,7 +113,12 @@ def container_env(rendered: Rendered, c: dict[str, Any]) -> dict[str, str]:
 
 
 def settings_of(env: dict[str, str]) -> Settings:
-    """The `Settings` a process with exactly `env` builds (validation errors raise)."""
+    """The `Settings` a process with exactly `env` builds (validation errors raise). Every
+    `CONDUIT_` name must be a real field: Settings ignores unknown names, so a misspelt
+    one would otherwise pass silently."""
+    for name in env:
+        if name.startswith("CONDUIT_"):
+            settings_field(name)
     with mock.patch.dict(os.environ, env, clear=True):
         return Settings()
 

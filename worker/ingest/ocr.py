@@ -27,11 +27,12 @@ def find_tessdata(language: str = DEFAULT_LANGUAGE) -> Path | None:
     try:
         folder = pymupdf.get_tessdata()
     except Exception as exc:  # raises when Tesseract is not installed
-        log.info("no tessdata found: %s", exc)
+        log.warning("OCR is off (no Tesseract language data: %s); only text layers are read", exc)
         return None
     path = Path(os.fspath(folder))
     if not (path / f"{language}.traineddata").is_file():
-        log.info("tessdata at %s lacks %s.traineddata", path, language)
+        log.warning("OCR is off: tessdata at %s lacks %s.traineddata; only text layers are read",
+                    path, language)
         return None
     return path
 

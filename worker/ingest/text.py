@@ -88,7 +88,11 @@ def wants_ocr(page: pymupdf.Page, policy: TextPolicy = DEFAULT_TEXT_POLICY) -> b
         layer = str(page.get_text("text"))
     except Exception:
         return False
-    return not usable_text_layer(layer, policy) or image_cover(page) >= policy.image_cover_ratio
+    return _wants_ocr(page, usable_text_layer(layer, policy), policy)
+
+
+def _wants_ocr(page: pymupdf.Page, usable: bool, policy: TextPolicy) -> bool:
+    return not usable or image_cover(page) >= policy.image_cover_ratio
 
 
 def page_text(
@@ -104,8 +108,7 @@ def page_text(
     except Exception as exc:
         raise CorruptPdfError(f"page {page.number + 1} cannot be read") from exc
     usable = usable_text_layer(layer, policy)
-    needs_ocr = not usable or image_cover(page) >= policy.image_cover_ratio
-    if not needs_ocr or not ocr or not ocr_available(policy.language):
+    if not ocr or not _wants_ocr(page, usable, policy) or not ocr_available(policy.language):
         return _layer_result(layer)
     try:
         recognised = ocr_page(
