@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 
-.PHONY: run test lint install
+.PHONY: run test lint install system-deps
+
+# Debian packages the tests use (Redis, Tesseract's English data, headless Chromium and its
+# driver for the browser tests). Installed only if missing, and only when running as root;
+# otherwise the missing ones are named and the target fails. Skipped where there is no dpkg.
+DEBIAN_PACKAGES := redis-server tesseract-ocr tesseract-ocr-eng chromium chromium-driver
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -24,5 +29,14 @@ lint: install
 	$(BIN)/ruff check conduit_core storage worker service tests bench
 	$(BIN)/mypy
 
-test: lint
+system-deps:
+	@command -v dpkg-query >/dev/null || { echo "no dpkg: install $(DEBIAN_PACKAGES) yourself"; exit 0; }; \
+	missing=$$(for p in $(DEBIAN_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null \
+		| grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q $$missing; \
+	else echo "missing Debian packages: sudo apt-get install $$missing"; exit 1; fi
+
+test: lint system-deps
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest -q
