@@ -36,9 +36,17 @@ class TieredKVStore:
 
     def get_many(self, keys: Sequence[PageHash]) -> dict[PageHash, PageKV]:
         """Read through the tiers, promoting hits into the faster tiers."""
+        return self.get_many_traced(keys)[0]
+
+    def get_many_traced(
+        self, keys: Sequence[PageHash]
+    ) -> tuple[dict[PageHash, PageKV], dict[PageHash, str]]:
+        """`get_many`, also naming the tier that served each entry found (for an answer's
+        cache report): `(entries, {key: tier name})`."""
         wanted = list(dict.fromkeys(keys))
         found: dict[PageHash, PageKV] = {}
-        for level, (_, store) in enumerate(self.tiers):
+        served_by: dict[PageHash, str] = {}
+        for level, (name, store) in enumerate(self.tiers):
             missing = [k for k in wanted if k not in found]
             if not missing:
                 break
@@ -47,8 +55,9 @@ class TieredKVStore:
                 for _, faster in self.tiers[:level]:
                     faster.put_many(hits)
                 found.update(hits)
+                served_by.update(dict.fromkeys(hits, name))
         self._counters.add(hits=len(found), misses=len(wanted) - len(found))
-        return found
+        return found, served_by
 
     def put_many(self, items: Mapping[PageHash, PageKV]) -> None:
         """Write to every tier."""
@@ -65,6 +74,15 @@ class TieredKVStore:
                 break
             present |= store.contains(rest)
         return present
+
+    def tiers_holding(self, keys: Sequence[PageHash]) -> dict[PageHash, list[str]]:
+        """For each key, the names of the tiers that (probably) hold it, fastest first; an
+        empty list when none does. Reads no entries."""
+        holding: dict[PageHash, list[str]] = {k: [] for k in keys}
+        for name, store in self.tiers:
+            for key in store.contains(list(holding)):
+                holding[key].append(name)
+        return holding
 
     def delete(self, keys: Iterable[PageHash]) -> None:
         """Remove entries from every tier."""
