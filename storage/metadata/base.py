@@ -100,6 +100,21 @@ class MetadataStore(Protocol):
         """Record a job's status."""
         ...
 
+    def claim_job(self, job_id: JobId, lease_s: float) -> Job | None:
+        """Atomically take a job to run it: a queued job, or a running one whose heartbeat is
+        older than `lease_s` (its worker died), becomes running with one more attempt. Returns
+        None when the job is finished or another worker holds a live lease; `NotFoundError`
+        if there is no such job."""
+        ...
+
+    def heartbeat_job(self, job_id: JobId) -> None:
+        """Renew a running job's lease (its `updated_at`); a finished job is left alone."""
+        ...
+
+    def list_active_jobs(self) -> list[Job]:
+        """Every queued or running job, oldest first (for the startup reconcile and reaper)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...

@@ -78,4 +78,5 @@ class Job:
     document_id: DocumentId | None = None
     error: str | None = None
     created_at: float = field(default_factory=time.time)
-    updated_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)  # the lease: a running job's heartbeat
+    attempts: int = 0  # times a worker claimed the job (capped: see `claim_job`)

@@ -9,7 +9,7 @@ empties. Key layout under `prefix` (default `conduit:meta`):
     col:<id> (hash)       colnames (hash json([tenant, name]) -> id)   tenant:<tenant> (zset)
     doc:<id> (hash)       coldocs:<collection id> (zset by created_at)
     pages:<doc> (hash number -> page JSON)   dochashes:<doc> (set)   ref:<page hash> (set)
-    job:<id> (hash)
+    job:<id> (hash)       activejobs (zset of queued/running job ids by heartbeat time)
 
 Scripts touch keys derived from the prefix, so this targets a standalone (or primary)
 Redis, not Redis Cluster.
@@ -30,6 +30,7 @@ from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from storage.errors import ConflictError, NotFoundError, UnavailableError
+from storage.metadata.redis_scripts import SCRIPTS
 from storage.metadata.records import (
     Collection,
     CollectionId,
@@ -45,67 +46,6 @@ from storage.metadata.records import (
 )
 
 T = TypeVar("T")
-
-_CREATE_COLLECTION = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  return redis.call('HGET', KEYS[1], ARGV[1])
-end
-redis.call('HSET', KEYS[2], unpack(ARGV, 4))
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[2])
-return ARGV[2]
-"""
-_DELETE_COLLECTION = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('ZCARD', KEYS[2]) > 0 then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[2])
-return 1
-"""
-_ADD_DOCUMENT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-return 1
-"""
-_UPDATE_IF_EXISTS = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
-_ADD_IF_ABSENT = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
-_PUT_PAGES = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  redis.call('SREM', ARGV[1] .. h, ARGV[2])
-end
-redis.call('DEL', KEYS[2], KEYS[3])
-local n = tonumber(ARGV[3])
-for i = 0, n - 1 do
-  redis.call('HSET', KEYS[2], ARGV[4 + 2 * i], ARGV[5 + 2 * i])
-end
-for i = 4 + 2 * n, #ARGV do
-  redis.call('SADD', KEYS[3], ARGV[i])
-  redis.call('SADD', ARGV[1] .. ARGV[i], ARGV[2])
-end
-return 1
-"""
-_DELETE_DOCUMENT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local orphans = {}
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  redis.call('SREM', ARGV[1] .. h, ARGV[2])
-  if redis.call('EXISTS', ARGV[1] .. h) == 0 then table.insert(orphans, h) end
-end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREM', KEYS[4], ARGV[2])
-return orphans
-"""
 
 
 def _encode(record: Any) -> list[str]:
@@ -150,11 +90,7 @@ class RedisMetadataStore:
             stop=stop_after_attempt(attempts), wait=wait_exponential(multiplier=0.05, max=1.0),
             retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
             reraise=True)
-        self._scripts = {name: self._r.register_script(src) for name, src in {
-            "create_collection": _CREATE_COLLECTION, "delete_collection": _DELETE_COLLECTION,
-            "add_document": _ADD_DOCUMENT, "update": _UPDATE_IF_EXISTS,
-            "add_if_absent": _ADD_IF_ABSENT, "put_pages": _PUT_PAGES,
-            "delete_document": _DELETE_DOCUMENT}.items()}
+        self._scripts = {name: self._r.register_script(src) for name, src in SCRIPTS.items()}
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -328,7 +264,8 @@ class RedisMetadataStore:
     # jobs
     def add_job(self, job: Job) -> None:
         """Insert a new job record (`ConflictError` if its id exists)."""
-        if not self._script("add_if_absent", [self._k("job", job.id)], _encode(job)):
+        if not self._script("add_job", [self._k("job", job.id), self._k("activejobs")],
+                            [repr(job.updated_at), job.id, *_encode(job)]):
             raise ConflictError(f"job {job.id} already exists")
 
     def get_job(self, job_id: JobId) -> Job:
@@ -340,10 +277,33 @@ class RedisMetadataStore:
 
     def update_job(self, job_id: JobId, *, status: JobStatus, error: str | None = None) -> None:
         """Record a job's status."""
-        args = ["status", json.dumps(status), "error", json.dumps(error),
-                "updated_at", json.dumps(time.time())]
-        if not self._script("update", [self._k("job", job_id)], args):
+        now = time.time()
+        args = [job_id, repr(now), "1" if status in ("succeeded", "failed") else "0",
+                "status", json.dumps(status), "error", json.dumps(error),
+                "updated_at", json.dumps(now)]
+        if not self._script("update_job", [self._k("job", job_id), self._k("activejobs")], args):
             raise NotFoundError(f"job {job_id} not found")
+
+    def claim_job(self, job_id: JobId, lease_s: float) -> Job | None:
+        """Take a queued job, or a running one whose lease expired; None if finished or held."""
+        res = self._script("claim_job", [self._k("job", job_id), self._k("activejobs")],
+                           [job_id, repr(time.time()), repr(float(lease_s))])
+        if res == -1:
+            raise NotFoundError(f"job {job_id} not found")
+        return self.get_job(job_id) if res == 1 else None
+
+    def heartbeat_job(self, job_id: JobId) -> None:
+        """Renew a running job's lease."""
+        self._script("heartbeat_job", [self._k("job", job_id), self._k("activejobs")],
+                     [job_id, repr(time.time())])
+
+    def list_active_jobs(self) -> list[Job]:
+        """Every queued or running job, oldest first (from the `activejobs` index)."""
+        ids = self._ids(self._k("activejobs"))
+        raws = self._hgetall_many([self._k("job", i) for i in ids])
+        jobs = [_decode(Job, raw) for raw in raws if raw]
+        return sorted((j for j in jobs if j.status in ("queued", "running")),
+                      key=lambda j: j.created_at)
 
     def close(self) -> None:
         """Release connections."""

@@ -46,13 +46,16 @@ CREATE TABLE IF NOT EXISTS pages (
 CREATE INDEX IF NOT EXISTS pages_by_hash ON pages (page_hash);
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, kind TEXT NOT NULL, status TEXT NOT NULL, document_id TEXT,
-    error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    error TEXT, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 """
 
 
 # Columns added after the first release: (table, column, definition). A database written by
 # an older version gains them on open; their defaults are what the older version meant.
-_ADDED_COLUMNS = [("pages", "context", "TEXT NOT NULL DEFAULT ''")]
+_ADDED_COLUMNS = [("pages", "context", "TEXT NOT NULL DEFAULT ''"),
+                  ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0")]
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -261,6 +264,33 @@ class SQLiteMetadataStore:
                           (status, error, time.time(), job_id)).rowcount
         if n == 0:
             raise NotFoundError(f"job {job_id} not found")
+
+    def claim_job(self, job_id: JobId, lease_s: float) -> Job | None:
+        """Take a queued job, or a running one whose lease expired; None if finished or held."""
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute("SELECT status, updated_at FROM jobs WHERE id = ?",
+                            (job_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"job {job_id} not found")
+            if row["status"] in ("succeeded", "failed") or (
+                    row["status"] == "running" and now - row["updated_at"] < lease_s):
+                return None
+            c.execute("UPDATE jobs SET status='running', error=NULL, updated_at=?, "
+                      "attempts=attempts+1 WHERE id=?", (now, job_id))
+        return self.get_job(job_id)
+
+    def heartbeat_job(self, job_id: JobId) -> None:
+        """Renew a running job's lease."""
+        with self._tx() as c:
+            c.execute("UPDATE jobs SET updated_at=? WHERE id=? AND status='running'",
+                      (time.time(), job_id))
+
+    def list_active_jobs(self) -> list[Job]:
+        """Every queued or running job, oldest first."""
+        rows = self._all("SELECT * FROM jobs WHERE status IN ('queued', 'running') "
+                         "ORDER BY created_at", ())
+        return [_row(Job, r) for r in rows]
 
     def close(self) -> None:
         """Close the connection."""
