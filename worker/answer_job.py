@@ -30,6 +30,11 @@ ANSWER_PREFIX = (
 )
 
 
+def page_label(filename: str, number: int) -> str:
+    """The text placed before a page in the assembled prompt (and cited with it)."""
+    return f"[{filename} p.{number}]"
+
+
 @dataclass(frozen=True)
 class Citation:
     """A page the answer was conditioned on."""
@@ -167,7 +172,7 @@ def answer_question(
     policy = q.policy or ctx.settings.policy
     request = AnswerRequest(
         prefix=ANSWER_PREFIX,
-        pages=[PageInput(label=f"[{filenames[p.document_id]} p.{p.number}]",
+        pages=[PageInput(label=page_label(filenames[p.document_id], p.number),
                          kv=kvs[PageHash(p.page_hash)]) for p in pages],
         question=q.question,
         policy=policy,
