@@ -30,7 +30,6 @@ from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from storage.errors import ConflictError, NotFoundError, UnavailableError
-from storage.metadata.redis_scripts import SCRIPTS
 from storage.metadata.records import (
     Collection,
     CollectionId,
@@ -44,6 +43,7 @@ from storage.metadata.records import (
     Page,
     new_id,
 )
+from storage.metadata.redis_scripts import SCRIPTS
 
 T = TypeVar("T")
 
