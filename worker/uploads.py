@@ -49,7 +49,9 @@ def check_upload(data: bytes, *, password: str | None, max_bytes: int,
     doc = open_pdf(data, password=password, max_pages=max_pages)
     try:
         stored = data
-        if doc.is_encrypted or doc.needs_pass or password:
+        # `needs_pass` read after authenticating makes every page read blank: ask
+        # `password` first (an unlocked file) and `is_encrypted` (owner-only files).
+        if password or doc.is_encrypted:
             stored = doc.tobytes(encryption=pymupdf.mupdf.PDF_ENCRYPT_NONE, garbage=1)
         return CheckedUpload(data=stored, sha256=hashlib.sha256(data).hexdigest(),
                              page_count=doc.page_count)

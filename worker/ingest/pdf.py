@@ -15,6 +15,7 @@ from worker.ingest.errors import (
     TooManyPagesError,
     WrongPasswordError,
 )
+from worker.ingest.saslprep import password_forms
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def open_pdf(data: bytes, *, password: str | None = None, max_pages: int) -> pym
         log.info("pymupdf could not open the file: %s", exc)
         raise CorruptPdfError() from exc
     try:
-        _unlock(doc, password)
+        _unlock(doc, data, password)
         _check_complete(doc, data)
         pages = doc.page_count
         if pages == 0:
@@ -63,13 +64,36 @@ def open_pdf(data: bytes, *, password: str | None = None, max_pages: int) -> pym
     return doc
 
 
-def _unlock(doc: pymupdf.Document, password: str | None) -> None:
+def _unlock(doc: pymupdf.Document, data: bytes, password: str | None) -> None:
     if not doc.needs_pass:
         return
     if password is None or password == "":
         raise PasswordRequiredError()
-    if not doc.authenticate(password):
-        raise WrongPasswordError()
+    if doc.authenticate(password):
+        return
+    for form in password_forms(password, encryption_revision(data))[1:]:
+        if doc.authenticate(form):
+            return
+    raise WrongPasswordError()
+
+
+def encryption_revision(data: bytes) -> int | None:
+    """The `/R` of the file's standard security handler, or None when the file is not
+    encrypted or the entry cannot be read.
+
+    Read from a second, throwaway document: reading objects of an encrypted document before
+    it is authenticated leaves them cached undecrypted, and its pages then read blank.
+    """
+    try:
+        with pymupdf.open(stream=data, filetype="pdf") as probe:
+            kind, ref = probe.xref_get_key(-1, "Encrypt")
+            if kind == "xref":
+                kind, value = probe.xref_get_key(int(ref.split()[0]), "R")
+            else:  # an encryption dictionary written inline in the trailer
+                kind, value = probe.xref_get_key(-1, "Encrypt/R")
+        return int(value) if kind == "int" else None
+    except Exception:  # a damaged trailer: the password is tried as given only
+        return None
 
 
 def _check_complete(doc: pymupdf.Document, data: bytes) -> None:
