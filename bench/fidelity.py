@@ -8,7 +8,10 @@ the images (vision tower included). Every policy at every budget is compared wit
   continuation_match greedy continuation of `max_new_tokens` (16) tokens: length of the
                      common prefix with the reference's (a stop counts as a token) divided
                      by the reference's length; 1.0 = identical answer
-  flops_ratio        the answer's reported FLOPs over the full prefill's (vision included)
+  flops_ratio_lm     the answer's language-model prefill FLOPs over a full prefill's (the
+                     headline: vision tower excluded on both sides)
+  flops_ratio_total  the same with the vision tower counted (a full prefill runs it; reuse
+                     of cached page embeddings does not)
   seconds            the answer's time to first token (scoring + refresh + first token)
 Rows are averaged over samples. Outputs: JSON at `out`, a markdown table and a PNG plot with
 the same stem.
@@ -102,7 +105,8 @@ def _evaluate_case(rt: ReuseRuntime, case: FidelityCase, names: list[str],
                 "top1_agreement": float(probe.logits[-1].argmax() == ref_probe.logits[-1].argmax()),
                 "kl": kl_divergence(ref_probe.logits[-1], probe.logits[-1]),
                 "continuation_match": continuation_match(ref, result),
-                "flops_ratio": result.flops_ratio, "seconds": result.ttft_s,
+                "flops_ratio_lm": result.flops_ratio_lm,
+                "flops_ratio_total": result.flops_ratio_total, "seconds": result.ttft_s,
                 "refreshed": result.refreshed_visual_tokens, "visual": result.visual_tokens,
             })
     return out, ref.ttft_s
@@ -112,7 +116,8 @@ def _average(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, float], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         groups[(r["policy"], r["budget"])].append(r)
-    keys = ["top1_agreement", "kl", "continuation_match", "flops_ratio", "seconds",
+    keys = ["top1_agreement", "kl", "continuation_match", "flops_ratio_lm",
+            "flops_ratio_total", "seconds",
             "refreshed", "visual"]
     return [{"policy": p, "budget": b,
              **{k: sum(r[k] for r in g) / len(g) for k in keys}}

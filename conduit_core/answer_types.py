@@ -5,7 +5,11 @@ Public API:
   AnswerRequest(prefix, pages, question, policy="conduit", budget=0.1, max_new_tokens=64,
                 temperature=0.0, top_p=1.0, seed=None)   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
-               flops_full, flops_used, flops_ratio, policy, prompt_tokens)
+               flops_full_lm, flops_vision, flops_used_lm, flops_used_vision, policy,
+               prompt_tokens, stop_reason)
+    .flops_ratio_lm     language model only: flops_used_lm / flops_full_lm (the headline)
+    .flops_ratio_total  vision tower included: flops_used / flops_full
+    .flops_full, .flops_used   LM + vision sums
   TokenId = NewType("TokenId", int)             a vocabulary id
   TokenCallback = Callable[[TokenId, str], None]  called once per generated token (id, piece)
 """
@@ -82,7 +86,13 @@ class AnswerRequest:
 
 @dataclass(frozen=True)
 class AnswerResult:
-    """The generated answer with timing, refresh and FLOPs accounting."""
+    """The generated answer with timing, refresh and FLOPs accounting.
+
+    Two FLOPs ratios, both over a full prefill of the same layout: `flops_ratio_lm` counts the
+    language model only (the prefill work reuse saves; the paper's figure is of this kind) and
+    is the headline; `flops_ratio_total` also counts the vision tower, which a full prefill
+    runs and reuse of cached page embeddings never does.
+    """
 
     text: str
     token_ids: list[TokenId]
@@ -90,9 +100,30 @@ class AnswerResult:
     total_s: float
     refreshed_visual_tokens: int
     visual_tokens: int
-    flops_full: float  # FLOPs of a full prefill of the same layout (LM + vision tower)
-    flops_used: float  # FLOPs this answer's prefill actually spent
-    flops_ratio: float  # flops_used / flops_full
+    flops_full_lm: float  # language-model FLOPs of a full prefill of the same layout
+    flops_vision: float  # vision-tower FLOPs of encoding the layout's pages
+    flops_used_lm: float  # language-model FLOPs this answer's prefill spent (scoring included)
+    flops_used_vision: float  # vision-tower FLOPs it spent (0 when page embeddings are cached)
     policy: str = ""
     prompt_tokens: int = 0
     stop_reason: str = field(default="length")  # "stop" (a stop token) or "length"
+
+    @property
+    def flops_full(self) -> float:
+        """FLOPs of a full prefill, vision tower included."""
+        return self.flops_full_lm + self.flops_vision
+
+    @property
+    def flops_used(self) -> float:
+        """FLOPs this answer's prefill spent, vision tower included."""
+        return self.flops_used_lm + self.flops_used_vision
+
+    @property
+    def flops_ratio_lm(self) -> float:
+        """Language-model FLOPs spent over a full prefill's (vision excluded on both sides)."""
+        return self.flops_used_lm / self.flops_full_lm if self.flops_full_lm else 0.0
+
+    @property
+    def flops_ratio_total(self) -> float:
+        """All prefill FLOPs spent over a full prefill's, vision tower included."""
+        return self.flops_used / self.flops_full if self.flops_full else 0.0

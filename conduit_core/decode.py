@@ -2,20 +2,35 @@
 
 Public API:
   Sampler(temperature=0.0, top_p=1.0, seed=None)   .pick(logits (V,)) -> token id
+  Detokenizer(tokenizer)   incremental text: .step(token_id) -> str (complete characters only)
+  printable(text) -> str   text without U+FFFD and control characters (newline, tab kept)
   DecodeOutput(token_ids, text, stop_reason, ttft_s)
   decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
-         stop_ids, detokenize, on_token=None, t0=None) -> DecodeOutput
+         stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
 The first token is picked from the prefill logits; each further token is one row through the
 shared layer loop, its K/V appended at the next cache index, its position one past the last.
+Row indices and positions of all steps are made on the device once, and the picked token
+stays there for its embedding: a step copies one scalar to the host (the token id, for stop
+tokens and text) and nothing to the device.
+
+Text is detokenized incrementally by the tokenizers library's `DecodeStream` (constant work
+per token). A piece is emitted only once it holds complete characters: a multi-byte
+character split across tokens waits for its last byte. Bytes that never form a character
+(a model emitting invalid UTF-8) and control characters other than newline and tab are
+dropped, so the text holds no U+FFFD or control characters, and the streamed pieces
+concatenate to exactly the final text; `on_token` is called with an empty piece only for
+tokens that add no character (callers that stream skip those).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import unicodedata
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from tokenizers.decoders import DecodeStream
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.answer_types import TokenCallback, TokenId
@@ -48,6 +63,41 @@ class Sampler:
         return torch.multinomial(probs, 1, generator=self.generator)[0]
 
 
+def printable(text: str) -> str:
+    """`text` without U+FFFD and control characters (newline and tab kept)."""
+    if text.isprintable() and "\ufffd" not in text:
+        return text
+    return "".join(ch for ch in text if ch in "\n\t" or (
+        ch != "\ufffd" and unicodedata.category(ch) != "Cc"))
+
+
+class Detokenizer:
+    """Incremental detokenization of one generated sequence (see the module docstring).
+
+    `tokenizer` is a transformers fast tokenizer (its `backend_tokenizer`) or a
+    `tokenizers.Tokenizer`. Special tokens are skipped.
+    """
+
+    MAX_PENDING = 8  # tokens held back waiting for a character's last byte (UTF-8: <= 4)
+
+    def __init__(self, tokenizer: Any):
+        backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
+        self._backend = backend
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._pending = 0
+
+    def step(self, token_id: int) -> str:
+        """The complete characters `token_id` adds (possibly none)."""
+        piece = self._stream.step(self._backend, token_id)
+        if piece is None:  # an incomplete character: wait, but not for ever
+            self._pending += 1
+            if self._pending < self.MAX_PENDING:
+                return ""
+            self._stream = DecodeStream(skip_special_tokens=True)  # invalid bytes: drop them
+        self._pending = 0
+        return printable(piece or "")
+
+
 @dataclass
 class DecodeOutput:
     """Generated tokens and how generation ended."""
@@ -68,41 +118,46 @@ def decode(
     max_new_tokens: int,
     sampler: Sampler,
     stop_ids: list[int],
-    detokenize: Callable[[list[TokenId]], str],
+    tokenizer: Any,
     on_token: TokenCallback | None = None,
     t0: float | None = None,
 ) -> DecodeOutput:
     """Generate up to `max_new_tokens` after a prefill whose last-row logits are given.
 
     `n_keys` tokens are in the cache; it must have room for max_new_tokens - 1 more.
-    Stop tokens end generation and are not part of the output.
+    Stop tokens end generation and are not part of the output. `on_token(id, piece)` is
+    called once per generated token with the characters it completed (see `Detokenizer`).
     """
     t0 = time.perf_counter() if t0 is None else t0
+    dev = adapter.device
     tokens: list[TokenId] = []
-    text, ttft, reason = "", 0.0, "length"
+    pieces: list[str] = []
+    ttft, reason = 0.0, "length"
     logits = first_logits
     stops = set(stop_ids)
+    detok = Detokenizer(tokenizer)
+    rows = torch.arange(n_keys, n_keys + max_new_tokens, device=dev)  # (T,) cache indices
+    positions = torch.arange(next_position, next_position + max_new_tokens,
+                             device=dev).expand(adapter.rope_axes, -1)  # (P, T)
     for step in range(max_new_tokens):
-        tok = TokenId(int(sampler.pick(logits).item()))
+        picked = sampler.pick(logits)  # 0-d, on the device
+        tok = TokenId(int(picked.item()))  # the step's one device-to-host copy
         if step == 0:
             ttft = time.perf_counter() - t0
         if tok in stops:
             reason = "stop"
             break
         tokens.append(tok)
-        full = detokenize(tokens)
-        piece = "" if full.endswith("\ufffd") else full[len(text):]
-        if piece:
-            text = full
+        piece = detok.step(tok)
+        pieces.append(piece)
         if on_token is not None:
             on_token(tok, piece)
         if step == max_new_tokens - 1:
             break
-        row = torch.tensor([n_keys], device=adapter.device)  # (1,)
-        emb = adapter.embed_tokens(torch.tensor([[tok]], device=adapter.device))  # (1, 1, hidden)
-        pos = torch.full((adapter.rope_axes, 1, 1), next_position + step, dtype=torch.long)
-        hidden = forward_rows(adapter, cache, emb, row, pos, n_keys=n_keys + 1, plain_causal=True)
+        emb = adapter.embed_tokens(picked.view(1, 1))  # (1, 1, hidden)
+        pos = positions[:, step:step + 1].unsqueeze(1)  # (P, 1, 1)
+        hidden = forward_rows(adapter, cache, emb, rows[step:step + 1], pos,
+                              n_keys=n_keys + step + 1, plain_causal=True)  # (1, 1, hidden)
         logits = logits_of(adapter, hidden)[0, -1]  # (V,)
-        n_keys += 1
-    return DecodeOutput(token_ids=tokens, text=detokenize(tokens), stop_reason=reason,
+    return DecodeOutput(token_ids=tokens, text="".join(pieces), stop_reason=reason,
                         ttft_s=ttft)

@@ -208,25 +208,23 @@ class ReuseRuntime:
 
     # ---- answers --------------------------------------------------------------------
     def _finish(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
-                refreshed: int, flops_used: float, max_new_tokens: int, temperature: float,
-                top_p: float, seed: int | None, on_token: TokenCallback | None) -> AnswerResult:
+                refreshed: int, flops_used_lm: float, vision_ran: bool, max_new_tokens: int,
+                temperature: float, top_p: float, seed: int | None,
+                on_token: TokenCallback | None) -> AnswerResult:
         layout = assembly.layout
         first = self.logits(hidden[-1:])[-1]  # (vocab,)
         out = decode(self.adapter, assembly.cache, first, n_keys=layout.n,
                      next_position=layout.next_position(), max_new_tokens=max_new_tokens,
                      sampler=Sampler(temperature, top_p, seed), stop_ids=self._stop_ids,
-                     detokenize=lambda ids: self.vlm.tokenizer.decode(
-                         ids, skip_special_tokens=True),
-                     on_token=on_token, t0=t0)
+                     tokenizer=self.vlm.tokenizer, on_token=on_token, t0=t0)
         n_v = int(layout.visual_rows().numel())
-        full = (self.flops.full(layout.n)
-                + self.adapter.vision_flops(assembly.image_grids))
+        vision = self.adapter.vision_flops(assembly.image_grids)
         return AnswerResult(
             text=out.text, token_ids=out.token_ids, ttft_s=out.ttft_s,
             total_s=time.perf_counter() - t0, refreshed_visual_tokens=refreshed,
-            visual_tokens=n_v, flops_full=full, flops_used=flops_used,
-            flops_ratio=flops_used / full if full else 0.0, policy=policy,
-            prompt_tokens=layout.n, stop_reason=out.stop_reason)
+            visual_tokens=n_v, flops_full_lm=self.flops.full(layout.n), flops_vision=vision,
+            flops_used_lm=flops_used_lm, flops_used_vision=vision if vision_ran else 0.0,
+            policy=policy, prompt_tokens=layout.n, stop_reason=out.stop_reason)
 
     @torch.no_grad()
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
@@ -240,7 +238,8 @@ class ReuseRuntime:
         hidden, computed = self.refresh(assembly, visual)
         used = ctx.extra_flops + self.flops.rows(computed)
         return self._finish(assembly, hidden, t0=t0, policy=request.policy,
-                            refreshed=int(visual.numel()), flops_used=used,
+                            refreshed=int(visual.numel()), flops_used_lm=used,
+                            vision_ran=False,
                             max_new_tokens=request.max_new_tokens,
                             temperature=request.temperature, top_p=request.top_p,
                             seed=request.seed, on_token=on_token)
@@ -259,9 +258,8 @@ class ReuseRuntime:
         assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens)
         visual = assembly.layout.visual_rows()
         hidden = self.prefill(assembly, visual)
-        full = (self.flops.full(assembly.layout.n)
-                + self.adapter.vision_flops(assembly.image_grids))
         return self._finish(assembly, hidden, t0=t0, policy="full_prefill",
-                            refreshed=int(visual.numel()), flops_used=full,
+                            refreshed=int(visual.numel()),
+                            flops_used_lm=self.flops.full(assembly.layout.n), vision_ran=True,
                             max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, on_token=on_token)

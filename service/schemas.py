@@ -101,7 +101,10 @@ class QueryOut(BaseModel):
     citations: list[CitationOut]
     policy: str
     budget: float
-    flops_ratio: float
+    flops_ratio_lm: float = Field(description="Language-model prefill FLOPs spent over a full "
+                                  "prefill's (vision tower excluded on both sides).")
+    flops_ratio_total: float = Field(description="Prefill FLOPs spent over a full prefill's, "
+                                     "vision tower included (reuse never runs it).")
     refreshed_visual_tokens: int
     visual_tokens: int
     timings: dict[str, float]

@@ -53,7 +53,8 @@ class Answer:
     citations: list[Citation]
     policy: str
     budget: float
-    flops_ratio: float
+    flops_ratio_lm: float  # language-model prefill FLOPs over a full prefill's (the headline)
+    flops_ratio_total: float  # the same with the vision tower counted on both sides
     refreshed_visual_tokens: int
     visual_tokens: int
     timings: dict[str, float] = field(default_factory=dict)
@@ -192,7 +193,8 @@ def answer_question(
                             page=p.number, score=round(score, 6)) for p, score in hits],
         policy=request.policy,
         budget=request.budget,
-        flops_ratio=result.flops_ratio,
+        flops_ratio_lm=result.flops_ratio_lm,
+        flops_ratio_total=result.flops_ratio_total,
         refreshed_visual_tokens=result.refreshed_visual_tokens,
         visual_tokens=result.visual_tokens,
         timings={

@@ -1,8 +1,11 @@
 """`POST /v1/chat/completions`: an OpenAI-compatible chat endpoint over a collection.
 
 `model` names the collection as `conduit:<collection_id>` (or pass `collection_id`); the last
-user message is the question. Non-streaming replies carry conduit's citations in an extra
-`citations` field; `stream: true` sends `chat.completion.chunk` events and `data: [DONE]`.
+user message is the question. Non-streaming replies carry conduit's citations and compute in
+extra fields (`citations`, `conduit`: policy, budget, `flops_ratio_lm`, `flops_ratio_total`,
+refreshed and visual token counts); `stream: true` sends `chat.completion.chunk` events (never
+an empty content delta), the last one with `finish_reason` and the same extra fields, then
+`data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.routers.query import build_question, to_query_out
-from service.schemas import CitationOut, QueryIn
+from service.schemas import QueryIn, QueryOut
 
 router = APIRouter(tags=["openai"])
 
@@ -58,10 +61,21 @@ def _query(body: ChatIn) -> QueryIn:
                    max_new_tokens=body.max_tokens, temperature=body.temperature)
 
 
-def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None) -> str:
+def _extras(out: QueryOut) -> dict[str, object]:
+    """conduit's fields beside the OpenAI ones: citations and the refresh's compute."""
+    return {"citations": [c.model_dump() for c in out.citations],
+            "conduit": {"policy": out.policy, "budget": out.budget,
+                        "flops_ratio_lm": out.flops_ratio_lm,
+                        "flops_ratio_total": out.flops_ratio_total,
+                        "refreshed_visual_tokens": out.refreshed_visual_tokens,
+                        "visual_tokens": out.visual_tokens}}
+
+
+def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None,
+           extras: dict[str, object] | None = None) -> str:
     payload = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
                "model": model, "choices": [{"index": 0, "delta": delta,
-                                            "finish_reason": finish}]}
+                                            "finish_reason": finish}], **(extras or {})}
     return f"data: {json.dumps(payload)}\n\n"
 
 
@@ -80,18 +94,19 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": out.answer}}],
             "usage": {"completion_tokens": None, "prompt_tokens": None, "total_tokens": None},
-            "citations": [c.model_dump() for c in out.citations],
+            **_extras(out),
         }
     loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue[str | None | list[CitationOut]] = asyncio.Queue()
+    pieces: asyncio.Queue[str | None | QueryOut] = asyncio.Queue()
 
     def on_token(_token_id: int, text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, text)
+        if text:
+            loop.call_soon_threadsafe(pieces.put_nowait, text)
 
     def run() -> None:
         try:
             out = to_query_out(runner.answer(question, on_token=on_token))
-            loop.call_soon_threadsafe(pieces.put_nowait, out.citations)
+            loop.call_soon_threadsafe(pieces.put_nowait, out)
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)
 
@@ -100,8 +115,8 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
             tg.start_soon(anyio.to_thread.run_sync, run)
             yield _chunk(cid, body.model, {"role": "assistant"}, None)
             while (piece := await pieces.get()) is not None:
-                if isinstance(piece, list):
-                    yield _chunk(cid, body.model, {}, "stop")
+                if isinstance(piece, QueryOut):
+                    yield _chunk(cid, body.model, {}, "stop", _extras(piece))
                 else:
                     yield _chunk(cid, body.model, {"content": piece}, None)
             yield "data: [DONE]\n\n"

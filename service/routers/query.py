@@ -46,12 +46,13 @@ def to_query_out(result: Answer) -> QueryOut:
     QUERIES.labels(result.policy, "ok").inc()
     TTFT.observe(result.timings["ttft_s"])
     ANSWER_SECONDS.observe(result.timings["total_s"])
-    FLOPS_RATIO.observe(result.flops_ratio)
+    FLOPS_RATIO.observe(result.flops_ratio_lm)
     return QueryOut(
         answer=result.answer,
         citations=[CitationOut(document_id=c.document_id, filename=c.filename, page=c.page,
                                score=c.score) for c in result.citations],
-        policy=result.policy, budget=result.budget, flops_ratio=result.flops_ratio,
+        policy=result.policy, budget=result.budget, flops_ratio_lm=result.flops_ratio_lm,
+        flops_ratio_total=result.flops_ratio_total,
         refreshed_visual_tokens=result.refreshed_visual_tokens,
         visual_tokens=result.visual_tokens, timings=result.timings,
     )
@@ -73,7 +74,8 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
     events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
     def on_token(_token_id: int, text: str) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
+        if text:  # a token that completes no character yet sends nothing
+            loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
 
     def run() -> None:
         try:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conduit_core import ReuseRuntime
+from conduit_core.decode import printable
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, reference_logits, until_stop
 
@@ -39,9 +40,18 @@ def test_full_prefill_greedy_tokens_match_generate(name: str, model_cache: Path)
     expected = until_stop(gen.tolist(), vlm.adapter.stop_token_ids())
     assert result.token_ids == expected
     assert len(expected) > 0
-    assert result.text == vlm.tokenizer.decode(expected, skip_special_tokens=True)
+    assert result.text == printable(vlm.tokenizer.decode(expected, skip_special_tokens=True))
     assert result.prompt_tokens == asm.layout.n
-    assert result.flops_ratio == 1.0 and result.flops_used == result.flops_full > 0
+    # FLOPs by the formula written out from the config: L [N c + 4 H dh N (N + 1) / 2]
+    cfg = vlm.adapter.text_config
+    d, heads, g = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or d // heads
+    c = 2 * (2 * d * heads * hd + 2 * d * g * hd + 3 * d * cfg.intermediate_size)
+    n = asm.layout.n
+    lm = cfg.num_hidden_layers * (n * c + 4 * heads * hd * n * (n + 1) / 2)
+    assert result.flops_full_lm == result.flops_used_lm == pytest.approx(lm)
+    assert result.flops_used_vision == result.flops_vision > 0  # full prefill runs the tower
+    assert result.flops_ratio_lm == result.flops_ratio_total == 1.0
     assert 0 < result.ttft_s <= result.total_s
 
 

@@ -3,6 +3,7 @@ full prefill; reuse under a changed prefix is finite, different, and its K/V err
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
@@ -77,6 +78,7 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     reuse = runtime.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_reuse",
                                          max_new_tokens=5))
     assert reuse.refreshed_visual_tokens == 0 and reuse.visual_tokens == full.visual_tokens
-    assert reuse.flops_used < full.flops_used <= full.flops_full
-    assert 0 < reuse.flops_ratio < 1
+    assert reuse.flops_used < full.flops_used < full.flops_full  # neither runs the tower
+    assert full.flops_ratio_lm == pytest.approx(1.0) and full.flops_used_vision == 0.0
+    assert 0 < reuse.flops_ratio_lm < 1
 

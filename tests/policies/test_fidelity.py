@@ -16,8 +16,9 @@ from conduit_core.answer_types import AnswerResult
 
 def result(tokens: list[int], stop: bool) -> AnswerResult:
     return AnswerResult(text="", token_ids=tokens, ttft_s=0.0, total_s=0.0,
-                        refreshed_visual_tokens=0, visual_tokens=0, flops_full=1.0,
-                        flops_used=1.0, flops_ratio=1.0, stop_reason="stop" if stop else "length")
+                        refreshed_visual_tokens=0, visual_tokens=0, flops_full_lm=1.0,
+                        flops_vision=0.0, flops_used_lm=1.0, flops_used_vision=0.0,
+                        stop_reason="stop" if stop else "length")
 
 
 def test_kl_by_hand() -> None:
@@ -52,8 +53,8 @@ def test_small_run_writes_json_table_and_plot(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == doc
     rows = {(r["policy"], r["budget"]): r for r in doc["rows"]}
     assert len(rows) == 8
-    keys = {"policy", "budget", "top1_agreement", "kl", "continuation_match", "flops_ratio",
-            "seconds"}
+    keys = {"policy", "budget", "top1_agreement", "kl", "continuation_match", "flops_ratio_lm",
+            "flops_ratio_total", "seconds"}
     assert all(keys <= set(r) for r in doc["rows"])
     for policy in ("full_prefill", "conduit", "random"):
         exact = rows[(policy, 1.0)]
@@ -61,9 +62,12 @@ def test_small_run_writes_json_table_and_plot(tmp_path: Path) -> None:
         assert exact["kl"] < 1e-8
     stale = rows[("full_reuse", 0.2)]
     assert stale["kl"] > 1e-6  # the new prefix makes reused pages measurably stale
-    # reuse never pays the vision tower; conduit pays scoring + refresh on top of full reuse
-    assert rows[("full_prefill", 0.2)]["flops_ratio"] < 1.0
-    assert stale["flops_ratio"] < rows[("conduit", 0.2)]["flops_ratio"]
+    # reuse never pays the vision tower: the full_prefill policy over cached pages spends all
+    # of the language model's prefill and none of the tower's
+    assert rows[("full_prefill", 0.2)]["flops_ratio_lm"] == pytest.approx(1.0)
+    assert rows[("full_prefill", 0.2)]["flops_ratio_total"] < 1.0
+    # conduit pays scoring + refresh on top of full reuse
+    assert stale["flops_ratio_lm"] < rows[("conduit", 0.2)]["flops_ratio_lm"]
     table = out.with_suffix(".md").read_text()
     assert "| conduit | 0.20 |" in table and "test" in table
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"

@@ -98,7 +98,8 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     shape = LMShape.from_config(rt.adapter.text_config)
     asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION)
     text = asm.layout.text_rows()
-    full = full_prefill_flops(shape, asm.layout.n) + vision_flops(rt.adapter, asm.image_grids)
+    full_lm = full_prefill_flops(shape, asm.layout.n)
+    full = full_lm + vision_flops(rt.adapter, asm.image_grids)
     for name, scoring in [("conduit", True), ("random", False), ("value_norm", False)]:
         probe = probe_refresh(rt, request(cached, name, 0.1))
         result = rt.answer(request(cached, name, 0.1))
@@ -109,8 +110,11 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
         assert torch.equal(probe.computed_rows, probe.rows[reused.numel():])
         assert (reused.numel() > 0) == scoring  # the prefix rows are reused after scoring
         assert result.flops_full == pytest.approx(full)
-        assert result.flops_used == pytest.approx(used)
-        assert result.flops_ratio == pytest.approx(used / full)
+        assert result.flops_full_lm == pytest.approx(full_lm)
+        assert result.flops_used == result.flops_used_lm == pytest.approx(used)  # no vision
+        assert result.flops_ratio_lm == pytest.approx(used / full_lm)
+        assert result.flops_ratio_total == pytest.approx(used / full)
+        assert result.flops_ratio_total < result.flops_ratio_lm
     reuse = rt.answer(request(cached, "full_reuse", 0.1))
     assert reuse.flops_used == pytest.approx(rows_flops(shape, text))
 

@@ -35,6 +35,7 @@ def test_ingest_then_ask_json(tmp_path: Path) -> None:
     assert out["citations"][0]["filename"] == "atlas.pdf"
     assert out["citations"][0]["page"] == 2
     assert out["timings"]["ttft_s"] > 0
+    assert 0 < out["flops_ratio_total"] < out["flops_ratio_lm"]
 
     missing = _conduit(tmp_path / "home", "ask", "x", "--collection", "nope")
     assert missing.returncode == 2 and "nope" in missing.stderr
