@@ -10,6 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from service.auth import KeyRing
+from service.guard import GuardMiddleware
 from service.metrics import UPLOADS, register_kv_collector
 from service.routers import collections, documents, health, openai_chat, query
 from service.routers.documents import ingest_error_status
@@ -18,6 +20,7 @@ from worker.context import build_context
 from worker.errors import WorkerError
 from worker.ingest.errors import IngestError
 from worker.jobs import InProcessRunner
+from worker.recovery import Reaper
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,24 +29,32 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; stores open at startup and close at shutdown."""
     settings = settings or Settings()
+    keyring = KeyRing.from_settings(settings)  # a malformed keys file stops the start here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = build_context(settings)
         app.state.ctx = ctx
-        app.state.runner = _build_runner(ctx)
+        app.state.runner = runner = _build_runner(ctx)
+        # the startup reconcile, then a pass every reaper_interval_s: no document stays stuck
+        reaper = Reaper(ctx, runner.submit_ingest, runner.local_queue)
+        reaper.start()
         collector = register_kv_collector(ctx.kv)
         log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
                  settings.embedded)
         try:
             yield
         finally:
+            reaper.stop()
             app.state.runner.shutdown()
             REGISTRY.unregister(collector)
             ctx.close()
 
     app = FastAPI(title="conduit", version="0.1.0", lifespan=lifespan,
                   description="Document question answering over cached page KV.")
+    app.state.keyring = keyring
+    app.add_middleware(GuardMiddleware, keyring=keyring,
+                       max_upload_bytes=settings.max_upload_bytes)
     for router in (collections.router, documents.router, query.router, openai_chat.router,
                    health.router):
         app.include_router(router)
@@ -61,7 +72,7 @@ def _build_runner(ctx):  # type: ignore[no-untyped-def]
         return InProcessRunner(ctx)
     from worker.celery_app import CeleryRunner
 
-    return CeleryRunner(ctx.settings.redis_url)
+    return CeleryRunner(ctx.settings.redis_url, ctx.settings)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 
+from service.auth import KeyRing, bearer_token
 from worker.context import WorkerContext
 from worker.jobs import JobRunner
 
@@ -28,25 +27,22 @@ CtxDep = Annotated[WorkerContext, Depends(get_ctx)]
 RunnerDep = Annotated[JobRunner, Depends(get_runner)]
 
 
-def tenant_of_key(key: str) -> str:
-    """A stable tenant name derived from an API key (the key itself is never stored)."""
-    return "t_" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 def get_tenant(
-    ctx: CtxDep, authorization: Annotated[str | None, Header()] = None
+    request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> str:
-    """Authenticate the caller; with no API keys configured everyone is tenant `default`."""
-    keys = [k.get_secret_value() for k in ctx.settings.api_keys]
-    if not keys:
+    """Authenticate the caller; with no API keys configured everyone is tenant `default`.
+    (`service.guard` has already refused bad keys before the body was read; this maps the
+    key to its tenant.)"""
+    keyring: KeyRing = request.app.state.keyring
+    if not keyring.enabled:
         return "default"
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(authorization)
+    if token is None:
         raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
-    for key in keys:
-        if hmac.compare_digest(token.encode(), key.encode()):
-            return tenant_of_key(key)
-    raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    tenant = keyring.tenant(token)
+    if tenant is None:
+        raise HTTPException(401, "invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    return tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]

@@ -16,13 +16,16 @@ import uuid
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, Task
+from kombu.exceptions import OperationalError
 
+from storage.errors import UnavailableError
 from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext, build_context
 from worker.errors import WorkerError
 from worker.jobs import TokenSink, execute_ingest_job
+from worker.recovery import mark_failed
 from worker.settings import Settings
 from worker.wire import answer_from_json, answer_to_json, question_from_json, question_to_json
 
@@ -44,22 +47,34 @@ class RemoteAnswerError(WorkerError):
         self.http_status = status
 
 
-def make_celery(broker_url: str) -> Celery:
+def visibility_timeout_s(settings: Settings) -> int:
+    """How long the broker waits for an unacknowledged task before redelivering it: the
+    ingest deadline plus two leases (a live ingest is never redelivered; a dead worker's is
+    within this, and usually sooner by the reaper's requeue after one lease)."""
+    return int(settings.ingest_timeout_s + 2 * settings.job_lease_s)
+
+
+INGEST_RETRIES = 5  # retries of an ingest that met unreachable storage, with backoff
+
+
+def make_celery(broker_url: str, settings: Settings | None = None) -> Celery:
     """A Celery app on `broker_url` that accepts and emits JSON only (never pickle)."""
+    settings = settings or Settings()
     app = Celery("conduit", broker=broker_url, backend=None)
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
-        task_acks_late=True,  # a worker that dies mid-ingest leaves the job to another
+        task_acks_late=True,  # a worker that dies mid-task leaves the message to another
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s(settings)},
         task_ignore_result=True,
         task_routes={INGEST_TASK: {"queue": INGEST_QUEUE}, ANSWER_TASK: {"queue": ANSWER_QUEUE}},
     )
-    app.task(name=INGEST_TASK)(_ingest_task)
-    app.task(name=ANSWER_TASK, acks_late=False)(_answer_task)
+    app.task(name=INGEST_TASK, bind=True, max_retries=INGEST_RETRIES)(_ingest_task)
+    app.task(name=ANSWER_TASK)(_answer_task)  # acked late too: see `CeleryRunner.answer`
     return app
 
 
@@ -75,8 +90,22 @@ def _context() -> WorkerContext:
         return _ctx
 
 
-def _ingest_task(job_id: str, document_id: str) -> None:
-    execute_ingest_job(_context(), JobId(job_id), DocumentId(document_id))
+def _ingest_task(task: Task, job_id: str, document_id: str) -> None:
+    ctx = _context()
+    try:
+        execute_ingest_job(ctx, JobId(job_id), DocumentId(document_id))
+    except UnavailableError as exc:
+        if task.request.retries >= INGEST_RETRIES:
+            mark_failed(ctx, DocumentId(document_id), JobId(job_id),
+                        f"storage stayed unavailable during ingestion: {exc}")
+            return
+        delay = min(60, 2 ** (task.request.retries + 1))
+        log.warning("ingest %s met unavailable storage; retry in %d s", job_id, delay)
+        raise task.retry(exc=exc, countdown=delay) from exc
+
+
+ALIVE_EVERY_S = 2.0  # a worker answering a question says so this often
+STALL_S = 15.0  # silence after which the API presumes the answering worker dead
 
 
 def _answer_task(question: dict[str, Any], channel: str) -> None:
@@ -87,7 +116,19 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     def send(message: dict[str, Any]) -> None:
         bus.publish(channel, json.dumps(message))
 
+    stop = threading.Event()
+
+    def alive() -> None:  # lets the API tell a slow answer from a dead worker
+        while not stop.wait(ALIVE_EVERY_S):
+            try:
+                send({"alive": 1})
+            except redis.RedisError:
+                pass
+
+    beat = threading.Thread(target=alive, daemon=True)
     try:
+        send({"started": 1})
+        beat.start()
         answer = answer_question(ctx, question_from_json(question),
                                  on_token=lambda tid, text: send({"token": [tid, text]}))
         send({"done": answer_to_json(answer)})
@@ -97,20 +138,33 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
         log.exception("answer task failed")
         send({"error": f"internal error while answering: {type(exc).__name__}", "status": 500})
     finally:
+        stop.set()
         bus.close()
 
 
 class CeleryRunner:
-    """`JobRunner` that sends jobs and questions to Celery workers through the broker."""
+    """`JobRunner` that sends jobs and questions to Celery workers through the broker.
 
-    def __init__(self, broker_url: str, answer_timeout_s: float = 600.0) -> None:
-        self._app = make_celery(broker_url)
+    An answer's wait is bounded three ways: 503 when no worker starts the question within
+    `answer_queue_wait_s` (the task expires unrun); a worker silent for `STALL_S` mid-answer
+    is presumed dead and the question is sent once more (unless tokens were already relayed:
+    then 503); 504 when the answer is not complete within `answer_timeout_s`.
+    """
+
+    def __init__(self, broker_url: str, settings: Settings | None = None) -> None:
+        s = settings or Settings()
+        self._app = make_celery(broker_url, s)
         self._bus = redis.Redis.from_url(broker_url)  # one pool; each answer subscribes on it
-        self._timeout = answer_timeout_s
+        self._timeout = s.answer_timeout_s
+        self._queue_wait = s.answer_queue_wait_s
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document on the broker."""
         self._app.send_task(INGEST_TASK, args=[job_id, document_id])
+
+    def local_queue(self) -> set[JobId] | None:
+        """None: the broker holds the queue (and keeps unacknowledged messages)."""
+        return None
 
     def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
         """Send the question to a worker and relay its tokens until the answer arrives."""
@@ -118,24 +172,49 @@ class CeleryRunner:
         sub = self._bus.pubsub(ignore_subscribe_messages=True)
         try:
             sub.subscribe(channel)
-            # a question nobody waits for any more is dropped unrun, not answered later
-            self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel],
-                                expires=self._timeout)
-            deadline = time.monotonic() + self._timeout
-            while time.monotonic() < deadline:
-                message = sub.get_message(timeout=1.0)
-                if message is None:
-                    continue
-                data = json.loads(message["data"])
-                if "token" in data and on_token is not None:
-                    on_token(int(data["token"][0]), str(data["token"][1]))
-                elif "done" in data:
-                    return answer_from_json(data["done"])
-                elif "error" in data:
-                    raise RemoteAnswerError(data["error"], int(data["status"]))
-            raise RemoteAnswerError(f"no worker answered within {self._timeout:.0f} s", 504)
+            return self._relay(sub, channel, question, on_token)
+        except (redis.RedisError, OSError, OperationalError) as exc:
+            raise RemoteAnswerError(f"the message broker is unavailable ({type(exc).__name__}); "
+                                    "retry shortly", 503) from exc
         finally:
             sub.close()
+
+    def _send(self, question: Question, channel: str) -> None:
+        # a question nobody waits for any more is dropped unrun, not answered later
+        self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel],
+                            expires=self._queue_wait)
+
+    def _relay(self, sub: Any, channel: str, question: Question,
+               on_token: TokenSink | None) -> Answer:
+        self._send(question, channel)
+        now = time.monotonic()
+        deadline, heard, started, sends, relayed = now + self._timeout, now, False, 1, False
+        while (now := time.monotonic()) < deadline:
+            if not started and now - heard > self._queue_wait:
+                raise RemoteAnswerError(f"no worker took the question within "
+                                        f"{self._queue_wait:.0f} s; retry later", 503)
+            if started and now - heard > STALL_S:
+                if relayed or sends > 1:
+                    raise RemoteAnswerError("the worker answering the question stopped; "
+                                            "retry", 503)
+                log.warning("answering worker went silent; sending the question again")
+                self._send(question, channel)
+                heard, started, sends = now, False, sends + 1
+            message = sub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            heard = time.monotonic()
+            data = json.loads(message["data"])
+            if "started" in data:
+                started = True
+            elif "token" in data and on_token is not None:
+                relayed = True
+                on_token(int(data["token"][0]), str(data["token"][1]))
+            elif "done" in data:
+                return answer_from_json(data["done"])
+            elif "error" in data:
+                raise RemoteAnswerError(data["error"], int(data["status"]))
+        raise RemoteAnswerError(f"no answer within {self._timeout:.0f} s", 504)
 
     def shutdown(self) -> None:
         """Close broker connections."""
@@ -152,7 +231,7 @@ def run_worker(settings: Settings, concurrency: int = 2,
     """
     if not settings.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
-    app = make_celery(settings.redis_url)
+    app = make_celery(settings.redis_url, settings)
     app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={concurrency}",
                      "--pool=threads" if concurrency > 1 else "--pool=solo",
                      f"--queues={','.join(queues)}"])

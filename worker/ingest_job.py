@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from storage.errors import NotFoundError, UnavailableError
 from storage.keys import PageHash, page_hash
 from storage.metadata import Document, DocumentId, Page
 from storage.metadata.records import IngestStage
@@ -17,6 +18,7 @@ from worker.ingest.deadline import Deadline
 from worker.ingest.errors import IngestError
 from worker.ingest.pages import iter_pages
 from worker.ingest.pdf import open_pdf
+from worker.recovery import mark_failed
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
 from worker.retrieval.passages import embed_pages
@@ -47,27 +49,34 @@ def page_image_relpath(document_id: str, number: int) -> str:
 
 
 def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
-    """Ingest one uploaded document; on any failure mark it failed with a clear message."""
+    """Ingest one uploaded document; on any failure mark it failed with a clear message.
+
+    `UnavailableError` (Redis restarting) propagates instead: the caller retries the job.
+    Failure marking is best effort with retry (`recovery.mark_failed`), and a failed
+    document keeps no page images.
+    """
     doc = ctx.meta.get_document(document_id)
     progress = _Progress(ctx, document_id)
     try:
         pages = _ingest(ctx, doc, progress)
+        ctx.meta.put_pages(document_id, pages)
+        ctx.meta.update_progress(document_id, status="ready", stage="done",
+                                 pages_done=len(pages), pages_total=len(pages))
+    except (UnavailableError, NotFoundError):
+        raise
     except IngestError as exc:
         log.warning("ingest of %s failed: %s", document_id, exc.message)
         _fail(ctx, doc, progress, exc.message)
-        return
+    except OSError as exc:
+        log.error("ingest of %s failed on storage: %s", document_id, exc)
+        _fail(ctx, doc, progress, f"storage error during ingestion: {exc.strerror or exc}")
     except Exception as exc:
         log.exception("ingest of %s crashed", document_id)
         _fail(ctx, doc, progress, f"internal error during ingestion: {type(exc).__name__}")
-        return
-    ctx.meta.put_pages(document_id, pages)
-    ctx.meta.update_progress(document_id, status="ready", stage="done",
-                             pages_done=len(pages), pages_total=len(pages))
 
 
 def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) -> None:
-    ctx.meta.update_progress(doc.id, status="failed", stage="done", pages_done=0,
-                             pages_total=progress.total, error=message)
+    mark_failed(ctx, doc.id, None, message, pages_total=progress.total)
 
 
 def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page]:

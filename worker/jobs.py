@@ -4,14 +4,17 @@ thread of the serving process; the Celery runner (distributed) sends them to GPU
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from storage.errors import NotFoundError, UnavailableError
 from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext
 from worker.ingest_job import run_ingest
+from worker.recovery import gave_up_message, heartbeat, mark_failed, remove_page_images
 
 TokenSink = Callable[[int, str], None]
 
@@ -33,16 +36,57 @@ class JobRunner(Protocol):
         """Stop accepting jobs and wait for the running one."""
         ...
 
+    def local_queue(self) -> set[JobId] | None:
+        """Jobs this process's own queue holds (None: a broker holds the queue)."""
+        ...
+
 
 def execute_ingest_job(ctx: WorkerContext, job_id: JobId, document_id: DocumentId) -> None:
-    """Run one ingest job and record its outcome on the job record."""
-    ctx.meta.update_job(job_id, status="running")
-    run_ingest(ctx, document_id)
-    doc = ctx.meta.get_document(document_id)
+    """Claim one ingest job, run it under a renewed lease, and record its outcome.
+
+    A job that is finished, or held by a live worker, is skipped (a redelivered message or a
+    reaper's requeue is harmless); one claimed more than `max_ingest_attempts` times fails its
+    document with a message instead of running again.
+    """
+    s = ctx.settings
+    job = ctx.meta.claim_job(job_id, s.job_lease_s)
+    if job is None:
+        log.info("ingest %s is finished or held by a live worker; skipped", job_id)
+        return
+    try:
+        doc = ctx.meta.get_document(document_id)
+    except NotFoundError:
+        ctx.meta.update_job(job_id, status="failed", error="the document was deleted")
+        return
+    if job.attempts > s.max_ingest_attempts:
+        log.error("ingest %s of %s: attempt %d; giving up", job_id, document_id, job.attempts)
+        mark_failed(ctx, document_id, job_id, gave_up_message(job.attempts - 1),
+                    pages_total=doc.pages_total)
+        return
+    try:
+        with heartbeat(ctx.meta, job_id, s.job_lease_s / 6):
+            run_ingest(ctx, document_id)
+        doc = ctx.meta.get_document(document_id)
+    except NotFoundError:  # deleted while it ran: drop what it wrote
+        remove_page_images(ctx, document_id)
+        ctx.meta.update_job(job_id, status="failed", error="the document was deleted")
+        return
+    except UnavailableError:  # storage is restarting: hand the job back for a retry
+        _release(ctx, job_id)
+        raise
     if doc.status == "ready":
         ctx.meta.update_job(job_id, status="succeeded")
-    else:
+    elif doc.status == "failed":
         ctx.meta.update_job(job_id, status="failed", error=doc.error)
+
+
+def _release(ctx: WorkerContext, job_id: JobId) -> None:
+    """Put a job back to `queued` so a retry can claim it at once (best effort: if storage is
+    still down, its lease expires and the reaper requeues it)."""
+    try:
+        ctx.meta.update_job(job_id, status="queued")
+    except Exception as exc:  # storage still down
+        log.warning("could not release %s: %s", job_id, exc)
 
 
 class InProcessRunner:
@@ -51,23 +95,50 @@ class InProcessRunner:
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conduit-job")
+        self._queued: set[JobId] = set()
+        self._lock = threading.Lock()
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document."""
-        future: Future[None] = self._pool.submit(execute_ingest_job, self._ctx, job_id,
-                                                 document_id)
-        future.add_done_callback(_log_crash)
+        with self._lock:
+            if job_id in self._queued:
+                return
+            self._queued.add(job_id)
+        try:
+            future: Future[None] = self._pool.submit(execute_ingest_job, self._ctx, job_id,
+                                                     document_id)
+        except BaseException:
+            self._forget(job_id)
+            raise
+
+        def done(f: Future[None]) -> None:
+            self._forget(job_id)
+            _log_crash(f)
+        future.add_done_callback(done)
+
+    def _forget(self, job_id: JobId) -> None:
+        with self._lock:
+            self._queued.discard(job_id)
+
+    def local_queue(self) -> set[JobId] | None:
+        """Jobs queued or running on this process's job thread."""
+        with self._lock:
+            return set(self._queued)
 
     def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
         """Answer in this process (the model is loaded here)."""
         return answer_question(self._ctx, question, on_token=on_token)
 
     def shutdown(self) -> None:
-        """Stop accepting jobs and wait for the running one."""
+        """Stop accepting jobs and wait for the running one. Jobs still queued stay `queued`
+        in the metadata store; the next start's reconcile requeues them."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _log_crash(future: Future[None]) -> None:
+    """Log a job that raised (a cancelled job, dropped at shutdown, is not a crash)."""
+    if future.cancelled():
+        return
     exc = future.exception()
     if exc is not None:
         log.error("job crashed: %r", exc)

@@ -75,7 +75,8 @@ class Settings(BaseSettings):
         description="Layers CONDUIT scores with: 'all' or 'start:stop'; unset = all.",
     )
     query_window: int | None = Field(
-        None, ge=1, description="Score with the last w question tokens; unset = all."
+        64, ge=1, description="Score with the last w question tokens (bounds the scoring "
+        "pass's memory; unset = all of them, up to max_question_tokens).",
     )
     head_agg: Literal["mean", "max"] | None = Field(
         None, description="Aggregation over query heads; unset = mean."
@@ -92,9 +93,44 @@ class Settings(BaseSettings):
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 
+    max_question_tokens: int = Field(
+        1024, ge=1, le=32768, description="Longest accepted question in model tokens (422 "
+        "above it).",
+    )
+
+    # reliability
+    job_lease_s: float = Field(
+        60.0, ge=1.0, description="A running ingest whose heartbeat (every lease/6) is older "
+        "than this is presumed dead: the reaper requeues it and DELETE may remove its document.",
+    )
+    max_ingest_attempts: int = Field(
+        3, ge=1, le=20, description="Deliveries of one ingest before its document is failed "
+        "(a document that keeps killing workers stops being retried).",
+    )
+    reaper_interval_s: float = Field(
+        10.0, gt=0, description="How often the API process looks for dead ingest jobs (and "
+        "once at startup).",
+    )
+    answer_queue_wait_s: float = Field(
+        60.0, gt=0, description="Distributed: 503 when no worker starts a question within "
+        "this; a worker silent this long mid-answer is presumed dead (resent once).",
+    )
+    answer_timeout_s: float = Field(
+        600.0, gt=0, description="Distributed: 504 when an answer is not complete in this.",
+    )
+
     # security
     api_keys: list[SecretStr] = Field(
         default_factory=list, description="Accepted bearer tokens; empty = no auth (loopback use)."
+    )
+    api_keys_file: Path | None = Field(
+        None, description="JSON file of accepted keys: {key: tenant name} (rotate a key by "
+        "mapping the new one to the same tenant) or a list of keys (tenant = a digest of the "
+        "key). Adds to api_keys.",
+    )
+    metrics_key: SecretStr | None = Field(
+        None, description="Bearer token that may read /metrics when API keys are configured "
+        "(tenant keys cannot: the counters span every tenant).",
     )
 
     @property
