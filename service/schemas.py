@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ErrorOut(BaseModel):
@@ -64,7 +64,13 @@ class JobOut(BaseModel):
 
 
 class QueryIn(BaseModel):
-    """A question over a collection, or over some of its documents."""
+    """A question over a collection, or over some of its documents.
+
+    `question` is also capped in model tokens (`CONDUIT_MAX_QUESTION_TOKENS`, 422 naming the
+    limit); NaN and Infinity are refused in every number (422, not a 500 at encoding time).
+    """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     collection_id: str
     question: str = Field(..., min_length=1, max_length=4000)

@@ -18,6 +18,8 @@ from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError, UnknownPolicyError
 from worker.ingest_job import ensure_prefilled
+from worker.limits import check_question_length
+from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
 from worker.settings import Settings
@@ -128,6 +130,7 @@ def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
                 len(ctx.runtime.adapter.layers))
     except (InvalidRequestError, ValueError) as exc:
         raise InvalidOptionsError(str(exc)) from None
+    check_question_length(ctx, q.question, with_model=with_model)
     if pages and not ctx.meta.list_pages(q.collection_id, q.document_ids):
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
 
@@ -185,6 +188,8 @@ def answer_question(
     with ctx.model_lock:
         result = ctx.runtime.answer(request, on_token=on_token)
     t_done = time.perf_counter()
+    # a document deleted during the question: drop the KV its pages got again (no orphans)
+    release_unreferenced(ctx, [p.page_hash for p in pages])
     if computed:
         log.info("prefilled %d page(s) at question time", computed)
     return Answer(

@@ -16,13 +16,14 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from storage.errors import NotFoundError
+from storage.keys import PageHash
 from storage.metadata import DocumentId, Job, JobId, MetadataStore
 from worker.context import WorkerContext
 
@@ -72,6 +73,17 @@ def mark_failed(ctx: WorkerContext, document_id: DocumentId, job_id: JobId | Non
                   type(exc).__name__, exc)
         return False
     return True
+
+
+def release_unreferenced(ctx: WorkerContext, page_hashes: Iterable[str]) -> list[PageHash]:
+    """Delete the cached KV of pages no document references any more: a question that
+    prefilled (or promoted) the pages of a document deleted meanwhile leaves no orphan
+    entries behind (in Redis they would have no TTL)."""
+    doomed = [PageHash(h) for h in dict.fromkeys(page_hashes) if not ctx.meta.page_hash_in_use(h)]
+    if doomed:
+        ctx.kv.delete(doomed)
+        log.info("released %d cached page(s) of documents deleted during a question", len(doomed))
+    return doomed
 
 
 @contextmanager

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import errno
 import logging
-import shutil
-from typing import Annotated
+import sqlite3
+from typing import Annotated, BinaryIO
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
+from kombu.exceptions import OperationalError
 
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import UPLOADS
 from service.routers.collections import owned_collection
 from service.schemas import DocumentOut, JobOut, UploadOut
 from service.views import document_out, job_out
-from storage.errors import NotFoundError
+from storage.errors import NotFoundError, UnavailableError
 from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
+from worker.recovery import job_is_stale, remove_page_images
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
 
 log = logging.getLogger(__name__)
@@ -26,16 +29,42 @@ router = APIRouter(tags=["documents"])
 _CHUNK = 1 << 20
 
 
-async def _read_capped(file: UploadFile, limit: int) -> bytes:
+def _read_capped(file: BinaryIO, limit: int) -> bytes:
     """Read an upload, stopping as soon as it exceeds `limit` bytes."""
     parts: list[bytes] = []
     size = 0
-    while chunk := await file.read(_CHUNK):
+    while chunk := file.read(_CHUNK):
         size += len(chunk)
         if size > limit:
             raise UploadTooLargeError(f"the upload exceeds the limit of {limit} bytes")
         parts.append(chunk)
     return b"".join(parts)
+
+
+def storage_refusal(exc: BaseException) -> HTTPException | None:
+    """A clear 507/503 for a storage failure while accepting an upload (None: not one)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return HTTPException(507, "not enough disk space to store the upload; nothing was kept")
+    if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+        return HTTPException(507, "the metadata database is out of disk space; nothing was kept")
+    if isinstance(exc, (OSError, sqlite3.Error, UnavailableError, OperationalError)):
+        return HTTPException(503, "storage or the job queue is unavailable; nothing was kept, "
+                             "retry shortly", headers={"Retry-After": "5"})
+    return None
+
+
+def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
+    """Remove what an upload that failed half-way stored (each step best effort)."""
+    upload_path(ctx.home, doc_id).unlink(missing_ok=True)
+    for step in (lambda: ctx.meta.delete_document(doc_id),
+                 lambda: ctx.meta.update_job(job_id, status="failed",
+                                             error="the upload was not accepted")):
+        try:
+            step()
+        except NotFoundError:
+            pass
+        except Exception as exc:  # storage is down: the reaper settles the records later
+            log.warning("could not undo upload %s: %s", doc_id, exc)
 
 
 def owned_document(ctx: WorkerContext, tenant: str, document_id: str) -> Document:
@@ -50,7 +79,7 @@ def owned_document(ctx: WorkerContext, tenant: str, document_id: str) -> Documen
 
 @router.post("/v1/collections/{collection_id}/documents", status_code=202,
              response_model=UploadOut)
-async def upload_document(
+def upload_document(
     collection_id: str,
     ctx: CtxDep,
     runner: RunnerDep,
@@ -58,26 +87,36 @@ async def upload_document(
     file: Annotated[UploadFile, File(description="A PDF file.")],
     password: Annotated[str | None, Form(description="Password of an encrypted PDF.")] = None,
 ) -> UploadOut:
-    """Accept a PDF: validate it fully before anything is stored, then queue its ingestion."""
+    """Accept a PDF: validate it fully before anything is stored, then queue its ingestion.
+
+    A plain `def`: parsing, fsync and store calls run on a worker thread, never on the event
+    loop. Anything that fails after the first write (disk full, storage or queue down) undoes
+    what was stored and answers 507/503.
+    """
     col = owned_collection(ctx, tenant, collection_id)
     s = ctx.settings
-    data = await _read_capped(file, s.max_upload_bytes)
+    data = _read_capped(file.file, s.max_upload_bytes)
     checked = check_upload(data, password=password or None, max_bytes=s.max_upload_bytes,
                            max_pages=s.max_pages)
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
     filename = (file.filename or "document.pdf").replace("/", "_")[-200:]
-    store_upload(ctx.home, doc_id, checked.data)
     try:
+        store_upload(ctx.home, doc_id, checked.data)
         ctx.meta.add_job(job)
         ctx.meta.add_document(Document(
             id=doc_id, collection_id=col.id, filename=filename, sha256=checked.sha256,
             size_bytes=len(data), pages_total=checked.page_count, job_id=job.id,
         ))
-    except Exception:
-        upload_path(ctx.home, doc_id).unlink(missing_ok=True)
-        raise
-    runner.submit_ingest(job.id, doc_id)
+        runner.submit_ingest(job.id, doc_id)
+    except Exception as exc:
+        _undo_upload(ctx, doc_id, job.id)
+        refusal = storage_refusal(exc)
+        UPLOADS.labels("storage_error" if refusal else "error").inc()
+        if refusal is None:
+            raise
+        log.error("upload %s not accepted: %s: %s", doc_id, type(exc).__name__, exc)
+        raise refusal from exc
     UPLOADS.labels("accepted").inc()
     return UploadOut(document_id=doc_id, job_id=job.id, status="queued")
 
@@ -88,16 +127,38 @@ def get_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> DocumentOu
     return document_out(owned_document(ctx, tenant, document_id))
 
 
+def _held_by_live_worker(ctx: WorkerContext, doc: Document) -> bool:
+    """Whether a worker is ingesting the document now (its job runs under a live lease)."""
+    if doc.status not in ("queued", "processing") or doc.job_id is None:
+        return False
+    try:
+        job = ctx.meta.get_job(doc.job_id)
+    except NotFoundError:
+        return False
+    return job.status == "running" and not job_is_stale(job, ctx.settings.job_lease_s)
+
+
 @router.delete("/v1/documents/{document_id}", status_code=204)
 def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
-    """Delete a document, its files, and the cached pages no other document uses."""
+    """Delete a document, its files, and the cached pages no other document uses.
+
+    409 only while a live worker ingests it; a queued document, or one whose worker died
+    (lease expired), is deleted, and its job then ends as failed ("the document was deleted").
+    """
     doc = owned_document(ctx, tenant, document_id)
-    if doc.status in ("queued", "processing"):
-        raise HTTPException(409, "the document is still being ingested; retry when it is done")
+    if _held_by_live_worker(ctx, doc):
+        raise HTTPException(409, "the document is being ingested; retry when it is done (a "
+                            f"stalled ingest can be deleted {ctx.settings.job_lease_s:.0f} s "
+                            "after its worker stops)")
     released = release_pages(ctx.kv, ctx.meta, doc.id)
     log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
     upload_path(ctx.home, doc.id).unlink(missing_ok=True)
-    shutil.rmtree(ctx.home / "pages" / doc.id, ignore_errors=True)
+    remove_page_images(ctx, doc.id)
+    if doc.job_id is not None and doc.status in ("queued", "processing"):
+        try:
+            ctx.meta.update_job(doc.job_id, status="failed", error="the document was deleted")
+        except NotFoundError:
+            pass
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut)

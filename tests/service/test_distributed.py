@@ -19,7 +19,7 @@ from tests.service.conftest import start_server, wait_ready
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Path]]:
     """(API URL, Redis URL) of a server + Celery worker pair on a fresh Redis."""
     tmp = tmp_path_factory.mktemp("cluster")
     redis_url, stop_redis = start_redis(tmp)
@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     )
     url, api = start_server(home, env)
     try:
-        yield url, redis_url
+        yield url, redis_url, home
     finally:
         for proc in (api, worker):
             proc.terminate()
@@ -46,8 +46,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
         stop_redis()
 
 
-def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str]) -> None:
-    url, redis_url = cluster
+def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str, Path]) -> None:
+    url, redis_url, home = cluster
     client = httpx.Client(base_url=url, timeout=300)
     col = client.post("/v1/collections", json={"name": "fleet"}).json()["collection_id"]
     pages = ["Engine maintenance schedule: replace the oil filter every 500 hours.",
@@ -63,7 +63,7 @@ def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str]) -> None
     assert out.status_code == 200, out.text
     assert out.json()["citations"][0]["page"] == 1
     # the worker answered: the API process never loaded the model
-    assert client.get("/readyz").json()["model_loaded"] is False
+    assert client.get("/v1/info").json()["model_loaded"] is False
     with client.stream("POST", "/v1/query/stream", json={
             "collection_id": col, "top_k": 1, "max_new_tokens": 3,
             "question": "Who is on the winter roster?"}) as s:
@@ -76,5 +76,5 @@ def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str]) -> None
     # metadata and page KV live in Redis, not in a local SQLite file
     keys = redis.Redis.from_url(redis_url).keys("*")
     assert keys, "nothing was written to Redis"
-    assert not (Path(client.get("/readyz").json().get("home", "/nonexistent")) /
-                "metadata.sqlite3").exists()
+    assert (home / "uploads").is_dir()  # the shared home volume is this one
+    assert not (home / "metadata.sqlite3").exists()
