@@ -1,4 +1,5 @@
-"""Tool subcommands of `conduit`: `worker`, `eval fidelity|retrieval` and `bench store|ttft`."""
+"""Tool subcommands of `conduit`: `worker`, `eval fidelity|retrieval|answers` and
+`bench store|ttft`."""
 
 from __future__ import annotations
 
@@ -40,6 +41,10 @@ def add_tool_commands(sub: Any) -> None:
     retr.add_argument("--rrf-k", type=float, default=None,
                       help="RRF constant (default: CONDUIT_RRF_K)")
     retr.set_defaults(func=_eval_retrieval)
+
+    from service.cli_eval import add_answers_command
+
+    add_answers_command(ev)
 
     fid = ev.add_parser("fidelity", help="refresh policies against full prefill")
     fid.add_argument("--model", default="builtin:tiny-qwen2-vl")

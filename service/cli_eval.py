@@ -1,0 +1,83 @@
+"""`conduit eval answers`: answer accuracy of refresh policies against full prefill."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}"
+                                         ) from None
+
+
+def add_answers_command(ev: Any) -> None:
+    """Register `eval answers` on the `eval` subparsers."""
+    ans = ev.add_parser(
+        "answers", help="answer accuracy (MMLongBench-Doc scoring) of policies x budgets",
+        description="Ingest the PDFs once into a throwaway home, answer every question with "
+        "full prefill and with every policy x budget over the same pages, score the answers "
+        "and write OUT (JSON), OUT.md and OUT.png. A rerun with the same --out resumes.")
+    ans.add_argument("--pdfs", type=Path, required=True, help="folder of the PDFs")
+    ans.add_argument("--questions", type=Path, required=True, nargs="+",
+                     help="JSONL file(s) in MMLongBench-Doc form")
+    ans.add_argument("--out", type=Path, required=True, help="results JSON")
+    ans.add_argument("--model", default=None, help="default: CONDUIT_MODEL")
+    ans.add_argument("--device", default=None, help="default: CONDUIT_DEVICE")
+    ans.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                     help="default: CONDUIT_DTYPE")
+    ans.add_argument("--policies", default="all", help="comma-separated registry names or all")
+    ans.add_argument("--budgets", type=_floats, default=[0.05, 0.1, 0.2])
+    ans.add_argument("--pages", choices=["gold", "retrieved"], default="gold")
+    ans.add_argument("--top-k", type=int, default=None, help="default: CONDUIT_TOP_K")
+    ans.add_argument("--max-pages", type=int, default=8,
+                     help="cap on gold pages per question (the first ones are kept)")
+    ans.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ans.add_argument("--max-new-tokens", type=int, default=32)
+    ans.add_argument("--max-page-tokens", type=int, default=None,
+                     help="visual tokens per page (default: CONDUIT_MAX_PAGE_TOKENS or the "
+                     "model's)")
+    ans.add_argument("--work-dir", type=Path, default=None,
+                     help="keep the eval home here (reruns skip the ingest); default: a "
+                     "temporary folder")
+    ans.add_argument("--check-budget-one", action="store_true",
+                     help="first check that CONDUIT at budget 1.0 reproduces full prefill")
+    ans.add_argument("--no-progress", action="store_true")
+    ans.set_defaults(func=_eval_answers)
+
+
+def _eval_answers(args: argparse.Namespace) -> int:
+    from worker.answer_eval import AnswerEvalConfig, BudgetOneError, run_answer_eval
+    from worker.settings import Settings
+
+    s = Settings()
+    cfg = AnswerEvalConfig(
+        pdfs=args.pdfs, questions=args.questions, out=args.out,
+        model=args.model or s.model, device=args.device or s.device,
+        dtype=args.dtype or s.dtype, policies=args.policies, budgets=args.budgets,
+        pages=args.pages, top_k=args.top_k or s.top_k, max_pages=args.max_pages,
+        limit=args.limit, max_new_tokens=args.max_new_tokens,
+        max_page_tokens=args.max_page_tokens or s.max_page_tokens, work_dir=args.work_dir,
+        check_budget_one=args.check_budget_one, progress=not args.no_progress,
+        command="conduit " + shlex.join(sys.argv[1:]))
+    try:
+        doc = run_answer_eval(cfg)
+    except BudgetOneError as exc:
+        print(f"correctness check failed: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    for r in doc["rows"]:
+        if r["group"] == "all":
+            print(f"{r['policy']:18s} {r['budget']:.2f}  n={r['n']:4d}  acc={r['accuracy']:.3f}"
+                  f"  agree={r['agreement_with_full']:.3f}  flops_lm={r['flops_ratio_lm']:.3f}"
+                  f"  ttft={r['ttft_ms_median']:.1f}ms")
+    print(f"wrote {args.out}, {args.out.with_suffix('.md')}, {args.out.with_suffix('.png')}")
+    return 0

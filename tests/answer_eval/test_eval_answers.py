@@ -1,0 +1,90 @@
+"""`conduit eval answers` end to end as a user runs it: 2 real PDFs, 4 questions, 2 policies,
+the builtin model; the rows, the three outputs, resuming, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.answer_eval.slice import QUESTIONS, write_slice
+
+ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
+            "agreement_with_full", "flops_ratio_lm", "flops_ratio_total", "ttft_ms_median"}
+
+
+def _conduit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONDUIT_HOME": str(tmp / "home"), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "service.cli", "eval", "answers", *args],
+                          env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_eval_answers_end_to_end_and_resume(tmp_path: Path) -> None:
+    pdfs, questions = write_slice(tmp_path)
+    out = tmp_path / "res" / "answers.json"
+    args = ["--pdfs", str(pdfs), "--questions", str(questions), "--out", str(out),
+            "--policies", "conduit,full_reuse", "--budgets", "0.1,0.5", "--max-new-tokens",
+            "4", "--top-k", "2", "--no-progress"]
+    done = _conduit(tmp_path, *args)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(out.read_text())
+    assert out.with_suffix(".md").read_text().startswith("# Answer accuracy")
+    assert "Random weights answer nothing" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    meta, rows = doc["meta"], doc["rows"]
+    assert meta["command"].startswith("conduit eval answers --pdfs")
+    assert meta["questions_answered"] == 4 and meta["documents_ingested"] == 2
+    assert meta["questions_on_retrieved_pages_without_evidence"] == 1  # q4
+    assert meta["answers_computed_this_run"] == 4 * (1 + 2 * 2)
+    assert all(set(r) == ROW_KEYS for r in rows)
+    cells = {(r["policy"], r["budget"]) for r in rows if r["group"] == "all"}
+    assert cells == {("full_prefill", 1.0), ("conduit", 0.1), ("conduit", 0.5),
+                     ("full_reuse", 0.1), ("full_reuse", 0.5)}
+    groups = {r["group"]: r["n"] for r in rows if r["policy"] == "full_prefill"}
+    assert groups == {"all": 4, "doc_type=Manual": 2, "doc_type=Financial report": 2,
+                      "source=Pure-text (Plain-text)": 1, "source=Table": 1,
+                      "source=Chart": 1, "family=lookup": 2, "family=multi": 1}
+    by = {(r["group"], r["policy"], r["budget"]): r for r in rows}
+    full = by[("all", "full_prefill", 1.0)]
+    assert full["agreement_with_full"] == 1.0 and full["flops_ratio_lm"] == 1.0
+    assert full["flops_ratio_total"] == 1.0 and full["ttft_ms_median"] > 0
+    reuse = [by[("all", "full_reuse", b)] for b in (0.1, 0.5)]
+    assert reuse[0]["flops_ratio_lm"] == reuse[1]["flops_ratio_lm"]  # budget-free: run once
+    assert reuse[0]["flops_ratio_lm"] < by[("all", "conduit", 0.5)]["flops_ratio_lm"]
+    for r in rows:
+        assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["agreement_with_full"] <= 1.0
+        assert r["flops_ratio_total"] > 0 and r["n"] >= 1
+    records = out.with_suffix(".records.jsonl").read_text().splitlines()
+    assert len(records) == 1 + 4 * 5  # header + one line per answer
+    first = json.loads(records[1])
+    assert first["policy"] == "full_prefill" and first["pages"] == [2]  # q1's gold page
+
+    again = _conduit(tmp_path, *args)  # resumes: nothing left to compute
+    assert again.returncode == 0, again.stderr
+    redo = json.loads(out.read_text())
+    assert redo["meta"]["answers_computed_this_run"] == 0
+    assert redo["rows"] == rows
+    assert len(out.with_suffix(".records.jsonl").read_text().splitlines()) == len(records)
+
+    other = _conduit(tmp_path, *args[:-1], "--max-new-tokens", "5")  # other settings, same out
+    assert other.returncode == 2 and "other settings (max_new_tokens)" in other.stderr
+
+
+def test_eval_answers_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    pdfs, questions = write_slice(tmp_path)
+    out = tmp_path / "answers.json"
+    base = ["--pdfs", str(pdfs), "--out", str(out), "--no-progress"]
+    bad_policy = _conduit(tmp_path, *base, "--questions", str(questions), "--policies", "nope")
+    assert bad_policy.returncode == 2 and "unknown policy nope" in bad_policy.stderr
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text(json.dumps({**QUESTIONS[0], "doc": "absent.pdf"}) + "\n")
+    no_doc = _conduit(tmp_path, *base, "--questions", str(missing))
+    assert no_doc.returncode == 2 and "absent.pdf" in no_doc.stderr
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps({**QUESTIONS[0], "answer_format": "Date"}) + "\n")
+    bad_fmt = _conduit(tmp_path, *base, "--questions", str(broken))
+    assert bad_fmt.returncode == 2 and "broken.jsonl:1" in bad_fmt.stderr
+    assert not out.exists()  # nothing written for bad input

@@ -1,0 +1,343 @@
+"""`conduit eval answers`: answer accuracy of every refresh policy x budget against full prefill.
+
+Steps:
+  1. the documents the questions name are ingested once through the normal pipeline into
+     an eval home (a throwaway temporary folder, or `work_dir` to keep it across reruns);
+     `pages="gold"` ingests without OCR and prefills only the pages questions use (on first
+     use, as the service does for a missing page); `pages="retrieved"` ingests exactly as
+     the service does (OCR per `CONDUIT_OCR`, prefill on ingest);
+  2. per question, its pages: `gold` = the evidence pages in document order, at most
+     `max_pages` (the first ones; capped questions are counted); a question without
+     evidence pages ("Not answerable") gets the retrieved pages. `retrieved` = the
+     service's retrieval (`worker.answer_job.retrieve`) within the question's document,
+     top-k, in rank order;
+  3. the reference: full prefill from the page images (`answer_full_prefill`, vision tower
+     included), then every policy x budget from the cached page KV, all under the service's
+     `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`;
+  4. scores (`scoring`), records (`results.Records`: a rerun with the same out skips what
+     is done) and the outputs: OUT (JSON `{"meta", "rows"}`), OUT.md and OUT.png.
+
+`full_reuse` and `prefix_reuse` ignore the budget: each runs once per question and its
+answer is recorded at every budget. `full_prefill` is the reference row itself.
+
+Public API:
+  AnswerEvalConfig(pdfs, questions, out, model=..., device="cpu", dtype="auto",
+                   policies="all", budgets=(0.05, 0.1, 0.2), pages="gold", top_k=3,
+                   max_pages=8, limit=None, max_new_tokens=32, max_page_tokens=None,
+                   work_dir=None, check_budget_one=False, progress=True, command="")
+  BudgetOneError(RuntimeError)
+  resolve_policies(spec) -> list[str]
+  run_answer_eval(config) -> dict   (the document written to `config.out`)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from PIL import Image
+from tqdm import tqdm
+
+from conduit_core import AnswerRequest, PageInput
+from conduit_core.answer_types import AnswerResult, PolicyOptions
+from conduit_core.policies import POLICIES
+from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from storage.keys import PageHash
+from storage.metadata import Page
+from worker.answer_eval.corpus import EvalCorpus, ingest_documents
+from worker.answer_eval.questions import EvalItem, load_items
+from worker.answer_eval.report import write_plot, write_table
+from worker.answer_eval.results import REFERENCE, Record, Records, build_rows
+from worker.answer_eval.scoring import agreement, score_answer
+from worker.answer_job import ANSWER_PREFIX, Question, effective_options, page_label, retrieve
+from worker.context import WorkerContext, build_context
+from worker.ingest_job import ensure_prefilled
+from worker.settings import Settings
+
+BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as bench.ttft's check
+CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
+
+
+class BudgetOneError(RuntimeError):
+    """CONDUIT at budget 1.0 did not reproduce full prefill's first token."""
+
+
+@dataclass(frozen=True)
+class AnswerEvalConfig:
+    """Everything one evaluation run needs (see the module docstring)."""
+
+    pdfs: Path
+    questions: Sequence[Path]
+    out: Path
+    model: str = "builtin:tiny-qwen2-vl"
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    policies: str | Sequence[str] = "all"
+    budgets: Sequence[float] = (0.05, 0.1, 0.2)
+    pages: Literal["gold", "retrieved"] = "gold"
+    top_k: int = 3
+    max_pages: int = 8
+    limit: int | None = None
+    max_new_tokens: int = 32
+    max_page_tokens: int | None = None
+    work_dir: Path | None = None
+    check_budget_one: bool = False
+    progress: bool = True
+    command: str = ""
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)  # recorded in meta as given
+
+
+def resolve_policies(spec: str | Sequence[str]) -> list[str]:
+    """'all' (every registered policy; full_prefill is the reference row) or names."""
+    if isinstance(spec, str):
+        spec = [p for p in POLICIES] if spec == "all" else [p.strip() for p in spec.split(",")]
+    names = [p for p in dict.fromkeys(spec) if p]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; known: "
+                         f"{', '.join(sorted(POLICIES))}")
+    return [p for p in names if p != REFERENCE]
+
+
+def _check(cfg: AnswerEvalConfig) -> None:
+    if cfg.pages not in ("gold", "retrieved"):
+        raise ValueError(f"pages must be gold or retrieved, got {cfg.pages!r}")
+    if not cfg.budgets or any(not 0.0 <= b <= 1.0 for b in cfg.budgets):
+        raise ValueError(f"budgets must be in [0, 1], got {list(cfg.budgets)}")
+    for name in ("top_k", "max_pages", "max_new_tokens"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise ValueError(f"limit must be >= 1, got {cfg.limit}")
+    if not cfg.pdfs.is_dir():
+        raise ValueError(f"--pdfs {cfg.pdfs} is not a folder")
+
+
+def _settings(cfg: AnswerEvalConfig, home: Path) -> Settings:
+    gold = cfg.pages == "gold"
+    extra: dict[str, Any] = {"ocr": False} if gold else {}
+    if cfg.max_page_tokens is not None:
+        extra["max_page_tokens"] = cfg.max_page_tokens
+    return Settings(home=home, model=cfg.model, device=cfg.device, dtype=cfg.dtype,
+                    redis_url=None, prefill_on_ingest=not gold, **extra)
+
+
+@dataclass
+class _Run:
+    cfg: AnswerEvalConfig
+    ctx: WorkerContext
+    corpus: EvalCorpus
+    records: Records
+    policies: list[str]
+    computed: int = 0
+    check: dict[str, Any] | None = None
+
+    def pages_for(self, item: EvalItem) -> tuple[list[Page], dict[str, Any]]:
+        doc = self.corpus.documents[item.doc]
+        info: dict[str, Any] = {"capped": False, "fallback": False, "missing_pages": 0}
+        if self.cfg.pages == "gold" and item.evidence_pages:
+            by_number = {p.number: p for p in self.ctx.meta.list_pages(
+                self.corpus.collection_id, [doc.id])}
+            wanted = [n for n in item.evidence_pages if n in by_number]
+            info["missing_pages"] = len(item.evidence_pages) - len(wanted)
+            info["capped"] = len(wanted) > self.cfg.max_pages
+            if wanted:
+                return [by_number[n] for n in wanted[:self.cfg.max_pages]], info
+        info["fallback"] = self.cfg.pages == "gold"
+        hits = retrieve(self.ctx, Question(
+            collection_id=self.corpus.collection_id, question=item.question,
+            top_k=self.cfg.top_k, max_new_tokens=self.cfg.max_new_tokens,
+            document_ids=[doc.id]))
+        pages = [p for p, _ in hits]
+        if item.evidence_pages:
+            got = {p.number for p in pages}
+            info["gold_recall"] = len(got & set(item.evidence_pages)) / len(item.evidence_pages)
+        return pages, info
+
+    def record(self, item: EvalItem, policy: str, budget: float, result: AnswerResult,
+               reference: str, **more: Any) -> Record:
+        return {
+            "id": item.id, "policy": policy, "budget": budget, "answer": result.text,
+            "score": score_answer(item.answer, result.text, item.answer_format),
+            "agree": agreement(result.text, reference, item.answer_format),
+            "flops_ratio_lm": round(result.flops_ratio_lm, 6),
+            "flops_ratio_total": round(result.flops_ratio_total, 6),
+            "ttft_ms": round(result.ttft_s * 1000, 3),
+            "refreshed": result.refreshed_visual_tokens, "visual": result.visual_tokens,
+            **more}
+
+    def run_question(self, item: EvalItem) -> None:
+        cells = [(p, float(b)) for p in self.policies for b in self.cfg.budgets]
+        todo = [c for c in cells if not self.records.done(item.id, *c)]
+        ref_rec = self.records.get(item.id, REFERENCE, 1.0)
+        if ref_rec is not None and not todo and (self.check is not None
+                                                  or not self.cfg.check_budget_one):
+            return
+        pages, info = self.pages_for(item)
+        ensure_prefilled(self.ctx, pages)
+        t0 = time.perf_counter()
+        kvs = self.ctx.kv.get_many([PageHash(p.page_hash) for p in pages])
+        kv_load_ms = round((time.perf_counter() - t0) * 1000, 3)
+        filename = self.corpus.documents[item.doc].filename
+        labels = [page_label(filename, p.number) for p in pages]
+        inputs = [PageInput(label=lab, kv=kvs[PageHash(p.page_hash)])
+                  for lab, p in zip(labels, pages, strict=True)]
+        rt = self.ctx.runtime
+        new: list[Record] = []
+        if self.check is None and self.cfg.check_budget_one:
+            self.check = self.budget_one(labels, pages, inputs, item.question)
+        if ref_rec is None:
+            images = [(lab, Image.open(self.ctx.page_image_path(p.image_path)).convert("RGB"))
+                      for lab, p in zip(labels, pages, strict=True)]
+            with self.ctx.model_lock:
+                ref = rt.answer_full_prefill(ANSWER_PREFIX, images, item.question,
+                                             max_new_tokens=self.cfg.max_new_tokens)
+            ref_rec = self.record(item, REFERENCE, 1.0, ref, ref.text,
+                                  pages=[p.number for p in pages], kv_load_ms=0.0, **info)
+            new.append(ref_rec)
+        same: dict[str, Record] = {}
+        for policy, budget in todo:
+            if policy in BUDGET_FREE and policy in same:
+                new.append({**same[policy], "budget": budget})
+                continue
+            request = AnswerRequest(
+                prefix=ANSWER_PREFIX, pages=inputs, question=item.question, policy=policy,
+                budget=budget, max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
+                options=effective_options(self.ctx.settings, policy, PolicyOptions()))
+            with self.ctx.model_lock:
+                result = rt.answer(request)
+            rec = self.record(item, policy, budget, result, str(ref_rec["answer"]),
+                              kv_load_ms=kv_load_ms)
+            same[policy] = rec
+            new.append(rec)
+        self.computed += len(new)
+        self.records.add(new)
+
+    def budget_one(self, labels: list[str], pages: list[Page], inputs: list[PageInput],
+                   question: str) -> dict[str, Any]:
+        """First-token logits of CONDUIT at budget 1.0 from the cached pages against full
+        prefill from the images; raises `BudgetOneError` when they differ."""
+        rt = self.ctx.runtime
+        images = [(lab, Image.open(self.ctx.page_image_path(p.image_path)).convert("RGB"))
+                  for lab, p in zip(labels, pages, strict=True)]
+        with self.ctx.model_lock:
+            ref = probe_full_prefill(rt, ANSWER_PREFIX, images, question).logits[-1]  # (V,)
+            got = probe_refresh(rt, AnswerRequest(ANSWER_PREFIX, inputs, question,
+                                                  policy="conduit", budget=1.0,
+                                                  max_new_tokens=1)).logits[-1]  # (V,)
+        dtype = str(rt.adapter.dtype).removeprefix("torch.")
+        rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
+        top1 = bool(got.argmax() == ref.argmax())
+        tolerance = TOLERANCE.get(dtype, 1e-4)
+        check = {"budget_one_rel_diff": rel, "top1_equal": top1, "tolerance": tolerance,
+                 "pages": len(pages), "passed": top1 and rel <= tolerance}
+        if not check["passed"]:
+            raise BudgetOneError(f"budget 1.0 differs from full prefill: {check}")
+        return check
+
+
+def _config_key(cfg: AnswerEvalConfig, settings: Settings) -> dict[str, Any]:
+    return {"model": cfg.model, "dtype": settings.torch_dtype, "pages": cfg.pages,
+            "top_k": cfg.top_k, "max_pages": cfg.max_pages,
+            "max_new_tokens": cfg.max_new_tokens, "max_page_tokens": cfg.max_page_tokens,
+            "prefix": ANSWER_PREFIX, "seed": cfg.seed}
+
+
+def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: dict[str, str],
+          started: float) -> dict[str, Any]:
+    refs = [r for i in selected if (r := run.records.get(i.id, REFERENCE, 1.0)) is not None]
+    recalls = [r["gold_recall"] for r in refs if "gold_recall" in r]
+    cfg, s = run.cfg, run.ctx.settings
+    return {
+        "command": cfg.command, "model": cfg.model, "device": cfg.device,
+        "dtype": s.torch_dtype, "random_weights": cfg.model.startswith("builtin:"),
+        "pages_mode": cfg.pages, "top_k": cfg.top_k, "max_pages": cfg.max_pages,
+        "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
+        "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
+        "questions_in_files": len(items), "questions_selected": len(selected),
+        "questions_answered": len(refs), "questions_skipped": skipped,
+        "questions_capped": sum(bool(r.get("capped")) for r in refs),
+        "questions_on_retrieved_pages_without_evidence": sum(
+            bool(r.get("fallback")) for r in refs),
+        "evidence_pages_out_of_range": sum(int(r.get("missing_pages", 0)) for r in refs),
+        "pages_per_question_mean": round(sum(len(r["pages"]) for r in refs)
+                                         / max(len(refs), 1), 3),
+        "visual_tokens_per_question_mean": round(sum(r["visual"] for r in refs)
+                                                 / max(len(refs), 1), 1),
+        "retrieved_gold_page_recall": (round(sum(recalls) / len(recalls), 4)
+                                       if recalls else None),
+        "documents_ingested": len(run.corpus.documents),
+        "documents_failed": run.corpus.failed, "ingest_s": round(run.corpus.seconds, 1),
+        "answers_computed_this_run": run.computed,
+        "wall_s_this_run": round(time.perf_counter() - started, 1),
+        "budget_one_check": run.check, **cfg.extra,
+    }
+
+
+def _write(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: dict[str, str],
+           started: float) -> dict[str, Any]:
+    rows = build_rows(selected, run.records.all(), run.policies, run.cfg.budgets)
+    doc = {"meta": _meta(run, items, selected, skipped, started), "rows": rows}
+    out = run.cfg.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    write_table(doc, out.with_suffix(".md"))
+    write_plot(doc, out.with_suffix(".png"))
+    return doc
+
+
+def _running(run: _Run, done: list[EvalItem]) -> str:
+    def acc(policy: str, budget: float) -> str:
+        got = [r["score"] for i in done if (r := run.records.get(i.id, policy, budget))]
+        return f"{sum(got) / len(got):.3f}" if got else "-"
+
+    b = min(run.cfg.budgets, key=lambda x: abs(x - 0.1))
+    first = "conduit" if "conduit" in run.policies else (run.policies or [REFERENCE])[0]
+    return f"acc full={acc(REFERENCE, 1.0)} {first}@{b:g}={acc(first, float(b))}"
+
+
+def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
+    """Run (or resume) the evaluation and write its three outputs; returns the JSON document.
+
+    Raises `ValueError` (including `QuestionsError` and `RecordsMismatchError`) on bad input
+    before any model work, and `BudgetOneError` when `check_budget_one` fails."""
+    started = time.perf_counter()
+    _check(cfg)
+    policies = resolve_policies(cfg.policies)
+    items = load_items(cfg.questions)
+    selected = items[:cfg.limit] if cfg.limit else items
+    absent = sorted({i.doc for i in selected if not (cfg.pdfs / i.doc).is_file()})
+    if absent:
+        raise ValueError(f"{len(absent)} document(s) named by the questions are not in "
+                         f"{cfg.pdfs}: {', '.join(absent[:5])}")
+    with contextlib.ExitStack() as stack:
+        home = cfg.work_dir or Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="conduit-eval-")))
+        settings = _settings(cfg, home)
+        records = Records(cfg.out.with_suffix(".records.jsonl"), _config_key(cfg, settings))
+        ctx = build_context(settings)
+        stack.callback(ctx.close)
+        corpus = ingest_documents(ctx, cfg.pdfs, [i.doc for i in selected],
+                                  collection=f"answer-eval-{cfg.pages}", progress=cfg.progress)
+        run = _Run(cfg, ctx, corpus, records, policies)
+        skipped = {i.id: f"document not ingested: {corpus.failed[i.doc]}"
+                   for i in selected if i.doc in corpus.failed}
+        todo = [i for i in selected if i.id not in skipped]
+        done: list[EvalItem] = []
+        bar = tqdm(todo, desc="questions", unit="q", disable=not cfg.progress)
+        for n, item in enumerate(bar, start=1):
+            run.run_question(item)
+            done.append(item)
+            bar.set_postfix_str(_running(run, done))
+            if n % CHECKPOINT_EVERY == 0:
+                _write(run, items, selected, skipped, started)
+        return _write(run, items, selected, skipped, started)
+
