@@ -9,6 +9,7 @@ from storage.metadata.records import (
     Job,
     JobId,
     Page,
+    SkippedPage,
     new_id,
 )
 from storage.metadata.redis_store import RedisMetadataStore
@@ -16,5 +17,5 @@ from storage.metadata.sqlite import SQLiteMetadataStore
 
 __all__ = [
     "Collection", "CollectionId", "Document", "DocumentId", "Job", "JobId", "MetadataStore",
-    "Page", "RedisMetadataStore", "SQLiteMetadataStore", "new_id",
+    "Page", "RedisMetadataStore", "SQLiteMetadataStore", "SkippedPage", "new_id",
 ]

@@ -16,6 +16,7 @@ from storage.metadata.records import (
     JobId,
     JobStatus,
     Page,
+    SkippedPage,
 )
 
 
@@ -65,8 +66,10 @@ class MetadataStore(Protocol):
         pages_done: int,
         pages_total: int,
         error: str | None = None,
+        skipped_pages: Sequence[SkippedPage] | None = None,
     ) -> None:
-        """Record ingestion progress of a document."""
+        """Record ingestion progress of a document (`skipped_pages`: its unreadable pages,
+        replacing those recorded before; None leaves them as they are)."""
         ...
 
     def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal, NewType
+from typing import Any, Literal, NewType
 
 CollectionId = NewType("CollectionId", str)
 DocumentId = NewType("DocumentId", str)
@@ -33,6 +34,14 @@ class Collection:
     created_at: float = field(default_factory=time.time)
 
 
+@dataclass(frozen=True)
+class SkippedPage:
+    """A page of a ready document that could not be read (damaged or missing), and why."""
+
+    number: int  # 1-based
+    reason: str
+
+
 @dataclass
 class Document:
     """One uploaded PDF and the progress of its ingestion."""
@@ -50,6 +59,15 @@ class Document:
     job_id: JobId | None = None
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    skipped_pages: list[SkippedPage] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # the stores hand back JSON text (SQLite) or decoded JSON (Redis)
+        raw: Any = self.skipped_pages
+        if isinstance(raw, str):
+            raw = json.loads(raw)
+        self.skipped_pages = [p if isinstance(p, SkippedPage) else SkippedPage(**p)
+                              for p in raw]
 
 
 @dataclass

@@ -41,6 +41,7 @@ from storage.metadata.records import (
     JobId,
     JobStatus,
     Page,
+    SkippedPage,
     new_id,
 )
 from storage.metadata.redis_scripts import SCRIPTS
@@ -203,10 +204,13 @@ class RedisMetadataStore:
         pages_done: int,
         pages_total: int,
         error: str | None = None,
+        skipped_pages: Sequence[SkippedPage] | None = None,
     ) -> None:
         """Record ingestion progress of a document."""
         values = {"status": status, "stage": stage, "pages_done": pages_done,
                   "pages_total": pages_total, "error": error, "updated_at": time.time()}
+        if skipped_pages is not None:
+            values["skipped_pages"] = [asdict(p) for p in skipped_pages]
         args = [x for k, v in values.items() for x in (k, json.dumps(v))]
         if not self._script("update", [self._k("doc", document_id)], args):
             raise NotFoundError(f"document {document_id} not found")

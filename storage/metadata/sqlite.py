@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -23,6 +24,7 @@ from storage.metadata.records import (
     JobId,
     JobStatus,
     Page,
+    SkippedPage,
     new_id,
 )
 
@@ -55,7 +57,8 @@ CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 # Columns added after the first release: (table, column, definition). A database written by
 # an older version gains them on open; their defaults are what the older version meant.
 _ADDED_COLUMNS = [("pages", "context", "TEXT NOT NULL DEFAULT ''"),
-                  ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0")]
+                  ("jobs", "attempts", "INTEGER NOT NULL DEFAULT 0"),
+                  ("documents", "skipped_pages", "TEXT NOT NULL DEFAULT '[]'")]
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -97,7 +100,8 @@ class SQLiteMetadataStore:
 
     def _insert(self, table: str, record: Any, conflict: str) -> None:
         """Insert a dataclass record as one row; `ConflictError(conflict)` on a duplicate."""
-        values = asdict(record)
+        values = {k: json.dumps(v) if isinstance(v, list) else v
+                  for k, v in asdict(record).items()}
         cols, marks = ", ".join(values), ", ".join("?" for _ in values)
         try:
             with self._tx() as c:
@@ -189,14 +193,17 @@ class SQLiteMetadataStore:
         pages_done: int,
         pages_total: int,
         error: str | None = None,
+        skipped_pages: Sequence[SkippedPage] | None = None,
     ) -> None:
         """Record ingestion progress of a document."""
+        sets = "status=?, stage=?, pages_done=?, pages_total=?, error=?, updated_at=?"
+        args: list[Any] = [status, stage, pages_done, pages_total, error, time.time()]
+        if skipped_pages is not None:
+            sets += ", skipped_pages=?"
+            args.append(json.dumps([asdict(p) for p in skipped_pages]))
         with self._tx() as c:
-            n = c.execute(
-                "UPDATE documents SET status=?, stage=?, pages_done=?, pages_total=?, error=?, "
-                "updated_at=? WHERE id=?",
-                (status, stage, pages_done, pages_total, error, time.time(), document_id),
-            ).rowcount
+            n = c.execute(f"UPDATE documents SET {sets} WHERE id=?",
+                          (*args, document_id)).rowcount
         if n == 0:
             raise NotFoundError(f"document {document_id} not found")
 
