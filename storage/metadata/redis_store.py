@@ -207,8 +207,9 @@ class RedisMetadataStore:
         skipped_pages: Sequence[SkippedPage] | None = None,
     ) -> None:
         """Record ingestion progress of a document."""
-        values = {"status": status, "stage": stage, "pages_done": pages_done,
-                  "pages_total": pages_total, "error": error, "updated_at": time.time()}
+        values: dict[str, Any] = {
+            "status": status, "stage": stage, "pages_done": pages_done,
+            "pages_total": pages_total, "error": error, "updated_at": time.time()}
         if skipped_pages is not None:
             values["skipped_pages"] = [asdict(p) for p in skipped_pages]
         args = [x for k, v in values.items() for x in (k, json.dumps(v))]
