@@ -59,8 +59,16 @@ class Settings(BaseSettings):
     ocr: bool = Field(True, description="OCR pages without a usable text layer, and the "
                       "images of pages with figures (tesseract).")
     ocr_workers: int = Field(
-        2, ge=1, le=64, description="Processes that OCR one document's pages in parallel "
-        "(1 = in the ingesting process).",
+        2, ge=1, le=64, description="Page reader processes that render and read (OCR) one "
+        "document's pages in parallel.",
+    )
+    page_memory_mb: int = Field(
+        2048, ge=256, description="Address-space cap (RLIMIT_AS) of each page reader process; "
+        "a page that needs more fails its document with a message naming this limit.",
+    )
+    page_timeout_s: float = Field(
+        120.0, gt=0, description="Hard time limit for reading one page (render, text, OCR); "
+        "the reader is killed and the document failed with a message naming this limit.",
     )
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
