@@ -26,7 +26,7 @@ run: install
 	$(BIN)/conduit serve --host 127.0.0.1 --port 8000
 
 lint: install
-	$(BIN)/ruff check conduit_core storage worker service tests bench
+	$(BIN)/ruff check conduit_core storage worker service tests bench testbed
 	$(BIN)/mypy
 
 system-deps:

@@ -26,7 +26,12 @@ from transformers import AutoConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from conduit_core.adapters.base import VLMAdapter
-from conduit_core.builtin import is_builtin, materialise_builtin
+from conduit_core.builtin import (
+    BUILTIN_PAGE_TOKENS,
+    BUILTIN_SCHEME,
+    is_builtin,
+    materialise_builtin,
+)
 from conduit_core.errors import ConduitCoreError, ModelLoadError
 from conduit_core.families import family_for
 from conduit_core.page_kv import ModelFingerprint
@@ -94,7 +99,8 @@ def load_vlm(
     """Load `name_or_path` (a `builtin:` name, a local folder or a hub id); see module doc.
 
     `max_image_tokens` bounds the visual tokens of one page (default 16 for builtins, 256
-    for real checkpoints); it is part of the fingerprint's template version.
+    for real checkpoints, 36 for the
+    testbed); it is part of the fingerprint's template version.
     """
     if dtype not in DTYPES:
         raise ConduitCoreError(f"dtype {dtype!r} not in {sorted(DTYPES)}")
@@ -102,7 +108,9 @@ def load_vlm(
     builtin = is_builtin(name_or_path)
     source = str(materialise_builtin(name_or_path, cache_dir)) if builtin else name_or_path
     if max_image_tokens is None:
-        max_image_tokens = _BUILTIN_MAX_IMAGE_TOKENS if builtin else _DEFAULT_MAX_IMAGE_TOKENS
+        max_image_tokens = (BUILTIN_PAGE_TOKENS.get(name_or_path.removeprefix(BUILTIN_SCHEME),
+                                                     _BUILTIN_MAX_IMAGE_TOKENS)
+                            if builtin else _DEFAULT_MAX_IMAGE_TOKENS)
     try:
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     from service.cli_tools import add_tool_commands
 
     add_tool_commands(sub)
+    from service.cli_testbed import add_testbed_commands
+
+    add_testbed_commands(sub)
     return p
 
 

@@ -1,0 +1,80 @@
+"""The testbed VLM: a small Qwen2-VL trained in this project (see `testbed/`), and its config.
+
+The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin tokenizer;
+trained from scratch on pages of glyph records (`conduit testbed train`) so that stale page
+KV costs answers that refreshing the right tokens recovers. The trained weights are
+committed once as `weights/testbed-qwen2-vl.safetensors` and load as
+`builtin:testbed-qwen2-vl`.
+
+Public API:
+  NAME = "testbed-qwen2-vl";  WEIGHTS: Path of the committed weights
+  MAX_IMAGE_TOKENS = 36         visual tokens per page (6 x 6 cells of 28 px)
+  testbed_config(tokenizer) -> Qwen2VLConfig
+  build_testbed(weights=WEIGHTS, seed=0) -> (model, processor)
+      random init (seeded) when `weights` is None, else the weights loaded from the file
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
+
+from conduit_core.builtin_models import _qwen_tokenizer, _tid, _vocab
+from conduit_core.errors import ModelLoadError
+from conduit_core.processors import ImageOnlyQwen2VLProcessor
+
+NAME = "testbed-qwen2-vl"
+WEIGHTS = Path(__file__).parent / "weights" / f"{NAME}.safetensors"
+MAX_IMAGE_TOKENS = 36
+
+
+def testbed_config(tok: Any) -> Qwen2VLConfig:
+    """Hidden 128, 4 layers, 4 heads (head_dim 32), 2 KV heads, MLP 256, tied embeddings; vision
+    tower depth 1, embed 64 (14 px patches, 2 x 2 merge: one 28 px glyph cell per token)."""
+    text = dict(
+        vocab_size=_vocab(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "mrope_section": [4, 6, 6]},
+        bos_token_id=_tid(tok, "<|endoftext|>"), eos_token_id=_tid(tok, "<|im_end|>"),
+        pad_token_id=_tid(tok, "<|endoftext|>"),
+    )
+    return Qwen2VLConfig(
+        text_config=text,
+        vision_config=dict(depth=1, embed_dim=64, hidden_size=128, num_heads=2, mlp_ratio=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           initializer_range=0.02),
+        image_token_id=_tid(tok, "<|image_pad|>"),
+        video_token_id=_tid(tok, "<|video_pad|>"),
+        vision_start_token_id=_tid(tok, "<|vision_start|>"),
+        vision_end_token_id=_tid(tok, "<|vision_end|>"),
+        tie_word_embeddings=True,
+    )
+
+
+def build_testbed(weights: Path | None = WEIGHTS,
+                  seed: int = 0) -> tuple[Qwen2VLForConditionalGeneration, Any]:
+    """The testbed model and processor; see the module docstring."""
+    tok = _qwen_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(testbed_config(tok))
+    if weights is not None:
+        if not Path(weights).is_file():
+            raise ModelLoadError(f"testbed weights not found at {weights}; train them with "
+                                 "`conduit testbed train`")
+        state = load_file(str(weights))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if m != "lm_head.weight"]  # tied to the embeddings
+        if missing or unexpected:
+            raise ModelLoadError(f"testbed weights do not match the config: missing {missing}, "
+                                 f"unexpected {unexpected}")
+        model.tie_weights()
+    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=MAX_IMAGE_TOKENS * 28 * 28)
+    processor = ImageOnlyQwen2VLProcessor(image_processor=ip, tokenizer=tok,
+                                          chat_template=tok.chat_template)
+    return model.eval(), processor

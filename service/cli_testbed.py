@@ -1,0 +1,94 @@
+"""`conduit testbed train|generate|probe` and `conduit demo`: the trained testbed model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_testbed_commands(sub: Any) -> None:
+    """Register `testbed` and its subcommands on the top-level subparsers."""
+    tb = sub.add_parser("testbed", help="the trained testbed VLM: train it, generate its task")
+    tsub = tb.add_subparsers()
+
+    tr = tsub.add_parser("train", help="train the testbed Qwen2-VL from scratch (resumable)")
+    tr.add_argument("--out", type=Path, default=Path("testbed-run"),
+                    help="run folder: checkpoints, history.jsonl, model.safetensors")
+    tr.add_argument("--steps", type=int, default=5000)
+    tr.add_argument("--batch-size", type=int, default=16)
+    tr.add_argument("--lr", type=float, default=2e-3)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    tr.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    tr.add_argument("--eval-every", type=int, default=250)
+    tr.add_argument("--resume", action="store_true", help="continue from the run folder")
+    tr.set_defaults(func=_train)
+
+    gen = tsub.add_parser("generate", help="write PDFs and questions.jsonl of the testbed task")
+    gen.add_argument("--out", type=Path, required=True)
+    gen.add_argument("--n", type=int, required=True, help="questions (4 per document)")
+    gen.add_argument("--seed", type=int, default=1)
+    gen.set_defaults(func=_generate)
+
+    pr = tsub.add_parser("probe", help="in-process accuracy per family and policy (no PDFs)")
+    pr.add_argument("--weights", type=Path, default=None,
+                    help="checkpoint or weights file (default: the committed weights)")
+    pr.add_argument("--n", type=int, default=200)
+    pr.add_argument("--seed", type=int, default=7)
+    pr.add_argument("--policies", default="full_reuse,conduit,random")
+    pr.add_argument("--budgets", default="0.1")
+    pr.set_defaults(func=_probe)
+
+    demo = sub.add_parser("demo", help="the whole product on the trained testbed model: upload, "
+                          "ask each task family with CONDUIT and full reuse, compare")
+    demo.add_argument("--url", default="http://127.0.0.1:8000",
+                      help="a running service on builtin:testbed-qwen2-vl (else one is started)")
+    demo.add_argument("--docs", type=int, default=2, help="generated PDFs (4 questions each)")
+    demo.add_argument("--seed", type=int, default=5)
+    demo.add_argument("--budget", type=float, default=0.1)
+    demo.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from testbed.demo import run_demo
+
+    run_demo(url=args.url, n_docs=args.docs, seed=args.seed, budget=args.budget)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from testbed.train import TrainConfig, train
+
+    cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                      seed=args.seed, device=args.device, threads=args.threads,
+                      eval_every=args.eval_every, ckpt_every=args.eval_every)
+    last = train(cfg, resume=args.resume)
+    print(json.dumps({"heldout_em": last, "weights": str(args.out / "model.safetensors")}))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from testbed.generate import generate
+
+    try:
+        rows = generate(args.out, args.n, args.seed)
+    except ValueError as exc:
+        print(exc)
+        return 2
+    print(f"{len(rows)} questions over {len({r['doc'] for r in rows})} PDFs in {args.out}")
+    return 0
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from conduit_core.testbed_model import WEIGHTS
+    from testbed.probe import load_checkpoint_vlm, probe
+
+    vlm = load_checkpoint_vlm(args.weights or WEIGHTS)
+    rows = probe(vlm, n=args.n, seed=args.seed,
+                 policies=tuple(p for p in args.policies.split(",") if p),
+                 budgets=tuple(float(b) for b in args.budgets.split(",") if b))
+    for row in rows:
+        print(json.dumps(row))
+    return 0

@@ -1,0 +1,197 @@
+"""`conduit testbed train`: train the testbed Qwen2-VL from scratch, resumably.
+
+Loss per step: cross-entropy of the answer digit and the end-of-turn token after it, plus,
+weighted by `aux_weight`, the auxiliary targets of every page cell (key cells predict their
+key, result cells their record's resolved value: see `testbed.task`). Samples are drawn from
+`random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it would have seen.
+Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
+a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
+Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
+are written atomically every `ckpt_every` steps; `model.safetensors` holds the final weights.
+
+Public API:
+  TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, seed, device, threads,
+              eval_every, ckpt_every, heldout)
+  train(cfg, resume=False) -> dict    the last held-out evaluation
+  heldout_accuracy(model, layouts, patches, samples, batch_size) -> dict[str, float]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from testbed.batches import (
+    Batch,
+    GlyphPatches,
+    Layouts,
+    Sample,
+    batch_hidden,
+    draw_sample,
+    make_batch,
+)
+from testbed.task import FAMILIES
+
+
+@dataclass
+class TrainConfig:
+    """Training knobs; the defaults are the committed checkpoint's."""
+
+    out: Path = Path("testbed-run")
+    steps: int = 5000
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup: int = 200
+    aux_weight: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None  # torch.set_num_threads; None leaves torch's default
+    eval_every: int = 250
+    ckpt_every: int = 250
+    heldout: int = 256
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _losses(model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden = batch_hidden(model, batch)  # (B, N, hidden)
+    head = model.lm_head
+    ans, aux = batch.answer, batch.aux
+    ans_loss = F.cross_entropy(head(hidden[ans[:, 0], ans[:, 1]]), ans[:, 2])
+    aux_loss = F.cross_entropy(head(hidden[aux[:, 0], aux[:, 1]]), aux[:, 2])
+    return ans_loss, aux_loss
+
+
+@torch.no_grad()
+def heldout_accuracy(model: Any, layouts: Layouts, patches: GlyphPatches,
+                     samples: list[Sample], batch_size: int = 32) -> dict[str, float]:
+    """Exact match of the greedy answer digit, overall and per family."""
+    was_training = model.training
+    model.eval()
+    hits: dict[str, list[bool]] = {f: [] for f in FAMILIES}
+    for i in range(0, len(samples), batch_size):
+        chunk = samples[i:i + batch_size]
+        batch = _to(make_batch(chunk, layouts, patches), str(layouts.adapter.device))
+        hidden = batch_hidden(model, batch)  # (B, N, hidden)
+        rows = batch.answer[0::2]  # the answer digit's logit row of each sample
+        pred = model.lm_head(hidden[rows[:, 0], rows[:, 1]]).argmax(-1)  # (B,)
+        for s, ok in zip(chunk, (pred == rows[:, 2]).tolist(), strict=True):
+            hits[s.record.family].append(bool(ok))
+    model.train(was_training)
+    out = {f: sum(h) / len(h) for f, h in hits.items() if h}
+    out["all"] = sum(sum(h) for h in hits.values()) / sum(len(h) for h in hits.values())
+    return out
+
+
+def _save_checkpoint(out: Path, model: Any, opt: torch.optim.AdamW, step: int,
+                     cfg: TrainConfig) -> None:
+    tensors = {f"model.{k}": v.detach().contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight"}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for k, v in opt.state.get(p, {}).items():
+                tensors[f"opt.{names[id(p)]}.{k}"] = torch.as_tensor(v).detach().clone()
+    tmp = out / "checkpoint.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    os.replace(tmp, out / "checkpoint.safetensors")
+    state = {"step": step, "config": {k: str(v) for k, v in asdict(cfg).items()}}
+    (out / "state.json.tmp").write_text(json.dumps(state, indent=1))
+    os.replace(out / "state.json.tmp", out / "state.json")
+
+
+def _load_checkpoint(out: Path, model: Any, opt: torch.optim.AdamW) -> int:
+    tensors = load_file(str(out / "checkpoint.safetensors"))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")},
+                          strict=False)
+    model.tie_weights()
+    params = dict(model.named_parameters())
+    for key, v in tensors.items():
+        if key.startswith("opt."):
+            name, field = key[4:].rsplit(".", 1)
+            opt.state[params[name]][field] = v
+    return int(json.loads((out / "state.json").read_text())["step"])
+
+
+def save_weights(model: Any, path: Path) -> None:
+    """The model's weights alone (the tied head left out), as safetensors."""
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+               if k != "lm_head.weight"}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
+    """Train (or resume) into `cfg.out`; see the module docstring."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    model, processor = build_testbed(weights=None, seed=cfg.seed)
+    model = model.to(cfg.device).train()  # type: ignore[arg-type]
+    adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
+    patches = GlyphPatches(processor)
+    layouts = Layouts(adapter)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01,
+                            betas=(0.9, 0.98))
+    step = 0
+    if resume and (cfg.out / "checkpoint.safetensors").is_file():
+        step = _load_checkpoint(cfg.out, model, opt)
+    held_rng = random.Random(f"heldout:{cfg.seed}")
+    heldout = [draw_sample(held_rng) for _ in range(cfg.heldout)]
+    history = (cfg.out / "history.jsonl").open("a")
+    last: dict[str, float] = {}
+    bar = tqdm(total=cfg.steps, initial=step, desc="testbed", dynamic_ncols=True)
+    t0 = time.time()
+    while step < cfg.steps:
+        rng = random.Random(f"{cfg.seed}:{step}")
+        batch = make_batch([draw_sample(rng) for _ in range(cfg.batch_size)], layouts, patches)
+        batch = _to(batch, cfg.device)
+        for g in opt.param_groups:
+            g["lr"] = _lr(cfg, step)
+        ans_loss, aux_loss = _losses(model, batch)
+        loss = ans_loss + cfg.aux_weight * aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        record: dict[str, Any] = {"step": step, "loss": round(loss.item(), 4),
+                  "answer_loss": round(ans_loss.item(), 4), "aux_loss": round(aux_loss.item(), 4),
+                  "elapsed_s": round(time.time() - t0, 1)}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            last = heldout_accuracy(model, layouts, patches, heldout)
+            record["heldout_em"] = {k: round(v, 4) for k, v in last.items()}
+        history.write(json.dumps(record) + "\n")
+        history.flush()
+        bar.set_postfix(loss=f"{loss.item():.3f}", em=f"{last.get('all', 0.0):.3f}")
+        bar.update(1)
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            _save_checkpoint(cfg.out, model, opt, step, cfg)
+    bar.close()
+    save_weights(model, cfg.out / "model.safetensors")
+    return last
+
+
+def _to(batch: Batch, device: str) -> Batch:
+    if device == "cpu":
+        return batch
+    for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "answer"):
+        setattr(batch, name, getattr(batch, name).to(device))
+    return batch

@@ -1,0 +1,107 @@
+"""The testbed task: documents, pixels, layouts and generated PDFs (no training)."""
+
+import json
+import random
+
+import numpy as np
+import pymupdf
+import pytest
+import torch
+
+from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.layout import build_layout
+from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from testbed.batches import GlyphPatches, Layouts, draw_sample, make_batch, page_image
+from testbed.generate import RENDER_DPI, generate
+from testbed.glyphs import ALPHABET, draw_grid
+from testbed.task import COLS, FAMILIES, ROWS, make_document
+from worker.answer_job import ANSWER_PREFIX
+from worker.ingest.render import render_page
+from worker.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def parts():
+    model, processor = build_testbed(weights=None)
+    adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
+    return adapter, GlyphPatches(processor), Layouts(adapter)
+
+
+def test_documents_resolve_every_family():
+    for seed in range(50):
+        doc = make_document(random.Random(seed))
+        assert {r.family for r in doc.records} == set(FAMILIES)
+        keys = [r.key for r in doc.records]
+        assert len(keys) == len(set(keys))
+        cells = {r.key: (r.page, r.cell) for r in doc.records}
+        values = {r.key: r.answer for r in doc.records}
+        legend = int(doc.pages[0][0][1])
+        for r in doc.records:
+            row = doc.pages[r.page][r.cell // COLS]
+            assert all(len(line) == COLS for line in doc.pages[r.page])
+            if r.family == "reference":  # "F=B+3": B's value plus the offset, mod 10
+                ref, off = row[2], int(row[4])
+                assert int(r.answer) == (int(values[ref]) + off) % 10
+                assert cells[ref][0] < r.page and r.evidence_pages[-1] == r.page + 1
+            elif r.family == "legend":
+                assert r.answer == row[1 + legend] and r.evidence_pages[0] == 1
+            elif r.family == "split":  # key ends one page, value opens the next
+                assert r.cell == 0 and r.key_page == r.page - 1 and row[0] == r.answer
+                assert doc.pages[r.key_page][r.key_cell // COLS].strip() == f"{r.key}="
+            else:
+                assert row.strip() == f"{r.key}={r.answer}"
+
+
+def test_glyph_table_is_the_processor_output(parts):
+    adapter, patches, _ = parts
+    rows = make_document(random.Random(3)).pages[1]
+    prepared = adapter.prepare_pages([page_image(rows)])[0]
+    assert prepared.image_grid.tolist() == [1, 2 * ROWS, 2 * COLS]
+    assert torch.equal(prepared.vision_inputs["pixel_values"], patches.page_pixels(rows))
+
+
+def test_layouts_match_the_runtime_layout(parts):
+    adapter, _, layouts = parts
+    rng = random.Random(0)
+    for _ in range(20):
+        s = draw_sample(rng)
+        ids, pos, starts, nxt = layouts.layout(s)
+        ref = build_layout(adapter, ANSWER_PREFIX, s.labels(), [layouts.segment] * len(s.pages),
+                           [layouts.grid] * len(s.pages), s.question)
+        assert torch.equal(ids, ref.token_ids) and torch.equal(pos, ref.position_ids)
+        assert starts == [seg.start for seg in ref.segments] and nxt == ref.next_position()
+
+
+def test_batch_targets_point_at_the_right_tokens(parts):
+    adapter, patches, layouts = parts
+    samples = [draw_sample(random.Random(i)) for i in range(4)]
+    batch = make_batch(samples, layouts, patches)
+    tok = adapter.tokenizer
+    image_id = adapter.image_token_id
+    for b, row, target in batch.aux.tolist():
+        assert batch.ids[b, row] == image_id
+        assert tok.convert_ids_to_tokens(target) in ALPHABET
+    for i, s in enumerate(samples):
+        (_, r1, digit), (_, r2, end) = batch.answer[2 * i:2 * i + 2].tolist()
+        assert tok.convert_ids_to_tokens(digit) == s.record.answer
+        assert batch.ids[i, r2] == digit and r2 == r1 + 1
+        assert tok.convert_ids_to_tokens(end) == "<|im_end|>"
+
+
+def test_generated_pdfs_render_to_the_training_pixels(tmp_path):
+    rows = generate(tmp_path, 9, seed=4)
+    assert len(rows) == 9 and {r["family"] for r in rows} == set(FAMILIES)
+    lines = [json.loads(x) for x in (tmp_path / "questions.jsonl").read_text().splitlines()]
+    assert lines == rows
+    for key in ("id", "doc", "question", "answer", "answer_format", "evidence_pages"):
+        assert all(key in r for r in lines)
+    assert Settings().render_dpi == RENDER_DPI
+    doc = make_document(random.Random("generate:4:0"))
+    pdf = pymupdf.open(tmp_path / "pdfs" / "t000.pdf")
+    assert pdf.page_count == len(doc.pages)
+    for i, page_rows in enumerate(doc.pages):
+        img = np.asarray(render_page(pdf, i, dpi=RENDER_DPI, max_pixels=10**7))
+        assert np.array_equal(img, draw_grid(page_rows))
+        assert page_rows[1].strip() in pdf[i].get_text()  # the invisible text layer
+    with pytest.raises(ValueError):
+        generate(tmp_path / "big", 4001, seed=1)
