@@ -8,10 +8,11 @@ rebuilt from the files at startup (recency from mtime), when stray temp files le
 are removed. Several processes may share a root: each reads files the others wrote and
 enforces the budget on what it knows of.
 
-Reads are zero-copy: a file is mapped copy-on-write and its checksum verified over the
-mapping (`codec.map_tensors`); the returned tensors use the page cache in place. An entry
-evicted while a caller (e.g. the memory tier) still holds its tensors keeps its disk blocks
-until they are freed, so disk usage can exceed the budget by what callers hold.
+A read copies the file into a private buffer, verifies the checksum over that buffer, and
+returns tensors viewing it (no second copy). The file is never mapped: a shared or
+copy-on-write mapping shows later changes of the file (bytes flipped on disk after a load
+changed the next answer while the memory tier held the mapped tensors), so the bytes served
+are exactly the bytes that were verified, whatever happens to the file afterwards.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from conduit_core.page_kv import PageKV
 from storage.errors import CorruptEntryError, InvalidKeyError
 from storage.keys import PageHash, check_page_hash
 from storage.kv.base import Counters, TierStats
-from storage.kv.codec import Encoded, encode_page, map_page
+from storage.kv.codec import Encoded, decode_page, encode_page
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +136,17 @@ class DiskKVStore:
 
     # -- I/O --------------------------------------------------------------------------------
     def _load(self, path: Path) -> tuple[PageKV, int]:
+        """Read the whole file into a private buffer, then verify and decode it in place."""
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            return map_page(f.fileno(), size), size
+            buf = bytearray(size)
+            view = memoryview(buf)
+            done = 0
+            while done < size and (n := f.readinto(view[done:])):
+                done += n
+        if done != size:
+            raise CorruptEntryError(f"entry is {done} bytes, expected {size}")
+        return decode_page(buf), size
 
     def _write(self, path: Path, enc: Encoded) -> None:
         path.parent.mkdir(exist_ok=True)
