@@ -27,10 +27,12 @@ from worker.settings import Settings
 def read(path: Path, workers: int, settings: Settings) -> tuple[float, list[str]]:
     """Seconds to read every page of `path`, and the pages' texts."""
     started = time.perf_counter()
-    with open_pdf(path.read_bytes(), max_pages=settings.max_pages) as doc:
-        texts = [p.text.text for p in iter_pages(doc, dpi=settings.render_dpi,
-                                                 max_pixels=settings.max_page_pixels,
-                                                 ocr=True, ocr_workers=workers)]
+    data = path.read_bytes()
+    with open_pdf(data, max_pages=settings.max_pages):
+        pass  # the same check the service makes before reading pages
+    texts = [p.text.text for p in iter_pages(data, dpi=settings.render_dpi,
+                                             max_pixels=settings.max_page_pixels,
+                                             ocr=True, ocr_workers=workers)]
     return time.perf_counter() - started, texts
 
 

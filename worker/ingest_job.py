@@ -11,13 +11,14 @@ from PIL import Image
 
 from storage.errors import NotFoundError, UnavailableError
 from storage.keys import PageHash, page_hash
-from storage.metadata import Document, DocumentId, Page
+from storage.metadata import Document, DocumentId, Page, SkippedPage
 from storage.metadata.records import IngestStage
 from worker.context import WorkerContext
 from worker.ingest.deadline import Deadline
 from worker.ingest.errors import IngestError
-from worker.ingest.pages import iter_pages
-from worker.ingest.pdf import open_pdf
+from worker.ingest.pages import IngestedPage, check_readable, iter_pages
+from worker.ingest.pdf import looks_truncated, open_pdf
+from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import mark_failed
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
@@ -58,10 +59,14 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
     doc = ctx.meta.get_document(document_id)
     progress = _Progress(ctx, document_id)
     try:
-        pages = _ingest(ctx, doc, progress)
+        pages, skipped = _ingest(ctx, doc, progress)
         ctx.meta.put_pages(document_id, pages)
+        if skipped:
+            log.warning("ingest of %s: %d of %d pages could not be read and were skipped",
+                        document_id, len(skipped), progress.total)
         ctx.meta.update_progress(document_id, status="ready", stage="done",
-                                 pages_done=len(pages), pages_total=len(pages))
+                                 pages_done=progress.total, pages_total=progress.total,
+                                 skipped_pages=skipped)
     except (UnavailableError, NotFoundError):
         raise
     except IngestError as exc:
@@ -79,33 +84,39 @@ def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) 
     mark_failed(ctx, doc.id, None, message, pages_total=progress.total)
 
 
-def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page]:
+def _ingest(ctx: WorkerContext, doc: Document,
+            progress: _Progress) -> tuple[list[Page], list[SkippedPage]]:
     s = ctx.settings
     deadline = Deadline(s.ingest_timeout_s)
     collection = ctx.meta.get_collection(doc.collection_id)
     namespace = None if collection.shared else collection.tenant
     fingerprint = ctx.runtime.vlm.fingerprint
-    pdf = open_pdf(upload_path(ctx.home, doc.id).read_bytes(), password=None,
-                   max_pages=s.max_pages)
-    progress.total = pdf.page_count
-    title = (pdf.metadata or {}).get("title")
+    data = upload_path(ctx.home, doc.id).read_bytes()
+    with open_pdf(data, password=None, max_pages=s.max_pages) as pdf:
+        progress.total = pdf.page_count
+        title = (pdf.metadata or {}).get("title")
+        truncated = looks_truncated(pdf, data)
     pages: list[Page] = []
-    try:
-        for item in iter_pages(pdf, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
-                               ocr_workers=s.ocr_workers, deadline=deadline,
-                               on_progress=lambda p: progress(p.stage, p.done)):
-            assert item.image is not None  # rendering is on
-            rel = page_image_relpath(doc.id, item.number)
-            path = ctx.page_image_path(rel)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            item.image.save(path, format="PNG", compress_level=1)
-            key = page_hash(fingerprint=fingerprint, render=ctx.render, image=item.image,
-                            namespace=namespace)
-            pages.append(Page(document_id=doc.id, number=item.number, page_hash=key,
-                              text=item.text.text, text_source=item.text.source,
-                              image_path=rel, width=item.width, height=item.height))
-    finally:
-        pdf.close()
+    unreadable: list[IngestedPage] = []
+    # pages are drawn and read in sandboxed reader processes (memory cap, time limit)
+    for item in iter_pages(data, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
+                           ocr_workers=s.ocr_workers, deadline=deadline,
+                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s),
+                           on_progress=lambda p: progress(p.stage, p.done)):
+        if item.error is not None:
+            unreadable.append(item)
+            continue
+        assert item.image is not None  # rendering is on
+        rel = page_image_relpath(doc.id, item.number)
+        path = ctx.page_image_path(rel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        item.image.save(path, format="PNG", compress_level=1)
+        key = page_hash(fingerprint=fingerprint, render=ctx.render, image=item.image,
+                        namespace=namespace)
+        pages.append(Page(document_id=doc.id, number=item.number, page_hash=key,
+                          text=item.text.text, text_source=item.text.source,
+                          image_path=rel, width=item.width, height=item.height))
+    check_readable(progress.total, unreadable, truncated)
     progress("index", 0)
     context = document_context(doc.filename, title, pages[0].text if pages else "")
     for start in range(0, len(pages), EMBED_BATCH):
@@ -119,7 +130,7 @@ def _ingest(ctx: WorkerContext, doc: Document, progress: _Progress) -> list[Page
     deadline.check(len(pages), len(pages))
     if s.prefill_on_ingest:
         ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))
-    return pages
+    return pages, [SkippedPage(p.number, p.error or "unreadable") for p in unreadable]
 
 
 def ensure_prefilled(

@@ -59,8 +59,9 @@ def test_owner_password_only_file_opens_without_a_password() -> None:
     assert "logged 14 ships" in extract_text(opened, 1, ocr=False).text
 
 
-@pytest.mark.parametrize("fraction", [0.05, 0.3, 0.6, 0.97])
+@pytest.mark.parametrize("fraction", [0.05, 0.3, 0.6])
 def test_truncated_file_is_corrupt(fraction: float) -> None:
+    # (cut at 97% only the cross-reference table is lost: tests/ingest/test_damaged.py)
     data = text_pages_pdf(PAGES)
     with pytest.raises(CorruptPdfError) as info:
         open_pdf(data[: int(len(data) * fraction)], max_pages=10)

@@ -85,9 +85,8 @@ def test_ocr_off_reports_no_text_for_an_image_only_page() -> None:
 def test_iter_pages_reports_progress_and_yields_every_page() -> None:
     data = text_pages_pdf([f"Chapter {i} on the migration of arctic terns." for i in range(4)])
     events: list[Progress] = []
-    with open_pdf(data, max_pages=10) as doc:
-        pages = list(iter_pages(doc, dpi=50, max_pixels=10**6, ocr=False,
-                                on_progress=events.append))
+    pages = list(iter_pages(data, dpi=50, max_pixels=10**6, ocr=False,
+                            on_progress=events.append))
     assert [p.number for p in pages] == [1, 2, 3, 4]
     assert all(p.image is not None and p.image.size == (p.width, p.height) for p in pages)
     assert "Chapter 2" in pages[2].text.text
@@ -96,8 +95,8 @@ def test_iter_pages_reports_progress_and_yields_every_page() -> None:
 
 
 def test_iter_pages_without_rendering() -> None:
-    with open_pdf(text_pages_pdf(["Alpha page text here."]), max_pages=10) as doc:
-        (page,) = list(iter_pages(doc, dpi=72, max_pixels=10**7, ocr=False, render=False))
+    (page,) = list(iter_pages(text_pages_pdf(["Alpha page text here."]), dpi=72,
+                              max_pixels=10**7, ocr=False, render=False))
     assert page.image is None and (page.width, page.height) == (595, 842)
 
 
@@ -106,8 +105,8 @@ def test_deadline_stops_between_pages() -> None:
     deadline = Deadline(2.5, clock=lambda: float(next(ticks)))
     data = text_pages_pdf([f"Page {i}" for i in range(10)])
     seen = []
-    with open_pdf(data, max_pages=10) as doc, pytest.raises(IngestTimeoutError) as info:
-        for page in iter_pages(doc, dpi=30, max_pixels=10**6, ocr=False, deadline=deadline):
+    with pytest.raises(IngestTimeoutError) as info:
+        for page in iter_pages(data, dpi=30, max_pixels=10**6, ocr=False, deadline=deadline):
             seen.append(page.number)
     assert seen and len(seen) < 10
     assert "2.5 s limit" in info.value.message

@@ -2,12 +2,17 @@
 
 Typical use by the pipeline::
 
-    doc = open_pdf(data, password=pw, max_pages=settings.max_pages)
-    with doc:
-        for page in iter_pages(doc, dpi=..., max_pixels=..., ocr=settings.ocr,
-                               deadline=Deadline(settings.ingest_timeout_s),
-                               on_progress=report):
-            ...  # store page.image, page.text; embed with worker.retrieval
+    with open_pdf(data, password=pw, max_pages=settings.max_pages) as doc:
+        ...  # page count, title: checks that need no page drawn
+    for page in iter_pages(data, password=pw, dpi=..., max_pixels=..., ocr=settings.ocr,
+                           deadline=Deadline(settings.ingest_timeout_s),
+                           limits=ReaderLimits(settings.page_memory_mb,
+                                               settings.page_timeout_s),
+                           on_progress=report):
+        ...  # page.error set: unreadable; else store page.image, page.text
+
+Pages are drawn and read only in reader processes under a memory cap and a time limit
+(`worker.ingest.sandbox`), never in the calling process.
 
 Every failure is an `IngestError` subclass with a user-facing `.message`.
 """
@@ -20,14 +25,26 @@ from worker.ingest.errors import (
     IngestTimeoutError,
     NoPagesError,
     NotAPdfError,
+    PageLimitError,
+    PageMemoryLimitError,
+    PageTimeLimitError,
     PasswordRequiredError,
     TooManyPagesError,
+    UnreadableDocumentError,
     WrongPasswordError,
 )
 from worker.ingest.ocr import ocr_available
-from worker.ingest.pages import IngestedPage, Progress, ProgressCallback, Stage, iter_pages
+from worker.ingest.pages import (
+    IngestedPage,
+    Progress,
+    ProgressCallback,
+    Stage,
+    check_readable,
+    iter_pages,
+)
 from worker.ingest.pdf import open_pdf
 from worker.ingest.render import render_page
+from worker.ingest.sandbox import ReaderLimits
 from worker.ingest.text import (
     PageText,
     TextPolicy,
@@ -46,15 +63,21 @@ __all__ = [
     "IngestedPage",
     "NoPagesError",
     "NotAPdfError",
+    "PageLimitError",
+    "PageMemoryLimitError",
+    "PageTimeLimitError",
     "PageText",
     "PasswordRequiredError",
     "Progress",
+    "ReaderLimits",
     "ProgressCallback",
     "Stage",
     "TextPolicy",
     "TextSource",
     "TooManyPagesError",
+    "UnreadableDocumentError",
     "WrongPasswordError",
+    "check_readable",
     "extract_text",
     "iter_pages",
     "ocr_available",

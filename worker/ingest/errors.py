@@ -85,3 +85,40 @@ class IngestTimeoutError(IngestError):
         self.seconds = seconds
         self.pages_done = pages_done
         self.pages_total = pages_total
+
+
+class PageLimitError(IngestError):
+    """Reading one page went past a limit of the sandboxed reader process (a content bomb:
+    a small file whose page decompresses to gigabytes or takes minutes to draw)."""
+
+    def __init__(self, message: str, page: int) -> None:
+        super().__init__(message)
+        self.page = page
+
+
+class PageMemoryLimitError(PageLimitError):
+    """A page needed more memory than the reader process may use."""
+
+    def __init__(self, page: int, limit_mb: int, detail: str = "") -> None:
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(
+            f"Page {page} needs more than the {limit_mb} MiB memory limit for reading one page "
+            f"(CONDUIT_PAGE_MEMORY_MB){suffix}.", page)
+        self.limit_mb = limit_mb
+
+
+class PageTimeLimitError(PageLimitError):
+    """A page took longer to read than the per-page time limit; its reader was killed."""
+
+    def __init__(self, page: int, seconds: float) -> None:
+        super().__init__(
+            f"Page {page} took longer than the {seconds:g} s time limit for reading one page "
+            "(CONDUIT_PAGE_TIMEOUT_S); the reader was stopped.", page)
+        self.seconds = seconds
+
+
+class UnreadableDocumentError(IngestError):
+    """No page of the document could be read."""
+
+    def __init__(self, pages: int, first_reason: str) -> None:
+        super().__init__(f"None of the {pages} pages could be read (page 1: {first_reason}).")

@@ -1,11 +1,13 @@
-"""Walk a document page by page: render, extract text, report progress, honour a deadline."""
+"""Walk a document page by page in sandboxed reader processes: render, read text (OCR when
+needed), report progress, honour the document's deadline, and report unreadable pages."""
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
+import queue
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,17 +15,11 @@ import pymupdf
 from PIL import Image
 
 from worker.ingest.deadline import Deadline
-from worker.ingest.errors import CorruptPdfError, IngestTimeoutError
-from worker.ingest.ocr import ocr_available
-from worker.ingest.ocr_pool import OcrPool, as_page_text
-from worker.ingest.render import capped_zoom, render_page
-from worker.ingest.text import (
-    DEFAULT_TEXT_POLICY,
-    PageText,
-    TextPolicy,
-    extract_text,
-    wants_ocr,
-)
+from worker.ingest.errors import CorruptPdfError, IngestTimeoutError, UnreadableDocumentError
+from worker.ingest.frames import ReaderGone
+from worker.ingest.render import capped_zoom
+from worker.ingest.sandbox import PageReader, PageResult, ReaderLimits
+from worker.ingest.text import DEFAULT_TEXT_POLICY, PageText, TextPolicy
 
 Stage = Literal["render", "text", "index", "prefill"]
 
@@ -42,99 +38,171 @@ ProgressCallback = Callable[[Progress], None]
 
 @dataclass
 class IngestedPage:
-    """One page after ingestion: 1-based `number`, its image (None if not rendered), its text."""
+    """One page after ingestion: 1-based `number`, its image (None if not rendered), its text.
+
+    `error` is set (and the image None, the text empty) when the page cannot be read: it is
+    damaged, or its content is missing from the file.
+    """
 
     number: int
     text: PageText
     image: Image.Image | None
     width: int
     height: int
+    error: str | None = None
 
 
 def iter_pages(
-    doc: pymupdf.Document,
+    data: bytes,
     *,
     dpi: int,
     max_pixels: int,
     ocr: bool,
+    password: str | None = None,
     render: bool = True,
     deadline: Deadline | None = None,
     on_progress: ProgressCallback | None = None,
     text_policy: TextPolicy = DEFAULT_TEXT_POLICY,
     ocr_workers: int = 1,
+    limits: ReaderLimits | None = None,
 ) -> Iterator[IngestedPage]:
-    """Yield every page of `doc` in order, rendered (if `render`) and with its text.
+    """Yield every page of the PDF `data` in order, rendered (if `render`) and with its text.
 
-    Reports `Progress("render", i, n)` and `Progress("text", i, n)` after each page's steps
-    through `on_progress`; the caller reports its own "index" and "prefill" stages with the
-    same type. `deadline.check` runs before every step and raises `IngestTimeoutError`.
-    `width`/`height` are the rendered size, or the size a render would have when not rendering.
-    With `ocr_workers` > 1 and at least two pages to OCR, those pages are OCRed by an
-    `OcrPool` of that many processes while this one renders. Raises `CorruptPdfError` for a
-    page MuPDF cannot load.
+    Pages are read by up to `ocr_workers` reader processes at once (`worker.ingest.sandbox`),
+    each under `limits`; a page past a limit raises `PageMemoryLimitError` or
+    `PageTimeLimitError`, and a damaged page is yielded with `error` set. Reports
+    `Progress("render", i, n)` and `Progress("text", i, n)` after each page through
+    `on_progress`; the caller reports its own "index" and "prefill" stages with the same
+    type. Past the `deadline`, raises `IngestTimeoutError` (and stops the readers at once).
+    `width`/`height` are the rendered size, or the size a render would have when not
+    rendering. The PDF must open (check it with `open_pdf` first).
     """
-    total = doc.page_count
     report = on_progress or (lambda _p: None)
-    with contextlib.ExitStack() as stack:
-        pending = _start_ocr(doc, stack, ocr_workers, text_policy) if ocr else {}
+    with _Readers(data, password, limits or ReaderLimits(), max(1, ocr_workers)) as readers:
+        total = readers.page_count
+
+        def read(index: int) -> PageResult:
+            return readers.read(index, render=render, dpi=dpi, max_pixels=max_pixels, ocr=ocr,
+                                policy=text_policy)
+
+        window = 2 * readers.workers
+        pending: dict[int, Future[PageResult]] = {}
         for index in range(total):
-            if deadline is not None:
-                deadline.check(index, total)
-            image = None
+            for ahead in range(index, min(index + window, total)):
+                if ahead not in pending:
+                    pending[ahead] = readers.pool.submit(read, ahead)
+            result = _wait(pending.pop(index), deadline, index, total)
             if render:
-                image = render_page(doc, index, dpi=dpi, max_pixels=max_pixels)
-                width, height = image.size
                 report(Progress("render", index + 1, total))
-                if deadline is not None:
-                    deadline.check(index, total)
-            if image is None:
-                width, height = _size_at(doc, index, dpi, max_pixels)
-            text = None
-            if index in pending:
-                text = as_page_text(_wait(pending.pop(index), deadline, index, total))
-            if text is None:
-                text = extract_text(doc, index, ocr=ocr, policy=text_policy)
             report(Progress("text", index + 1, total))
-            yield IngestedPage(number=index + 1, text=text, image=image, width=width,
-                               height=height)
+            yield _page(result, dpi, max_pixels)
 
 
-def _start_ocr(doc: pymupdf.Document, stack: contextlib.ExitStack, workers: int,
-               policy: TextPolicy) -> dict[int, Future[list[str] | None]]:
-    """Submit the pages that need OCR to a pool (none when one process is enough, or when
-    this process may not start any: a daemonic one, e.g. a prefork Celery child)."""
-    if workers < 2 or multiprocessing.current_process().daemon or not ocr_available(
-            policy.language):
-        return {}
-    todo = [i for i in range(doc.page_count) if _wants_ocr(doc, i, policy)]
-    if len(todo) < 2:
-        return {}
-    pool = stack.enter_context(OcrPool(doc, min(workers, len(todo)), policy))
-    return {i: pool.submit(i) for i in todo}
+def check_readable(total: int, unreadable: list[IngestedPage], truncated: bool) -> None:
+    """Decide whether a document whose `unreadable` pages could not be read is usable.
+
+    Raises `UnreadableDocumentError` when no page could be read, and `CorruptPdfError` when
+    the file looks truncated (`pdf.looks_truncated`) and its last pages are the unreadable
+    ones: the end of the file is missing. Otherwise the document is ready without them.
+    """
+    if not unreadable:
+        return
+    if len(unreadable) >= total:
+        raise UnreadableDocumentError(total, unreadable[0].error or "unreadable")
+    numbers = {p.number for p in unreadable}
+    if truncated and total in numbers:
+        first = total
+        while first - 1 in numbers:
+            first -= 1
+        raise CorruptPdfError(f"the file appears truncated: pages {first} to {total} of "
+                              f"{total} cannot be read")
 
 
-def _wants_ocr(doc: pymupdf.Document, index: int, policy: TextPolicy) -> bool:
-    try:
-        return wants_ocr(doc.load_page(index), policy)
-    except Exception:  # read again, and reported, in the page loop
-        return False
+def _page(result: PageResult, dpi: int, max_pixels: int) -> IngestedPage:
+    if result.image is not None:
+        width, height = result.image.size
+    else:
+        zoom = capped_zoom_for(result.width_pt, result.height_pt, dpi, max_pixels)
+        width, height = int(result.width_pt * zoom), int(result.height_pt * zoom)
+    return IngestedPage(number=result.index + 1, text=result.text, image=result.image,
+                        width=width, height=height, error=result.error)
 
 
-def _wait(future: Future[list[str] | None], deadline: Deadline | None, index: int,
-          total: int) -> list[str] | None:
-    """The worker's result, waiting no longer than the deadline leaves."""
+def capped_zoom_for(width_pt: float, height_pt: float, dpi: int, max_pixels: int) -> float:
+    """`capped_zoom` of a page `width_pt` x `height_pt` points (0 for an unreadable page)."""
+    if width_pt <= 0 or height_pt <= 0:
+        return 0.0
+    return capped_zoom(pymupdf.Rect(0, 0, width_pt, height_pt), dpi=dpi, max_pixels=max_pixels)
+
+
+def _wait(future: Future[PageResult], deadline: Deadline | None, index: int,
+          total: int) -> PageResult:
+    """The page's result, waiting no longer than the deadline leaves."""
     if deadline is None:
         return future.result()
+    deadline.check(index, total)
     try:
         return future.result(timeout=max(deadline.seconds - deadline.elapsed, 0.0))
-    except TimeoutError:
+    except FutureTimeout:
         raise IngestTimeoutError(deadline.seconds, index, total) from None
 
 
-def _size_at(doc: pymupdf.Document, index: int, dpi: int, max_pixels: int) -> tuple[int, int]:
-    try:
-        rect = doc.load_page(index).rect
-    except Exception as exc:
-        raise CorruptPdfError(f"page {index + 1} cannot be read") from exc
-    zoom = capped_zoom(rect, dpi=dpi, max_pixels=max_pixels)
-    return int(rect.width * zoom), int(rect.height * zoom)
+class _Readers:
+    """Up to `workers` reader processes of one document, started as pages need them, and
+    threads that talk to them. Closing kills every reader, so nothing outlives the walk."""
+
+    def __init__(self, data: bytes, password: str | None, limits: ReaderLimits,
+                 workers: int) -> None:
+        self._data, self._password, self._limits = data, password, limits
+        self._idle: queue.Queue[PageReader] = queue.Queue()
+        self._all: list[PageReader] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        first = self._start()  # the page count, and open errors, come from the first one
+        self.page_count = first.page_count
+        self.workers = max(1, min(workers, self.page_count))
+        self._idle.put(first)
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="page-reader")
+
+    def _start(self) -> PageReader:
+        reader = PageReader(self._data, password=self._password, limits=self._limits)
+        with self._lock:
+            self._all.append(reader)
+            if self._closed:  # closed while this one started
+                reader.close()
+        return reader
+
+    def read(self, index: int, **kw: object) -> PageResult:
+        """Read one page with an idle reader, starting one if fewer than `workers` run."""
+        reader = self._take()
+        try:
+            return reader.read(index, **kw)  # type: ignore[arg-type]
+        finally:
+            if reader.alive:
+                self._idle.put(reader)
+
+    def _take(self) -> PageReader:
+        """An idle reader; a new one while fewer than `workers` are alive (a reader past a
+        limit dies and is replaced)."""
+        while True:
+            try:
+                return self._idle.get(timeout=0.2)
+            except queue.Empty:
+                pass
+            with self._lock:
+                if self._closed:
+                    raise ReaderGone()
+                grow = sum(r.alive for r in self._all) < self.workers
+            if grow:
+                return self._start()
+
+    def __enter__(self) -> _Readers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._closed = True
+            readers = list(self._all)
+        for reader in readers:
+            reader.close()
+        self.pool.shutdown(wait=True, cancel_futures=True)

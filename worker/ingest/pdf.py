@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pymupdf
 
@@ -97,11 +98,48 @@ def encryption_revision(data: bytes) -> int | None:
 
 
 def _check_complete(doc: pymupdf.Document, data: bytes) -> None:
-    """Reject files MuPDF had to rebuild because their end is missing.
+    """Refuse a file whose end is missing, judged by its pages rather than by its trailer.
 
-    MuPDF repairs many damaged files silently; a truncated one then opens with its page tree
-    intact but later pages blank. A repaired file that still ends in `%%EOF` is accepted
-    (minor xref damage is common in real-world PDFs).
+    MuPDF repairs many damaged files silently. A file that lost only its cross-reference
+    table or `%%EOF` (a common defect of scans and hand-written files) still has every page
+    and is accepted. A truncated file opens with its page tree intact but the objects of its
+    later pages gone (they render blank): when MuPDF had to repair a file without `%%EOF`
+    and it has no pages or its last page has lost its content, it is refused. Pages lost in
+    the middle of a file are reported one by one by the page reader instead.
     """
-    if doc.is_repaired and b"%%EOF" not in data[-_TRAILER_WINDOW:]:
-        raise CorruptPdfError("the file appears truncated")
+    if not looks_truncated(doc, data):
+        return
+    pages = doc.page_count
+    missing = missing_content_pages(doc)
+    if pages == 0 or pages in missing:
+        first = min(n for n in range(1, pages + 2) if n > pages or all(
+            m in missing for m in range(n, pages + 1)))
+        detail = "the file appears truncated"
+        if pages:
+            detail += f": page {first} onwards of {pages} are missing"
+        raise CorruptPdfError(detail)
+
+
+def looks_truncated(doc: pymupdf.Document, data: bytes) -> bool:
+    """True when MuPDF had to repair the file and it does not end in `%%EOF`."""
+    return bool(doc.is_repaired) and b"%%EOF" not in data[-_TRAILER_WINDOW:]
+
+
+def missing_content_pages(doc: pymupdf.Document) -> set[int]:
+    """1-based numbers of the pages whose page object or content stream is missing.
+
+    Checked on the cross-reference structure only (no stream is decompressed). A page with
+    no `/Contents` at all is a blank page, not a missing one.
+    """
+    return {n + 1 for n in range(doc.page_count) if not _content_present(doc, n)}
+
+
+def _content_present(doc: pymupdf.Document, index: int) -> bool:
+    try:
+        kind, value = doc.xref_get_key(doc.page_xref(index), "Contents")
+        if kind == "null":
+            return True
+        refs = [int(x) for x in re.findall(r"(\d+) 0 R", value)]
+        return bool(refs) and all(doc.xref_is_stream(x) for x in refs)
+    except Exception:  # a page object that cannot be read at all
+        return False

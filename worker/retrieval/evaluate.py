@@ -142,11 +142,12 @@ def ingest_corpus(
 def _read_document(path: str, *, ocr: bool) -> str:
     """One PDF's title and pages `[number, text, source]` (or its ingest error) as JSON."""
     try:
-        with open_pdf(Path(path).read_bytes(), max_pages=MAX_EVAL_PAGES) as doc:
+        data = Path(path).read_bytes()
+        with open_pdf(data, max_pages=MAX_EVAL_PAGES) as doc:
             title = (doc.metadata or {}).get("title")
-            pages = [[item.number, item.text.text, item.text.source]
-                     for item in iter_pages(doc, dpi=72, max_pixels=10**7, ocr=ocr,
-                                            render=False)]
+        pages = [[item.number, item.text.text, item.text.source]
+                 for item in iter_pages(data, dpi=72, max_pixels=10**7, ocr=ocr, render=False)
+                 if item.error is None]
     except IngestError as exc:
         return json.dumps({"error": exc.message})
     return json.dumps({"title": title, "pages": pages})
