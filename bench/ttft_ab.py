@@ -34,6 +34,7 @@ from bench.ttft_model import bench_pages, build_bench_vlm, make_workload
 from conduit_core import layer_forward
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.runtime import Assembly, ReuseRuntime
+from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores
 
 VARIANTS = {"optimised": (True, True), "no_blocked_attn": (False, True),
@@ -43,8 +44,9 @@ VARIANTS = {"optimised": (True, True), "no_blocked_attn": (False, True),
 class _NoReuseRuntime(ReuseRuntime):
     """A runtime whose refresh never sees the scoring pass's rows."""
 
-    def scoring(self, assembly: Assembly) -> tuple[StaleScores, float]:
-        result = super().scoring(assembly)
+    def scoring(self, assembly: Assembly,
+                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+        result = super().scoring(assembly, config)
         assembly.stale = None
         return result
 

@@ -2,28 +2,47 @@
 
 Language model, per decoder layer: every computed row pays the per-token linear cost
 `c = 2 (2 d H dh + 2 d G dh + 3 d d_ff)` (q/o, k/v, gate/up/down; 2 FLOPs per multiply-add)
-and `4 H dh` per (query, key) pair it attends to (QK^T and AV). Row r of a causal pass sees
-keys 0..r, so its key count is r + 1. Hence
-  full prefill  = L [N c + 4 H dh N (N + 1) / 2]
-  refresh       = L [(N_t + k) c + 4 H dh * sum of key counts of the refreshed rows]
-  scoring       = L [N_t c + 4 H dh * sum of key counts of the text rows]
-The runtime charges the refresh only for the rows it actually computes: text rows before the
-first refreshed visual token come out of the scoring pass exact and are not run again, so a
-request pays `rows_flops` of the refreshed rows it computed plus the scoring pass.
-Decode is excluded. The vision tower is counted separately (`vision_flops`): a full prefill
-pays it, reuse does not (page embeddings are cached).
+and `4 H dh` per (query, key) pair its attention computes (QK^T and AV). Hence
+  full prefill  = L [N c + 4 H dh N (N + 1) / 2]          (causal pairs: row r sees 0..r)
+  refresh       = L [(N_t + k) c + 4 H dh * sum of computed key counts of the rows]
+  scoring       = L [N_t c + 4 H dh * sum of computed key counts of the text rows]
+                  + L' Q' N (H (2 dh + SCORE_PAIR_FLOPS) ) + L' G N 2 dh
+Charged as computed: a masked subset runs blocked (`row_attention`): every row of a block of
+`ROW_CHUNK` rows computes every key up to the block's last row, so it is charged that count,
+not its causal one (`layer_forward.computed_key_counts` mirrors the path `forward_rows`
+takes; the one-mask reference path computes all N keys per row and is charged N). The
+scoring pass also forms its scored question rows' (Q', the query window) float32 QK^T over
+all N keys at the scored layers (L'), the softmax and the norm-weighted reduction
+(`SCORE_PAIR_FLOPS` = 8 per pair and head: max, subtract, exp, sum, divide, multiply by the
+norm, two adds), and the value norms (2 dh per key and KV head). The runtime charges the
+refresh only for the rows it actually computes: text rows before the first refreshed visual
+token come out of the scoring pass exact and are not run again.
+
+Left out, with bounds: the plain causal path (full prefill, and decode's one row) is charged
+its causal pairs N (N + 1) / 2; flash and memory-efficient kernels compute about that (whole
+tiles on the diagonal: at most one tile of 64-128 keys more per row), while the CPU math
+kernel forms the full N^2 square and masks it (at most 2x the attention term, never the
+linear term). Norms, residual adds, rotary embedding, SiLU and the final norm are a few FLOPs
+per hidden unit per row, under 0.1% of `c` at d >= 1,000. Decode is excluded. The vision
+tower is counted separately (`vision_flops`): a full prefill pays it, reuse does not (page
+embeddings are cached).
 
 Public API:
   LMShape(layers, hidden, heads, kv_heads, head_dim, intermediate)   .from_config(text_config)
+  SCORE_PAIR_FLOPS = 8
   linear_cost(shape) -> float                        c, per token per layer
-  rows_flops(shape, rows, n_layers=None) -> float    causal rows at sequence indices `rows`
+  rows_flops(shape, rows, n_layers=None, key_counts=None) -> float
+                                                     rows at sequence indices `rows`, each
+                                                     computing key_counts keys (default r + 1)
+  scoring_flops(shape, n_question, n_keys, n_layers) -> float   the scoring pass's extras
   full_prefill_flops(shape, n) -> float
   VisionShape(...)  .from_config(config)             Qwen2/2.5-VL: a ViT over a patch grid
   TiledVisionShape(...)  .from_config(config)        LLaVA-OneVision / InternVL: fixed tiles
   vision_shape(config) -> VisionShape | TiledVisionShape
   vision_tower_flops(shape, grids) -> float          tower FLOPs of pages with these grids
   FlopsModel(lm, vision_shape)  .from_adapter(adapter)   the runtime's accounting object:
-      .rows(rows, n_layers=None), .full(n), .vision(grids)
+      .rows(rows, n_layers=None, key_counts=None), .full(n), .vision(grids),
+      .scoring(n_question, n_keys, n_layers)
   vision_flops(adapter, grids) -> float              the same for an adapter's model; raises
                                                      UnsupportedModelError for unknown towers
 """
@@ -72,14 +91,28 @@ def linear_cost(shape: LMShape) -> float:
                       + 3 * d * shape.intermediate))
 
 
+SCORE_PAIR_FLOPS = 8
+
+
 def rows_flops(shape: LMShape, rows: torch.Tensor | Sequence[int],
-               n_layers: int | None = None) -> float:
-    """FLOPs of computing the causal rows at sequence indices `rows` through `n_layers`
-    layers (default all): n_layers [R c + 4 H dh * sum(r + 1)]."""
+               n_layers: int | None = None,
+               key_counts: torch.Tensor | None = None) -> float:
+    """FLOPs of computing the rows at sequence indices `rows` through `n_layers` layers
+    (default all): n_layers [R c + 4 H dh * sum of key counts], a row's key count being the
+    keys its attention computes (default r + 1, causal)."""
     idx = torch.as_tensor(rows, dtype=torch.float64).view(-1)  # (R,)
     n_layers = shape.layers if n_layers is None else n_layers
-    key_counts = float((idx + 1).sum())
-    return n_layers * (idx.numel() * linear_cost(shape) + shape.pair_cost * key_counts)
+    keys = float((idx + 1).sum()) if key_counts is None else float(key_counts.double().sum())
+    return n_layers * (idx.numel() * linear_cost(shape) + shape.pair_cost * keys)
+
+
+def scoring_flops(shape: LMShape, n_question: int, n_keys: int, n_layers: int) -> float:
+    """The scoring pass's work beyond its rows' forward: at each of `n_layers` scored layers,
+    `n_question` rows' float32 QK^T over `n_keys` keys for every query head, softmax and the
+    norm-weighted reduction, and the value norms of every key."""
+    pairs = n_question * n_keys * shape.heads * (2 * shape.head_dim + SCORE_PAIR_FLOPS)
+    norms = 2 * shape.kv_heads * shape.head_dim * n_keys
+    return float(n_layers * (pairs + norms))
 
 
 def full_prefill_flops(shape: LMShape, n: int) -> float:
@@ -260,9 +293,14 @@ class FlopsModel:
             vision = None
         return cls(lm=LMShape.from_config(config.get_text_config()), vision_shape=vision)
 
-    def rows(self, rows: torch.Tensor | Sequence[int], n_layers: int | None = None) -> float:
-        """Language-model FLOPs of computing causal rows `rows` (see `rows_flops`)."""
-        return rows_flops(self.lm, rows, n_layers)
+    def rows(self, rows: torch.Tensor | Sequence[int], n_layers: int | None = None,
+             key_counts: torch.Tensor | None = None) -> float:
+        """Language-model FLOPs of computing rows `rows` (see `rows_flops`)."""
+        return rows_flops(self.lm, rows, n_layers, key_counts)
+
+    def scoring(self, n_question: int, n_keys: int, n_layers: int) -> float:
+        """The scoring pass's probabilities and value norms (see `scoring_flops`)."""
+        return scoring_flops(self.lm, n_question, n_keys, n_layers)
 
     def full(self, n: int) -> float:
         """Language-model FLOPs of a full causal prefill of `n` tokens."""

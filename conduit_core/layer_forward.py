@@ -15,6 +15,9 @@ Public API:
   LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
                observer=None, layers=None) -> hidden after the last layer run (B, R, hidden)
+  computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
+      keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
+      causal r + 1 on the plain causal path, the block's limit when blocked, else n_keys
   logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
 """
 
@@ -29,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
-from conduit_core.row_attention import blocked_attention, causal_row_mask, row_blocks
+from conduit_core.row_attention import ROW_CHUNK, blocked_attention, causal_row_mask, row_blocks
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 BLOCKED_ATTENTION = True
@@ -40,6 +43,26 @@ def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, obj
     if impl == "eager":
         return eager  # type: ignore[no-any-return]
     return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)  # type: ignore[no-any-return]
+
+
+def _attn_impl(adapter: VLMAdapter) -> str:
+    return adapter.model.config._attn_implementation or "sdpa"  # type: ignore[no-any-return]
+
+
+def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
+                        plain_causal: bool = False) -> torch.Tensor:
+    """Keys each of `rows` (R,) attends to as `forward_rows` computes them: (R,) int64."""
+    rows = rows.to(torch.long).cpu()
+    impl = _attn_impl(adapter)
+    if plain_causal and impl != "eager":
+        return rows + 1
+    if impl == "sdpa" and BLOCKED_ATTENTION:
+        counts = torch.empty_like(rows)
+        for start in range(0, rows.numel(), ROW_CHUNK):
+            part = rows[start:start + ROW_CHUNK]
+            counts[start:start + ROW_CHUNK] = min(int(part.max()) + 1, n_keys)
+        return counts
+    return torch.full_like(rows, n_keys)
 
 
 def forward_rows(
@@ -63,7 +86,7 @@ def forward_rows(
     (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
     layer's write.
     """
-    impl = adapter.model.config._attn_implementation or "sdpa"
+    impl = _attn_impl(adapter)
     mask: torch.Tensor | None = None
     blocks = None
     needs_mask = not (plain_causal and impl != "eager")

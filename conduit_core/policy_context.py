@@ -7,8 +7,11 @@ text tokens. Budget k = round(budget * N_v).
 Public API:
   PolicyContext(layout, budget, seed, scorer, cache, embeds, adapter)
     .k, .visual_rows, .page_of_visual, .num_pages
-    .scores() -> StaleScores      runs the scoring pass once (lazily) and counts its FLOPs
+    .scores(config=ScoreConfig()) -> StaleScores   runs the scoring pass once per config
+                                     (lazily) and counts its FLOPs
     .extra_flops                     FLOPs spent by scoring (added to the answer's accounting)
+    .resume                          set by a policy that already ran every token through the
+                                     first layers (CacheBlend): the refresh continues from there
   RefreshPolicy = Callable[[PolicyContext], torch.Tensor]
 """
 
@@ -22,7 +25,18 @@ import torch
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
 from conduit_core.layout import Layout
+from conduit_core.scoring import ScoreConfig
+from conduit_core.selection import budget_tokens
 from conduit_core.stale_pass import StaleScores
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Every token's hidden state after decoder layers 0..layer - 1, with fresh K/V of every
+    token written at those layers: the refresh runs its rows from `layer` on."""
+
+    layer: int  # first layer still to run
+    hidden: torch.Tensor  # (N, hidden) input of `layer`, all rows in sequence order
 
 
 @dataclass
@@ -32,13 +46,14 @@ class PolicyContext:
     layout: Layout
     budget: float
     seed: int | None
-    scorer: Callable[[], tuple[StaleScores, float]]  # runs the scoring pass -> (result, flops)
+    scorer: Callable[[ScoreConfig], tuple[StaleScores, float]]  # scoring pass -> (result, flops)
     cache: KVCache  # the assembled (stale, re-rotated) cache; policies only read it, except
     # cacheblend, which writes every token's fresh K/V at its first layers (its method)
     embeds: torch.Tensor  # (N, hidden) layer-0 embeddings of the layout
     adapter: VLMAdapter  # the model, for policies that run layers themselves (cacheblend)
     extra_flops: float = 0.0
-    _scores: StaleScores | None = field(default=None, repr=False)
+    resume: Resume | None = None
+    _scores: dict[ScoreConfig, StaleScores] = field(default_factory=dict, repr=False)
 
     @property
     def visual_rows(self) -> torch.Tensor:
@@ -59,16 +74,17 @@ class PolicyContext:
 
     @property
     def k(self) -> int:
-        """Refresh budget in tokens: round(budget * N_v), clamped to [0, N_v]."""
-        n_v = int(self.visual_rows.numel())
-        return max(0, min(n_v, round(self.budget * n_v)))
+        """Refresh budget in tokens: `budget_tokens(budget, N_v)`, the one rounding rule."""
+        return budget_tokens(self.budget, int(self.visual_rows.numel()))
 
-    def scores(self) -> StaleScores:
-        """The scoring pass result (computed on first call; its FLOPs are counted)."""
-        if self._scores is None:
-            self._scores, flops = self.scorer()
+    def scores(self, config: ScoreConfig | None = None) -> StaleScores:
+        """The scoring pass result for `config` (computed on first call; its FLOPs are
+        counted)."""
+        config = config or ScoreConfig()
+        if config not in self._scores:
+            self._scores[config], flops = self.scorer(config)
             self.extra_flops += flops
-        return self._scores
+        return self._scores[config]
 
 
 RefreshPolicy = Callable[[PolicyContext], torch.Tensor]

@@ -5,7 +5,8 @@ The steps are those of `ReuseRuntime.answer` (assemble, policy over a `PolicyCon
 refresh visual choice + all text rows); decoding is left out.
 
 Public API:
-  RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds, computed_rows)
+  RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds, computed_rows,
+               refresh_flops)
   probe_refresh(runtime, request) -> RefreshProbe
   probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question) -> RefreshProbe
 """
@@ -20,7 +21,6 @@ from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.policies import resolve_policy
-from conduit_core.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 
 
@@ -35,6 +35,7 @@ class RefreshProbe:
     choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
     computed_rows: torch.Tensor  # (R_c,) the rows the refresh computed (the rest of `rows`
     # came exact from the scoring pass: text rows before the first refreshed visual row)
+    refresh_flops: float = 0.0  # FLOPs of the refresh itself (extra_flops + this = the answer's)
 
 
 @torch.inference_mode()
@@ -42,17 +43,16 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest) -> RefreshProbe
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
     policy = resolve_policy(request.policy, request.options)
     assembly = runtime.assemble(request.prefix, request.pages, request.question)
-    ctx = PolicyContext(layout=assembly.layout, budget=request.budget, seed=request.seed,
-                        scorer=lambda: runtime.scoring(assembly), cache=assembly.cache,
-                        embeds=assembly.embeds, adapter=runtime.adapter)
+    ctx = runtime.policy_context(assembly, request.budget, request.seed)
     t0 = time.perf_counter()
     visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
     seconds = time.perf_counter() - t0
-    hidden, computed = runtime.refresh(assembly, visual)  # (R, hidden), (R_c,)
+    hidden, computed = runtime.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
     rows = torch.cat([assembly.layout.text_rows(), visual]).unique()  # (R,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
                         extra_flops=ctx.extra_flops, choice_seconds=seconds,
-                        computed_rows=computed)
+                        computed_rows=computed,
+                        refresh_flops=runtime.refresh_flops(assembly, computed, ctx.resume))
 
 
 @torch.inference_mode()

@@ -17,9 +17,10 @@ Public API:
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
         (text rows before the first refreshed visual token are taken from the scoring pass
         when it ran on this cache and nothing wrote to the cache since: they are exact)
-    .refresh(assembly, visual_rows) -> (hidden (R, hidden), rows actually computed)
+    .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed)
+    .refresh_flops(assembly, computed, resume=None) -> LM FLOPs of that refresh, as computed
     .logits(hidden) -> (R, vocab) float32
-    .scoring(assembly) -> (StaleScores, flops)
+    .scoring(assembly, config=ScoreConfig()) -> (StaleScores, flops)
     .policy_context(assembly, budget, seed=None) -> PolicyContext
   Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1)
 """
@@ -37,13 +38,14 @@ from conduit_core.decode import Sampler, decode
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
-from conduit_core.layer_forward import forward_rows, logits_of
+from conduit_core.layer_forward import computed_key_counts, forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout, page_context
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.policies import resolve_policy
-from conduit_core.policy_context import PolicyContext
+from conduit_core.policy_context import PolicyContext, Resume
 from conduit_core.rotation import rerotate, segment_delta
+from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 
@@ -153,14 +155,16 @@ class ReuseRuntime:
         return self.refresh(assembly, visual_rows)[0]
 
     @torch.no_grad()
-    def refresh(self, assembly: Assembly,
-                visual_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
+                resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`prefill`, also returning the rows it actually computed (R_c,).
 
         Text row t's stale-pass result is exact when every key before t is as the refresh
         will leave it: text rows before t (by induction) and unselected visual rows (stale
         in both passes). So the text rows before the first refreshed visual row are reused
-        from the scoring pass, provided it ran on this cache and nothing wrote since."""
+        from the scoring pass, provided it ran on this cache and nothing wrote since.
+        With `resume` (a policy already ran every token through the first layers), the rows
+        start from its hidden states at layer `resume.layer`."""
         layout = assembly.layout
         visual_rows = visual_rows.to(torch.long).cpu()
         rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
@@ -176,13 +180,25 @@ class ReuseRuntime:
         if rows.numel() == 0:
             assert reuse is not None
             return reuse, rows
-        hidden = assembly.embeds[rows.to(assembly.embeds.device)].unsqueeze(0)  # (1, R, hidden)
+        start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
+        hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
         pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
+        layers = range(0 if resume is None else resume.layer, len(self.adapter.layers))
         out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                           plain_causal=everything)[0]  # (R_c, hidden)
+                           plain_causal=everything, layers=layers)[0]  # (R_c, hidden)
         if reuse is not None and reuse.numel():
             out = torch.cat([reuse.to(out.dtype), out])  # (R, hidden) in row order
         return out, rows
+
+    def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
+                      resume: Resume | None = None) -> float:
+        """Language-model FLOPs of a `refresh` that computed rows `computed`, charged as
+        its attention computes them (see `conduit_core.flops`)."""
+        n = assembly.layout.n
+        n_layers = len(self.adapter.layers) - (0 if resume is None else resume.layer)
+        counts = computed_key_counts(self.adapter, computed, n,
+                                     plain_causal=computed.numel() == n)
+        return self.flops.rows(computed, n_layers=n_layers, key_counts=counts)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -190,20 +206,30 @@ class ReuseRuntime:
         return logits_of(self.adapter, hidden.unsqueeze(0))[0]
 
     @torch.no_grad()
-    def scoring(self, assembly: Assembly) -> tuple[StaleScores, float]:
-        """The scoring pass over the assembled cache and its FLOPs."""
+    def scoring(self, assembly: Assembly,
+                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+        """The scoring pass over the assembled cache and its FLOPs (the text rows' forward
+        as computed, plus the scored rows' float32 probabilities and value norms)."""
         layout = assembly.layout
-        text = layout.text_rows()
+        config = config or ScoreConfig()
+        text, question = layout.text_rows(), layout.question_rows()
         result = stale_pass(self.adapter, assembly.cache, assembly.embeds, layout.position_ids,
-                              text, layout.question_rows(), layout.n)
+                            text, question, layout.n, config)
         assembly.stale, assembly.stale_writes = result, assembly.cache.writes
-        return result, self.flops.rows(text)
+        n_layers = len(self.adapter.layers)
+        scored_layers = len(range(n_layers)[config.layer_slice(n_layers)])
+        window = config.window_rows(question.numel())
+        counts = computed_key_counts(self.adapter, text, layout.n)
+        flops = (self.flops.rows(text, key_counts=counts)
+                 + self.flops.scoring(window.stop - window.start, layout.n, scored_layers))
+        return result, flops
 
     def policy_context(self, assembly: Assembly, budget: float,
                        seed: int | None = None) -> PolicyContext:
         """What a refresh policy sees for this assembly (scoring pass on demand)."""
         return PolicyContext(layout=assembly.layout, budget=budget, seed=seed,
-                             scorer=lambda: self.scoring(assembly), cache=assembly.cache,
+                             scorer=lambda cfg: self.scoring(assembly, cfg),
+                             cache=assembly.cache,
                              embeds=assembly.embeds, adapter=self.adapter)
 
     # ---- answers --------------------------------------------------------------------
@@ -235,8 +261,8 @@ class ReuseRuntime:
                                  extra_capacity=request.max_new_tokens)
         ctx = self.policy_context(assembly, request.budget, request.seed)
         visual = policy(ctx).to(torch.long).cpu().unique()
-        hidden, computed = self.refresh(assembly, visual)
-        used = ctx.extra_flops + self.flops.rows(computed)
+        hidden, computed = self.refresh(assembly, visual, ctx.resume)
+        used = ctx.extra_flops + self.refresh_flops(assembly, computed, ctx.resume)
         return self._finish(assembly, hidden, t0=t0, policy=request.policy,
                             refreshed=int(visual.numel()), flops_used_lm=used,
                             vision_ran=False,
@@ -257,9 +283,10 @@ class ReuseRuntime:
                                       "0 < top_p <= 1")
         assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens)
         visual = assembly.layout.visual_rows()
-        hidden = self.prefill(assembly, visual)
+        hidden, computed = self.refresh(assembly, visual)
         return self._finish(assembly, hidden, t0=t0, policy="full_prefill",
                             refreshed=int(visual.numel()),
-                            flops_used_lm=self.flops.full(assembly.layout.n), vision_ran=True,
+                            flops_used_lm=self.refresh_flops(assembly, computed),
+                            vision_ran=True,
                             max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, seed=seed, on_token=on_token)

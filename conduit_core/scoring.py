@@ -10,8 +10,19 @@ Query head h reads KV head g(h) = h // (H / G). CONDUIT's score is
 with agg = mean by default. The raw-attention (SnapKV) and value-norm-only baselines drop one
 factor of the product.
 
+The scoring pass never holds every layer's probabilities: `ScoreAccumulator` takes one layer
+(and one chunk of question rows) at a time and keeps two (N,) running sums, CONDUIT's score
+and the attention-only score, so its memory does not grow with the number of layers or with
+the question's length. `token_scores` is the same reduction over all layers at once (the
+reference the accumulator is tested against, and what small hand-made inputs use).
+
 Public API:
   ScoreConfig(layers="all", query_window=None, head_agg="mean")   knobs, validated
+      .layer_slice(n_layers) -> slice; .window_rows(n_question) -> slice of question rows
+  ScoreAccumulator(config, n_layers, n_question, n_keys, device)
+      .layers -> range of scored layers; .rows -> slice of scored question rows
+      .add(probs (H, c, N), value_norms (G, N))   one layer's probabilities of c scored rows
+      .result() -> (weighted (N,), attention (N,)) float32 means
   token_scores(probs, value_norms, config, *, attention=True, value_norm=True) -> (N,)
 """
 
@@ -57,6 +68,50 @@ class ScoreConfig:
         if len(range(n_layers)[sl]) == 0:
             raise ValueError(f"layers {self.layers!r} selects no layer of {n_layers}")
         return sl
+
+    def window_rows(self, n_question: int) -> slice:
+        """The scored question rows (the last `query_window`, or all) as a slice."""
+        if self.query_window is None:
+            return slice(0, n_question)
+        return slice(max(0, n_question - self.query_window), n_question)
+
+
+def _head_agg(x: torch.Tensor, how: str) -> torch.Tensor:
+    """Aggregate (H, ...) over query heads."""
+    return x.mean(dim=0) if how == "mean" else x.amax(dim=0)
+
+
+class ScoreAccumulator:
+    """Running per-token sums of the scoring pass (see the module docstring)."""
+
+    def __init__(self, config: ScoreConfig, n_layers: int, n_question: int, n_keys: int,
+                 device: torch.device | str = "cpu"):
+        self.config = config
+        self.layers = range(n_layers)[config.layer_slice(n_layers)]
+        self.rows = config.window_rows(n_question)
+        self._count = len(self.layers) * (self.rows.stop - self.rows.start)
+        self._weighted = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
+        self._attention = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
+
+    def add(self, probs: torch.Tensor, value_norms: torch.Tensor) -> None:
+        """Add one scored layer's probabilities probs (H, c, N) of c scored question rows,
+        with that layer's value norms (G, N)."""
+        heads, kv_heads = probs.shape[0], value_norms.shape[0]
+        how = self.config.head_agg
+        if how == "mean":  # linear: reduce the rows first, then weight by the norms
+            per_head = probs.sum(dim=1)  # (H, N)
+            self._attention += per_head.mean(dim=0)
+            grouped = per_head.view(kv_heads, heads // kv_heads, -1)  # (G, rep, N)
+            self._weighted += (grouped * value_norms.unsqueeze(1)).mean(dim=(0, 1))
+            return
+        self._attention += probs.amax(dim=0).sum(dim=0)  # (N,)
+        vn = value_norms.repeat_interleave(heads // kv_heads, dim=0)  # (H, N)
+        self._weighted += (probs * vn.unsqueeze(1)).amax(dim=0).sum(dim=0)  # (N,)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean over scored layers and question rows: (weighted (N,), attention (N,))."""
+        n = max(self._count, 1)
+        return self._weighted / n, self._attention / n
 
 
 def token_scores(

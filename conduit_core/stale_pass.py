@@ -1,18 +1,27 @@
 """The scoring ("stale") pass: text rows over the assembled, not yet refreshed cache.
 
 All text tokens run through all layers against the stale, re-rotated page KV (exact causal
-mask, writing their own fresh K/V). At each layer the question rows' attention probabilities
-over all keys are recorded (softmax over all N keys, per query head; query head h reads KV
-head h // (H / G)), with the cache's value norms at that layer.
+mask, writing their own fresh K/V). At each scored layer the scored question rows' attention
+probabilities over all keys are formed (softmax over all N keys, per query head; query head h
+reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
+at once into two per-token sums (`conduit_core.scoring.ScoreAccumulator`). Nothing of a
+layer outlives it: peak memory is one layer's statistics, not (L, H, Q, N), and the question
+rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question
+is bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
+one). Only the configured layers and question rows are scored.
 
 Public API:
-  StaleScores(probs, value_norms, question_rows, text_rows, text_hidden=None)
-    probs        (L, H, n_question, N) float32, rows sum to 1 (keys after the row get 0)
-    value_norms  (L, G, N) float32, ||V||_2 per cached token and KV head (pre-o_proj values)
+  SCORE_CHUNK_ELEMENTS = 2**24   probabilities formed at once (64 MiB in float32)
+  StaleScores(weighted, attention, config, question_rows, text_rows, text_hidden=None,
+              probs=None)
+    weighted     (N,) float32, CONDUIT's s_j = mean over scored layers and question rows of
+                 agg over heads of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values)
+    attention    (N,) float32, the same without the value norm (raw attention)
     text_hidden  (N_t, hidden) last-layer hidden states of text_rows (the runtime reuses the
                  rows before the first refreshed visual token: they are already exact)
-  stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys)
-      -> StaleScores
+    probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
+  stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
+             config=ScoreConfig(), keep_probs=False) -> StaleScores
 """
 
 from __future__ import annotations
@@ -24,17 +33,22 @@ import torch
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows
+from conduit_core.scoring import ScoreAccumulator, ScoreConfig
+
+SCORE_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass
 class StaleScores:
-    """Per-layer question attention and value norms from the stale pass."""
+    """Per-token scores from the stale pass (see the module docstring)."""
 
-    probs: torch.Tensor  # (L, H, n_question, N) float32
-    value_norms: torch.Tensor  # (L, G, N) float32
+    weighted: torch.Tensor  # (N,) float32
+    attention: torch.Tensor  # (N,) float32
+    config: ScoreConfig
     question_rows: torch.Tensor  # (n_question,) sequence indices
     text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
     text_hidden: torch.Tensor | None = None  # (N_t, hidden) their last-layer hidden states
+    probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
 
 
 def stale_pass(
@@ -45,39 +59,57 @@ def stale_pass(
     text_rows: torch.Tensor,
     question_rows: torch.Tensor,
     n_keys: int,
+    config: ScoreConfig | None = None,
+    keep_probs: bool = False,
 ) -> StaleScores:
-    """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and record
-    the attention of `question_rows` (a subset of text_rows) at every layer."""
+    """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
+    the attention of `question_rows` (a subset of text_rows) layer by layer."""
+    config = config or ScoreConfig()
     device = adapter.device
     text_rows = text_rows.to(device)
     question_rows = question_rows.to(device)
-    pick = torch.searchsorted(text_rows, question_rows)  # (n_q,) places inside text_rows
-    cfg = adapter.text_config
-    n_layers, heads, kv_heads = len(adapter.layers), cfg.num_attention_heads, cache.keys.shape[2]
-    probs = torch.zeros(n_layers, heads, question_rows.numel(), n_keys,
-                        dtype=torch.float32, device=device)  # (L, H, n_q, N)
-    value_norms = torch.zeros(n_layers, kv_heads, n_keys, dtype=torch.float32,
-                              device=device)  # (L, G, N)
-    n_q, rep = question_rows.numel(), heads // kv_heads
-    # keys before the earliest question row are visible to every question row: only the
-    # columns from there on need the causal mask
-    first = int(question_rows.min()) if n_q else n_keys
-    hidden_keys = (torch.arange(first, n_keys, device=device).view(1, -1)
-                   > question_rows.view(-1, 1))  # (n_q, N - first)
+    heads = adapter.text_config.num_attention_heads
+    kv_heads = cache.keys.shape[2]
+    rep = heads // kv_heads
+    acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device)
+    scored_rows = question_rows[acc.rows]  # (Q',)
+    pick = torch.searchsorted(text_rows, scored_rows)  # (Q',) places inside text_rows
+    n_q = scored_rows.numel()
+    chunk = max(1, SCORE_CHUNK_ELEMENTS // (heads * n_keys))
+    # keys before the earliest scored row are visible to every scored row: only the columns
+    # from there on need the causal mask
+    first = int(scored_rows.min()) if n_q else n_keys
+    kept: list[torch.Tensor] = []
 
     def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if layer not in acc.layers or n_q == 0:
+            return
         scaling = adapter.layers[layer].self_attn.scaling
-        qq = q[0, :, pick].float().reshape(kv_heads, rep * n_q, -1)  # (G, rep*n_q, hd)
-        k = keys[0].float()  # (G, N, hd): query head h reads KV head h // rep
-        scores = torch.matmul(qq, k.transpose(1, 2)).view(heads, n_q, n_keys)  # (H, n_q, N)
-        scores.mul_(scaling)
-        scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
-        torch.softmax(scores, dim=-1, out=probs[layer])
-        value_norms[layer] = values[0].float().norm(dim=-1)  # (G, N)
+        k = keys[0].float().transpose(1, 2)  # (G, hd, N): query head h reads KV head h // rep
+        norms = torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32)  # (G, N)
+        layer_probs = []
+        for start in range(0, n_q, chunk):
+            rows = scored_rows[start:start + chunk]  # (c,)
+            c = rows.numel()
+            qq = q[0, :, pick[start:start + chunk]].float()  # (H, c, hd)
+            scores = torch.matmul(qq.view(kv_heads, rep * c, -1), k)  # (G, rep*c, N)
+            scores = scores.view(heads, c, n_keys)  # (H, c, N)
+            scores.mul_(scaling)
+            hidden_keys = (torch.arange(first, n_keys, device=device).view(1, -1)
+                           > rows.view(-1, 1))  # (c, N - first)
+            scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)  # (H, c, N)
+            acc.add(probs, norms)
+            if keep_probs:
+                layer_probs.append(probs)
+        if keep_probs:
+            kept.append(torch.cat(layer_probs, dim=1))  # (H, Q', N)
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
     out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
                        observer=observe)  # (1, N_t, hidden)
-    return StaleScores(probs=probs, value_norms=value_norms, question_rows=question_rows,
-                       text_rows=text_rows, text_hidden=out[0])
+    weighted, attention = acc.result()
+    return StaleScores(weighted=weighted, attention=attention, config=config,
+                       question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
+                       probs=torch.stack(kept) if kept else None)

@@ -28,7 +28,6 @@ from conduit_core.policies import (
     random,
     raw_attention,
     value_norm,
-    vlcache,
 )
 from conduit_core.policy_context import RefreshPolicy
 
@@ -41,7 +40,7 @@ POLICIES: dict[str, RefreshPolicy] = {
     "value_norm": value_norm.select,
     "cacheblend": cacheblend.select,
     "epic": epic.select,
-    "vlcache": vlcache.select,
+    "epic_proportional": epic.proportional,
     "conduit": conduit.select,
     "conduit_no_amp": conduit_no_amp.select,
     "conduit_per_page": conduit_per_page.select,

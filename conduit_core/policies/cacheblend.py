@@ -10,10 +10,11 @@ the remaining layers (the runtime's refresh pass); the others keep stale K/V abo
 layer. ratio None = the request's budget (CacheBlend's own default is 0.15). With
 check_layer >= L - 1 every layer is recomputed for every token: a full prefill.
 
-FLOPs: N rows through check_layer + 1 layers, plus the carried rows through the rest. The
-runtime recomputes the carried rows from layer 0 (reproducing the values the check pass
-wrote), so this policy credits those first layers back in `ctx.extra_flops`: the reported
-total is CacheBlend's own cost.
+The carried rows resume from the check layer: the check pass's hidden states (every token
+after layers 0..check, exact, since every token's K/V there is fresh) go to the runtime as
+`ctx.resume`, and the refresh runs the carried rows through layers check + 1 .. L - 1 only.
+FLOPs: N rows through check_layer + 1 layers (`ctx.extra_flops`), plus the carried rows
+through the rest (the runtime's refresh): time and FLOPs describe the same work.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.flops import LMShape, rows_flops
-from conduit_core.layer_forward import forward_rows
-from conduit_core.policy_context import PolicyContext
+from conduit_core.layer_forward import computed_key_counts, forward_rows
+from conduit_core.policy_context import PolicyContext, Resume
 from conduit_core.selection import budget_tokens, topk_positions
 
 
@@ -49,22 +50,22 @@ class CacheBlendPolicy:
         check = min(self.check_layer, len(adapter.layers) - 1)
         rows = ctx.visual_rows  # (N_v,)
         k = ctx.k if self.ratio is None else budget_tokens(self.ratio, int(rows.numel()))
-        stale_k = cache.keys[check, 0].clone()  # (G, cap, hd)
-        stale_v = cache.values[check, 0].clone()  # (G, cap, hd)
+        dev_rows = rows.to(cache.keys.device)
+        stale_k = cache.keys[check, 0].index_select(1, dev_rows)  # (G, N_v, hd)
+        stale_v = cache.values[check, 0].index_select(1, dev_rows)  # (G, N_v, hd)
         everything = torch.arange(layout.n)  # (N,)
         hidden = ctx.embeds.unsqueeze(0)  # (1, N, hidden)
         pos = layout.position_ids.unsqueeze(1)  # (P, 1, N)
-        forward_rows(adapter, cache, hidden, everything, pos, n_keys=layout.n,
-                     plain_causal=True, layers=range(check + 1))
-        dev_rows = rows.to(stale_k.device)
-        dk = (cache.keys[check, 0] - stale_k).index_select(1, dev_rows).float()  # (G, N_v, hd)
-        dv = (cache.values[check, 0] - stale_v).index_select(1, dev_rows).float()
+        out = forward_rows(adapter, cache, hidden, everything, pos, n_keys=layout.n,
+                           plain_causal=True, layers=range(check + 1))  # (1, N, hidden)
+        ctx.resume = Resume(layer=check + 1, hidden=out[0])
+        dk = (cache.keys[check, 0].index_select(1, dev_rows) - stale_k).float()  # (G, N_v, hd)
+        dv = (cache.values[check, 0].index_select(1, dev_rows) - stale_v).float()
         deviation = dk.pow(2).sum(dim=(0, 2)) + dv.pow(2).sum(dim=(0, 2))  # (N_v,)
         chosen = rows[topk_positions(deviation.cpu(), k)]  # (k,)
-        carried = torch.cat([layout.text_rows(), chosen]).unique()  # (N_t + k,)
-        shape = LMShape.from_config(adapter.text_config)
-        ctx.extra_flops += (rows_flops(shape, everything, n_layers=check + 1)
-                            - rows_flops(shape, carried, n_layers=check + 1))
+        counts = computed_key_counts(adapter, everything, layout.n, plain_causal=True)
+        ctx.extra_flops += rows_flops(LMShape.from_config(adapter.text_config), everything,
+                                      n_layers=check + 1, key_counts=counts)
         return chosen
 
 

@@ -2,8 +2,9 @@
 
 From the scoring pass (`PolicyContext.scores()`), every visual token j gets
   s_j = mean over layers, question tokens of agg over heads of A[l,h,q,j] ||V[l,g(h),j]||
-(`conduit_core.scoring.token_scores`); page m's total R_m = sum_j s_j scales its tokens by
-c_m = (R_m / mean_m R_m)^gamma; the k = round(budget * N_v) highest s'_j = c_m s_j over all
+(reduced layer by layer in the scoring pass, `conduit_core.scoring`); page m's total
+R_m = sum_j s_j scales its tokens by c_m = (R_m / mean_m R_m)^gamma; the
+k = `PolicyContext.k` (round(budget * N_v)) highest s'_j = c_m s_j over all
 pages are refreshed (text tokens are always recomputed and not charged to the budget).
 
 Public API:
@@ -23,7 +24,7 @@ import torch
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
 from conduit_core.policy_context import PolicyContext
-from conduit_core.scoring import ScoreConfig, token_scores
+from conduit_core.scoring import ScoreConfig
 from conduit_core.selection import (
     budget_tokens,
     page_amplification,
@@ -83,9 +84,7 @@ class ConduitPolicy:
         cfg = self.config
         rows = ctx.visual_rows  # (N_v,)
         k = self.budget_k(ctx)
-        stale = ctx.scores()
-        s = token_scores(stale.probs, stale.value_norms, cfg.score)  # (N,)
-        s = s.cpu()[rows]  # (N_v,)
+        s = ctx.scores(cfg.score).weighted.cpu()[rows]  # (N_v,)
         page_of = ctx.page_of_visual  # (N_v,)
         c = page_amplification(s, page_of, ctx.num_pages, cfg.gamma)  # (M,)
         amplified = s * c[page_of]  # (N_v,)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit_core.policy_context import PolicyContext
-from conduit_core.scoring import ScoreConfig, token_scores
+from conduit_core.scoring import ScoreConfig
 from conduit_core.selection import pool_within_pages, topk_positions
 
 
@@ -36,8 +36,7 @@ class RawAttentionPolicy:
         rows = ctx.visual_rows  # (N_v,)
         if ctx.k == 0 or ctx.k >= rows.numel():  # the choice needs no scores
             return rows[:ctx.k]
-        stale = ctx.scores()
-        s = token_scores(stale.probs, stale.value_norms, self.score, value_norm=False)  # (N,)
+        s = ctx.scores(self.score).attention  # (N,)
         s = pool_within_pages(s.cpu()[rows], ctx.page_of_visual, self.pool_kernel, self.pool)
         return rows[topk_positions(s, ctx.k)]
 

@@ -25,11 +25,17 @@ class ValueNormPolicy:
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """The k visual tokens with the largest stale value norms."""
         rows = ctx.visual_rows  # (N_v,)
-        values = ctx.cache.values[:, 0].index_select(2, rows.to(ctx.cache.values.device))
-        norms = values.float().norm(dim=-1)  # (L, G, N_v)
-        norms = norms[self.score.layer_slice(norms.shape[0])]  # (L', G, N_v)
-        per_head = norms.mean(dim=1) if self.score.head_agg == "mean" else norms.amax(dim=1)
-        return rows[topk_positions(per_head.mean(dim=0).cpu(), ctx.k)]  # (k,)
+        values = ctx.cache.values  # (L, 1, G, cap, hd)
+        n_layers = values.shape[0]
+        layers = range(n_layers)[self.score.layer_slice(n_layers)]
+        lo, hi = (int(rows.min()), int(rows.max()) + 1) if rows.numel() else (0, 0)
+        total = torch.zeros(hi - lo, dtype=torch.float32, device=values.device)  # (span,)
+        for layer in layers:  # one layer's norms at a time, no copy of the values
+            norms = torch.linalg.vector_norm(values[layer, 0, :, lo:hi], dim=-1,
+                                             dtype=torch.float32)  # (G, span)
+            total += norms.mean(dim=0) if self.score.head_agg == "mean" else norms.amax(dim=0)
+        score = (total / len(layers)).cpu()[rows - lo]  # (N_v,)
+        return rows[topk_positions(score, ctx.k)]  # (k,)
 
 
 select = ValueNormPolicy()

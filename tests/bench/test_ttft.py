@@ -101,10 +101,11 @@ def test_ab_variants_toggle_the_optimisations() -> None:
     rows = {r["variant"]: r for r in doc["rows"]}
     assert set(rows) == {"full_prefill", "optimised", "no_blocked_attn", "no_stale_reuse",
                          "neither"}
-    # without the reuse the prefix rows are recomputed: more FLOPs, same with or without blocks
+    # without the reuse the prefix rows are recomputed: more FLOPs
     assert rows["no_stale_reuse"]["flops_ratio_lm"] > rows["optimised"]["flops_ratio_lm"]
-    assert rows["neither"]["flops_ratio_lm"] == rows["no_stale_reuse"]["flops_ratio_lm"]
-    assert rows["no_blocked_attn"]["flops_ratio_lm"] == rows["optimised"]["flops_ratio_lm"]
+    # FLOPs are charged as computed: the one-mask path attends every row to all N keys
+    assert rows["neither"]["flops_ratio_lm"] > rows["no_stale_reuse"]["flops_ratio_lm"]
+    assert rows["no_blocked_attn"]["flops_ratio_lm"] > rows["optimised"]["flops_ratio_lm"]
     assert layer_forward.BLOCKED_ATTENTION  # restored
 
 

@@ -1,7 +1,9 @@
-"""The scoring pass: question-row attention probabilities over all keys and value norms.
+"""The scoring pass: question-row attention probabilities over all keys, reduced layer by
+layer into per-token scores.
 
 In the context a page was prefilled in, the stale cache is exact, so the probabilities must
-equal the model's own eager attention weights of those rows."""
+equal the model's own eager attention weights of those rows, and the scores must equal the
+norm-weighted attention computed from the model's own attentions and its own value cache."""
 
 from __future__ import annotations
 
@@ -11,33 +13,91 @@ import pytest
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
+from conduit_core.runtime import Assembly
+from conduit_core.scoring import ScoreConfig, token_scores
+from conduit_core.stale_pass import StaleScores, stale_pass
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 
+QUESTION = "What is the total amount due?"
+
+
+def _scoring(rt: ReuseRuntime, asm: Assembly, config: ScoreConfig,
+             keep_probs: bool = False, chunk: int | None = None,
+             monkeypatch: pytest.MonkeyPatch | None = None) -> StaleScores:
+    layout = asm.layout
+    if chunk is not None and monkeypatch is not None:
+        heads = rt.adapter.text_config.num_attention_heads
+        monkeypatch.setattr("conduit_core.stale_pass.SCORE_CHUNK_ELEMENTS",
+                            chunk * heads * layout.n)
+    return stale_pass(rt.adapter, asm.cache, asm.embeds, layout.position_ids,
+                      layout.text_rows(), layout.question_rows(), layout.n, config,
+                      keep_probs=keep_probs)
+
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_stale_pass_probabilities_match_eager_attention(name: str, model_cache: Path) -> None:
+def test_scores_match_the_models_own_attention_and_values(name: str,
+                                                          model_cache: Path) -> None:
     vlm = load_builtin(name, model_cache, attn="eager")
     rt = ReuseRuntime(vlm)
     (page,) = rt.prefill_pages([IMAGES["a"]])
-    asm = rt.assemble("", [PageInput("", page)], "What is the total amount due?")
+    asm = rt.assemble("", [PageInput("", page)], QUESTION)
     scores, flops = rt.scoring(asm)
     layout = asm.layout
     n_layers, heads = len(vlm.adapter.layers), vlm.adapter.text_config.num_attention_heads
     q_rows = layout.question_rows()
-    assert scores.probs.shape == (n_layers, heads, q_rows.numel(), layout.n)
-    assert scores.value_norms.shape == (n_layers, vlm.adapter.text_config.num_key_value_heads,
-                                        layout.n)
-    assert flops > 0
+    assert scores.weighted.shape == scores.attention.shape == (layout.n,)
+    assert scores.probs is None and flops > 0
     prepared = vlm.adapter.prepare_pages([IMAGES["a"]])
     kwargs = vlm.adapter.reference_inputs(layout.token_ids, prepared)
     with torch.no_grad():
-        out = vlm.model(**kwargs, output_attentions=True)
-    for layer, att in enumerate(out.attentions):
-        ref = att[0][:, q_rows]  # (H, n_q, N)
-        assert (scores.probs[layer] - ref).abs().max().item() <= 1e-5
-    torch.testing.assert_close(scores.probs.sum(-1), torch.ones(n_layers, heads, q_rows.numel()))
+        out = vlm.model(**kwargs, output_attentions=True, use_cache=True)
+    ref_probs = torch.stack([att[0][:, q_rows] for att in out.attentions])  # (L, H, Q, N)
+    cache = out.past_key_values
+    ref_norms = torch.stack([cache.layers[i].values[0].norm(dim=-1)
+                             for i in range(n_layers)])  # (L, G, N) the model's own values
+    # s_j = mean over layers and question rows of the head-mean of A * ||V||, by hand
+    rep = heads // ref_norms.shape[1]
+    by_hand = (ref_probs * ref_norms.repeat_interleave(rep, dim=1).unsqueeze(2)).mean(
+        dim=(0, 1, 2))  # (N,)
+    torch.testing.assert_close(scores.weighted, by_hand, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(scores.attention, ref_probs.mean(dim=(0, 1, 2)), atol=1e-6,
+                               rtol=1e-4)
+    kept = _scoring(rt, rt.assemble("", [PageInput("", page)], QUESTION), ScoreConfig(),
+                    keep_probs=True)
+    assert kept.probs is not None and kept.probs.shape == ref_probs.shape
+    assert (kept.probs - ref_probs).abs().max().item() <= 1e-5
     later = torch.arange(layout.n).view(1, -1) > q_rows.view(-1, 1)  # keys after the row
-    assert scores.probs[:, :, later].abs().max().item() == 0.0
-    # value norms are the norms of the cache values (text rows now fresh)
-    torch.testing.assert_close(scores.value_norms, asm.cache.values[:, 0].norm(dim=-1))
+    assert kept.probs[:, :, later].abs().max().item() == 0.0
+
+
+CONFIGS = [ScoreConfig(), ScoreConfig(layers=(1, 2)), ScoreConfig(layers=(-1, None)),  # type: ignore[arg-type]
+           ScoreConfig(query_window=3), ScoreConfig(head_agg="max"),
+           ScoreConfig(layers=(0, 1), query_window=1, head_agg="max")]
+
+
+def test_layer_by_layer_reduction_equals_the_all_layers_reference(
+        model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every knob, and question rows taken in chunks of 2, give exactly the reduction of the
+    full (L, H, Q, N) probabilities that the pass no longer keeps."""
+    rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache))
+    pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    inputs = [PageInput("Page 1:", pages[0]), PageInput("Page 2:", pages[1])]
+    asm = rt.assemble("New prefix.", inputs, QUESTION)
+    full = _scoring(rt, asm, ScoreConfig(), keep_probs=True)
+    probs = full.probs  # (L, H, Q, N)
+    assert probs is not None
+    norms = asm.cache.values[:, 0, :, :asm.layout.n].norm(dim=-1)  # (L, G, N) after the pass
+    default = token_scores(probs, norms, ScoreConfig())
+    for config in CONFIGS:
+        for chunk in (None, 2):
+            got = _scoring(rt, rt.assemble("New prefix.", inputs, QUESTION), config,
+                           chunk=chunk, monkeypatch=monkeypatch)
+            want = token_scores(probs, norms, config)
+            torch.testing.assert_close(got.weighted, want, atol=1e-7, rtol=1e-5)
+            torch.testing.assert_close(got.attention,
+                                       token_scores(probs, norms, config, value_norm=False),
+                                       atol=1e-7, rtol=1e-5)
+            if config != ScoreConfig():  # each knob has its own effect
+                assert not torch.allclose(want, default, atol=1e-7, rtol=1e-4), config
+        monkeypatch.undo()

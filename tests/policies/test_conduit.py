@@ -10,7 +10,7 @@ from conduit_core.answer_types import AnswerRequest
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.runtime import Assembly
-from conduit_core.scoring import ScoreConfig
+from conduit_core.scoring import ScoreConfig, token_scores
 from conduit_core.stale_pass import StaleScores
 
 from .conftest import CachedPages
@@ -23,8 +23,8 @@ def context(cached: CachedPages, asm: Assembly, budget: float,
             scores: StaleScores | None = None) -> PolicyContext:
     rt = cached.runtime
 
-    def scorer() -> tuple[StaleScores, float]:
-        return (scores, 0.0) if scores is not None else rt.scoring(asm)
+    def scorer(config: ScoreConfig) -> tuple[StaleScores, float]:
+        return (scores, 0.0) if scores is not None else rt.scoring(asm, config)
 
     return PolicyContext(layout=asm.layout, budget=budget, seed=0, scorer=scorer,
                          cache=asm.cache, embeds=asm.embeds, adapter=rt.adapter)
@@ -61,8 +61,11 @@ def constructed_scores(asm: Assembly, signal_page: int, n_layers: int, heads: in
     weight[torch.randperm(n, generator=torch.Generator().manual_seed(0))[:n // 2]] *= 1.1
     q_rows = asm.layout.question_rows()
     probs = (weight / weight.sum()).expand(n_layers, heads, q_rows.numel(), n).clone()
-    return StaleScores(probs=probs, value_norms=torch.ones(n_layers, kv_heads, n),
-                       question_rows=q_rows, text_rows=asm.layout.text_rows())
+    norms = torch.ones(n_layers, kv_heads, n)
+    return StaleScores(weighted=token_scores(probs, norms, ScoreConfig()),
+                       attention=token_scores(probs, norms, ScoreConfig(), value_norm=False),
+                       config=ScoreConfig(), question_rows=q_rows,
+                       text_rows=asm.layout.text_rows())
 
 
 def test_global_selection_follows_the_signal_page(cached: CachedPages) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.builtin import builtin_names
+from conduit_core.flops import LMShape, full_prefill_flops
 from conduit_core.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
@@ -29,13 +30,24 @@ def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFact
                                                        strict=True)]
     ref = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
     n_v = sum(p.kv.num_tokens for p in pages)
+    shape = LMShape.from_config(rt.adapter.text_config)
     for policy in POLICIES:
         if policy != "full_reuse":
             got = probe_refresh(rt, AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                                   policy=policy, budget=1.0))
             assert torch.allclose(got.logits, ref.logits, atol=1e-4, rtol=0), policy
         if policy in ("conduit", "cacheblend", "random", "epic"):
-            result = rt.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                             policy=policy, budget=0.25, max_new_tokens=2))
+            req = AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
+                                policy=policy, budget=0.25, max_new_tokens=2)
+            result = rt.answer(req)
+            probe = probe_refresh(rt, req)
             assert result.refreshed_visual_tokens == round(0.25 * n_v), policy
-            assert 0.0 < result.flops_ratio < 1.5
+            # the analytic accounting: the policy's own work (scoring pass, check layers)
+            # plus the refresh as computed, over L [N c + 4 H dh N (N + 1) / 2]
+            full_lm = full_prefill_flops(shape, int(ref.rows.numel()))
+            used = probe.extra_flops + probe.refresh_flops
+            assert result.flops_full_lm == pytest.approx(full_lm)
+            assert result.flops_used_lm == pytest.approx(used) and used > 0
+            assert result.flops_ratio_lm == pytest.approx(used / full_lm)
+            vision = rt.adapter.vision_flops([p.kv.image_grid for p in pages])
+            assert result.flops_ratio_total == pytest.approx(used / (full_lm + vision))

@@ -3,8 +3,6 @@ seeding, and the FLOPs each answer reports."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -13,14 +11,23 @@ from conduit_core.flops import LMShape, full_prefill_flops, rows_flops, vision_f
 from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from conduit_core.selection import budget_tokens
 
 from .conftest import CachedPages
 
 PREFIX = "You answer questions about scanned archive pages."
 LABELS = ["Page 1:", "Page 2:", "Page 3:"]
 QUESTION = "Which page names the ledger?"
-BUDGETED = ["random", "raw_attention", "value_norm", "cacheblend", "epic", "conduit",
-            "conduit_no_amp", "conduit_per_page"]
+BUDGETED = ["random", "raw_attention", "value_norm", "cacheblend", "epic", "epic_proportional",
+            "conduit", "conduit_no_amp", "conduit_per_page"]
+
+
+def block_counts(rows: torch.Tensor, n: int, chunk: int = 64) -> torch.Tensor:
+    """Keys the blocked attention computes per row: its 64-row block's last row + 1."""
+    out = torch.empty_like(rows)
+    for i in range(0, rows.numel(), chunk):
+        out[i:i + chunk] = min(int(rows[i:i + chunk].max()) + 1, n)
+    return out
 
 
 def request(cached: CachedPages, policy: str, budget: float, **kw: object) -> AnswerRequest:
@@ -32,21 +39,25 @@ def request(cached: CachedPages, policy: str, budget: float, **kw: object) -> An
 
 def test_registry_names() -> None:
     assert set(POLICIES) == {"full_prefill", "full_reuse", "prefix_reuse", "random",
-                             "raw_attention", "value_norm", "cacheblend", "epic", "vlcache",
-                             "conduit", "conduit_no_amp", "conduit_per_page"}
+                             "raw_attention", "value_norm", "cacheblend", "epic",
+                             "epic_proportional", "conduit", "conduit_no_amp",
+                             "conduit_per_page"}
+    assert set(BUDGETED) | {"full_prefill", "full_reuse", "prefix_reuse"} == set(POLICIES)
 
 
-@pytest.mark.parametrize("budget", [0.05, 0.1, 0.3])
+@pytest.mark.parametrize("budget", [0.03, 0.05, 0.1, 0.3, 0.55])
 def test_every_policy_refreshes_its_budget(cached: CachedPages, budget: float) -> None:
+    """One rounding rule (`budget_tokens`: Python's round of budget * N_v) for every
+    budgeted policy; the three budget-free ones refresh what they are defined by."""
     sizes = [kv.num_tokens for kv in cached.kvs]
     n_v = sum(sizes)
-    expected = {name: round(budget * n_v) for name in BUDGETED}
-    expected |= {"full_prefill": n_v, "full_reuse": 0, "prefix_reuse": n_v,
-                 "vlcache": sum(math.floor(budget * t) for t in sizes)}
+    expected = {name: budget_tokens(budget, n_v) for name in BUDGETED}
+    expected |= {"full_prefill": n_v, "full_reuse": 0, "prefix_reuse": n_v}
+    assert budget_tokens(budget, n_v) == round(budget * n_v)
     for name in POLICIES:
         result = cached.runtime.answer(request(cached, name, budget))
         assert result.visual_tokens == n_v
-        assert result.refreshed_visual_tokens == expected[name], name
+        assert result.refreshed_visual_tokens == expected[name], (name, budget)
 
 
 def test_first_token_policies_pick_page_heads(cached: CachedPages) -> None:
@@ -56,10 +67,17 @@ def test_first_token_policies_pick_page_heads(cached: CachedPages) -> None:
     for seg in layout.segments:
         starts += list(range(seg.start, seg.start + 3))
     assert probe.visual_rows.tolist() == starts
-    probe = probe_refresh(cached.runtime, request(cached, "vlcache", 0.2))  # floor .2 T_m
-    want = [r for seg in layout.segments for r in range(seg.start, seg.start
-                                                         + math.floor(0.2 * seg.length))]
-    assert probe.visual_rows.tolist() == want
+    probe = probe_refresh(cached.runtime, request(cached, "epic_proportional", 0.2))
+    k = round(0.2 * sum(s.length for s in layout.segments))
+    counts = []
+    for seg in layout.segments:  # a leading run of each page, in proportion to its size
+        mine = [r for r in probe.visual_rows.tolist() if seg.start <= r < seg.stop]
+        assert mine == list(range(seg.start, seg.start + len(mine)))
+        counts.append(len(mine))
+    n_v = sum(s.length for s in layout.segments)
+    assert sum(counts) == k
+    assert all(abs(c - k * s.length / n_v) < 1 for c, s in zip(counts, layout.segments,
+                                                                strict=True))
 
 
 @pytest.mark.parametrize("name", sorted(set(POLICIES) - {"full_reuse"}))
@@ -97,14 +115,24 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     rt = cached.runtime
     shape = LMShape.from_config(rt.adapter.text_config)
     asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION)
-    text = asm.layout.text_rows()
-    full_lm = full_prefill_flops(shape, asm.layout.n)
+    text, n = asm.layout.text_rows(), asm.layout.n
+    n_q = asm.layout.question_rows().numel()
+    full_lm = full_prefill_flops(shape, n)
     full = full_lm + vision_flops(rt.adapter, asm.image_grids)
+    # the scoring pass: its text rows as the blocked attention computes them, plus every
+    # layer's float32 QK^T of the question rows over all n keys for every head (2 dh), softmax
+    # and norm-weighted reduction (8 per pair and head), and value norms (2 dh per key, KV head)
+    scoring_lm = (rows_flops(shape, text, key_counts=block_counts(text, n))
+                  + shape.layers * (n_q * n * shape.heads * (2 * shape.head_dim + 8)
+                                    + 2 * shape.kv_heads * shape.head_dim * n))
+    assert block_counts(text, n).sum() > (text + 1).sum()  # charged above the causal pairs
     for name, scoring in [("conduit", True), ("random", False), ("value_norm", False)]:
         probe = probe_refresh(rt, request(cached, name, 0.1))
         result = rt.answer(request(cached, name, 0.1))
-        used = (rows_flops(shape, probe.computed_rows)
-                + (rows_flops(shape, text) if scoring else 0.0))
+        computed = probe.computed_rows
+        used = (rows_flops(shape, computed, key_counts=block_counts(computed, n))
+                + (scoring_lm if scoring else 0.0))
+        assert probe.extra_flops == pytest.approx(scoring_lm if scoring else 0.0)
         first = int(probe.visual_rows.min())  # text rows before it come from the scoring pass
         reused = probe.rows[probe.rows < first] if scoring else probe.rows[:0]
         assert torch.equal(probe.computed_rows, probe.rows[reused.numel():])
@@ -116,7 +144,8 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
         assert result.flops_ratio_total == pytest.approx(used / full)
         assert result.flops_ratio_total < result.flops_ratio_lm
     reuse = rt.answer(request(cached, "full_reuse", 0.1))
-    assert reuse.flops_used == pytest.approx(rows_flops(shape, text))
+    assert reuse.flops_used == pytest.approx(rows_flops(shape, text,
+                                                        key_counts=block_counts(text, n)))
 
 
 def test_cacheblend_flops_and_check_layer(cached: CachedPages,
@@ -128,11 +157,16 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
         monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=check))
         probe = probe_refresh(rt, request(cached, "cacheblend_x", 0.1))
         n = int(probe.rows.max()) + 1
-        # every token through layers 0..check, the carried rows through the rest
-        expected = (rows_flops(shape, torch.arange(n), n_layers=check + 1)
-                    + rows_flops(shape, probe.rows, n_layers=n_layers - check - 1))
-        assert probe.extra_flops + rows_flops(shape, probe.rows) == pytest.approx(expected)
+        # every token through layers 0..check (causal), then the carried rows resume from the
+        # check layer: through the remaining layers only, not again from layer 0
+        assert torch.equal(probe.computed_rows, probe.rows)
+        check_pass = rows_flops(shape, torch.arange(n), n_layers=check + 1)
+        carried = rows_flops(shape, probe.rows, n_layers=n_layers - check - 1,
+                             key_counts=block_counts(probe.rows, n))
+        assert probe.extra_flops == pytest.approx(check_pass)
+        assert probe.refresh_flops == pytest.approx(carried)
         result = rt.answer(request(cached, "cacheblend_x", 0.1))
+        assert result.flops_used_lm == pytest.approx(check_pass + carried)
         assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
     # a check at the last layer recomputes everything: a full prefill
     monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=n_layers - 1))
