@@ -95,6 +95,7 @@ class Batch:
     pixel_values: torch.Tensor
     grids: torch.Tensor  # (pages, 3)
     aux: torch.Tensor  # (A, 3) int64: batch row, sequence index, target token
+    glyphs: torch.Tensor  # (G, 3) int64: every cell's own glyph (batch row, index, token)
     answer: torch.Tensor  # (B, 2) int64: sequence index of the answer logit, target token
 
 
@@ -112,6 +113,12 @@ class Layouts:
         self._tails: dict[str, torch.Tensor] = {}
         self._positions: dict[tuple[int, ...], tuple[torch.Tensor, list[int], int]] = {}
         self.head = torch.tensor(adapter.head_ids(ANSWER_PREFIX))
+        self._tokens = {ch: int(adapter.tokenizer(ch, add_special_tokens=False).input_ids[-1])
+                        for ch in ALPHABET}
+
+    def token_of(self, ch: str) -> int:
+        """The vocabulary id a glyph is named by (a space for the blank cell)."""
+        return self._tokens[ch]
 
     def _piece(self, memo: dict[str, torch.Tensor], text: str, ids: list[int]) -> torch.Tensor:
         if text not in memo:
@@ -146,7 +153,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     """Lay out every sample as the service would and collect its targets."""
     tok = layouts.adapter.tokenizer
     end_id = int(tok.convert_tokens_to_ids("<|im_end|>"))
-    rows_ids, rows_pos, pixels, aux, answer = [], [], [], [], []
+    rows_ids, rows_pos, pixels, aux, answer, glyphs = [], [], [], [], [], []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
         n = int(ids.shape[0])
@@ -157,7 +164,9 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page):
-                aux.append((b, start + 1 + cell, int(tok.convert_tokens_to_ids(ch))))
+                aux.append((b, start + 1 + cell, layouts.token_of(ch)))
+            glyphs += [(b, start + 1 + cell, layouts.token_of(ch))
+                       for cell, ch in enumerate("".join(s.doc.pages[page]))]
     n_max = max(int(x.shape[0]) for x in rows_ids)
     ids_t = torch.full((len(samples), n_max), int(tok.pad_token_id), dtype=torch.long)  # (B, N)
     pos_t = torch.zeros(3, len(samples), n_max, dtype=torch.long)  # (3, B, N)
@@ -168,11 +177,14 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     return Batch(ids=ids_t, position_ids=pos_t, pixel_values=torch.cat(pixels),
                  grids=layouts.grid.view(1, 3).repeat(n_pages, 1),
                  aux=torch.tensor(aux, dtype=torch.long),
+                 glyphs=torch.tensor(glyphs, dtype=torch.long),
                  answer=torch.tensor(answer, dtype=torch.long))
 
 
-def batch_hidden(model: Any, batch: Batch) -> torch.Tensor:
-    """Last-layer hidden states (B, N, hidden) of a batch, vision tower included."""
+def batch_hidden(model: Any, batch: Batch, layer: int | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Last-layer hidden states (B, N, hidden) of a batch, vision tower included; with
+    `layer`, also the residual stream after decoder layer `layer` (B, N, hidden)."""
     inner = model.model
     embeds = inner.language_model.embed_tokens(batch.ids)  # (B, N, hidden)
     feats = inner.get_image_features(batch.pixel_values, batch.grids,
@@ -181,5 +193,7 @@ def batch_hidden(model: Any, batch: Batch) -> torch.Tensor:
     mask = batch.ids == inner.config.image_token_id  # (B, N)
     embeds = embeds.masked_scatter(mask.unsqueeze(-1), feats.to(embeds.dtype))
     out = inner.language_model(inputs_embeds=embeds, position_ids=batch.position_ids,
-                               use_cache=False)
-    return out.last_hidden_state  # type: ignore[no-any-return]
+                               use_cache=False, output_hidden_states=layer is not None)
+    if layer is None:
+        return out.last_hidden_state  # type: ignore[no-any-return]
+    return out.last_hidden_state, out.hidden_states[layer + 1]

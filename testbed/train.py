@@ -2,7 +2,10 @@
 
 Loss per step: cross-entropy of the answer digit and the end-of-turn token after it, plus,
 weighted by `aux_weight`, the auxiliary targets of every page cell (key cells predict their
-key, result cells their record's resolved value: see `testbed.task`). Samples are drawn from
+key, result cells their record's resolved value: see `testbed.task`), plus, with
+`glyph_layer`, every cell naming its own glyph from the residual stream after that layer
+(weighted by `glyph_weight`: it aligns glyph features with the text embeddings early, which
+is what a question needs to find its key). Samples are drawn from
 `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it would have seen.
 Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
 a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
@@ -10,7 +13,8 @@ Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step
 are written atomically every `ckpt_every` steps; `model.safetensors` holds the final weights.
 
 Public API:
-  TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, seed, device, threads,
+  TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight, seed,
+              device, threads,
               eval_every, ckpt_every, heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
   heldout_accuracy(model, layouts, patches, samples, batch_size) -> dict[str, float]
@@ -56,6 +60,8 @@ class TrainConfig:
     lr: float = 2e-3
     warmup: int = 200
     aux_weight: float = 1.0
+    glyph_layer: int | None = None  # if set: every cell names its glyph after this layer
+    glyph_weight: float = 0.5
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -71,13 +77,21 @@ def _lr(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _losses(model: Any, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    hidden = batch_hidden(model, batch)  # (B, N, hidden)
+def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answer loss and the weighted auxiliary losses."""
     head = model.lm_head
+    if cfg.glyph_layer is None:
+        hidden = batch_hidden(model, batch)  # (B, N, hidden)
+        glyph_loss = torch.zeros(())
+    else:
+        hidden, early = batch_hidden(model, batch, cfg.glyph_layer)  # 2 x (B, N, hidden)
+        g = batch.glyphs
+        norm = model.model.language_model.norm
+        glyph_loss = F.cross_entropy(head(norm(early[g[:, 0], g[:, 1]])), g[:, 2])
     ans, aux = batch.answer, batch.aux
     ans_loss = F.cross_entropy(head(hidden[ans[:, 0], ans[:, 1]]), ans[:, 2])
     aux_loss = F.cross_entropy(head(hidden[aux[:, 0], aux[:, 1]]), aux[:, 2])
-    return ans_loss, aux_loss
+    return ans_loss, cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
 
 
 @torch.no_grad()
@@ -90,7 +104,8 @@ def heldout_accuracy(model: Any, layouts: Layouts, patches: GlyphPatches,
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
         batch = _to(make_batch(chunk, layouts, patches), str(layouts.adapter.device))
-        hidden = batch_hidden(model, batch)  # (B, N, hidden)
+        hidden = batch_hidden(model, batch)
+        assert isinstance(hidden, torch.Tensor)  # (B, N, hidden)
         rows = batch.answer[0::2]  # the answer digit's logit row of each sample
         pred = model.lm_head(hidden[rows[:, 0], rows[:, 1]]).argmax(-1)  # (B,)
         for s, ok in zip(chunk, (pred == rows[:, 2]).tolist(), strict=True):
@@ -165,8 +180,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         batch = _to(batch, cfg.device)
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
-        ans_loss, aux_loss = _losses(model, batch)
-        loss = ans_loss + cfg.aux_weight * aux_loss
+        ans_loss, aux_loss = _losses(model, batch, cfg)
+        loss = ans_loss + aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
