@@ -181,10 +181,10 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
                  answer=torch.tensor(answer, dtype=torch.long))
 
 
-def batch_hidden(model: Any, batch: Batch, layer: int | None = None
-                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Last-layer hidden states (B, N, hidden) of a batch, vision tower included; with
-    `layer`, also the residual stream after decoder layer `layer` (B, N, hidden)."""
+def batch_hidden(model: Any, batch: Batch,
+                 layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Last-layer hidden states (B, N, hidden) of a batch, vision tower included, and with
+    `layer` the residual stream after decoder layer `layer` (B, N, hidden), else None."""
     inner = model.model
     embeds = inner.language_model.embed_tokens(batch.ids)  # (B, N, hidden)
     feats = inner.get_image_features(batch.pixel_values, batch.grids,
@@ -194,6 +194,5 @@ def batch_hidden(model: Any, batch: Batch, layer: int | None = None
     embeds = embeds.masked_scatter(mask.unsqueeze(-1), feats.to(embeds.dtype))
     out = inner.language_model(inputs_embeds=embeds, position_ids=batch.position_ids,
                                use_cache=False, output_hidden_states=layer is not None)
-    if layer is None:
-        return out.last_hidden_state  # type: ignore[no-any-return]
-    return out.last_hidden_state, out.hidden_states[layer + 1]
+    early = None if layer is None else out.hidden_states[layer + 1]
+    return out.last_hidden_state, early

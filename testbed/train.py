@@ -80,11 +80,9 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The answer loss and the weighted auxiliary losses."""
     head = model.lm_head
-    if cfg.glyph_layer is None:
-        hidden = batch_hidden(model, batch)  # (B, N, hidden)
-        glyph_loss = torch.zeros(())
-    else:
-        hidden, early = batch_hidden(model, batch, cfg.glyph_layer)  # 2 x (B, N, hidden)
+    hidden, early = batch_hidden(model, batch, cfg.glyph_layer)  # 2 x (B, N, hidden)
+    glyph_loss = torch.zeros(())
+    if early is not None:
         g = batch.glyphs
         norm = model.model.language_model.norm
         glyph_loss = F.cross_entropy(head(norm(early[g[:, 0], g[:, 1]])), g[:, 2])
@@ -104,8 +102,7 @@ def heldout_accuracy(model: Any, layouts: Layouts, patches: GlyphPatches,
     for i in range(0, len(samples), batch_size):
         chunk = samples[i:i + batch_size]
         batch = _to(make_batch(chunk, layouts, patches), str(layouts.adapter.device))
-        hidden = batch_hidden(model, batch)
-        assert isinstance(hidden, torch.Tensor)  # (B, N, hidden)
+        hidden, _ = batch_hidden(model, batch)  # (B, N, hidden)
         rows = batch.answer[0::2]  # the answer digit's logit row of each sample
         pred = model.lm_head(hidden[rows[:, 0], rows[:, 1]]).argmax(-1)  # (B,)
         for s, ok in zip(chunk, (pred == rows[:, 2]).tolist(), strict=True):
