@@ -13,8 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from service.auth import KeyRing
 from service.guard import GuardMiddleware
 from service.metrics import UPLOADS, register_kv_collector
-from service.routers import collections, documents, health, openai_chat, query
+from service.routers import collections, documents, health, openai_chat, pages, query
 from service.routers.documents import ingest_error_status
+from service.routers.ui import mount_ui
 from storage.errors import ConflictError, NotFoundError, UnavailableError
 from worker.context import build_context
 from worker.errors import WorkerError
@@ -55,9 +56,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keyring = keyring
     app.add_middleware(GuardMiddleware, keyring=keyring,
                        max_upload_bytes=settings.max_upload_bytes)
-    for router in (collections.router, documents.router, query.router, openai_chat.router,
-                   health.router):
+    for router in (collections.router, documents.router, pages.router, query.router,
+                   openai_chat.router, health.router):
         app.include_router(router)
+    mount_ui(app)
     _install_error_handlers(app)
 
     @app.get("/metrics", include_in_schema=False)

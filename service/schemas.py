@@ -91,6 +91,16 @@ class QueryIn(BaseModel):
     dense_weight: float | None = Field(None, ge=0.0, description="RRF weight of dense.")
 
 
+class SnippetOut(BaseModel):
+    """The passage of a cited page's text (text layer or OCR) that best matches the question."""
+
+    text: str = Field(description="At most a few hundred characters, whitespace collapsed.")
+    spans: list[tuple[int, int]] = Field(description="[start, end) character offsets in `text` "
+                                         "of the words that match a question term.")
+    clipped_left: bool = Field(description="The page text goes on before the passage.")
+    clipped_right: bool = Field(description="The page text goes on after the passage.")
+
+
 class CitationOut(BaseModel):
     """A page the answer used."""
 
@@ -98,6 +108,28 @@ class CitationOut(BaseModel):
     filename: str
     page: int
     score: float
+    snippet: SnippetOut | None = None
+
+
+class CacheOut(BaseModel):
+    """Where the answer's page KV came from, over distinct pages."""
+
+    pages_from: dict[str, int] = Field(description="Pages read from each KV tier (memory, "
+                                       "redis, disk), by the tier that served them.")
+    pages_prefilled_now: int = Field(description="Pages not in any tier, prefilled for this "
+                                     "question.")
+
+
+class PageOut(BaseModel):
+    """One page of a ready document."""
+
+    number: int = Field(description="1-based page number.")
+    width: int = Field(description="Rendered image width in pixels.")
+    height: int = Field(description="Rendered image height in pixels.")
+    kv_cached: bool = Field(description="Whether the page's KV is stored in any tier.")
+    kv_tiers: list[str] = Field(description="The tiers holding the page's KV, fastest first.")
+    text_chars: int = Field(description="Length of the page's text (text layer or OCR).")
+    ocr: bool = Field(description="Whether the text was read by OCR.")
 
 
 class QueryOut(BaseModel):
@@ -114,3 +146,4 @@ class QueryOut(BaseModel):
     refreshed_visual_tokens: int
     visual_tokens: int
     timings: dict[str, float]
+    cache: CacheOut

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from service.schemas import CollectionOut, DocumentOut, JobOut
+from service.schemas import CitationOut, CollectionOut, DocumentOut, JobOut, SnippetOut
 from storage.metadata import Collection, Document, Job
+from worker.answer_job import Citation
 
 
 def collection_out(c: Collection) -> CollectionOut:
@@ -25,3 +26,14 @@ def job_out(j: Job) -> JobOut:
     """Response body of a job."""
     return JobOut(job_id=j.id, kind=j.kind, status=j.status, document_id=j.document_id,
                   error=j.error)
+
+
+def citation_out(c: Citation) -> CitationOut:
+    """Response body of a citation, with its snippet."""
+    snip = c.snippet
+    return CitationOut(
+        document_id=c.document_id, filename=c.filename, page=c.page, score=c.score,
+        snippet=None if snip is None else SnippetOut(
+            text=snip.text, spans=list(snip.spans), clipped_left=snip.clipped_left,
+            clipped_right=snip.clipped_right),
+    )

@@ -17,11 +17,12 @@ from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError, UnknownPolicyError
-from worker.ingest_job import ensure_prefilled
 from worker.limits import check_question_length
+from worker.page_cache import CacheReport, load_pages
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
+from worker.retrieval.snippet import Snippet, best_snippet
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Citation:
     filename: str
     page: int  # 1-based
     score: float
+    snippet: Snippet | None = None  # the passage of the page that best matches the question
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Answer:
     refreshed_visual_tokens: int
     visual_tokens: int
     timings: dict[str, float] = field(default_factory=dict)
+    cache: CacheReport = field(default_factory=CacheReport)
 
 
 @dataclass(frozen=True)
@@ -164,13 +167,8 @@ def answer_question(
     hits = retrieve(ctx, q)
     t_retrieved = time.perf_counter()
     pages = [p for p, _ in hits]
-    computed = ensure_prefilled(ctx, pages)
-    t_prefilled = time.perf_counter()
-    kvs = ctx.kv.get_many([PageHash(p.page_hash) for p in pages])
-    missing = [p for p in pages if p.page_hash not in kvs]
-    if missing:  # evicted between the check and the read: compute once more
-        ensure_prefilled(ctx, missing)
-        kvs.update(ctx.kv.get_many([PageHash(p.page_hash) for p in missing]))
+    loaded = load_pages(ctx, pages)
+    kvs = loaded.kvs
     t_loaded = time.perf_counter()
     filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
     policy = q.policy or ctx.settings.policy
@@ -190,12 +188,13 @@ def answer_question(
     t_done = time.perf_counter()
     # a document deleted during the question: drop the KV its pages got again (no orphans)
     release_unreferenced(ctx, [p.page_hash for p in pages])
-    if computed:
-        log.info("prefilled %d page(s) at question time", computed)
+    if loaded.report.pages_prefilled_now:
+        log.info("prefilled %d page(s) at question time", loaded.report.pages_prefilled_now)
     return Answer(
         answer=result.text,
         citations=[Citation(document_id=p.document_id, filename=filenames[p.document_id],
-                            page=p.number, score=round(score, 6)) for p, score in hits],
+                            page=p.number, score=round(score, 6),
+                            snippet=best_snippet(q.question, p.text)) for p, score in hits],
         policy=request.policy,
         budget=request.budget,
         flops_ratio_lm=result.flops_ratio_lm,
@@ -204,10 +203,11 @@ def answer_question(
         visual_tokens=result.visual_tokens,
         timings={
             "retrieve_s": t_retrieved - t0,
-            "prefill_missing_s": t_prefilled - t_retrieved,
-            "kv_load_s": t_loaded - t_prefilled,
+            "prefill_missing_s": loaded.prefill_s,
+            "kv_load_s": loaded.load_s,
             "ttft_s": result.ttft_s,
             "generate_s": t_done - t_loaded,
             "total_s": t_done - t0,
         },
+        cache=loaded.report,
     )

@@ -8,6 +8,8 @@ from typing import Any
 from conduit_core.answer_types import PolicyOptions
 from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Citation, Question
+from worker.page_cache import CacheReport
+from worker.retrieval.snippet import Snippet
 
 
 def question_to_json(q: Question) -> dict[str, Any]:
@@ -35,4 +37,12 @@ def answer_to_json(a: Answer) -> dict[str, Any]:
 
 def answer_from_json(data: dict[str, Any]) -> Answer:
     """Inverse of `answer_to_json`."""
-    return Answer(**{**data, "citations": [Citation(**c) for c in data["citations"]]})
+    return Answer(**{**data, "citations": [_citation(c) for c in data["citations"]],
+                     "cache": CacheReport(**data["cache"])})
+
+
+def _citation(data: dict[str, Any]) -> Citation:
+    snip = data.get("snippet")
+    if snip is not None:
+        snip = Snippet(**{**snip, "spans": tuple((s, e) for s, e in snip["spans"])})
+    return Citation(**{**data, "snippet": snip})

@@ -15,7 +15,8 @@ from conduit_core.answer_types import PolicyOptions
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
-from service.schemas import CitationOut, QueryIn, QueryOut
+from service.schemas import CacheOut, QueryIn, QueryOut
+from service.views import citation_out
 from storage.metadata import DocumentId
 from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
@@ -49,12 +50,13 @@ def to_query_out(result: Answer) -> QueryOut:
     FLOPS_RATIO.observe(result.flops_ratio_lm)
     return QueryOut(
         answer=result.answer,
-        citations=[CitationOut(document_id=c.document_id, filename=c.filename, page=c.page,
-                               score=c.score) for c in result.citations],
+        citations=[citation_out(c) for c in result.citations],
         policy=result.policy, budget=result.budget, flops_ratio_lm=result.flops_ratio_lm,
         flops_ratio_total=result.flops_ratio_total,
         refreshed_visual_tokens=result.refreshed_visual_tokens,
         visual_tokens=result.visual_tokens, timings=result.timings,
+        cache=CacheOut(pages_from=result.cache.pages_from,
+                       pages_prefilled_now=result.cache.pages_prefilled_now),
     )
 
 

@@ -1,0 +1,47 @@
+// Entry point: wires the API key box, the library (collections, uploads, documents) and the
+// ask panel together.
+
+import { getApiKey, setApiKey } from "./api.js";
+import { Answers } from "./answers.js";
+import { say } from "./dom.js";
+import { Library } from "./library.js";
+
+const keyForm = document.querySelector("#key-form");
+const keyInput = document.querySelector("#api-key");
+const keyState = document.querySelector("#key-state");
+const keyAlert = document.querySelector("#key-alert");
+
+function showKeyState() {
+  keyState.textContent = getApiKey() ? "key set for this session" : "no key";
+  document.querySelector("#forget-key").hidden = !getApiKey();
+}
+
+function onAuthError(detail) {
+  say(keyAlert, `${detail}: enter an API key.`);
+  document.querySelector("#key-box").open = true;
+  keyInput.focus();
+}
+
+const library = new Library(document.querySelector("#library"), onAuthError);
+const answers = new Answers(document.querySelector("#ask"), document.querySelector("#viewer"),
+  onAuthError);
+library.addEventListener("change", (e) => answers.setScope(e.detail));
+
+keyForm.addEventListener("submit", async (e) => {
+  e.preventDefault();
+  setApiKey(keyInput.value.trim());
+  keyInput.value = "";
+  say(keyAlert, "");
+  showKeyState();
+  await library.refresh().catch(() => {});
+});
+document.querySelector("#forget-key").addEventListener("click", () => {
+  setApiKey("");
+  showKeyState();
+  library.refresh().catch(() => {});
+});
+document.querySelector("#viewer-close").addEventListener("click", () =>
+  document.querySelector("#viewer").close());
+
+showKeyState();
+library.refresh().catch(() => {});
