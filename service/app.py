@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from service.auth import KeyRing
-from service.guard import GuardMiddleware
+from service.guard import GuardMiddleware, validation_error
 from service.metrics import UPLOADS, register_kv_collector
 from service.routers import collections, documents, health, openai_chat, pages, query
 from service.routers.documents import ingest_error_status
@@ -78,6 +79,8 @@ def _build_runner(ctx):  # type: ignore[no-untyped-def]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)
+
     @app.exception_handler(IngestError)
     async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
         UPLOADS.labels(type(exc).__name__).inc()

@@ -158,6 +158,16 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     return [(by_key[h.key], h.score) for h in hits]
 
 
+def reading_order(hits: list[tuple[Page, float]]) -> list[Page]:
+    """The retrieved pages as the model reads them: documents in the order of their best hit,
+    each document's pages in page order (a later page may refer to an earlier one, and a
+    causal model reads only backwards). Citations keep the retrieval ranking."""
+    rank: dict[str, int] = {}
+    for page, _ in hits:
+        rank.setdefault(page.document_id, len(rank))
+    return sorted((p for p, _ in hits), key=lambda p: (rank[p.document_id], p.number))
+
+
 def answer_question(
     ctx: WorkerContext, q: Question, on_token: Callable[[int, str], None] | None = None
 ) -> Answer:
@@ -166,7 +176,7 @@ def answer_question(
     t0 = time.perf_counter()
     hits = retrieve(ctx, q)
     t_retrieved = time.perf_counter()
-    pages = [p for p, _ in hits]
+    pages = reading_order(hits)
     loaded = load_pages(ctx, pages)
     kvs = loaded.kvs
     t_loaded = time.perf_counter()
