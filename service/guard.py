@@ -3,7 +3,8 @@ wrong API key (401), a declared or streamed body over the limit (413).
 
 Without it, Starlette spools multipart file parts to the temp directory before the endpoint
 (and its auth dependency) runs: an unauthenticated 300 MiB POST wrote 283 MiB to disk before
-its 401. Only `/healthz` and the web page's static files are open when keys are configured;
+its 401. Only the probes (`/healthz`, `/readyz`: it says nothing but "ready") and the web
+page's static files are open when keys are configured;
 `/metrics` takes the operator's metrics key only (its counters span all tenants). The body
 limit is enforced twice: on `Content-Length` up front, and by counting the bytes actually
 received (chunked bodies, lying headers): past the limit the middleware answers 413 itself
@@ -15,11 +16,15 @@ from __future__ import annotations
 import json
 import re
 
+from fastapi import Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth import KeyRing, bearer_token
 
-OPEN_PATHS = frozenset({"/healthz", "/"})  # the probe, and the web page's static shell
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})  # probes, and the web page's shell
 OPEN_PREFIXES = ("/static/",)  # its scripts and styles: no data behind them
 UPLOAD_PATH = re.compile(r"^/v1/collections/[^/]+/documents/?$")
 FORM_OVERHEAD = 1 << 20  # multipart boundaries and the password field, beside the file
@@ -121,3 +126,16 @@ class GuardMiddleware:
         except Exception:
             if not refused:
                 raise  # a refused body's parse error is expected: the 413 already went out
+
+
+async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+    """422 for a body that fails validation. FastAPI's own handler echoes the offending input,
+    and a NaN or Infinity there (Python's JSON parser accepts them) made the error reply itself
+    fail to encode: a 500. Inputs that JSON cannot carry are left out."""
+    assert isinstance(exc, RequestValidationError)
+    errors = jsonable_encoder(exc.errors())
+    try:
+        json.dumps(errors, allow_nan=False)
+    except ValueError:
+        errors = [{k: v for k, v in e.items() if k not in ("input", "ctx")} for e in errors]
+    return JSONResponse({"detail": errors}, status_code=422)
