@@ -32,11 +32,16 @@ from pathlib import Path
 
 import torch
 
+from conduit_core.policies import POLICIES
 from worker.answer_eval import AnswerEvalConfig, BudgetOneError, run_answer_eval
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVSET = ROOT.parent / "shared" / "devsets" / "mmlongbench-dev"
-PAPER_POLICIES = "conduit,cacheblend,epic,vlcache,random,full_reuse"
+# the set; VLCache's rule (first floor(rho * T_m) tokens of each page) is registered as
+# `vlcache` or, after its rename, `epic_proportional`: whichever this checkout has
+PAPER_POLICIES = ",".join(p for p in ("conduit", "cacheblend", "epic", "vlcache",
+                                      "epic_proportional", "random", "full_reuse")
+                          if p in POLICIES)
 
 
 def _environment(device: str) -> str:

@@ -39,6 +39,9 @@ def add_answers_command(ev: Any) -> None:
     ans.add_argument("--max-pages", type=int, default=8,
                      help="cap on gold pages per question (the first ones are kept)")
     ans.add_argument("--limit", type=int, default=None, help="first N questions only")
+    ans.add_argument("--docs", type=int, default=None,
+                     help="only the questions of the first N documents (in question order): "
+                     "bounds the ingest")
     ans.add_argument("--max-new-tokens", type=int, default=32)
     ans.add_argument("--max-page-tokens", type=int, default=None,
                      help="visual tokens per page (default: CONDUIT_MAX_PAGE_TOKENS or the "
@@ -62,7 +65,7 @@ def _eval_answers(args: argparse.Namespace) -> int:
         model=args.model or s.model, device=args.device or s.device,
         dtype=args.dtype or s.dtype, policies=args.policies, budgets=args.budgets,
         pages=args.pages, top_k=args.top_k or s.top_k, max_pages=args.max_pages,
-        limit=args.limit, max_new_tokens=args.max_new_tokens,
+        limit=args.limit, docs=args.docs, max_new_tokens=args.max_new_tokens,
         max_page_tokens=args.max_page_tokens or s.max_page_tokens, work_dir=args.work_dir,
         check_budget_one=args.check_budget_one, progress=not args.no_progress,
         command="conduit " + shlex.join(sys.argv[1:]))
@@ -74,6 +77,11 @@ def _eval_answers(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    meta = doc["meta"]
+    if not meta["questions_answered"]:
+        print(f"no question could be answered: {len(meta['questions_skipped'])} skipped, "
+              f"documents not ingested: {meta['documents_failed']}", file=sys.stderr)
+        return 1
     for r in doc["rows"]:
         if r["group"] == "all":
             print(f"{r['policy']:18s} {r['budget']:.2f}  n={r['n']:4d}  acc={r['accuracy']:.3f}"

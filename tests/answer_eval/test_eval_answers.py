@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from service.cli import main
 from tests.answer_eval.slice import QUESTIONS, write_slice
 
 ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
@@ -22,7 +25,15 @@ def _conduit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_eval_answers_end_to_end_and_resume(tmp_path: Path) -> None:
+def _in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """The same command run in this process (no interpreter start): exit code, stderr."""
+    capsys.readouterr()
+    code = main(["eval", "answers", *args])
+    return code, capsys.readouterr().err
+
+
+def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     pdfs, questions = write_slice(tmp_path)
     out = tmp_path / "res" / "answers.json"
     args = ["--pdfs", str(pdfs), "--questions", str(questions), "--out", str(out),
@@ -62,29 +73,42 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path) -> None:
     first = json.loads(records[1])
     assert first["policy"] == "full_prefill" and first["pages"] == [2]  # q1's gold page
 
-    again = _conduit(tmp_path, *args)  # resumes: nothing left to compute
-    assert again.returncode == 0, again.stderr
+    monkeypatch.setenv("CONDUIT_HOME", str(tmp_path / "home"))
+    code, err = _in_process(capsys, *args)  # resumes: nothing left to compute
+    assert code == 0, err
     redo = json.loads(out.read_text())
     assert redo["meta"]["answers_computed_this_run"] == 0
     assert redo["rows"] == rows
     assert len(out.with_suffix(".records.jsonl").read_text().splitlines()) == len(records)
 
-    other = _conduit(tmp_path, *args[:-1], "--max-new-tokens", "5")  # other settings, same out
-    assert other.returncode == 2 and "other settings (max_new_tokens)" in other.stderr
+    code, err = _in_process(capsys, *args, "--max-new-tokens", "5")  # other settings, same out
+    assert code == 2 and "other settings (max_new_tokens)" in err
 
 
-def test_eval_answers_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+def test_eval_answers_bad_input_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CONDUIT_HOME", str(tmp_path / "home"))
     pdfs, questions = write_slice(tmp_path)
     out = tmp_path / "answers.json"
     base = ["--pdfs", str(pdfs), "--out", str(out), "--no-progress"]
-    bad_policy = _conduit(tmp_path, *base, "--questions", str(questions), "--policies", "nope")
-    assert bad_policy.returncode == 2 and "unknown policy nope" in bad_policy.stderr
+    code, err = _in_process(capsys, *base, "--questions", str(questions), "--policies", "nope")
+    assert code == 2 and "unknown policy nope" in err
     missing = tmp_path / "missing.jsonl"
     missing.write_text(json.dumps({**QUESTIONS[0], "doc": "absent.pdf"}) + "\n")
-    no_doc = _conduit(tmp_path, *base, "--questions", str(missing))
-    assert no_doc.returncode == 2 and "absent.pdf" in no_doc.stderr
+    code, err = _in_process(capsys, *base, "--questions", str(missing))
+    assert code == 2 and "absent.pdf" in err
     broken = tmp_path / "broken.jsonl"
     broken.write_text(json.dumps({**QUESTIONS[0], "answer_format": "Date"}) + "\n")
-    bad_fmt = _conduit(tmp_path, *base, "--questions", str(broken))
-    assert bad_fmt.returncode == 2 and "broken.jsonl:1" in bad_fmt.stderr
+    code, err = _in_process(capsys, *base, "--questions", str(broken))
+    assert code == 2 and "broken.jsonl:1" in err and "Date" in err
+    code, err = _in_process(capsys, *base, "--questions", str(questions), "--budgets", "0.1,2")
+    assert code == 2 and "budgets must be in [0, 1]" in err
     assert not out.exists()  # nothing written for bad input
+    (pdfs / "damaged.pdf").write_bytes(b"%PDF-1.7 this is not really a PDF")
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_text(json.dumps({**QUESTIONS[0], "doc": "damaged.pdf"}) + "\n")
+    code, err = _in_process(capsys, *base, "--questions", str(damaged))
+    assert code == 1 and "no question could be answered" in err
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["questions_skipped"]["q1"].startswith("document not ingested: ")
+    assert list(meta["documents_failed"]) == ["damaged.pdf"]

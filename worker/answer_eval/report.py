@@ -132,7 +132,8 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_title(title)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="best")
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(fontsize=7, loc="best")
     n = ref["n"] if ref else 0
     fig.suptitle(f"{meta['model']}: {n} questions, {meta['pages_mode']} pages")
     fig.tight_layout()

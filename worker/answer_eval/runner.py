@@ -10,7 +10,7 @@ Steps:
      `max_pages` (the first ones; capped questions are counted); a question without
      evidence pages ("Not answerable") gets the retrieved pages. `retrieved` = the
      service's retrieval (`worker.answer_job.retrieve`) within the question's document,
-     top-k, in rank order;
+     top-k, in the service's reading order (`reading_order`: page order within a document);
   3. the reference: full prefill from the page images (`answer_full_prefill`, vision tower
      included), then every policy x budget from the cached page KV, all under the service's
      `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`;
@@ -23,7 +23,7 @@ answer is recorded at every budget. `full_prefill` is the reference row itself.
 Public API:
   AnswerEvalConfig(pdfs, questions, out, model=..., device="cpu", dtype="auto",
                    policies="all", budgets=(0.05, 0.1, 0.2), pages="gold", top_k=3,
-                   max_pages=8, limit=None, max_new_tokens=32, max_page_tokens=None,
+                   max_pages=8, limit=None, docs=None, max_new_tokens=32, max_page_tokens=None,
                    work_dir=None, check_budget_one=False, progress=True, command="")
   BudgetOneError(RuntimeError)
   resolve_policies(spec) -> list[str]
@@ -55,7 +55,14 @@ from worker.answer_eval.questions import EvalItem, load_items
 from worker.answer_eval.report import write_plot, write_table
 from worker.answer_eval.results import REFERENCE, Record, Records, build_rows
 from worker.answer_eval.scoring import agreement, score_answer
-from worker.answer_job import ANSWER_PREFIX, Question, effective_options, page_label, retrieve
+from worker.answer_job import (
+    ANSWER_PREFIX,
+    Question,
+    effective_options,
+    page_label,
+    reading_order,
+    retrieve,
+)
 from worker.context import WorkerContext, build_context
 from worker.ingest_job import ensure_prefilled
 from worker.settings import Settings
@@ -85,6 +92,7 @@ class AnswerEvalConfig:
     top_k: int = 3
     max_pages: int = 8
     limit: int | None = None
+    docs: int | None = None  # only the questions of the first N documents (question order)
     max_new_tokens: int = 32
     max_page_tokens: int | None = None
     work_dir: Path | None = None
@@ -115,8 +123,9 @@ def _check(cfg: AnswerEvalConfig) -> None:
     for name in ("top_k", "max_pages", "max_new_tokens"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise ValueError(f"limit must be >= 1, got {cfg.limit}")
+    for name in ("limit", "docs"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if not cfg.pdfs.is_dir():
         raise ValueError(f"--pdfs {cfg.pdfs} is not a folder")
 
@@ -156,7 +165,7 @@ class _Run:
             collection_id=self.corpus.collection_id, question=item.question,
             top_k=self.cfg.top_k, max_new_tokens=self.cfg.max_new_tokens,
             document_ids=[doc.id]))
-        pages = [p for p, _ in hits]
+        pages = reading_order(hits)
         if item.evidence_pages:
             got = {p.number for p in pages}
             info["gold_recall"] = len(got & set(item.evidence_pages)) / len(item.evidence_pages)
@@ -263,6 +272,7 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
         "questions_in_files": len(items), "questions_selected": len(selected),
+        "limit": cfg.limit, "docs": cfg.docs,
         "questions_answered": len(refs), "questions_skipped": skipped,
         "questions_capped": sum(bool(r.get("capped")) for r in refs),
         "questions_on_retrieved_pages_without_evidence": sum(
@@ -304,6 +314,15 @@ def _running(run: _Run, done: list[EvalItem]) -> str:
     return f"acc full={acc(REFERENCE, 1.0)} {first}@{b:g}={acc(first, float(b))}"
 
 
+def _select(items: list[EvalItem], docs: int | None, limit: int | None) -> list[EvalItem]:
+    """The questions of the first `docs` documents (in question order), then the first
+    `limit` of those."""
+    if docs is not None:
+        keep = set(list(dict.fromkeys(i.doc for i in items))[:docs])
+        items = [i for i in items if i.doc in keep]
+    return items[:limit] if limit else items
+
+
 def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
     """Run (or resume) the evaluation and write its three outputs; returns the JSON document.
 
@@ -313,7 +332,7 @@ def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
     _check(cfg)
     policies = resolve_policies(cfg.policies)
     items = load_items(cfg.questions)
-    selected = items[:cfg.limit] if cfg.limit else items
+    selected = _select(items, cfg.docs, cfg.limit)
     absent = sorted({i.doc for i in selected if not (cfg.pdfs / i.doc).is_file()})
     if absent:
         raise ValueError(f"{len(absent)} document(s) named by the questions are not in "
