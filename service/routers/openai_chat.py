@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Literal
 
 import anyio
@@ -46,6 +47,21 @@ class ChatIn(BaseModel):
     stream: bool = False
     collection_id: str | None = None
     top_k: int = Field(3, ge=1, le=32)
+
+
+@dataclass(frozen=True)
+class StreamFailure:
+    """An answer that failed after the stream started: sent as an OpenAI-style error event
+    (`data: {"error": {...}}`) before `data: [DONE]`."""
+
+    message: str
+    status: int
+
+    def event(self) -> str:
+        """The server-sent event carrying the error."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return "data: " + json.dumps({"error": {"message": self.message, "type": kind,
+                                                "code": self.status}}) + "\n\n"
 
 
 def _query(body: ChatIn) -> QueryIn:
@@ -97,7 +113,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
             **_extras(out),
         }
     loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue[str | None | QueryOut] = asyncio.Queue()
+    pieces: asyncio.Queue[str | None | QueryOut | StreamFailure] = asyncio.Queue()
 
     def on_token(_token_id: int, text: str) -> None:
         if text:
@@ -107,6 +123,11 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
         try:
             out = to_query_out(runner.answer(question, on_token=on_token))
             loop.call_soon_threadsafe(pieces.put_nowait, out)
+        except Exception as exc:  # an error event, never a silently cut stream
+            failure = StreamFailure(getattr(exc, "message", None) or
+                                    f"internal error while answering: {type(exc).__name__}",
+                                    getattr(exc, "http_status", 500))
+            loop.call_soon_threadsafe(pieces.put_nowait, failure)
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)
 
@@ -117,6 +138,8 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
             while (piece := await pieces.get()) is not None:
                 if isinstance(piece, QueryOut):
                     yield _chunk(cid, body.model, {}, "stop", _extras(piece))
+                elif isinstance(piece, StreamFailure):
+                    yield piece.event()
                 else:
                     yield _chunk(cid, body.model, {"content": piece}, None)
             yield "data: [DONE]\n\n"
