@@ -6,7 +6,7 @@ indices, so the runtime keeps one tensor per kind for all layers.
 Public API:
   KVCache(keys, values)             keys/values (L, B, kv_heads, capacity, head_dim)
   KVCache.writes                    number of `write` calls so far (a cheap change stamp)
-  KVCache.allocate(adapter, batch, capacity) -> KVCache
+  KVCache.allocate(adapter, batch, capacity) -> KVCache   (uninitialised memory)
   KVCache.write(layer, rows, k, v)  k, v (B, kv_heads, R, head_dim) at sequence indices rows (R,)
   KVCache.view(layer, n_keys) -> (k, v)  the first n_keys positions, (B, kv_heads, n_keys, hd)
 """
@@ -30,12 +30,14 @@ class KVCache:
 
     @classmethod
     def allocate(cls, adapter: VLMAdapter, batch: int, capacity: int) -> KVCache:
-        """Zeroed cache sized for the adapter's language model."""
+        """A cache sized for the adapter's language model, not initialised: every position
+        is written before it is read (assembly fills the page rows; a pass writes its own
+        rows at a layer before attending; decode writes each new row before reading it)."""
         cfg = adapter.text_config
         attn = adapter.layers[0].self_attn
         shape = (len(adapter.layers), batch, cfg.num_key_value_heads, capacity, attn.head_dim)
-        keys = torch.zeros(shape, dtype=adapter.dtype, device=adapter.device)
-        return cls(keys=keys, values=torch.zeros_like(keys))
+        keys = torch.empty(shape, dtype=adapter.dtype, device=adapter.device)
+        return cls(keys=keys, values=torch.empty_like(keys))
 
     @property
     def capacity(self) -> int:

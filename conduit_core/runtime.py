@@ -127,9 +127,9 @@ class ReuseRuntime:
         dev = self.adapter.device
         for seg, p in zip(layout.segments, pages, strict=True):
             delta = segment_delta(p.kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
-            keys = rerotate(self.adapter, p.kv.keys.to(dev), delta)  # (L, kv, T, hd)
-            cache.keys[:, 0, :, seg.start:seg.stop] = keys
-            cache.values[:, 0, :, seg.start:seg.stop] = p.kv.values.to(dev)
+            rerotate(self.adapter, p.kv.keys.to(dev), delta,
+                     out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd) in place
+            cache.values[:, 0, :, seg.start:seg.stop] = p.kv.values  # copied to the device
         embeds = self._embeds(layout, [p.kv.embeds for p in pages])
         return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids)
 

@@ -4,6 +4,8 @@ Public API:
   PreparedPage        one page image made ready for the model: segment token ids, image grid,
                       and the processor's tensors for the vision tower
   SUPPORTED_TEXT_MODELS   language model types the shared layer loop reproduces exactly
+  SHIFT_EXACT_ROPE_TYPES  RoPE types whose frequencies do not depend on sequence length
+  check_rope(text_config, family) -> None   UnsupportedModelError for any other RoPE type
   VLMAdapter          base class (refuses other language models: UnsupportedModelError);
                       a family subclass supplies the page segment layout and its
                       image tokens (`prepare_pages`), the segment's layer-0 input embeddings
@@ -29,6 +31,38 @@ from conduit_core.errors import UnsupportedModelError
 # decoder stacks with the Qwen2 layer structure (pre-norm attention + gated MLP, rotate-half
 # RoPE); Qwen3 adds per-head q/k norms, which `VLMAdapter.qkv` applies
 SUPPORTED_TEXT_MODELS = frozenset({"qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_vl_text"})
+
+# Re-rotating a cached key by a position shift (R(p + d) = R(d) R(p)) is exact only when the
+# rotary frequencies are fixed: default, linear (positions scaled), llama3 and yarn
+# (frequencies remapped once, from the config) and mrope qualify; `dynamic` NTK and
+# `longrope` recompute them from the sequence length, so a page's cached keys would have been
+# rotated with other frequencies than the request's.
+SHIFT_EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "mrope"})
+
+
+def _rope_settings(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(setting name, parameters) of a text config's RoPE: `rope_parameters` (transformers
+    5, possibly one dict per layer type) or the older `rope_scaling`."""
+    for attr in ("rope_parameters", "rope_scaling"):
+        params = getattr(cfg, attr, None)
+        if not params:
+            continue
+        if all(isinstance(v, dict) for v in params.values()):  # per layer type
+            return [(f"{attr}[{k!r}]", dict(v)) for k, v in params.items()]
+        return [(attr, dict(params))]
+    return []
+
+
+def check_rope(cfg: Any, family: str) -> None:
+    """Refuse a language model whose RoPE frequencies depend on the sequence length."""
+    for setting, params in _rope_settings(cfg):
+        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+        if rope_type not in SHIFT_EXACT_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{family}: {setting} rope_type {rope_type!r} is not supported: cached page "
+                "keys are re-rotated by a position shift, which is exact only for rotary "
+                "frequencies that do not depend on the sequence length (supported: "
+                f"{', '.join(sorted(SHIFT_EXACT_ROPE_TYPES))})")
 
 
 @dataclass
@@ -64,6 +98,7 @@ class VLMAdapter(ABC):
         if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
             raise UnsupportedModelError(
                 f"{self.family}: sliding-window attention layers are not supported")
+        check_rope(cfg, self.family)
 
     # ---- structure -------------------------------------------------------------------
     @property

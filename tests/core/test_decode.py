@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
-from conduit_core.decode import Sampler
+from conduit_core.decode import Detokenizer, Sampler
 from conduit_core.errors import UnknownPolicyError
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
@@ -40,8 +40,16 @@ def test_sampling_is_seeded_and_differs_from_greedy(qwen: ReuseRuntime) -> None:
     a = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
     b = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
     c = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=8))
-    assert a.token_ids == b.token_ids
-    assert a.token_ids != c.token_ids or a.token_ids != greedy.token_ids
+    assert a.token_ids == b.token_ids  # the seed fixes the draw
+    assert a.token_ids != c.token_ids  # another seed, another draw (fixed seeds: no chance)
+    assert a.token_ids != greedy.token_ids  # temperature 5 is not greedy
+    # the sampler on its own: flat logits, greedy always picks the first id
+    flat = torch.zeros(50)
+    draws = {seed: [int(s.pick(flat)) for s in [Sampler(1.0, 1.0, seed)] for _ in range(20)]
+             for seed in (7, 8)}
+    assert draws[7] == [int(s.pick(flat)) for s in [Sampler(1.0, 1.0, 7)] for _ in range(20)]
+    assert draws[7] != draws[8] and len(set(draws[7])) > 5
+    assert {int(Sampler().pick(flat)) for _ in range(5)} == {0}
 
 
 def test_stop_token_ends_generation(qwen: ReuseRuntime) -> None:
@@ -93,3 +101,28 @@ def test_bfloat16_answers_with_the_same_code(model_cache: Path) -> None:
     reuse = rt.answer(AnswerRequest("Be brief.", inputs, "What?", policy="full_reuse",
                                     max_new_tokens=4))
     assert full.token_ids == fresh.token_ids and len(reuse.token_ids) > 0
+
+
+def test_detokenizer_emits_whole_characters_only(qwen: ReuseRuntime) -> None:
+    """Byte-level tokens that split a multi-byte character: nothing until its last byte, then
+    the character; bytes that never form one are dropped; pieces concatenate to the text."""
+    tok = qwen.vlm.tokenizer
+    text = "Total: 12 \u20ac, caf\u00e9 \U0001f600 ok"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert len(ids) > len(text.split())  # the tiny vocabulary splits the characters to bytes
+    detok = Detokenizer(tok)
+    pieces = [detok.step(i) for i in ids]
+    assert "".join(pieces) == text
+    assert "" in pieces and not any("\ufffd" in p for p in pieces)
+    # a lone continuation byte and a control character are dropped, the rest kept
+    stray = tok.convert_tokens_to_ids(["\u0122", "\u0100"])  # bytes 0x80 and 0x00 (byte-level)
+    detok = Detokenizer(tok)
+    out = [detok.step(i) for i in [*tok("ab", add_special_tokens=False).input_ids, *stray,
+                                   *tok("cd", add_special_tokens=False).input_ids]]
+    assert "".join(out) == "abcd"
+    # a lead byte never completed is given up on after MAX_PENDING tokens
+    lead = tok.convert_tokens_to_ids("\u00e2")  # byte 0xe2 opens a 3-byte character
+    detok = Detokenizer(tok)
+    held = [detok.step(lead)] + [detok.step(lead) for _ in range(Detokenizer.MAX_PENDING)]
+    assert all(p == "" for p in held)
+    assert detok.step(tok("x", add_special_tokens=False).input_ids[0]) == "x"

@@ -7,13 +7,20 @@ produce the keys at the positions of the new layout (position ids from the famil
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 import torch
 from PIL import Image
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
+from conduit_core.adapters.base import check_rope
+from conduit_core.errors import UnsupportedModelError
 from conduit_core.layout import page_context
-from conduit_core.rotation import segment_delta
-from tests.core.conftest import MROPE
+from conduit_core.rotation import rerotate, segment_delta
+from tests.core.conftest import MROPE, load_builtin
 from tests.core.helpers import (
     IMAGES,
     direct_keys,
@@ -80,3 +87,73 @@ def test_rerotation_to_smaller_positions(runtime: ReuseRuntime) -> None:
     seg = asm.layout.segments[1]
     deltas = _check(runtime, "", [("", late)], [(layer_inputs, slice(seg.start, seg.stop))])
     assert deltas[0] < 0
+
+
+def _exact_rotation(rt: ReuseRuntime, keys: torch.Tensor, delta: int) -> torch.Tensor:
+    """The rotation by `delta` positions in float64 from the model's own frequencies."""
+    inv = rt.adapter.language_model.rotary_emb.inv_freq.double()  # (hd/2,)
+    angles = torch.cat((delta * inv, delta * inv))  # (hd,)
+    k = keys.double()
+    half = k.shape[-1] // 2
+    turned = torch.cat((-k[..., half:], k[..., :half]), dim=-1)
+    return k * angles.cos() + turned * angles.sin()
+
+
+def test_large_shifts_stay_exact(runtime: ReuseRuntime) -> None:
+    """Shifts of long contexts (up to 10^6 positions, both directions) rotate cached keys
+    as float64 math does; a float32 angle would be off by about delta * 6e-8 radians."""
+    (page,) = runtime.prefill_pages([IMAGES["a"]])
+    scale = float(page.keys.abs().max())
+    for delta in (32_768, 200_000, -150_000, 1_000_000):
+        got = rerotate(runtime.adapter, page.keys, delta)
+        want = _exact_rotation(runtime, page.keys, delta)
+        assert float((got.double() - want).abs().max()) <= 2e-6 * scale, delta
+    # composing shifts: there and back again returns the cached keys
+    back = rerotate(runtime.adapter, rerotate(runtime.adapter, page.keys, 123_457), -123_457)
+    assert float((back - page.keys).abs().max()) <= 2e-6 * scale
+
+
+def test_bfloat16_keys_rerotate_within_one_rounding(model_cache: Path) -> None:
+    """bf16 cached keys: the rotation is float32 math, so the result is the exact rotation
+    rounded once to bf16 (within one bf16 ulp of the largest key, 2^-8 relative)."""
+    rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="bfloat16"))
+    (page,) = rt.prefill_pages([IMAGES["a"]])
+    assert page.keys.dtype == torch.bfloat16
+    scale = float(page.keys.float().abs().max())
+    for delta in (17, 4_096, -9, 250_000):
+        got = rerotate(rt.adapter, page.keys, delta)
+        assert got.dtype == torch.bfloat16
+        want = _exact_rotation(rt, page.keys, delta)
+        assert float((got.double() - want).abs().max()) <= 2.0 ** -8 * scale, delta
+    # and in place into a strided destination (the assembled cache's page rows)
+    dest = torch.zeros(page.keys.shape[0], 2, page.keys.shape[1], page.keys.shape[2] + 3,
+                       page.keys.shape[3], dtype=torch.bfloat16)
+    rerotate(rt.adapter, page.keys, 4_096, out=dest[:, 1, :, 3:])
+    assert torch.equal(dest[:, 1, :, 3:], rerotate(rt.adapter, page.keys, 4_096))
+    assert float(dest[:, 0].abs().max()) == 0.0 and float(dest[:, 1, :, :3].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "dynamic", "factor": 2.0},
+                                  {"rope_type": "longrope", "short_factor": [1.0],
+                                   "long_factor": [2.0]}])
+def test_length_dependent_rope_is_refused(model_cache: Path, rope: dict[str, object]) -> None:
+    vlm = load_builtin("builtin:tiny-internvl", model_cache)
+    model = copy.deepcopy(vlm.model)
+    cfg = model.config.get_text_config()
+    cfg.rope_parameters = {**cfg.rope_parameters, **rope}
+    with pytest.raises(UnsupportedModelError, match=f"rope_type '{rope['rope_type']}'"):
+        type(vlm.adapter)(model, vlm.processor, vlm.tokenizer, vlm.adapter.max_image_tokens)
+
+
+def test_position_independent_rope_types_are_accepted() -> None:
+    for params in ({"rope_type": "default"}, {"rope_type": "linear", "factor": 2.0},
+                   {"rope_type": "yarn", "factor": 4.0}, {"rope_type": "llama3"},
+                   {"type": "mrope", "mrope_section": [2, 3, 3]}):
+        check_rope(SimpleNamespace(rope_parameters=params), "test")
+    check_rope(SimpleNamespace(rope_parameters=None, rope_scaling=None), "test")  # default
+    per_layer = {"full_attention": {"rope_type": "default"},
+                 "other": {"rope_type": "dynamic", "factor": 2.0}}
+    with pytest.raises(UnsupportedModelError, match=r"rope_parameters\['other'\]"):
+        check_rope(SimpleNamespace(rope_parameters=per_layer), "test")
+    with pytest.raises(UnsupportedModelError, match="rope_scaling"):
+        check_rope(SimpleNamespace(rope_scaling={"type": "dynamic", "factor": 2.0}), "test")
