@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `conduit` console script."""
     parser = _parser()
     args = parser.parse_args(argv)
+    if not args.verbose:  # before transformers is imported: it reads these once
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not hasattr(args, "func"):
@@ -81,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from service.views import skipped_pages_warning
     from storage.metadata import Document, DocumentId, Job, JobId, new_id
     from worker.context import build_context
     from worker.ingest.errors import IngestError
@@ -124,6 +129,10 @@ def _ingest(args: argparse.Namespace) -> int:
             failures += 1
         else:
             print(f"{path}: {doc.pages_total} page(s) -> document {doc_id}")
+            warning = skipped_pages_warning(doc)
+            if warning:
+                reasons = "; ".join(f"page {p.number}: {p.reason}" for p in doc.skipped_pages)
+                print(f"{path}: warning: {warning} ({reasons})", file=sys.stderr)
     ctx.close()
     return 1 if failures else 0
 

@@ -29,6 +29,13 @@ class CollectionOut(BaseModel):
     created_at: float
 
 
+class SkippedPageOut(BaseModel):
+    """A page that could not be read."""
+
+    page: int = Field(description="1-based page number.")
+    reason: str
+
+
 class DocumentOut(BaseModel):
     """A document and its ingestion progress."""
 
@@ -43,6 +50,11 @@ class DocumentOut(BaseModel):
     pages_total: int
     error: str | None
     job_id: str | None
+    skipped_pages: list[SkippedPageOut] = Field(
+        default_factory=list, description="Pages of a ready document that could not be read "
+        "(damaged or missing from the file) and were left out, with the reason.")
+    warning: str | None = Field(None, description="Set when the document is ready but some "
+                                "pages could not be read.")
 
 
 class UploadOut(BaseModel):

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from service.schemas import CitationOut, CollectionOut, DocumentOut, JobOut, SnippetOut
+from service.schemas import (
+    CitationOut,
+    CollectionOut,
+    DocumentOut,
+    JobOut,
+    SkippedPageOut,
+    SnippetOut,
+)
 from storage.metadata import Collection, Document, Job
 from worker.answer_job import Citation
 
@@ -19,7 +26,18 @@ def document_out(d: Document) -> DocumentOut:
         document_id=d.id, collection_id=d.collection_id, filename=d.filename, sha256=d.sha256,
         size_bytes=d.size_bytes, status=d.status, stage=d.stage, pages_done=d.pages_done,
         pages_total=d.pages_total, error=d.error, job_id=d.job_id,
+        skipped_pages=[SkippedPageOut(page=p.number, reason=p.reason) for p in d.skipped_pages],
+        warning=skipped_pages_warning(d),
     )
+
+
+def skipped_pages_warning(d: Document) -> str | None:
+    """"3 of 14 pages could not be read and were left out: 3, 9, 12." (None: all were read)."""
+    if not d.skipped_pages:
+        return None
+    numbers = ", ".join(str(p.number) for p in d.skipped_pages)
+    return (f"{len(d.skipped_pages)} of {d.pages_total} pages could not be read and were "
+            f"left out: {numbers}.")
 
 
 def job_out(j: Job) -> JobOut:

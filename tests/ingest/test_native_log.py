@@ -1,0 +1,24 @@
+"""What the C libraries write to stderr while pages are read (MuPDF here; Tesseract and
+Leptonica the same way) reaches the application log at debug level, never the terminal."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.ingest.bad_pdfs import flip_content_bytes, paper_pdf
+from worker.ingest import iter_pages
+
+
+def test_native_messages_go_to_the_debug_log_not_to_stderr(
+        caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
+    data = flip_content_bytes(paper_pdf(3), [2])
+    with caplog.at_level(logging.DEBUG, logger="worker.ingest.native"):
+        pages = list(iter_pages(data, dpi=30, max_pixels=10**6, ocr=False))
+    assert [p.error is None for p in pages] == [True, False, True]
+    out, err = capfd.readouterr()
+    assert "MuPDF" not in out + err and "zlib" not in out + err
+    native = [r for r in caplog.records if r.name == "worker.ingest.native"]
+    assert native and all(r.levelno == logging.DEBUG for r in native)
+    assert any("page 2" in r.getMessage() and "zlib error" in r.getMessage() for r in native)
