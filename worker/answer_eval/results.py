@@ -51,7 +51,11 @@ class Records:
         self.path = path
         self._records: dict[tuple[str, str, float], Record] = {}
         if path.exists() and path.stat().st_size:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            text = path.read_text(encoding="utf-8")
+            if not text.endswith("\n"):  # cut short by an interrupted run: end that line
+                with path.open("a", encoding="utf-8") as fh:
+                    fh.write("\n")
+            lines = text.splitlines()
             header = json.loads(lines[0]).get("config")
             if header != config:
                 changed = sorted(k for k in set(header or {}) | set(config)

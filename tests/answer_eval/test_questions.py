@@ -1,0 +1,65 @@
+"""The questions file: MMLongBench-Doc form, its string-encoded lists, groups, and errors that
+name the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.answer_eval.slice import QUESTIONS
+from worker.answer_eval.questions import QuestionsError, load_items
+from worker.answer_eval.results import Records, RecordsMismatchError
+
+
+def _write(path: Path, rows: list[object]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_items_and_groups(tmp_path: Path) -> None:
+    rows = [{**QUESTIONS[1], "evidence_pages": "[3, 1, 3]"}, QUESTIONS[3]]
+    a, b = load_items([_write(tmp_path / "q.jsonl", [*rows, ""])])
+    assert a.evidence_pages == (1, 3) and a.evidence_sources == ("Table",)
+    assert a.groups() == ["all", "doc_type=Manual", "source=Table", "family=multi"]
+    assert b.evidence_pages == () and b.groups() == ["all", "doc_type=Financial report"]
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("{not json", "q.jsonl:1: not JSON"),
+    ({"id": "x", "doc": "a.pdf", "question": "?"}, "missing field(s) answer, answer_format"),
+    ({**QUESTIONS[0], "answer_format": "Bool"}, "answer_format 'Bool' is not one of"),
+    ({**QUESTIONS[0], "evidence_pages": [0]}, "1-based page numbers"),
+    ({**QUESTIONS[0], "evidence_pages": "three"}, "evidence_pages must be a list"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_bad_lines_name_file_and_line(tmp_path: Path, row: object, message: str) -> None:
+    with pytest.raises(QuestionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_items([_write(tmp_path / "q.jsonl", [row])])
+
+
+def test_ids_are_unique_across_files_and_a_file_must_hold_questions(tmp_path: Path) -> None:
+    one = _write(tmp_path / "one.jsonl", [QUESTIONS[0]])
+    two = _write(tmp_path / "two.jsonl", [QUESTIONS[1], QUESTIONS[0]])
+    with pytest.raises(QuestionsError, match=r"two.jsonl:2: id 'q1' already used at .*one"):
+        load_items([one, two])
+    with pytest.raises(QuestionsError, match="no questions in"):
+        load_items([_write(tmp_path / "empty.jsonl", [""])])
+    with pytest.raises(QuestionsError, match="cannot read"):
+        load_items([tmp_path / "absent.jsonl"])
+
+
+def test_records_resume_and_refuse_other_settings(tmp_path: Path) -> None:
+    path = tmp_path / "r.records.jsonl"
+    records = Records(path, {"model": "m", "max_new_tokens": 4})
+    records.add([{"id": "q1", "policy": "conduit", "budget": 0.1, "answer": "x"}])
+    with path.open("a") as fh:
+        fh.write('{"id": "q2", "pol')  # a line cut short by an interrupted run
+    again = Records(path, {"model": "m", "max_new_tokens": 4})
+    assert again.done("q1", "conduit", 0.1) and not again.done("q1", "conduit", 0.2)
+    assert len(again.all()) == 1
+    again.add([{"id": "q2", "policy": "conduit", "budget": 0.1, "answer": "y"}])
+    assert Records(path, {"model": "m", "max_new_tokens": 4}).done("q2", "conduit", 0.1)
+    with pytest.raises(RecordsMismatchError, match=r"other settings \(max_new_tokens\)"):
+        Records(path, {"model": "m", "max_new_tokens": 8})
