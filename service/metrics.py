@@ -41,7 +41,8 @@ class KVTierCollector(Collector):
             gauge = GaugeMetricFamily(f"conduit_kv_{field}", f"Page-KV tier {field} held",
                                       labels=["tier"])
             for tier, s in stats.items():
-                gauge.add_metric([tier], getattr(s, field))
+                if getattr(s, field) >= 0:  # -1: not counted (Redis: counting is a scan)
+                    gauge.add_metric([tier], getattr(s, field))
             yield gauge
 
 

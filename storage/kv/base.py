@@ -18,7 +18,8 @@ class TierStats:
     hits/misses count keys asked for by `get_many`; `corrupt` counts entries that failed
     verification (each also counted as a miss and removed); `errors` counts I/O failures that
     were absorbed (the call degraded to a miss or a skipped write); `bytes`/`entries` describe
-    the current contents as far as the tier can tell.
+    the current contents as far as the tier can tell (`entries` is -1 where counting would
+    cost a scan: the Redis tier).
     """
 
     hits: int = 0

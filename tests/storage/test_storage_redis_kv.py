@@ -42,7 +42,8 @@ def test_round_trip_bit_exact_split_per_layer(redis_url: str, prefix: str,
     assert header < page.embeds.numel() * page.embeds.element_size() + 64 * 1024
     assert store.contains([_k(1), _k(3)]) == {_k(1)}
     s = store.stats()
-    assert (s.hits, s.misses, s.entries) == (2, 1, 2) and s.bytes > page.nbytes
+    assert (s.hits, s.misses, s.entries) == (2, 1, -1) and s.bytes > page.nbytes
+    assert store.count_entries() == 2  # stats never scan: metrics stay O(1)
     store.delete([_k(1), _k(3)])
     assert list(raw.scan_iter(match=f"{prefix}:{{{_k(1)}}}:*")) == []
     assert store.get_many([_k(1)]) == {}
@@ -172,3 +173,20 @@ def test_tls_url(tmp_path: Path) -> None:
         assert untrusted.get_many([_k(1)]) == {}  # the server's CA is not trusted: a miss
     finally:
         stop()
+
+
+def test_stats_never_scan_the_keyspace(redis_url: str, prefix: str) -> None:
+    """A metrics scrape reads the Redis tier's stats: they must cost O(1), not a SCAN."""
+    store = RedisKVStore(redis_url, prefix=prefix)
+    store.put_many({_k(i): make_page(i) for i in range(5)})
+    raw = _raw(redis_url)
+
+    def scans() -> int:
+        return int(raw.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+    before = scans()
+    for _ in range(3):
+        assert store.stats().bytes > 0
+    assert scans() == before
+    assert store.count_entries() == 5 and scans() > before
+    store.close()
