@@ -23,7 +23,8 @@ analytic FLOPs ratios, `flops_ratio_lm` (language model only, the headline) and
 vision x flops_ratio_lm (1.0 = the time saved matches the FLOPs saved); the median tier load.
 `pages_sweep` repeats full prefill and CONDUIT over several page counts (first tier) and
 records TTFT, FLOPs and peak memory (CUDA: peak allocated; CPU: peak RSS above the RSS
-before the request, Linux VmHWM reset through /proc/self/clear_refs).
+before the request, Linux VmHWM reset through /proc/self/clear_refs), and the scoring pass's
+own peak memory (`scoring_peak_mb`, CONDUIT rows).
 
 Public API:
   METHODS; Method(name, policy, budget)
@@ -256,12 +257,25 @@ def _sweep(rt: ReuseRuntime, tiers: BenchTiers, pages_sweep: Sequence[int], toke
     for p in pages_sweep:
         keys = tiers.put(kvs[:p], tag=f"sweep-{p}", only=tier)
         runner = _Runner(rt, make_workload(rt.vlm, p, question_tokens), images[:p], tiers, keys)
+        scoring_mb = _scoring_peak_mb(rt, runner.work, kvs[:p])
         for row in _rows(_rounds(runner, cells, repeats, warmup, memory=True)):
             out.append({"pages": p, **{k: row[k] for k in (
                 "method", "tier", "ttft_ms_median", "speedup", "flops_ratio_lm",
                 "flops_ratio_total", "gflops_used", "gflops_full", "peak_mb",
-                "load_ms_median")}})
+                "load_ms_median")}, "scoring_peak_mb": scoring_mb
+                if row["method"] == "conduit" else None})
     return out
+
+
+@torch.no_grad()
+def _scoring_peak_mb(rt: ReuseRuntime, work: Workload, kvs: list[PageKV]) -> float | None:
+    """Peak memory of the scoring pass alone over an assembled request (MB)."""
+    asm = rt.assemble(work.prefix, [PageInput(label, kv) for label, kv in
+                                    zip(work.labels, kvs, strict=True)], work.question)
+    peak = PeakMemory(rt.adapter.device)
+    with peak:
+        rt.scoring(asm)
+    return None if peak.peak is None else peak.peak / 2**20
 
 
 def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 256,

@@ -79,7 +79,8 @@ def _sweep_growth(doc: dict[str, Any]) -> list[str]:
     base_f = p0["gflops_used"] / p0["pages"]
     lines = ["| pages | conduit TTFT ms | per page, x first | conduit GFLOPs | per page, "
              "x first | full prefill TTFT ms | speedup | FLOPs LM | FLOPs total | conduit "
-             "peak MB | full peak MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "peak MB | scoring pass peak MB | full peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in pts:
         f = full.get(r["pages"], {})
         lines.append(
@@ -88,7 +89,8 @@ def _sweep_growth(doc: dict[str, Any]) -> list[str]:
             f"{r['gflops_used'] / r['pages'] / base_f:.2f} | "
             f"{f.get('ttft_ms_median', float('nan')):.1f} | {r['speedup']:.2f}x | "
             f"{r['flops_ratio_lm']:.3f} | {r['flops_ratio_total']:.3f} | "
-            f"{r['peak_mb'] or 0:.1f} | {f.get('peak_mb') or 0:.1f} |")
+            f"{r['peak_mb'] or 0:.1f} | {r.get('scoring_peak_mb') or 0:.1f} | "
+            f"{f.get('peak_mb') or 0:.1f} |")
     return lines
 
 
