@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pymupdf
 from PIL import Image
 
 from storage.errors import NotFoundError, UnavailableError
@@ -94,7 +95,7 @@ def _ingest(ctx: WorkerContext, doc: Document,
     data = upload_path(ctx.home, doc.id).read_bytes()
     with open_pdf(data, password=None, max_pages=s.max_pages) as pdf:
         progress.total = pdf.page_count
-        title = (pdf.metadata or {}).get("title")
+        title = _title(pdf)
         truncated = looks_truncated(pdf, data)
     pages: list[Page] = []
     unreadable: list[IngestedPage] = []
@@ -131,6 +132,15 @@ def _ingest(ctx: WorkerContext, doc: Document,
     if s.prefill_on_ingest:
         ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))
     return pages, [SkippedPage(p.number, p.error or "unreadable") for p in unreadable]
+
+
+def _title(pdf: pymupdf.Document) -> str | None:
+    """The PDF's title, or None (also when a damaged Info dictionary cannot be read)."""
+    try:
+        title = (pdf.metadata or {}).get("title")
+    except Exception:  # noqa: BLE001 - a damaged file: index without its title
+        return None
+    return str(title) if title else None
 
 
 def ensure_prefilled(

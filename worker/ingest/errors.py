@@ -122,3 +122,13 @@ class UnreadableDocumentError(IngestError):
 
     def __init__(self, pages: int, first_reason: str) -> None:
         super().__init__(f"None of the {pages} pages could be read (page 1: {first_reason}).")
+
+
+class ReaderStartError(IngestError):
+    """A page reader process did not start in time (the machine is overloaded)."""
+
+    http_status = 503
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"The PDF reader process did not start within {seconds:g} s (the "
+                         "server is overloaded); upload the document again later.")

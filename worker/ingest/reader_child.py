@@ -35,8 +35,9 @@ def main(argv: list[str]) -> int:
     requests = sys.stdin.buffer
     if memory > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    pymupdf.TOOLS.mupdf_display_errors(False)
-    pymupdf.TOOLS.mupdf_display_warnings(False)
+    # MuPDF's messages go to the log file too (and stay readable via mupdf_warnings())
+    pymupdf.TOOLS.mupdf_display_errors(True)
+    pymupdf.TOOLS.mupdf_display_warnings(True)
     try:
         _serve(requests, replies)
     except ReaderGone:  # the parent closed the pipe: done
@@ -79,8 +80,11 @@ def _read_page(doc: pymupdf.Document, req: dict[str, Any],
     except Exception as exc:
         return _failure(exc), b""
     damage = _damage(pymupdf.TOOLS.mupdf_warnings(reset=True))
+    drew_blank = image is not None and _unicolor(image)
+    # a damaged page that drew blank is not worth OCR: its text layer alone decides
+    ocr = bool(req.get("ocr")) and not (damage and drew_blank)
     try:
-        text = page_text(page, ocr=bool(req.get("ocr")), policy=TextPolicy(**req["policy"]))
+        text = page_text(page, ocr=ocr, policy=TextPolicy(**req["policy"]))
     except MemoryError:
         return {"ok": False, "kind": "memory", "reason": "out of memory"}, b""
     except Exception as exc:  # the drawing survived: keep the page, without text
@@ -88,8 +92,7 @@ def _read_page(doc: pymupdf.Document, req: dict[str, Any],
             return _failure(exc), b""
         text = PageText(text="", source="none")
     damage = damage or _damage(pymupdf.TOOLS.mupdf_warnings(reset=True))
-    blank = image is None or _unicolor(image)
-    if damage and blank and not text.text:
+    if damage and (image is None or drew_blank) and not text.text:
         return {"ok": False, "kind": "damaged", "reason": damage}, b""
     reply: dict[str, Any] = {"ok": True, "text": text.text, "source": text.source,
                              "width": rect.width, "height": rect.height}

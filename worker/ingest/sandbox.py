@@ -27,6 +27,7 @@ from worker.ingest.errors import (
     IngestError,
     PageMemoryLimitError,
     PageTimeLimitError,
+    ReaderStartError,
 )
 from worker.ingest.frames import ReaderGone, ReaderTimeout, read_frame_fd, write_frame
 from worker.ingest.text import PageText, TextPolicy
@@ -40,8 +41,9 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # readers never use it, so it is kept out of them.
 _CHILD = ("import sys; sys.modules['pymupdf.layout'] = None; "
           "from worker.ingest.reader_child import main; sys.exit(main(sys.argv[1:]))")
-# Starting Python and importing PyMuPDF takes about a second on a busy machine.
-_START_SECONDS = 60.0
+# Starting Python and importing PyMuPDF takes about a second, and took over a minute on this
+# 2-core machine at a load average of 17.
+_START_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,9 @@ class PageReader:
         try:
             reply, _ = self._call({"op": "open", "password": password}, data, _START_SECONDS,
                                   page=0)
+        except PageTimeLimitError:
+            self.close()
+            raise ReaderStartError(_START_SECONDS) from None
         except BaseException:
             self.close()
             raise
