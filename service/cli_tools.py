@@ -68,6 +68,30 @@ def add_tool_commands(sub: Any) -> None:
 
     add_arguments(ttft)
     ttft.set_defaults(func=_bench_ttft)
+    load = bench.add_parser("load", help="uploads and questions from C clients: throughput, "
+                            "latency percentiles, TTFT, errors, /healthz, peak RSS")
+    load.add_argument("--clients", type=_ints, default=[1, 8, 32],
+                      help="comma-separated client counts, one run each")
+    load.add_argument("--duration", type=float, default=60.0, help="seconds per run")
+    load.add_argument("--url", default=None, help="a running service (default: spawn one)")
+    load.add_argument("--pid", type=int, action="append", default=[],
+                      help="with --url: process ids whose peak RSS to report")
+    load.add_argument("--distributed", action="store_true",
+                      help="spawn Redis, two Celery workers and the API")
+    load.add_argument("--key", default=None, help="API key (bearer token)")
+    load.add_argument("--upload-every", type=int, default=10,
+                      help="every n-th request of a client is an upload (0 = none)")
+    load.add_argument("--out", type=Path, default=Path("bench/results/load.jsonl"))
+    load.set_defaults(func=_bench_load)
+
+
+def _bench_load(args: argparse.Namespace) -> int:
+    from bench.load import main
+
+    main(url=args.url, clients=args.clients, duration_s=args.duration,
+         distributed=args.distributed, pids=args.pid, key=args.key, out=args.out,
+         upload_every=args.upload_every)
+    return 0
 
 
 def _bench_ttft(args: argparse.Namespace) -> int:
