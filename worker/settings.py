@@ -83,8 +83,8 @@ class Settings(BaseSettings):
         description="Layers CONDUIT scores with: 'all' or 'start:stop'; unset = all.",
     )
     query_window: int | None = Field(
-        64, ge=1, description="Score with the last w question tokens (bounds the scoring "
-        "pass's memory; unset = all of them, up to max_question_tokens).",
+        None, ge=1, description="Score with the last w question tokens; unset = all of them "
+        "(at most max_question_tokens).",
     )
     head_agg: Literal["mean", "max"] | None = Field(
         None, description="Aggregation over query heads; unset = mean."

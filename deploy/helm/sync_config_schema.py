@@ -25,6 +25,8 @@ MANAGED = {
     "redis_url": "redis / externalRedis",
     "api_keys": "auth",
     "device": "api.device / worker.device",
+    "api_keys_file": "extraEnv (a secret: a mounted keys file)",
+    "metrics_key": "extraEnv (a secret, from a Secret of your own)",
 }
 
 _DROP = {"title", "default", "format", "writeOnly"}

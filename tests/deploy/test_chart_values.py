@@ -23,7 +23,9 @@ EVERY_KEY: dict[str, Any] = {
     "score_layers": "4:-2", "query_window": 16, "head_agg": "max", "bm25_weight": 0.8,
     "dense_weight": 1.25, "rrf_k": 30.0, "top_k": 7, "ocr_workers": 3,
     "page_memory_mb": 3072, "page_timeout_s": 45.0,
-    "max_new_tokens": 512,
+    "max_new_tokens": 512, "max_question_tokens": 2048, "job_lease_s": 90.0,
+    "max_ingest_attempts": 5, "reaper_interval_s": 20.0, "answer_queue_wait_s": 30.0,
+    "answer_timeout_s": 300.0,
 }
 
 
