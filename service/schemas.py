@@ -17,7 +17,10 @@ class CollectionIn(BaseModel):
     """Create a collection."""
 
     name: str = Field(..., min_length=1, max_length=200, pattern=r"^[\w .\-]+$")
-    shared: bool = Field(False, description="Share cached page KV across tenants.")
+    shared: bool = Field(False, description=(
+        "Share cached page KV across tenants (a page any tenant already uploaded is not "
+        "prefilled again). Trade-off: by timing, a tenant can learn whether a page it guesses "
+        "is already cached by someone. Use it for public corpora only."))
 
 
 class CollectionOut(BaseModel):
