@@ -23,6 +23,9 @@ from worker.ingest.text import DEFAULT_TEXT_POLICY, PageText, TextPolicy
 
 Stage = Literal["render", "text", "index", "prefill"]
 
+# Seconds a page waits for a free reader before another reader is started.
+_GROW_AFTER = 0.5
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -158,6 +161,8 @@ class _Readers:
         self._all: list[PageReader] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._starting = 0
+        self._start_error: BaseException | None = None
         first = self._start()  # the page count, and open errors, come from the first one
         self.page_count = first.page_count
         self.workers = max(1, min(workers, self.page_count))
@@ -182,19 +187,41 @@ class _Readers:
                 self._idle.put(reader)
 
     def _take(self) -> PageReader:
-        """An idle reader; a new one while fewer than `workers` are alive (a reader past a
-        limit dies and is replaced)."""
+        """An idle reader. When a page has waited `_GROW_AFTER` seconds for one and fewer
+        than `workers` are alive, another is started in the background (pages that take
+        that long are OCR pages, worth a second process; a text page never waits that long,
+        so a text document never pays for a second start)."""
+        waited = 0.0
         while True:
             try:
-                return self._idle.get(timeout=0.2)
+                return self._idle.get(timeout=0.1)
             except queue.Empty:
-                pass
+                waited += 0.1
             with self._lock:
                 if self._closed:
                     raise ReaderGone()
-                grow = sum(r.alive for r in self._all) < self.workers
+                if self._start_error is not None:
+                    raise self._start_error
+                alive = sum(r.alive for r in self._all) + self._starting
+                grow = alive < self.workers and (alive == 0 or waited >= _GROW_AFTER)
+                if grow:
+                    self._starting += 1
             if grow:
-                return self._start()
+                threading.Thread(target=self._start_in_background, daemon=True).start()
+
+    def _start_in_background(self) -> None:
+        try:
+            reader = self._start()
+        except BaseException as exc:  # noqa: BLE001 - handed to the pages waiting for it
+            with self._lock:
+                self._starting -= 1
+                if not any(r.alive for r in self._all):
+                    self._start_error = exc
+            return
+        with self._lock:
+            self._starting -= 1
+        if reader.alive:
+            self._idle.put(reader)
 
     def __enter__(self) -> _Readers:
         return self

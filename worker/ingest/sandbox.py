@@ -11,6 +11,7 @@ way the page's `PageLimitError` names the limit. Children are started with `subp
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import subprocess
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 # What MuPDF, Tesseract and Leptonica wrote to stderr in the readers (debug level).
 native_log = logging.getLogger("worker.ingest.native")
 
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # PyMuPDF imports its layout-analysis add-on when installed (2.5 s of a 4 s start here);
 # readers never use it, so it is kept out of them.
@@ -67,6 +69,14 @@ class PageResult:
     error: str | None = None
 
 
+def _widen_pipe(pipe: Any) -> None:
+    """Grow the pipe's buffer to 1 MiB (Linux), so a page image crosses it in a few reads."""
+    try:
+        fcntl.fcntl(pipe.fileno(), _F_SETPIPE_SZ, 1 << 20)
+    except (OSError, AttributeError):  # not Linux, or above /proc/sys/fs/pipe-max-size
+        pass
+
+
 class PageReader:
     """One reader process holding one document. Not thread-safe: one request at a time."""
 
@@ -82,6 +92,7 @@ class PageReader:
             [sys.executable, "-c", _CHILD, str(limits.memory_mb * 2**20)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             close_fds=True)
+        _widen_pipe(self._proc.stdout)
         try:
             reply, _ = self._call({"op": "open", "password": password}, data, _START_SECONDS,
                                   page=0)
