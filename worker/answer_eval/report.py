@@ -24,7 +24,10 @@ RANDOM_WEIGHTS_NOTE = (
     "prefill are undefined or meaningless. This run exercises the machinery (ingest, page "
     "KV, assembly, every refresh policy, scoring, resumable records, the FLOPs accounting) "
     "on real documents; answer accuracy needs a trained checkpoint (`--model` a local "
-    "Qwen2-VL / Qwen2.5-VL folder, see `bench/gpu_answers.sh`)."
+    "Qwen2-VL / Qwen2.5-VL folder, see `bench/gpu_answers.sh`). Its pages are a few dozen "
+    "visual tokens, so text dominates each prompt and the scoring pass of the CONDUIT family "
+    "can make its LM FLOPs exceed a full prefill's; with real pages of hundreds of visual "
+    "tokens they are the small fraction the method is for."
 )
 
 
