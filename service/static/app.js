@@ -1,7 +1,7 @@
 // Entry point: wires the API key box, the library (collections, uploads, documents) and the
 // ask panel together.
 
-import { getApiKey, setApiKey } from "./api.js";
+import { api, getApiKey, setApiKey } from "./api.js";
 import { Answers } from "./answers.js";
 import { say } from "./dom.js";
 import { Library } from "./library.js";
@@ -32,8 +32,7 @@ keyForm.addEventListener("submit", async (e) => {
   setApiKey(keyInput.value.trim());
   keyInput.value = "";
   say(keyAlert, "");
-  showKeyState();
-  await library.refresh().catch(() => {});
+  await start();
 });
 document.querySelector("#forget-key").addEventListener("click", () => {
   setApiKey("");
@@ -43,5 +42,24 @@ document.querySelector("#forget-key").addEventListener("click", () => {
 document.querySelector("#viewer-close").addEventListener("click", () =>
   document.querySelector("#viewer").close());
 
-showKeyState();
-library.refresh().catch(() => {});
+async function showModel() {
+  try {
+    const info = await api("GET", "/v1/info");
+    document.querySelector("#model-line").textContent =
+      `model ${info.model} · policy ${info.policy} · budget ${Math.round(info.budget * 100)}%`;
+    const note = document.querySelector("#model-note");
+    note.hidden = !String(info.model).startsWith("builtin:");
+    note.textContent = `${info.model} has random weights: its answers are noise. The cited ` +
+      "pages, their snippets and the cost figures are real.";
+  } catch {
+    /* shown once a key is entered */
+  }
+}
+
+async function start() {
+  showKeyState();
+  await library.refresh().catch(() => {});
+  await showModel();
+}
+
+start();

@@ -19,8 +19,11 @@ export class Library extends EventTarget {
     this.polls = new Map();
     this.collectionId = "";
     this.docs = new Map();
-    root.querySelector("#collection-form").addEventListener("submit", (e) => this.create(e));
-    this.select.addEventListener("change", () => this.use(this.select.value));
+    // failures are shown in the alert region by guard(); nothing is left unhandled
+    const quiet = () => {};
+    root.querySelector("#collection-form").addEventListener("submit",
+      (e) => this.create(e).catch(quiet));
+    this.select.addEventListener("change", () => this.use(this.select.value).catch(quiet));
     this.bindUpload(root.querySelector("#dropzone"), root.querySelector("#file-input"));
   }
 
