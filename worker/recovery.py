@@ -123,19 +123,25 @@ def job_is_stale(job: Job, lease_s: float, now: float | None = None) -> bool:
     return job.status == "running" and now - job.updated_at >= lease_s
 
 
-def reap(ctx: WorkerContext, submit: Submit, local_queue: set[JobId] | None) -> ReapReport:
+def reap(ctx: WorkerContext, submit: Submit, local_queue: set[JobId] | None,
+         started_at: float = 0.0) -> ReapReport:
     """One pass: requeue dead ingest jobs, fail those out of attempts, close orphan records.
 
     `local_queue` is the set of jobs this process's own queue holds (embedded form); a queued
-    job outside it is an orphan and is requeued. `None` (distributed form) leaves queued jobs
-    to the broker, which keeps its messages until a worker acknowledges them.
+    job outside it is an orphan and is requeued if it was queued before this process started
+    (`started_at`) or has waited a whole lease (an upload between its record and its submit
+    is not an orphan). `None` (distributed form) leaves queued jobs to the broker, which keeps
+    its messages until a worker acknowledges them.
     """
     s = ctx.settings
     report = ReapReport()
+    now = time.time()
     for job in ctx.meta.list_active_jobs():
         if job.kind != "ingest" or job.document_id is None:
             continue
-        orphan = job.status == "queued" and local_queue is not None and job.id not in local_queue
+        orphan = (job.status == "queued" and local_queue is not None
+                  and job.id not in local_queue
+                  and (job.updated_at < started_at or now - job.updated_at >= s.job_lease_s))
         if not (orphan or job_is_stale(job, s.job_lease_s)):
             continue
         try:
@@ -170,6 +176,7 @@ class Reaper:
         self._local_queue = local_queue
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="conduit-reaper", daemon=True)
+        self._started_at = time.time()
 
     def start(self) -> None:
         """Start the thread (its first pass is the startup reconcile)."""
@@ -178,7 +185,7 @@ class Reaper:
     def _run(self) -> None:
         while True:
             try:
-                report = reap(self._ctx, self._submit, self._local_queue())
+                report = reap(self._ctx, self._submit, self._local_queue(), self._started_at)
                 if report.requeued or report.failed:
                     log.warning("reaper: requeued %s, failed %s", report.requeued, report.failed)
             except Exception as exc:  # storage down: try again next interval
