@@ -16,13 +16,15 @@ def add_testbed_commands(sub: Any) -> None:
     tr = tsub.add_parser("train", help="train the testbed Qwen2-VL from scratch (resumable)")
     tr.add_argument("--out", type=Path, default=Path("testbed-run"),
                     help="run folder: checkpoints, history.jsonl, model.safetensors")
-    tr.add_argument("--steps", type=int, default=5000)
+    tr.add_argument("--steps", type=int, default=4000)
     tr.add_argument("--batch-size", type=int, default=16)
     tr.add_argument("--lr", type=float, default=2e-3)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     tr.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     tr.add_argument("--eval-every", type=int, default=250)
+    tr.add_argument("--glyph-layer", type=int, default=1,
+                    help="every cell names its glyph after this layer (-1: off)")
     tr.add_argument("--resume", action="store_true", help="continue from the run folder")
     tr.set_defaults(func=_train)
 
@@ -63,7 +65,8 @@ def _train(args: argparse.Namespace) -> int:
 
     cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                       seed=args.seed, device=args.device, threads=args.threads,
-                      eval_every=args.eval_every, ckpt_every=args.eval_every)
+                      eval_every=args.eval_every, ckpt_every=args.eval_every,
+                      glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer)
     last = train(cfg, resume=args.resume)
     print(json.dumps({"heldout_em": last, "weights": str(args.out / "model.safetensors")}))
     return 0

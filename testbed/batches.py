@@ -19,7 +19,7 @@ Public API:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -65,6 +65,7 @@ class Sample:
     record: Record
     pages: list[int]
     doc_name: str
+    follow_ups: list[Record] = field(default_factory=list)  # later turns (training only)
 
     @property
     def question(self) -> str:
@@ -76,14 +77,20 @@ class Sample:
         return [f"[{self.doc_name} p.{p + 1}]" for p in self.pages]
 
 
-def draw_sample(rng: random.Random) -> Sample:
-    """A random document, a record of a uniformly drawn family, and its page subset."""
+def draw_sample(rng: random.Random, follow_ups: int = 0) -> Sample:
+    """A random document, a record of a uniformly drawn family, and its page subset; with
+    `follow_ups`, as many more questions (later chat turns) answerable from those pages."""
     doc = make_document(rng)
     family = rng.choice(FAMILIES)
     record = rng.choice([r for r in doc.records if r.family == family])
     needed = {p - 1 for p in record.evidence_pages}
     pages = sorted(p for p in range(len(doc.pages)) if p in needed or rng.random() < 0.5)
-    return Sample(doc, record, pages, f"t{rng.randrange(1000):03d}.pdf")
+    sample = Sample(doc, record, pages, f"t{rng.randrange(1000):03d}.pdf")
+    if follow_ups:
+        answerable = [r for r in doc.records if r is not record
+                      and all(p - 1 in pages for p in r.evidence_pages)]
+        sample.follow_ups = rng.sample(answerable, min(follow_ups, len(answerable)))
+    return sample
 
 
 @dataclass
@@ -96,7 +103,8 @@ class Batch:
     grids: torch.Tensor  # (pages, 3)
     aux: torch.Tensor  # (A, 3) int64: batch row, sequence index, target token
     glyphs: torch.Tensor  # (G, 3) int64: every cell's own glyph (batch row, index, token)
-    answer: torch.Tensor  # (B, 2) int64: sequence index of the answer logit, target token
+    answer: torch.Tensor  # (2B, 3) int64: batch row, index of the logit, target token
+    follow: torch.Tensor  # (F, 3) int64: the same for follow-up turns
 
 
 class Layouts:
@@ -111,10 +119,21 @@ class Layouts:
             + [adapter.vision_end_id])  # type: ignore[attr-defined]
         self._labels: dict[str, torch.Tensor] = {}
         self._tails: dict[str, torch.Tensor] = {}
+        self._turns: dict[str, torch.Tensor] = {}
         self._positions: dict[tuple[int, ...], tuple[torch.Tensor, list[int], int]] = {}
         self.head = torch.tensor(adapter.head_ids(ANSWER_PREFIX))
         self._tokens = {ch: int(adapter.tokenizer(ch, add_special_tokens=False).input_ids[-1])
                         for ch in ALPHABET}
+
+    def turn(self, key: str) -> torch.Tensor:
+        """A follow-up chat turn asking about `key`, up to the generation prompt."""
+        q = question_text(key)
+        if q not in self._turns:
+            ids = (self.adapter.tokenizer("<|im_end|>\n<|im_start|>user\n",
+                                          add_special_tokens=False).input_ids
+                   + self.adapter.tail_ids(q))
+            self._turns[q] = torch.tensor(ids, dtype=torch.long)
+        return self._turns[q]
 
     def token_of(self, ch: str) -> int:
         """The vocabulary id a glyph is named by (a space for the blank cell)."""
@@ -154,13 +173,23 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     tok = layouts.adapter.tokenizer
     end_id = int(tok.convert_tokens_to_ids("<|im_end|>"))
     rows_ids, rows_pos, pixels, aux, answer, glyphs = [], [], [], [], [], []
+    follow: list[tuple[int, int, int]] = []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
         n = int(ids.shape[0])
-        ans_id = int(tok.convert_tokens_to_ids(s.record.answer))
-        rows_ids.append(torch.cat([ids, torch.tensor([ans_id])]))  # (N + 1,)
-        rows_pos.append(torch.cat([pos, torch.full((3, 1), nxt)], dim=1))  # (3, N + 1)
+        ans_id = layouts.token_of(s.record.answer)
         answer += [(b, n - 1, ans_id), (b, n, end_id)]
+        pieces = [ids, torch.tensor([ans_id])]
+        n += 1
+        for r in s.follow_ups:  # <|im_end|>\n<|im_start|>user\n question ... assistant\n digit
+            turn = layouts.turn(r.key)
+            pieces += [turn, torch.tensor([layouts.token_of(r.answer)])]
+            n += int(turn.shape[0]) + 1
+            follow += [(b, n - 2, layouts.token_of(r.answer)), (b, n - 1, end_id)]
+        row = torch.cat(pieces)  # (N',)
+        text = torch.arange(nxt, nxt + int(row.shape[0]) - int(pos.shape[1]))
+        rows_ids.append(row)
+        rows_pos.append(torch.cat([pos, text.view(1, -1).expand(3, -1)], dim=1))  # (3, N')
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page):
@@ -178,7 +207,8 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
                  grids=layouts.grid.view(1, 3).repeat(n_pages, 1),
                  aux=torch.tensor(aux, dtype=torch.long),
                  glyphs=torch.tensor(glyphs, dtype=torch.long),
-                 answer=torch.tensor(answer, dtype=torch.long))
+                 answer=torch.tensor(answer, dtype=torch.long),
+                 follow=torch.tensor(follow, dtype=torch.long).view(-1, 3))
 
 
 def batch_hidden(model: Any, batch: Batch,

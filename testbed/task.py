@@ -1,18 +1,18 @@
 """The testbed task: documents of short records on a grid of glyph cells, and questions.
 
 A document has `N_PAGES` pages of `ROWS` rows x `COLS` cells; every record is one row that
-starts with its key (a letter unique in the document). Four families of records, so that
-what a question needs sits on one page or on several:
+ends with its key (a letter unique in the document), read "value = key". Four families, so
+that what a question needs sits on one page or on several:
 
-  lookup     "K=5"        the value is on the record's own page (control)
-  reference  "F=B+3"      F = (B + 3) mod 10, B a lookup record on an earlier page
-  legend     "G=38"       a legend on page 1 ("#2") says which digit counts: here 8
-  split      "H=" | "7"   the key ends one page, its value starts the next
+  lookup     "5=K"        the value is on the record's own page (control)
+  reference  "B+3=F"      F = (B + 3) mod 10, B a lookup record on an earlier page
+  legend     "38=G"       a legend on page 1 ("#2") says which digit counts: here 8
+  split      "7=" | "H"   the value ends one page, its key starts the next
 
-Every record has a *result cell*: the cell whose prefill can hold the resolved value (the
-value digit, the offset digit, the second digit, the carried-over digit). Training asks the
-model to predict, at every key cell, its key, and at every result cell, the record's resolved
-value; page-local prefill then loses exactly the cross-page part.
+The key cell is the record's *result cell*: the one token whose prefill can hold the resolved
+value, and the one a question about the key finds by its glyph. Training asks the model to
+predict, at every key cell, the record's resolved value; page-local prefill then loses
+exactly the cross-page part.
 
 Public API:
   FAMILIES, COLS, ROWS, N_PAGES
@@ -41,10 +41,8 @@ class Record:
     family: str
     answer: str  # one digit
     evidence_pages: tuple[int, ...]  # 1-based, ascending
-    page: int  # 0-based page of the result cell
-    cell: int  # row * COLS + col of the result cell on that page
-    key_page: int  # 0-based page of the key cell
-    key_cell: int
+    page: int  # 0-based page of the key (= result) cell
+    cell: int  # row * COLS + col of the key cell on that page
 
 
 @dataclass
@@ -56,10 +54,8 @@ class Document:
     legend_column: int = 1
 
     def aux_targets(self, page: int) -> list[tuple[int, str]]:
-        """Auxiliary training targets on `page`: key cells -> key, result cells -> value."""
-        out = [(r.key_cell, r.key) for r in self.records if r.key_page == page]
-        out += [(r.cell, r.answer) for r in self.records if r.page == page]
-        return sorted(out)
+        """Auxiliary training targets on `page`: each key cell -> its resolved value."""
+        return sorted((r.cell, r.answer) for r in self.records if r.page == page)
 
 
 def question_text(key: str) -> str:
@@ -88,34 +84,32 @@ class _Builder:
 
     def lookup(self, page: int) -> None:
         k, v = self.key(), self.rng.randrange(10)
-        row = self.add(page, f"{k}={v}")
+        row = self.add(page, f"{v}={k}")
         self.lookups.append((k, page, v))
-        self.records.append(Record(k, "lookup", str(v), (page + 1,), page, row * COLS + 2,
-                                   page, row * COLS))
+        self.records.append(Record(k, "lookup", str(v), (page + 1,), page, row * COLS + 2))
 
     def reference(self, page: int) -> None:
         earlier = [x for x in self.lookups if x[1] < page]
         ref, ref_page, ref_value = self.rng.choice(earlier)
         k, off = self.key(), self.rng.randint(1, 4)
-        row = self.add(page, f"{k}={ref}+{off}")
+        row = self.add(page, f"{ref}+{off}={k}")
         self.records.append(Record(k, "reference", str((ref_value + off) % 10),
                                    tuple(sorted({ref_page + 1, page + 1})), page,
-                                   row * COLS + 4, page, row * COLS))
+                                   row * COLS + 4))
 
     def legend(self, page: int, column: int) -> None:
         k, a, b = self.key(), self.rng.randrange(10), self.rng.randrange(10)
-        row = self.add(page, f"{k}={a}{b}")
+        row = self.add(page, f"{a}{b}={k}")
         self.records.append(Record(k, "legend", str(a if column == 1 else b), (1, page + 1),
-                                   page, row * COLS + 3, page, row * COLS))
+                                   page, row * COLS + 3))
 
     def split(self, page: int) -> None:
-        """Key on the last row of `page`, value on the first row of `page + 1`."""
+        """Value on the last row of `page`, key on the first row of `page + 1`."""
         k, v = self.key(), self.rng.randrange(10)
-        row = self.add(page, f"{k}=")
+        row = self.add(page, f"{v}=")
         assert row == ROWS - 1 and not self.rows[page + 1]
-        self.add(page + 1, str(v))
-        self.records.append(Record(k, "split", str(v), (page + 1, page + 2), page + 1, 0,
-                                   page, row * COLS))
+        self.add(page + 1, k)
+        self.records.append(Record(k, "split", str(v), (page + 1, page + 2), page + 1, 0))
 
 
 def make_document(rng: random.Random) -> Document:

@@ -3,14 +3,15 @@
 Loss per step: cross-entropy of the answer digit and the end-of-turn token after it, plus,
 weighted by `aux_weight`, the auxiliary targets of every page cell (key cells predict their
 key, result cells their record's resolved value: see `testbed.task`), plus, with
-`glyph_layer`, every cell naming its own glyph from the residual stream after that layer
-(weighted by `glyph_weight`: it aligns glyph features with the text embeddings early, which
-is what a question needs to find its key). Samples are drawn from
+`glyph_layer` (default 1), every cell naming its own glyph from the residual stream after
+that layer (weighted by `glyph_weight`: it aligns glyph features with the text embeddings
+early, which is what a question needs to find its key). Samples are drawn from
 `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it would have seen.
 Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
 a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
 Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
-are written atomically every `ckpt_every` steps; `model.safetensors` holds the final weights.
+are written atomically every `ckpt_every` steps, with `curve.png`; `model.safetensors` holds
+the final weights.
 
 Public API:
   TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight, seed,
@@ -47,6 +48,7 @@ from testbed.batches import (
     draw_sample,
     make_batch,
 )
+from testbed.curve import plot_history
 from testbed.task import FAMILIES
 
 
@@ -55,13 +57,14 @@ class TrainConfig:
     """Training knobs; the defaults are the committed checkpoint's."""
 
     out: Path = Path("testbed-run")
-    steps: int = 5000
+    steps: int = 4000
     batch_size: int = 16
     lr: float = 2e-3
     warmup: int = 200
     aux_weight: float = 1.0
-    glyph_layer: int | None = None  # if set: every cell names its glyph after this layer
+    glyph_layer: int | None = 1  # if set: every cell names its glyph after this layer
     glyph_weight: float = 0.5
+    follow_ups: int = 0  # more questions per sample, as later chat turns
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -86,7 +89,7 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, t
         g = batch.glyphs
         norm = model.model.language_model.norm
         glyph_loss = F.cross_entropy(head(norm(early[g[:, 0], g[:, 1]])), g[:, 2])
-    ans, aux = batch.answer, batch.aux
+    ans, aux = torch.cat([batch.answer, batch.follow]), batch.aux
     ans_loss = F.cross_entropy(head(hidden[ans[:, 0], ans[:, 1]]), ans[:, 2])
     aux_loss = F.cross_entropy(head(hidden[aux[:, 0], aux[:, 1]]), aux[:, 2])
     return ans_loss, cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
@@ -173,7 +176,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     t0 = time.time()
     while step < cfg.steps:
         rng = random.Random(f"{cfg.seed}:{step}")
-        batch = make_batch([draw_sample(rng) for _ in range(cfg.batch_size)], layouts, patches)
+        batch = make_batch([draw_sample(rng, cfg.follow_ups) for _ in range(cfg.batch_size)],
+                           layouts, patches)
         batch = _to(batch, cfg.device)
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
@@ -196,6 +200,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         bar.update(1)
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             _save_checkpoint(cfg.out, model, opt, step, cfg)
+            plot_history(cfg.out / "history.jsonl", cfg.out / "curve.png")
     bar.close()
     save_weights(model, cfg.out / "model.safetensors")
     return last
@@ -204,6 +209,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
 def _to(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
-    for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "answer"):
+    for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "glyphs", "answer",
+                 "follow"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch

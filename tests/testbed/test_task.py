@@ -39,17 +39,21 @@ def test_documents_resolve_every_family():
         for r in doc.records:
             row = doc.pages[r.page][r.cell // COLS]
             assert all(len(line) == COLS for line in doc.pages[r.page])
-            if r.family == "reference":  # "F=B+3": B's value plus the offset, mod 10
-                ref, off = row[2], int(row[4])
+            assert row[r.cell % COLS] == r.key  # the key cell is the result cell
+            if r.family == "reference":  # "B+3=F": B's value plus the offset, mod 10
+                ref, off = row[0], int(row[2])
                 assert int(r.answer) == (int(values[ref]) + off) % 10
                 assert cells[ref][0] < r.page and r.evidence_pages[-1] == r.page + 1
             elif r.family == "legend":
-                assert r.answer == row[1 + legend] and r.evidence_pages[0] == 1
-            elif r.family == "split":  # key ends one page, value opens the next
-                assert r.cell == 0 and r.key_page == r.page - 1 and row[0] == r.answer
-                assert doc.pages[r.key_page][r.key_cell // COLS].strip() == f"{r.key}="
+                assert r.answer == row[legend - 1] and r.evidence_pages[0] == 1
+            elif r.family == "split":  # the value ends one page, its key opens the next
+                assert r.cell == 0 and row.strip() == r.key
+                assert doc.pages[r.page - 1][-1].strip() == f"{r.answer}="
             else:
-                assert row.strip() == f"{r.key}={r.answer}"
+                assert row.strip() == f"{r.answer}={r.key}"
+        for page in range(len(doc.pages)):
+            assert doc.aux_targets(page) == sorted(
+                (r.cell, r.answer) for r in doc.records if r.page == page)
 
 
 def test_glyph_table_is_the_processor_output(parts):
@@ -80,7 +84,11 @@ def test_batch_targets_point_at_the_right_tokens(parts):
     image_id = adapter.image_token_id
     for b, row, target in batch.aux.tolist():
         assert batch.ids[b, row] == image_id
-        assert tok.convert_ids_to_tokens(target) in ALPHABET
+        assert tok.convert_ids_to_tokens(target) in "0123456789"
+    assert len(batch.glyphs) == sum(len(s.pages) for s in samples) * ROWS * COLS
+    for b, row, target in batch.glyphs.tolist():
+        assert batch.ids[b, row] == image_id
+        assert tok.decode([target]) in ALPHABET
     for i, s in enumerate(samples):
         (_, r1, digit), (_, r2, end) = batch.answer[2 * i:2 * i + 2].tolist()
         assert tok.convert_ids_to_tokens(digit) == s.record.answer
@@ -105,3 +113,20 @@ def test_generated_pdfs_render_to_the_training_pixels(tmp_path):
         assert page_rows[1].strip() in pdf[i].get_text()  # the invisible text layer
     with pytest.raises(ValueError):
         generate(tmp_path / "big", 4001, seed=1)
+
+
+def test_follow_up_turns_ask_answerable_records(parts):
+    adapter, patches, layouts = parts
+    s = draw_sample(random.Random(1), follow_ups=3)
+    assert len(s.follow_ups) == 3 and s.record not in s.follow_ups
+    assert all(p - 1 in s.pages for r in s.follow_ups for p in r.evidence_pages)
+    batch = make_batch([s], layouts, patches)
+    tok = adapter.tokenizer
+    for (_, at, digit), r in zip(batch.follow[0::2].tolist(), s.follow_ups, strict=True):
+        assert tok.decode([digit]) == r.answer and batch.ids[0, at + 1] == digit
+        assert tok.decode(batch.ids[0, at - 15:at + 1]).endswith(
+            f"What is {r.key}?<|im_end|>\n<|im_start|>assistant\n")
+    pos = batch.position_ids[:, 0]  # (3, N): the turns continue the text positions
+    n_first = int(batch.answer[1, 1])
+    assert torch.equal(pos[0, n_first:], torch.arange(pos[0, n_first], pos[0, n_first]
+                                                       + pos.shape[1] - n_first))

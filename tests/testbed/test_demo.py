@@ -1,0 +1,25 @@
+"""`conduit demo` end to end: a real service on the testbed model, uploads and questions over
+real HTTP, CONDUIT and full reuse side by side."""
+
+import pytest
+
+from conduit_core.testbed_model import WEIGHTS
+from testbed.demo import POLICIES, run_demo
+
+pytestmark = pytest.mark.skipif(not WEIGHTS.is_file(), reason="no committed testbed weights")
+
+
+def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
+    monkeypatch.setenv("CONDUIT_HOME", str(tmp_path / "unused"))
+    lines: list[str] = []
+    rows = run_demo(url="http://127.0.0.1:9", n_docs=2, seed=5, out=lines.append)
+    assert len(rows) == 8 * len(POLICIES)
+    assert any("uploaded and ingested 2 PDFs" in line for line in lines)
+    by_policy = {p: [r for r in rows if r["policy"] == p] for p in POLICIES}
+    assert sum(bool(r["correct"]) for r in by_policy["full_prefill"]) >= 6
+    for r in rows:
+        assert r["ttft_ms"] > 0
+    full = [r["flops_ratio_lm"] for r in by_policy["full_prefill"]]
+    assert all(abs(x - 1.0) < 1e-6 for x in full)
+    assert all(0 < float(r["flops_ratio_lm"]) < 1 for r in by_policy["conduit"])
+    assert {r["family"] for r in rows} == {"reference", "split", "legend", "lookup"}
