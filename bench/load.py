@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -270,6 +271,7 @@ def main(*, url: str | None, clients: list[int], duration_s: float, distributed:
     """Run one load level per entry of `clients`; append each result to `out` (JSON lines)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     results: list[dict[str, Any]] = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop spawned processes too
 
     def levels(base: str, roles: dict[str, list[int]], form: str) -> None:
         collection = prepare(base, headers)
