@@ -110,14 +110,15 @@ def _check_complete(doc: pymupdf.Document, data: bytes) -> None:
     if not looks_truncated(doc, data):
         return
     pages = doc.page_count
+    if pages == 0:
+        raise CorruptPdfError("the file appears truncated")
     missing = missing_content_pages(doc)
-    if pages == 0 or pages in missing:
-        first = min(n for n in range(1, pages + 2) if n > pages or all(
-            m in missing for m in range(n, pages + 1)))
-        detail = "the file appears truncated"
-        if pages:
-            detail += f": page {first} onwards of {pages} are missing"
-        raise CorruptPdfError(detail)
+    if pages in missing:
+        first = pages
+        while first - 1 in missing:
+            first -= 1
+        raise CorruptPdfError(f"the file appears truncated: pages {first} to {pages} of "
+                              f"{pages} are missing")
 
 
 def looks_truncated(doc: pymupdf.Document, data: bytes) -> bool:
