@@ -7,6 +7,7 @@ written to the test's output folder (`tmp_path/shots`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.pdfs import text_pdf
+from tests.pdfs import encrypted_pdf, text_pdf
 from tests.service.conftest import start_server
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -57,7 +58,8 @@ def browser() -> Iterator[WebDriver]:
 def _server(tmp_path_factory: pytest.TempPathFactory, name: str,
             env: dict[str, str] | None = None) -> Iterator[str]:
     home = tmp_path_factory.mktemp(name)
-    url, proc = start_server(home, env)
+    # a loaded 2-core box can take over a minute per page on the first (model-loading) ingest
+    url, proc = start_server(home, {"CONDUIT_PAGE_TIMEOUT_S": "600", **(env or {})})
     yield url
     proc.terminate()
     try:
@@ -104,7 +106,19 @@ class Walk:
         return self.d.find_elements(By.CSS_SELECTOR, selector)
 
 
-def _walk(w: Walk, url: str, tmp: Path, *, key: str | None) -> None:
+DROP_FILE = """
+    const [b64, name] = arguments;
+    const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+    const dt = new DataTransfer();
+    dt.items.add(new File([bytes], name, {type: "application/pdf"}));
+    const zone = document.querySelector("#dropzone");
+    for (const type of ["dragenter", "dragover", "drop"]) {
+      zone.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }"""
+
+
+def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None) -> None:
+    """The whole walk; with `password`, the PDF is encrypted and the password typed in."""
     d = w.d
     d.get(url + "/")
     w.wait("the page", lambda: d.title.startswith("conduit"))
@@ -125,16 +139,18 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None) -> None:
     w.wait("the new collection", lambda: select.first_selected_option.text == "handbooks")
     w.shot("collection")
 
-    bad = tmp / "notes.pdf"
-    bad.write_bytes(b"plain text pretending to be a PDF")
+    # dropped on the drop zone: not a PDF, refused with the server's message
+    d.execute_script(DROP_FILE, base64.b64encode(b"plain text, not a PDF").decode(), "notes.pdf")
+    w.wait("the rejection", lambda: any("not a PDF" in e.text for e in w.all(".doc-error")))
     good = tmp / "handbook.pdf"
-    good.write_bytes(text_pdf(PAGES))
-    w.css("#file-input").send_keys(str(bad))
-    w.wait("the rejection", lambda: any("PDF" in e.text for e in w.all(".doc-error")))
+    good.write_bytes(text_pdf(PAGES) if password is None else encrypted_pdf(PAGES, password))
+    if password is not None:
+        w.css("#pdf-password").send_keys(password)
     w.css("#file-input").send_keys(str(good))
     w.wait("a progress bar", lambda: w.all(".doc progress") or w.all(".badge.ready"))
     w.shot("uploading")
-    w.wait("the document to be ready", lambda: w.all(".doc .badge.ready"))
+    w.wait("the document to be done", lambda: w.all(".doc .badge.ready, .doc .badge.failed"))
+    assert w.all(".doc .badge.ready"), [e.text for e in w.all(".doc-error")]
     w.wait("the page facts", lambda: "KV cached 3/3" in w.css(".status-ready .doc-meta").text)
     w.shot("ready")
 
@@ -207,10 +223,11 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None) -> None:
 
 
 def test_page_walkthrough(browser: WebDriver, open_server: str, tmp_path: Path) -> None:
-    _walk(Walk(browser, tmp_path / "shots"), open_server, tmp_path, key=None)
+    _walk(Walk(browser, tmp_path / "shots"), open_server, tmp_path, key=None, password=None)
 
 
 def test_page_walkthrough_with_api_keys(browser: WebDriver, keyed_server: str,
                                         tmp_path: Path) -> None:
     browser.get("about:blank")
-    _walk(Walk(browser, tmp_path / "shots"), keyed_server, tmp_path, key="ui-secret-key")
+    _walk(Walk(browser, tmp_path / "shots"), keyed_server, tmp_path, key="ui-secret-key",
+          password="s3cret")
