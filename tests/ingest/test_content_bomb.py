@@ -46,13 +46,13 @@ def test_a_page_past_the_memory_cap_fails_naming_the_limit() -> None:
 
 
 def test_a_page_past_the_time_limit_fails_naming_the_limit() -> None:
-    data = content_bomb_pdf(64, kind="paths")  # 64 MiB of line segments: about 30 s to draw
+    data = content_bomb_pdf(128, kind="paths")  # 128 MiB of line segments: a minute to draw
     with open_pdf(data, max_pages=10) as doc:  # opening reads no content
         assert doc.page_count == 2
     seen: list[int] = []
     with pytest.raises(PageTimeLimitError) as info:
-        _numbers(data, ReaderLimits(memory_mb=2048, page_seconds=3), seen)
+        _numbers(data, ReaderLimits(memory_mb=2048, page_seconds=5), seen)
     assert seen == [1]
     assert info.value.message == (
-        "Page 2 took longer than the 3 s time limit for reading one page "
+        "Page 2 took longer than the 5 s time limit for reading one page "
         "(CONDUIT_PAGE_TIMEOUT_S); the reader was stopped.")
