@@ -22,7 +22,7 @@ FAST = {"CONDUIT_JOB_LEASE_S": "3", "CONDUIT_REAPER_INTERVAL_S": "0.5",
         "CONDUIT_OCR": "false"}
 
 
-def start_serve(home: Path, env: dict[str, str], timeout: float = 300
+def start_serve(home: Path, env: dict[str, str], timeout: float = 900
                 ) -> tuple[str, subprocess.Popen[bytes]]:
     """`conduit serve` on a free port with its log appended to home/server.log; waits for
     /healthz (a loaded CI machine can take a minute to import torch)."""
