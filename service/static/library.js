@@ -31,8 +31,8 @@ export class Library extends EventTarget {
     try {
       return await promise;
     } catch (err) {
-      if (err.status === 401) this.onAuthError(err.detail);
-      say(this.alert, err.detail || String(err));
+      if (err.status === 401) this.onAuthError(err.detail); // said once, by the key box
+      else say(this.alert, err.detail || String(err));
       throw err;
     }
   }
