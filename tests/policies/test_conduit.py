@@ -103,14 +103,23 @@ def test_real_scoring_pass_follows_a_loud_page(cached: CachedPages) -> None:
 
 
 def test_knobs_change_the_choice_and_are_validated(cached: CachedPages) -> None:
+    """Each knob on its own: the policy picks the top-k of exactly the scores that knob
+    defines (the scoring pass is checked against the all-layers reference in
+    tests/core/test_stale_pass.py), and gamma scales page amplification as c_m^gamma."""
     rt = cached.runtime
-    choices = set()
-    for score in [ScoreConfig(), ScoreConfig(layers=(1, 2)), ScoreConfig(query_window=1),
+    for score in [ScoreConfig(layers=(1, 2)), ScoreConfig(query_window=1),
                   ScoreConfig(head_agg="max")]:
         asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
-        rows = ConduitPolicy(ConduitConfig(score=score)).explain(context(cached, asm, 0.2)).rows
-        choices.add(tuple(rows.tolist()))
-    assert len(choices) > 1
+        ctx = context(cached, asm, 0.2)
+        choice = ConduitPolicy(ConduitConfig(score=score, gamma=0.0)).explain(ctx)
+        mine = ctx.scores(score).weighted.cpu()[asm.layout.visual_rows()]  # (N_v,)
+        assert not torch.allclose(mine, ctx.scores().weighted.cpu()[asm.layout.visual_rows()])
+        top = asm.layout.visual_rows()[torch.sort(-mine, stable=True).indices[:ctx.k]]
+        assert torch.equal(choice.rows, top.sort().values), score
+    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    one = ConduitPolicy(ConduitConfig(gamma=1.0)).explain(context(cached, asm, 0.2))
+    two = ConduitPolicy(ConduitConfig(gamma=2.0)).explain(context(cached, asm, 0.2))
+    torch.testing.assert_close(two.amplification, one.amplification ** 2)
     asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     fixed = ConduitPolicy(ConduitConfig(budget=0.5)).explain(context(cached, asm, 0.1))
     assert fixed.rows.numel() == round(0.5 * asm.layout.visual_rows().numel())
