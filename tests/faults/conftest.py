@@ -121,10 +121,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def settled(client: httpx.Client, document_id: str, timeout: float = 120) -> dict[str, Any]:
+def settled(client: httpx.Client, document_id: str, timeout: float = 900) -> dict[str, Any]:
     """The document once it is ready or failed (never left queued/processing)."""
     def done() -> dict[str, Any] | None:
-        doc: dict[str, Any] = client.get(f"/v1/documents/{document_id}").json()
+        try:
+            doc: dict[str, Any] = client.get(f"/v1/documents/{document_id}").json()
+        except httpx.TransportError:  # a keep-alive connection closed under us: poll again
+            return None
         return doc if doc["status"] in ("ready", "failed") else None
     result: dict[str, Any] = wait_for(done, timeout, f"document {document_id} to settle", 0.2)
     return result
