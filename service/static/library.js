@@ -193,7 +193,7 @@ export class Library extends EventTarget {
         el("span", { class: "progress-label" }, label)) : null,
       el("div", { class: "doc-foot" },
         el("span", { class: "doc-meta" }, meta),
-        doc.document_id ? del : dismiss()),
+        doc.document_id ? del : doc.status === "rejected" ? dismiss() : null),
       doc.error ? el("p", { class: "doc-error", role: "alert" }, doc.error) : null);
   }
 
