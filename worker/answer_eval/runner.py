@@ -267,7 +267,7 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
     cfg, s = run.cfg, run.ctx.settings
     return {
         "command": cfg.command, "model": cfg.model, "device": cfg.device,
-        "dtype": s.torch_dtype, "random_weights": cfg.model.startswith("builtin:"),
+        "dtype": s.torch_dtype, "random_weights": cfg.model.startswith("builtin:tiny-"),
         "pages_mode": cfg.pages, "top_k": cfg.top_k, "max_pages": cfg.max_pages,
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
