@@ -177,27 +177,30 @@ def answer_question(
     hits = retrieve(ctx, q)
     t_retrieved = time.perf_counter()
     pages = reading_order(hits)
-    loaded = load_pages(ctx, pages)
-    kvs = loaded.kvs
-    t_loaded = time.perf_counter()
-    filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
-    policy = q.policy or ctx.settings.policy
-    request = AnswerRequest(
-        prefix=ANSWER_PREFIX,
-        pages=[PageInput(label=page_label(filenames[p.document_id], p.number),
-                         kv=kvs[PageHash(p.page_hash)]) for p in pages],
-        question=q.question,
-        policy=policy,
-        budget=ctx.settings.budget if q.budget is None else q.budget,
-        max_new_tokens=q.max_new_tokens,
-        temperature=q.temperature,
-        options=effective_options(ctx.settings, policy, q.options),
-    )
-    with ctx.model_lock:
-        result = ctx.runtime.answer(request, on_token=on_token)
+    try:
+        loaded = load_pages(ctx, pages)
+        kvs = loaded.kvs
+        t_loaded = time.perf_counter()
+        filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
+        policy = q.policy or ctx.settings.policy
+        request = AnswerRequest(
+            prefix=ANSWER_PREFIX,
+            pages=[PageInput(label=page_label(filenames[p.document_id], p.number),
+                             kv=kvs[PageHash(p.page_hash)]) for p in pages],
+            question=q.question,
+            policy=policy,
+            budget=ctx.settings.budget if q.budget is None else q.budget,
+            max_new_tokens=q.max_new_tokens,
+            temperature=q.temperature,
+            options=effective_options(ctx.settings, policy, q.options),
+        )
+        with ctx.model_lock:
+            result = ctx.runtime.answer(request, on_token=on_token)
+    finally:
+        # a document deleted during the question (even one that made it fail): drop the KV
+        # its pages got again, so that no orphan entries stay behind
+        release_unreferenced(ctx, [p.page_hash for p in pages])
     t_done = time.perf_counter()
-    # a document deleted during the question: drop the KV its pages got again (no orphans)
-    release_unreferenced(ctx, [p.page_hash for p in pages])
     if loaded.report.pages_prefilled_now:
         log.info("prefilled %d page(s) at question time", loaded.report.pages_prefilled_now)
     return Answer(

@@ -79,10 +79,16 @@ def release_unreferenced(ctx: WorkerContext, page_hashes: Iterable[str]) -> list
     """Delete the cached KV of pages no document references any more: a question that
     prefilled (or promoted) the pages of a document deleted meanwhile leaves no orphan
     entries behind (in Redis they would have no TTL)."""
-    doomed = [PageHash(h) for h in dict.fromkeys(page_hashes) if not ctx.meta.page_hash_in_use(h)]
-    if doomed:
-        ctx.kv.delete(doomed)
-        log.info("released %d cached page(s) of documents deleted during a question", len(doomed))
+    try:
+        doomed = [PageHash(h) for h in dict.fromkeys(page_hashes)
+                  if not ctx.meta.page_hash_in_use(h)]
+        if doomed:
+            ctx.kv.delete(doomed)
+            log.info("released %d cached page(s) of documents deleted during a question",
+                     len(doomed))
+    except Exception as exc:  # best effort: never mask the question's own outcome
+        log.warning("could not release unreferenced pages: %s", exc)
+        return []
     return doomed
 
 
