@@ -67,7 +67,7 @@ class Settings(BaseSettings):
         "a page that needs more fails its document with a message naming this limit.",
     )
     page_timeout_s: float = Field(
-        120.0, gt=0, description="Hard time limit for reading one page (render, text, OCR); "
+        300.0, gt=0, description="Hard time limit for reading one page (render, text, OCR); "
         "the reader is killed and the document failed with a message naming this limit.",
     )
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")

@@ -53,7 +53,7 @@ class ReaderLimits:
     """Limits of one page reader process: its address space and the time for one page."""
 
     memory_mb: int = 2048
-    page_seconds: float = 120.0
+    page_seconds: float = 300.0
 
 
 @dataclass
