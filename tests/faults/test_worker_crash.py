@@ -1,0 +1,73 @@
+"""Findings 2 and 3 in the distributed form: a Celery worker SIGKILLed mid-ingest leaves its
+job to the second worker within one lease (before: the message waited for Redis' 3,600 s
+visibility timeout and the document stayed `processing`), and a worker killed mid-answer ends
+the stream with a clean error instead of a hang."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.redis_server import start_redis
+from tests.faults.conftest import FAST, settled, start_serve, start_worker, wait_for
+from tests.pdfs import text_pdf
+
+
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
+    redis_url, stop_redis = start_redis(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    first = start_worker(home, redis_url, "worker1.log")
+    url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url})
+    procs = [first, api]
+    try:
+        client = httpx.Client(base_url=url, timeout=300)
+        col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
+        pages = [f"Shipment {i}: {i * 3} pallets of valves leave dock {i}." for i in range(6)]
+        up = client.post(f"/v1/collections/{col}/documents",
+                         files={"file": ("s.pdf", text_pdf(pages), "application/pdf")}).json()
+        wait_for(lambda: client.get(f"/v1/jobs/{up['job_id']}").json()["status"] == "running",
+                 600, "the first worker to take the ingest")
+        second = start_worker(home, redis_url, "worker2.log")
+        procs.append(second)
+        first.send_signal(signal.SIGKILL)  # mid-ingest: its message stays unacknowledged
+        first.wait(timeout=30)
+        doc = settled(client, up["document_id"], timeout=900)
+        assert doc["status"] == "ready", doc
+        assert client.get(f"/v1/jobs/{up['job_id']}").json()["status"] == "succeeded"
+
+        # mid-answer: the only worker dies after the first token; the stream ends cleanly
+        body = {"collection_id": col, "question": "Which dock?", "top_k": 2,
+                "max_new_tokens": 2048}
+        events: list[str] = []
+        start = time.monotonic()
+        with client.stream("POST", "/v1/query/stream", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    events.append(line.removeprefix("event: "))
+                    if events[-1] == "token" and second.poll() is None:
+                        second.send_signal(signal.SIGKILL)
+                if line.startswith("data: ") and events and events[-1] == "error":
+                    assert "stopped" in line or "no worker" in line, line
+        assert events[-1] in ("error", "done"), events
+        assert time.monotonic() - start < 120
+        assert client.get("/healthz").status_code == 200
+    finally:
+        _stop(*procs)
+        stop_redis()
