@@ -47,17 +47,22 @@ def start_server(
     raise RuntimeError("server did not start:\n" + (home / "server.log").read_text())
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server started by `start_server`: SIGTERM, then SIGKILL after 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(base URL, home dir) of a running embedded-mode server."""
     home = tmp_path_factory.mktemp("conduit-home")
     url, proc = start_server(home)
     yield url, home
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_server(proc)
 
 
 def wait_ready(client: httpx.Client, document_id: str, timeout: float = 180) -> dict:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tests.pdfs import text_pdf
-from tests.service.conftest import start_server, wait_ready
+from tests.service.conftest import start_server, stop_server, wait_ready
 
 PAGES = [
     "Quarterly report. Revenue grew in the northern region thanks to new retail stores.",
@@ -22,14 +21,6 @@ PAGES = [
     "Research notes. Photosynthesis converts sunlight, water and carbon dioxide into glucose.",
 ]
 QUESTION = "How often must the pressure valve be inspected?"
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +109,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                     "CONDUIT_MEMORY_KV_BYTES": "0",
                                     "CONDUIT_PREFILL_ON_INGEST": "false"})
     yield url
-    _stop(proc)
+    stop_server(proc)
 
 
 def test_tenant_checks_and_cache_story_from_disk(keyed: str) -> None:

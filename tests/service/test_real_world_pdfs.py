@@ -5,7 +5,6 @@ fails with a message naming the limit, and /docs and /redoc work without interne
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from tests.ingest.bad_pdfs import content_bomb_pdf, flip_content_bytes, paper_pdf, without_trailer
 from tests.ingest.test_password import PREPARED, TYPED, _encrypted
-from tests.service.conftest import start_server, wait_ready
+from tests.service.conftest import start_server, stop_server, wait_ready
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +24,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     url, proc = start_server(home, {"CONDUIT_OCR": "false", "CONDUIT_PAGE_TIMEOUT_S": "8"})
     with httpx.Client(base_url=url, timeout=300) as c:
         yield c
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")

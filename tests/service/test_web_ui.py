@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.pdfs import encrypted_pdf, text_pdf
-from tests.service.conftest import start_server
+from tests.service.conftest import start_server, stop_server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -61,11 +60,7 @@ def _server(tmp_path_factory: pytest.TempPathFactory, name: str,
     # a loaded 2-core box can take over a minute per page on the first (model-loading) ingest
     url, proc = start_server(home, {"CONDUIT_PAGE_TIMEOUT_S": "600", **(env or {})})
     yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
