@@ -4,7 +4,8 @@ Public API:
   BUILTIN_SCHEME = "builtin:";  BUILTIN_MODELS: the builtin names without the scheme
   BUILTIN_PAGE_TOKENS: name -> visual tokens per page it was built for
   `testbed-qwen2-vl` is the trained testbed model (`conduit_core.testbed_model`): its weights
-  are committed in the package; the `tiny-*` models have random weights.
+  are read from `conduit_core/weights/` (see `conduit_core.testbed_model`); the `tiny-*` models
+  have random weights.
   builtin_names() -> list[str]                 e.g. ["builtin:tiny-qwen2-vl", ...]
   is_builtin(name) -> bool
   materialise_builtin(name, cache_dir) -> Path
@@ -46,7 +47,7 @@ def is_builtin(name: str) -> bool:
 
 
 def _source_tag(short: str) -> str:
-    """What the build is made from beyond the code: the committed weights' digest, if any."""
+    """What the build is made from beyond the code: the trained weights' digest, if any."""
     if short != "testbed-qwen2-vl":
         return ""
     from conduit_core.testbed_model import WEIGHTS

@@ -3,11 +3,12 @@
 The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin tokenizer;
 trained from scratch on pages of glyph records (`conduit testbed train`) so that stale page
 KV costs answers that refreshing the right tokens recovers. The trained weights are
-committed once as `weights/testbed-qwen2-vl.safetensors` and load as
+loaded from `weights/testbed-qwen2-vl.safetensors` beside this module (kept out of git until
+a checkpoint meets its bar: copy a run's `model.safetensors` there) as
 `builtin:testbed-qwen2-vl`.
 
 Public API:
-  NAME = "testbed-qwen2-vl";  WEIGHTS: Path of the committed weights
+  NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
   MAX_IMAGE_TOKENS = 36         visual tokens per page (6 x 6 cells of 28 px)
   testbed_config(tokenizer) -> Qwen2VLConfig
   build_testbed(weights=WEIGHTS, seed=0) -> (model, processor)

@@ -88,7 +88,12 @@ def _probe(args: argparse.Namespace) -> int:
     from conduit_core.testbed_model import WEIGHTS
     from testbed.probe import load_checkpoint_vlm, probe
 
-    vlm = load_checkpoint_vlm(args.weights or WEIGHTS)
+    weights = args.weights or WEIGHTS
+    if not weights.is_file():
+        print(f"no weights at {weights}: train with `conduit testbed train` and pass --weights "
+              "RUN/model.safetensors (or copy it there)")
+        return 2
+    vlm = load_checkpoint_vlm(weights)
     rows = probe(vlm, n=args.n, seed=args.seed,
                  policies=tuple(p for p in args.policies.split(",") if p),
                  budgets=tuple(float(b) for b in args.budgets.split(",") if b))

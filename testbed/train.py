@@ -54,7 +54,7 @@ from testbed.task import FAMILIES
 
 @dataclass
 class TrainConfig:
-    """Training knobs; the defaults are the committed checkpoint's."""
+    """Training knobs; the defaults are the recipe of the run in bench/results/testbed/."""
 
     out: Path = Path("testbed-run")
     steps: int = 4000

@@ -1,6 +1,6 @@
-"""The committed testbed checkpoint: it loads as a builtin and still answers what it learned.
+"""The trained testbed checkpoint: it loads as a builtin and still answers what it learned.
 
-The committed model did not reach the issue's bar (85% here): it answers the split family
+The current checkpoint did not reach the issue's bar (85% here): it answers the split family
 and some lookups, not the content-matching families (docs/TESTBED.md). This test pins the
 level it reached, so a change to loading, layout or rendering that breaks it fails."""
 
@@ -14,7 +14,9 @@ from testbed.generate import RENDER_DPI, generate
 from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.ingest.render import render_page
 
-pytestmark = pytest.mark.skipif(not WEIGHTS.is_file(), reason="no committed testbed weights")
+pytestmark = pytest.mark.skipif(
+    not WEIGHTS.is_file(),
+    reason="no trained testbed weights in conduit_core/weights/ (not in git until one meets its bar)")
 
 
 def test_full_prefill_answers_generated_questions(tmp_path):
