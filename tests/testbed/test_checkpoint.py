@@ -16,7 +16,8 @@ from worker.ingest.render import render_page
 
 pytestmark = pytest.mark.skipif(
     not WEIGHTS.is_file(),
-    reason="no trained testbed weights in conduit_core/weights/ (not in git until one meets its bar)")
+    reason="no trained testbed weights in conduit_core/weights/ "
+    "(not in git until one meets its bar)")
 
 
 def test_full_prefill_answers_generated_questions(tmp_path):

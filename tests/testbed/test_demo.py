@@ -8,7 +8,8 @@ from testbed.demo import POLICIES, run_demo
 
 pytestmark = pytest.mark.skipif(
     not WEIGHTS.is_file(),
-    reason="no trained testbed weights in conduit_core/weights/ (not in git until one meets its bar)")
+    reason="no trained testbed weights in conduit_core/weights/ "
+    "(not in git until one meets its bar)")
 
 
 def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
