@@ -22,7 +22,7 @@ PREFIX, QUESTION = "Scanned pages follow.", "What is written in the margin?"
 LABELS = ["One:", "Two:", "Three:"]
 
 
-@pytest.mark.parametrize("name", builtin_names())
+@pytest.mark.parametrize("name", [n for n in builtin_names() if n.startswith("builtin:tiny-")])
 def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     rt = ReuseRuntime(load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m"))))
     images = [text_page(10 + i, size) for i, size in enumerate(PAGE_SIZES)]

@@ -88,7 +88,7 @@ def test_lm_terms_match_torch_counter(tmp_path_factory: pytest.TempPathFactory) 
     assert counter.get_total_flops() == shape.layers * n * linear_cost(shape) + counted_pairs
 
 
-@pytest.mark.parametrize("name", builtin_names())
+@pytest.mark.parametrize("name", [n for n in builtin_names() if n.startswith("builtin:tiny-")])
 def test_vision_flops_match_torch_counter(name: str,
                                           tmp_path_factory: pytest.TempPathFactory) -> None:
     """Analytic vision FLOPs equal torch's count of the adapter's own page encoding (vision
