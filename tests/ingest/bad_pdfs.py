@@ -12,15 +12,18 @@ from tests.ingest.builders import _assemble
 PAGE_WORDS = ["harbour", "valve", "turbine", "ledger", "granite", "ferry", "beacon", "tide"]
 
 
-def paper_pdf(pages: int = 14) -> bytes:
+def paper_pdf(pages: int = 14, *, noisy_last_page: bool = False) -> bytes:
     """A text PDF of `pages` pages, each naming its number ("page 7 of the survey"),
-    written without object streams so its objects can be found and damaged by offset."""
+    written without object streams so its objects can be found and damaged by offset;
+    with `noisy_last_page`, one more page from `leptonica_noise_page`."""
     doc = pymupdf.open()
     for n in range(1, pages + 1):
         page = doc.new_page(width=595, height=842)
         words = " ".join(PAGE_WORDS[(n + i) % len(PAGE_WORDS)] for i in range(300))
         page.insert_textbox(pymupdf.Rect(50, 60, 545, 780),
                             f"This is page {n} of the survey. {words}", fontsize=9)
+    if noisy_last_page:
+        leptonica_noise_page(doc)
     data = doc.tobytes(garbage=1, deflate=True)
     doc.close()
     return bytes(data)
@@ -54,6 +57,17 @@ def without_trailer(data: bytes) -> bytes:
     """The file cut before its cross-reference table: no `xref`, no trailer, no `%%EOF`
     (every object is still there, so MuPDF rebuilds the table)."""
     return data[: data.rindex(b"\nxref") + 1]
+
+
+
+def leptonica_noise_page(doc: pymupdf.Document) -> None:
+    """Append a page that makes Tesseract and Leptonica write to descriptor 2 when OCR'd:
+    a 2 x 36 pixel black image stretched over the page (its text line is 2 pixels wide at
+    OCR resolution: "Image too small to scale!! (2x36 vs min width of 3)") and a short
+    text line, so the page is also indexed by its text layer."""
+    page = doc.new_page(width=300, height=300)
+    page.insert_image(page.rect, pixmap=pymupdf.Pixmap(pymupdf.csGRAY, 2, 36, bytes(72), False))
+    page.insert_text((5, 280), "harbour valve turbine " * 2, fontsize=8)
 
 
 BOMB_KINDS = {
