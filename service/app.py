@@ -24,6 +24,7 @@ from worker.errors import WorkerError
 from worker.ingest.errors import IngestError
 from worker.jobs import InProcessRunner
 from worker.recovery import Reaper
+from worker.retrieval_index import start_index_check
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the startup reconcile, then a pass every reaper_interval_s: no document stays stuck
         reaper = Reaper(ctx, runner.submit_ingest, runner.local_queue)
         reaper.start()
+        start_index_check(ctx)  # stale retrieval indexes rebuild in the background
         collector = register_kv_collector(ctx.kv)
         log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
                  settings.embedded)

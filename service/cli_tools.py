@@ -83,6 +83,9 @@ def add_tool_commands(sub: Any) -> None:
                       help="every n-th request of a client is an upload (0 = none)")
     load.add_argument("--out", type=Path, default=Path("bench/results/load.jsonl"))
     load.set_defaults(func=_bench_load)
+    from service.cli_index import add_index_commands
+
+    add_index_commands(sub, bench)
 
 
 def _bench_load(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
 from worker.retrieval.snippet import Snippet, best_snippet
+from worker.retrieval_index import index_hits
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -134,17 +135,37 @@ def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
     except (InvalidRequestError, ValueError) as exc:
         raise InvalidOptionsError(str(exc)) from None
     check_question_length(ctx, q.question, with_model=with_model)
-    if pages and not ctx.meta.list_pages(q.collection_id, q.document_ids):
+    if pages and not _scope_has_ready_documents(ctx, q):
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
+
+
+def _scope_has_ready_documents(ctx: WorkerContext, q: Question) -> bool:
+    """Whether the scope holds a ready document (a ready document has at least one page);
+    reads document records only, never the pages."""
+    wanted = None if q.document_ids is None else set(q.document_ids)
+    return any(d.status == "ready" and (wanted is None or d.id in wanted)
+               for d in ctx.meta.list_documents(q.collection_id))
 
 
 def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
-    """The top-k pages of the question's scope with their fused retrieval scores."""
+    """The top-k pages of the question's scope with their fused retrieval scores: from the
+    collection's persistent index when it has one (only the top-k pages are read from the
+    store), else by scanning every page of the scope."""
+    s = ctx.settings
+    dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
+    bm25_weight = s.bm25_weight if q.bm25_weight is None else q.bm25_weight
+    found = index_hits(ctx, q.collection_id, q.question, top_k=q.top_k,
+                       document_ids=q.document_ids, bm25_weight=bm25_weight,
+                       dense_weight=dense_weight if ctx.embedder is not None else 0.0)
+    if found:
+        keys = [(DocumentId(d), int(n)) for d, _, n in (h.key.rpartition(":") for h in found)]
+        stored = {f"{p.document_id}:{p.number}": p for p in ctx.meta.get_pages(keys)}
+        indexed = [(stored[h.key], h.score) for h in found if h.key in stored]
+        if indexed:  # else every hit was deleted a moment ago: scan what is left
+            return indexed
     pages = ctx.meta.list_pages(q.collection_id, q.document_ids)
     if not pages:
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
-    s = ctx.settings
-    dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
     dense = bool(dense_weight) and ctx.embedder is not None  # else embeddings go unread
     by_key = {f"{p.document_id}:{p.number}": p for p in pages}
     candidates = [
@@ -152,8 +173,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
                   embedding=embedding_from_bytes(p.embedding) if dense and p.embedding else None)
         for k, p in by_key.items()
     ]
-    hits = search(q.question, candidates, top_k=q.top_k,
-                  bm25_weight=s.bm25_weight if q.bm25_weight is None else q.bm25_weight,
+    hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
                   dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k)
     return [(by_key[h.key], h.score) for h in hits]
 

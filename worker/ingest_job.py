@@ -24,6 +24,7 @@ from worker.recovery import mark_failed
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
 from worker.retrieval.passages import embed_pages
+from worker.retrieval_index import on_document_ready
 from worker.uploads import upload_path
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
         ctx.meta.update_progress(document_id, status="ready", stage="done",
                                  pages_done=progress.total, pages_total=progress.total,
                                  skipped_pages=skipped)
+        on_document_ready(ctx, doc.collection_id, document_id, pages)
     except (UnavailableError, NotFoundError):
         raise
     except IngestError as exc:

@@ -94,6 +94,19 @@ class Settings(BaseSettings):
         0.6, ge=0.0, description="RRF weight of the dense ranking (0.6 with rrf_k 10 measured "
         "best over both dev sets; see bench/retrieval/RESULTS.md).",
     )
+    retrieval_index: bool = Field(
+        True, description="Answer from the persistent per-collection retrieval index under "
+        "<home>/index (Tantivy BM25 + memory-mapped passage vectors, updated as documents "
+        "become ready or are deleted); off = rank by scanning every page of the scope.",
+    )
+    index_depth: int = Field(
+        1000, ge=10, le=100_000, description="Pages each retriever (BM25, dense) hands to "
+        "RRF from the index; deeper ranks add at most weight / (rrf_k + depth) to a page.",
+    )
+    index_lock_timeout_s: float = Field(
+        120.0, gt=0, description="How long an index writer waits for the collection's "
+        "writer lock (one writer per collection across processes sharing the home dir).",
+    )
     rrf_k: float = Field(  # = worker.retrieval.fusion.DEFAULT_RRF_K (tested)
         10.0, ge=0.0, description="RRF constant k: a page at rank r of a ranking scores "
         "weight / (k + r); smaller k trusts each ranking's top pages more.",

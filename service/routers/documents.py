@@ -21,6 +21,7 @@ from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
 from worker.recovery import job_is_stale, remove_page_images
+from worker.retrieval_index import on_document_deleted
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
                             "after its worker stops)")
     released = release_pages(ctx.kv, ctx.meta, doc.id)
     log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
+    on_document_deleted(ctx, doc.collection_id, doc.id)
     upload_path(ctx.home, doc.id).unlink(missing_ok=True)
     remove_page_images(ctx, doc.id)
     if doc.job_id is not None and doc.status in ("queued", "processing"):

@@ -82,6 +82,11 @@ class MetadataStore(Protocol):
         """Pages of ready documents in a collection (optionally only some documents)."""
         ...
 
+    def get_pages(self, keys: Sequence[tuple[DocumentId, int]]) -> list[Page]:
+        """The pages of ready documents named by `(document id, 1-based number)`, in the
+        order of `keys`; keys of missing pages or documents that are not ready are skipped."""
+        ...
+
     def delete_document(self, document_id: DocumentId) -> list[str]:
         """Delete a document and its pages; return the page hashes no other document uses."""
         ...

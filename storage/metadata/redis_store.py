@@ -250,6 +250,24 @@ class RedisMetadataStore:
                 out += sorted((_page_from_json(p) for p in pages), key=lambda p: p.number)
         return out
 
+    def get_pages(self, keys: Sequence[tuple[DocumentId, int]]) -> list[Page]:
+        """The pages of ready documents named by `(document id, 1-based number)`, in the
+        order of `keys`; keys of missing pages or documents that are not ready are skipped."""
+        docs = sorted({d for d, _ in keys})
+
+        def run() -> list[Any]:
+            pipe = self._r.pipeline(transaction=False)
+            for d in docs:
+                pipe.hget(self._k("doc", d), "status")
+            for d, n in keys:
+                pipe.hget(self._k("pages", d), str(n))
+            return list(pipe.execute())
+        raw = self._call(run) if keys else []
+        ready = {d for d, status in zip(docs, raw[:len(docs)], strict=True)
+                 if status is not None and json.loads(status) == "ready"}
+        return [_page_from_json(text) for (d, _), text in zip(keys, raw[len(docs):], strict=True)
+                if text is not None and d in ready]
+
     def delete_document(self, document_id: DocumentId) -> list[str]:
         """Delete a document and its pages; return the page hashes no other document uses."""
         doc = self.get_document(document_id)

@@ -234,6 +234,22 @@ class SQLiteMetadataStore:
         rows = self._all(sql + " ORDER BY d.created_at, p.number", args)
         return [_row(Page, r) for r in rows]
 
+    def get_pages(self, keys: Sequence[tuple[DocumentId, int]]) -> list[Page]:
+        """The pages of ready documents named by `(document id, 1-based number)`, in the
+        order of `keys`; keys of missing pages or documents that are not ready are skipped."""
+        found: dict[tuple[str, int], Page] = {}
+        for start in range(0, len(keys), 200):  # well under SQLite's bound-variable limit
+            chunk = keys[start:start + 200]
+            where = " OR ".join("(p.document_id = ? AND p.number = ?)" for _ in chunk)
+            rows = self._all(
+                "SELECT p.* FROM pages p JOIN documents d ON d.id = p.document_id "
+                f"WHERE d.status = 'ready' AND ({where})",
+                [x for key in chunk for x in key])
+            for row in rows:
+                page = _row(Page, row)
+                found[(page.document_id, page.number)] = page
+        return [found[k] for k in ((str(d), int(n)) for d, n in keys) if k in found]
+
     def delete_document(self, document_id: DocumentId) -> list[str]:
         """Delete a document and its pages; return the page hashes no other document uses."""
         with self._tx() as c:

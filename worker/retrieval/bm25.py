@@ -22,6 +22,14 @@ def _stemmer() -> Stemmer.Stemmer:
     return Stemmer.Stemmer("english")
 
 
+def tokenize(texts: list[str]) -> list[list[str]]:
+    """Texts as BM25 sees them: lower case, bm25s's word pattern and English stop words,
+    Snowball stems (shared by the scan path and the persistent index)."""
+    tokens: list[list[str]] = bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(),
+                                              return_ids=False, show_progress=False)
+    return tokens
+
+
 _INDEX_CACHE_SIZE = 8
 _indexes: OrderedDict[str, tuple[bm25s.BM25, dict[str, int]]] = OrderedDict()
 _indexes_lock = threading.Lock()

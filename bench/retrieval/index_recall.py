@@ -1,0 +1,121 @@
+"""Recall of the persistent retrieval index vs the scan path on the same ingested corpus.
+
+    python -m bench.retrieval.index_recall --pdfs /tmp/devset/pdfs \
+        --questions /tmp/devset/questions.jsonl --cache /tmp/devset --json OUT
+
+Ingests once (cached as in run_bench), builds the index of the whole corpus in a temporary
+folder, ranks every question both ways with the deployment's weights (OCR, document context,
+mean passages, BM25 1.0 + dense 0.6, RRF k 10) and with each retriever alone, over the whole
+collection and within each question's document, and writes page recall@k side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from bench.retrieval.run_bench import KS, Embeddings, cached_corpus, with_context_kind
+from worker.retrieval.embedder import Embedder
+from worker.retrieval.evaluate import (
+    Corpus,
+    PageRef,
+    load_questions,
+    rank_questions,
+    score_rankings,
+)
+from worker.retrieval.index.files import set_current
+from worker.retrieval.index.reader import IndexReader
+from worker.retrieval.index.search import search_index
+from worker.retrieval.index.writer import IndexDocument, IndexPage, apply, create_version
+
+CONFIGS = {"hybrid (deployed)": (1.0, 0.6), "bm25 only": (1.0, 0.0), "dense only": (0.0, 1.0)}
+
+
+def build_index(corpus: Corpus, folder: Path) -> IndexReader:
+    """The index of every page of `corpus`, one document per PDF, in corpus order."""
+    docs: dict[str, list[IndexPage]] = {}
+    for p in corpus.pages:
+        docs.setdefault(p.doc, []).append(IndexPage(p.page, p.text, p.context, p.embedding))
+    version = folder / "v1"
+    create_version(version)
+    set_current(folder, version)
+    apply(version, add=[IndexDocument(d, pages) for d, pages in docs.items()])
+    return IndexReader(folder)
+
+
+def rank_with_index(reader: IndexReader, corpus: Corpus, questions: list, *, within_doc: bool,
+                    bm25: float, dense: float, embedder: Embedder) -> list[list[PageRef]]:
+    """Rankings of the index path, in `rank_questions`'s form."""
+    docs = set(corpus.documents())
+    out: list[list[PageRef]] = []
+    for q in questions:
+        scope = None
+        if within_doc:
+            doc = q.doc if q.doc in docs else f"{q.doc}.pdf"
+            scope = [doc]
+        hits = search_index(reader, q.question, top_k=20, document_ids=scope,
+                            bm25_weight=bm25, dense_weight=dense, embedder=embedder) or []
+        out.append([(d, int(n)) for d, _, n in (h.key.rpartition(":") for h in hits)])
+    return out
+
+
+def main() -> None:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pdfs", type=Path, required=True)
+    parser.add_argument("--questions", type=Path, required=True)
+    parser.add_argument("--cache", type=Path, required=True, help="folder for cached corpora")
+    parser.add_argument("--no-ocr", action="store_true")
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ocr = not args.no_ocr
+    tag = "ocr" if ocr else "text"
+    args.cache.mkdir(parents=True, exist_ok=True)
+    base = with_context_kind(cached_corpus(args.pdfs, ocr, args.cache / f"corpus_{tag}.json"),
+                             "full")
+    embedder = Embedder()
+    matrices = Embeddings(args.cache, embedder).get(base, ocr, "mean", "full")
+    corpus = Corpus(pages=[replace(p, embedding=m) for p, m in zip(base.pages, matrices,
+                                                                      strict=True)],
+                    failed=dict(base.failed))
+    questions = load_questions(args.questions)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        reader = build_index(corpus, Path(tmp))
+        build_s = time.perf_counter() - t0
+        for scope in ("collection", "within_doc"):
+            for name, (bm25, dense) in CONFIGS.items():
+                row = {}
+                for path in ("scan", "index"):
+                    if path == "scan":
+                        ranked = rank_questions(corpus, questions, within_doc=scope != "collection",
+                                                bm25_weight=bm25, dense_weight=dense,
+                                                embedder=embedder if dense else None)
+                    else:
+                        ranked = rank_with_index(reader, corpus, questions,
+                                                 within_doc=scope != "collection",
+                                                 bm25=bm25, dense=dense, embedder=embedder)
+                    row[path] = score_rankings(corpus, questions, ranked, KS)["page_recall"]
+                row["delta"] = {k: round(row["index"][k] - row["scan"][k], 4)
+                                for k in row["scan"]}
+                results[f"{scope} / {name}"] = row
+                print(f"{scope:10s} {name:18s} scan R@1,3,5,10 = "
+                      f"{[row['scan'][str(k)] for k in KS]} index = "
+                      f"{[row['index'][str(k)] for k in KS]}", flush=True)
+    summary = {"pdfs": str(args.pdfs), "pages": len(corpus.pages), "ocr": ocr,
+               "questions": len(questions), "index_build_s": round(build_s, 2),
+               "results": results}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

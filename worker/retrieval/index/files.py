@@ -1,0 +1,100 @@
+"""On-disk layout of a collection's retrieval index and its manifest.
+
+    <home>/index/<collection>/CURRENT        name of the live version folder (atomic replace)
+    <home>/index/<collection>/writer.lock    the one-writer file lock
+    <home>/index/<collection>/v<N>/text/     the Tantivy index (BM25 over stemmed tokens)
+    <home>/index/<collection>/v<N>/vectors.f32  passage vectors, float32 rows, append-only
+    <home>/index/<collection>/v<N>/pages.i64    page table, 4 int64 per page, append-only:
+                                                document ordinal, number, first row, row count
+    <home>/index/<collection>/v<N>/manifest.json  what the two files above hold (committed)
+
+The manifest is written last (temp file, fsync, rename), so a reader never sees rows a writer
+has not finished; rows past the manifest's counts are garbage from an interrupted write and
+the next writer truncates them. The index is derived from the metadata store and can always be
+rebuilt from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMAT = 1  # bump when the layout or the tokenisation changes: older indexes are rebuilt
+PAGE_FIELDS = 4  # int64 per page-table row
+
+
+@dataclass
+class Manifest:
+    """What a version folder holds: documents by ordinal (None once deleted), committed page
+    and vector-row counts, the vector width, and a generation bumped by every commit."""
+
+    format: int = FORMAT
+    generation: int = 0
+    documents: list[str | None] = field(default_factory=list)
+    page_counts: list[int] = field(default_factory=list)  # per document ordinal
+    pages: int = 0
+    rows: int = 0
+    dim: int = 0
+
+    def live(self) -> dict[str, int]:
+        """Live document id -> its number of indexed pages."""
+        return {d: n for d, n in zip(self.documents, self.page_counts, strict=True)
+                if d is not None}
+
+    def dead_pages(self) -> int:
+        """Pages of deleted documents still taking space (compaction rebuilds them away)."""
+        return sum(n for d, n in zip(self.documents, self.page_counts, strict=True) if d is None)
+
+
+def collection_dir(root: Path, collection_id: str) -> Path:
+    """The folder of one collection's index under the index root (`<home>/index`)."""
+    return root / collection_id
+
+
+def current_version(cdir: Path) -> Path | None:
+    """The live version folder, or None when the collection has no index yet."""
+    try:
+        name = (cdir / "CURRENT").read_text().strip()
+    except FileNotFoundError:
+        return None
+    path = cdir / name
+    return path if (path / "manifest.json").exists() else None
+
+
+def set_current(cdir: Path, version: Path) -> None:
+    """Point CURRENT at `version` atomically."""
+    _atomic_write(cdir / "CURRENT", version.name.encode())
+
+
+def read_manifest(version: Path) -> Manifest:
+    """The committed manifest of a version folder."""
+    data = json.loads((version / "manifest.json").read_text())
+    return Manifest(**data)
+
+
+def write_manifest(version: Path, manifest: Manifest) -> None:
+    """Commit a manifest (temp file, fsync, rename)."""
+    _atomic_write(version / "manifest.json", json.dumps(asdict(manifest)).encode())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_raw(path: Path, data: bytes, committed_bytes: int) -> None:
+    """Append `data` after the first `committed_bytes` of `path` (dropping anything an
+    interrupted writer left past them) and fsync."""
+    with open(path, "ab") as f:
+        if f.tell() != committed_bytes:
+            f.truncate(committed_bytes)
+            f.seek(committed_bytes)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,138 @@
+"""Reading a collection's index: memory-mapped vectors and page table, a Tantivy searcher.
+
+A reader checks the manifest's identity (inode and mtime: a commit renames a new file into
+place) before each question and reopens only what changed, so a question after a commit pays
+for reopening, never for a rebuild. Vectors are scored exactly (brute force over the mapped
+float32 rows, best passage per page); BM25 comes from Tantivy over the same stemmed tokens
+the scan path uses.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tantivy
+
+from worker.retrieval.bm25 import tokenize
+from worker.retrieval.index.files import PAGE_FIELDS, Manifest, current_version, read_manifest
+from worker.retrieval.index.writer import schema
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Page ordinals best first with their scores (one retriever's ranking)."""
+
+    ordinals: np.ndarray
+    scores: np.ndarray
+
+
+class _Snapshot:
+    """One committed state of a version folder, opened for reading."""
+
+    def __init__(self, version: Path, index: tantivy.Index | None) -> None:
+        self.version = version
+        self.manifest: Manifest = read_manifest(version)
+        m = self.manifest
+        self.index = index or tantivy.Index.open(str(version / "text"))
+        self.index.reload()
+        self.searcher = self.index.searcher()
+        self.table = _mapped(version / "pages.i64", np.int64, (m.pages, PAGE_FIELDS))
+        self.vectors = _mapped(version / "vectors.f32", np.float32, (m.rows, m.dim or 1))
+        self.doc_ids = [d for d in m.documents]
+        self.doc_ordinal = {d: i for i, d in enumerate(m.documents) if d is not None}
+        alive_docs = np.array([d is not None for d in m.documents] or [False], dtype=bool)
+        self.page_doc = self.table[:, 0]
+        self.alive = alive_docs[self.page_doc] if m.pages else np.zeros(0, dtype=bool)
+        counts = self.table[:, 3]
+        self.with_rows = np.flatnonzero(counts > 0)
+        self.row_starts = self.table[self.with_rows, 2]
+
+
+def _mapped(path: Path, dtype: type, shape: tuple[int, int]) -> np.ndarray:
+    if shape[0] == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+class IndexReader:
+    """A reader of one collection's index folder (`collection_dir`); thread-safe."""
+
+    def __init__(self, collection_dir: Path) -> None:
+        self.collection_dir = collection_dir
+        self._lock = threading.Lock()
+        self._snap: _Snapshot | None = None
+        self._stamp: tuple[str, int, int] | None = None
+
+    def snapshot(self) -> _Snapshot | None:
+        """The latest committed state (reopened if a writer committed since), or None when
+        the collection has no index."""
+        version = current_version(self.collection_dir)
+        if version is None:
+            return None
+        st = os.stat(version / "manifest.json")
+        stamp = (version.name, st.st_ino, st.st_mtime_ns)
+        with self._lock:
+            if stamp != self._stamp or self._snap is None:
+                same = self._snap is not None and self._snap.version == version
+                self._snap = _Snapshot(version, self._snap.index if same and self._snap
+                                       else None)
+                self._stamp = stamp
+            return self._snap
+
+
+def scope_mask(snap: _Snapshot, document_ids: Sequence[str] | None) -> np.ndarray:
+    """Per page ordinal: alive and (when given) in one of `document_ids`."""
+    if document_ids is None:
+        return snap.alive
+    wanted = [snap.doc_ordinal[d] for d in document_ids if d in snap.doc_ordinal]
+    return snap.alive & np.isin(snap.page_doc, np.asarray(wanted, dtype=np.int64))
+
+
+def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
+             document_ids: Sequence[str] | None, depth: int) -> Scored:
+    """The `depth` best pages in scope by BM25 (pages without a query term are unranked)."""
+    terms = tokenize([query])[0]
+    empty = Scored(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+    if not terms or snap.manifest.pages == 0:
+        return empty
+    q = tantivy.Query.boolean_query(
+        [(tantivy.Occur.Should, tantivy.Query.term_query(schema(), "body", t)) for t in terms])
+    if document_ids is not None:
+        docs = tantivy.Query.term_set_query(schema(), "doc", [str(d) for d in document_ids])
+        q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, docs)])
+    hits = snap.searcher.search(q, depth, count=False).hits
+    if not hits:
+        return empty
+    ordinals = np.asarray(snap.searcher.fast_field_values("page", [a for _, a in hits]),
+                          dtype=np.int64)
+    scores = np.asarray([s for s, _ in hits], dtype=np.float32)
+    keep = (ordinals < len(scope)) & (scores > 0)
+    keep[keep] = scope[ordinals[keep]]
+    ordinals, scores = ordinals[keep], scores[keep]
+    order = np.lexsort((ordinals, -scores))  # ties: index order, as the scan path
+    return Scored(ordinals[order], scores[order])
+
+
+def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
+              depth: int) -> Scored:
+    """The `depth` best pages in scope by cosine of their best passage (exact)."""
+    n = snap.manifest.pages
+    if n == 0 or snap.manifest.rows == 0:
+        return Scored(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+    rows = snap.vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+    page = np.full(n, -np.inf, dtype=np.float32)
+    page[snap.with_rows] = np.maximum.reduceat(rows, snap.row_starts)
+    page[~scope] = -np.inf
+    candidates = np.flatnonzero(np.isfinite(page))
+    if len(candidates) > depth:
+        part = np.argpartition(-page[candidates], depth - 1)[:depth]
+        cut = page[candidates[part]].min()
+        candidates = candidates[page[candidates] >= cut]  # keep ties at the cut
+    order = np.lexsort((candidates, -page[candidates]))[:depth]
+    chosen = candidates[order]
+    return Scored(chosen, page[chosen])

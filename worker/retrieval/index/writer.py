@@ -1,0 +1,141 @@
+"""Writing a collection's index: add and remove whole documents, one writer at a time.
+
+Every change runs under the collection's file lock (`writer_lock`), so one process writes
+while any number read. A change appends the documents' passage vectors and page-table rows,
+adds their pages to Tantivy (stemmed tokens, pre-tokenised exactly as the BM25 scan path
+tokenises), commits Tantivy, and then commits the manifest. Removing a document deletes its
+Tantivy documents by term and marks its ordinal dead; its vector rows stay until compaction
+(a rebuild).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tantivy
+from filelock import FileLock
+
+from worker.retrieval.bm25 import tokenize
+from worker.retrieval.document_context import with_context
+from worker.retrieval.index.files import (
+    PAGE_FIELDS,
+    Manifest,
+    append_raw,
+    read_manifest,
+    write_manifest,
+)
+
+WRITER_HEAP_BYTES = 32_000_000  # Tantivy's buffer before it flushes a segment
+
+
+@dataclass(frozen=True)
+class IndexPage:
+    """One page as the index stores it: its number, text and document context (indexed by
+    BM25, as `with_context` joins them) and its `(n, d)` passage vectors (None: no text)."""
+
+    number: int
+    text: str
+    context: str = ""
+    vectors: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class IndexDocument:
+    """A ready document's pages, as added to the index in one commit."""
+
+    document_id: str
+    pages: Sequence[IndexPage]
+
+
+@functools.cache
+def schema() -> tantivy.Schema:
+    """Tantivy schema: `body` holds pre-stemmed tokens (frequencies, no positions), `doc`
+    the document id (exact term, for filters and deletes), `page` the page ordinal."""
+    builder = tantivy.SchemaBuilder()
+    builder.add_text_field("body", tokenizer_name="raw", index_option="freq")
+    builder.add_text_field("doc", tokenizer_name="raw", index_option="basic")
+    builder.add_unsigned_field("page", stored=False, indexed=False, fast=True)
+    return builder.build()
+
+
+@contextmanager
+def writer_lock(collection_dir: Path, timeout_s: float) -> Iterator[None]:
+    """Hold the collection's writer file lock (raises `filelock.Timeout` after `timeout_s`)."""
+    collection_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(collection_dir / "writer.lock", timeout=timeout_s):
+        yield
+
+
+def create_version(version: Path) -> None:
+    """An empty version folder: Tantivy index, empty arrays, manifest at generation 0."""
+    (version / "text").mkdir(parents=True, exist_ok=True)
+    tantivy.Index(schema(), path=str(version / "text"), reuse=False)
+    for name in ("vectors.f32", "pages.i64"):
+        (version / name).write_bytes(b"")
+    write_manifest(version, Manifest())
+
+
+def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str] = ()
+          ) -> Manifest:
+    """Remove the documents `remove` and (re)add the documents `add` in one commit; return the
+    new manifest. The caller holds the writer lock (or owns the folder: a rebuild)."""
+    manifest = read_manifest(version)
+    ordinal = {d: i for i, d in enumerate(manifest.documents) if d is not None}
+    gone = [d for d in {*remove, *(doc.document_id for doc in add)} if d in ordinal]
+    index = tantivy.Index.open(str(version / "text"))
+    writer = index.writer(WRITER_HEAP_BYTES, 1)
+    for document_id in gone:
+        writer.delete_documents_by_term("doc", document_id)
+        manifest.documents[ordinal[document_id]] = None
+    vectors: list[np.ndarray] = []
+    table: list[tuple[int, int, int, int]] = []
+    for doc in add:
+        doc_ordinal = len(manifest.documents)
+        manifest.documents.append(doc.document_id)
+        manifest.page_counts.append(len(doc.pages))
+        tokens = tokenize([with_context(p.context, p.text) for p in doc.pages])
+        for page, page_tokens in zip(doc.pages, tokens, strict=True):
+            rows = _rows(page.vectors, manifest)
+            table.append((doc_ordinal, page.number, manifest.rows, len(rows)))
+            if len(rows):
+                vectors.append(rows)
+                manifest.rows += len(rows)
+            writer.add_document(_tantivy_doc(doc.document_id, manifest.pages, page_tokens))
+            manifest.pages += 1
+    committed = read_manifest(version)
+    append_raw(version / "vectors.f32",
+               np.concatenate(vectors).tobytes() if vectors else b"",
+               committed.rows * committed.dim * 4)
+    append_raw(version / "pages.i64", np.asarray(table, dtype=np.int64).tobytes(),
+               committed.pages * PAGE_FIELDS * 8)
+    writer.commit()
+    writer.wait_merging_threads()
+    manifest.generation += 1
+    write_manifest(version, manifest)
+    return manifest
+
+
+def _rows(vectors: np.ndarray | None, manifest: Manifest) -> np.ndarray:
+    if vectors is None or not np.size(vectors):
+        return np.zeros((0, manifest.dim or 1), dtype=np.float32)
+    rows = np.ascontiguousarray(np.atleast_2d(vectors), dtype=np.float32)
+    if manifest.dim == 0:
+        manifest.dim = rows.shape[1]
+    if rows.shape[1] != manifest.dim:
+        raise ValueError(f"passage vectors of width {rows.shape[1]}, index holds {manifest.dim}")
+    return rows
+
+
+def _tantivy_doc(document_id: str, page_ordinal: int, tokens: list[str]) -> tantivy.Document:
+    doc = tantivy.Document()
+    doc.add_pre_tokenized_text(
+        "body", tantivy.PreTokenizedString("", [tantivy.Token(t, i, 0, 0)
+                                               for i, t in enumerate(tokens)]))
+    doc.add_text("doc", document_id)
+    doc.add_unsigned("page", page_ordinal)
+    return doc
