@@ -58,6 +58,11 @@ def on_document_deleted(ctx: WorkerContext, collection_id: str, document_id: str
                       collection_id)
 
 
+def on_collection_deleted(ctx: WorkerContext, collection_id: str) -> None:
+    """Remove a deleted (empty) collection's index folder."""
+    retrieval_indexes(ctx).remove_collection(collection_id)
+
+
 def index_hits(ctx: WorkerContext, collection_id: str, question: str, *, top_k: int,
                document_ids: Sequence[DocumentId] | None, bm25_weight: float,
                dense_weight: float) -> list[Hit] | None:

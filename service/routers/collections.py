@@ -10,6 +10,7 @@ from service.views import collection_out, document_out
 from storage.errors import NotFoundError
 from storage.metadata import Collection, CollectionId
 from worker.context import WorkerContext
+from worker.retrieval_index import on_collection_deleted
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 
@@ -54,3 +55,4 @@ def list_documents(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> list[D
 def delete_collection(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
     """Delete an empty collection (409 while it holds documents)."""
     ctx.meta.delete_collection(owned_collection(ctx, tenant, collection_id).id)
+    on_collection_deleted(ctx, collection_id)

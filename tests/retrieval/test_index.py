@@ -175,3 +175,16 @@ def test_hooks_check_and_rebuild_keep_the_index_in_step(
     fresh = _build(tmp_path / "fresh", [(live, [])])
     for q in QUESTIONS:
         assert _ranking(reader, q, embedder) == _ranking(fresh, q, embedder), q
+
+
+def test_a_deleted_collection_leaves_no_index_behind(tmp_path: Path, docs: Docs) -> None:
+    meta = SQLiteMetadataStore(tmp_path / "meta.db")
+    collection = meta.create_collection("c", "tenant")
+    store_document(meta, collection.id, docs[0][0], docs[0][2])
+    indexes = RetrievalIndexes(tmp_path / "index")
+    indexes.rebuild(meta, collection.id)
+    assert indexes.indexed_collections() == [collection.id]
+    indexes.remove_collection(collection.id)
+    assert indexes.indexed_collections() == []
+    assert indexes.check(meta, collection.id).state == "missing"
+    meta.close()

@@ -165,6 +165,18 @@ class RetrievalIndexes:
         threading.Thread(target=run, name=f"index-rebuild-{collection_id}", daemon=True).start()
         return True
 
+    def remove_collection(self, collection_id: str) -> None:
+        """Forget a deleted collection's index and remove its folder."""
+        cdir = collection_dir(self.root, collection_id)
+        with self._lock:
+            self._readers.pop(collection_id, None)
+        if cdir.exists():
+            with writer_lock(cdir, self.lock_timeout_s):
+                (cdir / "CURRENT").unlink(missing_ok=True)
+                for version in cdir.glob("v*"):
+                    shutil.rmtree(version, ignore_errors=True)
+            shutil.rmtree(cdir, ignore_errors=True)
+
     def indexed_collections(self) -> list[str]:
         """Collections that have an index folder under the root."""
         if not self.root.exists():
