@@ -41,7 +41,7 @@ def on_document_ready(ctx: WorkerContext, collection_id: str, document_id: str,
     if not ctx.settings.retrieval_index:
         return
     try:
-        retrieval_indexes(ctx).document_ready(collection_id, document_id, pages)
+        retrieval_indexes(ctx).document_ready(ctx.meta, collection_id, document_id, pages)
     except Exception:  # noqa: BLE001 - the check at startup repairs a missed update
         log.exception("could not add %s to the retrieval index of %s", document_id,
                       collection_id)

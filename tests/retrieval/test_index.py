@@ -146,14 +146,15 @@ def test_hooks_check_and_rebuild_keep_the_index_in_step(
     indexes = RetrievalIndexes(tmp_path / "index")
     assert indexes.check(meta, collection.id).state == "missing"
     store_document(meta, collection.id, docs[0][0], docs[0][2])
-    assert not indexes.document_ready(collection.id, docs[0][0], docs[0][2])  # no index yet
+    assert indexes.document_ready(meta, collection.id, docs[0][0], docs[0][2])  # built now
+    assert indexes.check(meta, collection.id).state == "ok"
     for doc_id, _, pages in docs[1:10]:
         store_document(meta, collection.id, doc_id, pages)
     assert indexes.rebuild(meta, collection.id) == 50
     assert indexes.check(meta, collection.id).state == "ok"
     for doc_id, _, pages in docs[10:]:  # ingest: ready, then the hook
         store_document(meta, collection.id, doc_id, pages)
-        assert indexes.document_ready(collection.id, doc_id, pages)
+        assert indexes.document_ready(meta, collection.id, doc_id, pages)
     for doc_id in sorted(DELETED):  # the delete path: store, then the hook
         meta.delete_document(DocumentId(doc_id))
         indexes.document_deleted(meta, collection.id, doc_id)

@@ -42,6 +42,7 @@ from worker.retrieval.index.writer import (
 log = logging.getLogger(__name__)
 
 SYNC_BATCH_DOCUMENTS = 200  # documents read from the store and committed together
+SYNC_BUILD_MAX_DOCUMENTS = 20  # a collection without an index this small is built in the hook
 COMPACT_MIN_DEAD_PAGES = 1000  # a rebuild drops deleted pages' rows once this many ...
 COMPACT_DEAD_SHARE = 0.25  # ... and this share of the indexed pages are dead
 
@@ -87,13 +88,18 @@ class RetrievalIndexes:
                 self._readers[collection_id] = reader
         return reader
 
-    def document_ready(self, collection_id: str, document_id: str,
+    def document_ready(self, meta: MetadataStore, collection_id: str, document_id: str,
                        pages: Sequence[Page]) -> bool:
-        """Add a document that just became ready; False when the collection has no index
-        yet (its rebuild will pick the document up from the store)."""
+        """Add a document that just became ready. A collection without an index gets one
+        built from the store now when it is small (its first documents); a larger one is
+        left to the background rebuild that its next question or the startup check starts
+        (returns False)."""
         cdir = collection_dir(self.root, collection_id)
         if current_version(cdir) is None:
-            return False
+            if len(_ready_documents(meta, collection_id)) > SYNC_BUILD_MAX_DOCUMENTS:
+                return False
+            self.rebuild(meta, collection_id)
+            return True
         with writer_lock(cdir, self.lock_timeout_s):
             version = current_version(cdir)
             if version is None:
