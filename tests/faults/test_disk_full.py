@@ -1,0 +1,135 @@
+"""A full disk (issue 13): the service's home on a small tmpfs, filled by a ballast file.
+
+Upload with no space left: 507 with a message, nothing kept. Ingest that runs out of space
+half-way (page images, KV): the document ends `failed` with a message naming the disk, is
+deletable, and leaves no files. With the space back, the same upload ends `ready` and is
+answered. The process stays up throughout. Needs root to mount a tmpfs (CI runs as root);
+skipped with the reason otherwise. A KV write to a full disk is counted, leaves no partial
+file, and the page stays served from memory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from storage.keys import PageHash
+from storage.kv import DiskKVStore, MemoryKVStore, TieredKVStore
+from tests.faults.conftest import Server, assert_no_orphan_files, settled
+from tests.pdfs import text_pdf
+from tests.storage.kv_testkit import assert_same_page, make_page
+
+PAGES = [f"Section {i}: the inspection interval of valve {i} is {7 * i} days. " * 12
+         for i in range(1, 9)]
+
+
+@pytest.fixture
+def small_home(tmp_path: Path) -> Iterator[Path]:
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(home)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=False)
+
+
+def _free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _fill(home: Path, leave: int) -> Path:
+    """A ballast file that leaves about `leave` bytes free on the home's filesystem (the
+    server's log grows on it too, so a write that hits the end is shrunk back)."""
+    ballast = home / "ballast"
+    ballast.unlink(missing_ok=True)
+    with ballast.open("wb", buffering=0) as f:
+        size = max(0, _free(home) - leave)
+        chunk = b"\0" * (1 << 20)
+        try:
+            while size > 0:
+                size -= f.write(chunk[: min(size, len(chunk))])
+        except OSError:
+            pass
+        short = leave - _free(home)
+        if short > 0:
+            f.truncate(max(0, f.tell() - short))
+    return ballast
+
+
+def _documents(server: Server, col: str) -> list[dict[str, object]]:
+    docs: list[dict[str, object]] = server.client().get(
+        f"/v1/collections/{col}/documents").json()
+    return docs
+
+
+def test_disk_full_during_upload_and_ingest(small_home: Path,
+                                            server_factory: Callable[..., Server]) -> None:
+    server = server_factory("home")
+    server.start()
+    client = server.client()
+    col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
+    pdf = text_pdf(PAGES)
+    # a first document writes the model files, the database and one document's pages and KV
+    first = client.post(f"/v1/collections/{col}/documents",
+                        files={"file": ("a.pdf", pdf, "application/pdf")}).json()
+    assert settled(client, first["document_id"])["status"] == "ready"
+    per_doc = sum(p.stat().st_size for d in ("pages", "kv", "uploads")
+                  for p in (small_home / d).rglob("*") if p.is_file())
+
+    # upload with (almost) no space left: 507, nothing kept
+    ballast = _fill(small_home, leave=8 * 1024)
+    r = client.post(f"/v1/collections/{col}/documents",
+                    files={"file": ("b.pdf", pdf, "application/pdf")})
+    assert r.status_code == 507, r.text
+    assert "disk space" in r.json()["detail"]
+    assert [d["document_id"] for d in _documents(server, col)] == [first["document_id"]]
+    assert_no_orphan_files(small_home, {first["document_id"]})
+
+    # room for the upload, not for its pages and KV: failed with a message, deletable
+    ballast.unlink()
+    ballast = _fill(small_home, leave=len(pdf) + 256 * 1024)
+    assert _free(small_home) < per_doc
+    r = client.post(f"/v1/collections/{col}/documents",
+                    files={"file": ("c.pdf", pdf, "application/pdf")})
+    if r.status_code == 507:  # the database's own growth can take the last bytes
+        assert "disk space" in r.json()["detail"]
+    else:
+        assert r.status_code == 202, r.text
+        doc = settled(client, r.json()["document_id"], timeout=600)
+        assert doc["status"] == "failed", doc
+        assert "space" in str(doc["error"]).lower(), doc
+        assert client.delete(f"/v1/documents/{doc['document_id']}").status_code == 204
+    assert_no_orphan_files(small_home, {first["document_id"]})
+    assert client.get("/healthz").status_code == 200
+
+    # space back: the same file ingests and is answered
+    ballast.unlink()
+    again = client.post(f"/v1/collections/{col}/documents",
+                        files={"file": ("c.pdf", pdf, "application/pdf")}).json()
+    assert settled(client, again["document_id"], timeout=600)["status"] == "ready"
+    answer = client.post("/v1/query", json={"collection_id": col, "top_k": 2,
+                                            "question": "How often is valve 3 inspected?",
+                                            "max_new_tokens": 4})
+    assert answer.status_code == 200, answer.text
+    assert server.proc is not None and server.proc.poll() is None
+
+
+def test_kv_write_to_a_full_disk_is_counted_and_served_from_memory(small_home: Path) -> None:
+    key = PageHash("cd" * 32)
+    page = make_page(3)
+    disk = DiskKVStore(small_home / "kv", 1 << 30)
+    stack = TieredKVStore([("memory", MemoryKVStore(1 << 30)), ("disk", disk)])
+    _fill(small_home, leave=4 * 1024)
+    stack.put_many({key: page})  # the disk tier's write fails; nothing raises
+    assert disk.stats().errors == 1
+    assert [p.name for p in (small_home / "kv").rglob("*") if p.is_file()] == []
+    assert_same_page(stack.get_many([key])[key], page)
