@@ -5,6 +5,7 @@ the stream with a clean error instead of a hang."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -70,4 +71,36 @@ def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
         assert client.get("/healthz").status_code == 200
     finally:
         _stop(*procs)
+        stop_redis()
+
+
+def test_openai_stream_ends_with_an_error_event_when_its_worker_dies(tmp_path: Path) -> None:
+    redis_url, stop_redis = start_redis(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    worker = start_worker(home, redis_url, "worker.log")
+    url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url})
+    try:
+        client = httpx.Client(base_url=url, timeout=300)
+        col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
+        up = client.post(f"/v1/collections/{col}/documents",
+                         files={"file": ("s.pdf", text_pdf(["Dock 4 ships valves."]),
+                                         "application/pdf")}).json()
+        assert settled(client, up["document_id"], timeout=900)["status"] == "ready"
+        body = {"model": f"conduit:{col}", "stream": True, "max_tokens": 2048,
+                "messages": [{"role": "user", "content": "Which dock?"}]}
+        data: list[str] = []
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    data.append(line.removeprefix("data: "))
+                    if '"content"' in data[-1] and worker.poll() is None:
+                        worker.send_signal(signal.SIGKILL)  # after the first token
+        assert data[-1] == "[DONE]", data[-3:]
+        error = json.loads(data[-2])["error"]
+        assert error["message"] and error["type"] == "server_error", error
+        assert client.get("/healthz").status_code == 200
+    finally:
+        _stop(worker, api)
         stop_redis()
