@@ -105,6 +105,7 @@ class Batch:
     glyphs: torch.Tensor  # (G, 3) int64: every cell's own glyph (batch row, index, token)
     answer: torch.Tensor  # (2B, 3) int64: batch row, index of the logit, target token
     follow: torch.Tensor  # (F, 3) int64: the same for follow-up turns
+    ask: torch.Tensor  # (Q, 3) int64: each question's key token -> its answer (training aid)
 
 
 class Layouts:
@@ -124,6 +125,7 @@ class Layouts:
         self.head = torch.tensor(adapter.head_ids(ANSWER_PREFIX))
         self._tokens = {ch: int(adapter.tokenizer(ch, add_special_tokens=False).input_ids[-1])
                         for ch in ALPHABET}
+        self._question_mark = int(adapter.tokenizer("?", add_special_tokens=False).input_ids[-1])
 
     def turn(self, key: str) -> torch.Tensor:
         """A follow-up chat turn asking about `key`, up to the generation prompt."""
@@ -134,6 +136,12 @@ class Layouts:
                    + self.adapter.tail_ids(q))
             self._turns[q] = torch.tensor(ids, dtype=torch.long)
         return self._turns[q]
+
+    def key_index(self, ids: torch.Tensor) -> int:
+        """Index in `ids` of the last question's key token: the one just before its "?"
+        ("K", or " M" where the tokenizer merges the space into the letter)."""
+        marks = (ids[1:] == self._question_mark).nonzero()  # (k, 1)
+        return int(marks[-1, 0])
 
     def token_of(self, ch: str) -> int:
         """The vocabulary id a glyph is named by (a space for the blank cell)."""
@@ -174,16 +182,19 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     end_id = int(tok.convert_tokens_to_ids("<|im_end|>"))
     rows_ids, rows_pos, pixels, aux, answer, glyphs = [], [], [], [], [], []
     follow: list[tuple[int, int, int]] = []
+    ask: list[tuple[int, int, int]] = []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
         n = int(ids.shape[0])
         ans_id = layouts.token_of(s.record.answer)
         answer += [(b, n - 1, ans_id), (b, n, end_id)]
+        ask.append((b, layouts.key_index(ids), ans_id))
         pieces = [ids, torch.tensor([ans_id])]
         n += 1
         for r in s.follow_ups:  # <|im_end|>\n<|im_start|>user\n question ... assistant\n digit
             turn = layouts.turn(r.key)
             pieces += [turn, torch.tensor([layouts.token_of(r.answer)])]
+            ask.append((b, n + layouts.key_index(turn), layouts.token_of(r.answer)))
             n += int(turn.shape[0]) + 1
             follow += [(b, n - 2, layouts.token_of(r.answer)), (b, n - 1, end_id)]
         row = torch.cat(pieces)  # (N',)
@@ -208,7 +219,8 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
                  aux=torch.tensor(aux, dtype=torch.long),
                  glyphs=torch.tensor(glyphs, dtype=torch.long),
                  answer=torch.tensor(answer, dtype=torch.long),
-                 follow=torch.tensor(follow, dtype=torch.long).view(-1, 3))
+                 follow=torch.tensor(follow, dtype=torch.long).view(-1, 3),
+                 ask=torch.tensor(ask, dtype=torch.long))
 
 
 def batch_hidden(model: Any, batch: Batch,

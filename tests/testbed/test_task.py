@@ -94,6 +94,10 @@ def test_batch_targets_point_at_the_right_tokens(parts):
         assert tok.convert_ids_to_tokens(digit) == s.record.answer
         assert batch.ids[i, r2] == digit and r2 == r1 + 1
         assert tok.convert_ids_to_tokens(end) == "<|im_end|>"
+    for (b, at, digit), s in zip(batch.ask.tolist(), samples, strict=True):  # the key token
+        assert tok.decode(batch.ids[b, at - 3:at + 2]).endswith(f"What is {s.record.key}?")
+        assert tok.decode(batch.ids[b, at:at + 1]).strip() == s.record.key
+        assert tok.decode([digit]) == s.record.answer
 
 
 def test_generated_pdfs_render_to_the_training_pixels(tmp_path):
@@ -126,6 +130,10 @@ def test_follow_up_turns_ask_answerable_records(parts):
         assert tok.decode([digit]) == r.answer and batch.ids[0, at + 1] == digit
         assert tok.decode(batch.ids[0, at - 15:at + 1]).endswith(
             f"What is {r.key}?<|im_end|>\n<|im_start|>assistant\n")
+    for (_, at, digit), r in zip(batch.ask[1:].tolist(), s.follow_ups, strict=True):
+        assert tok.decode(batch.ids[0, at - 3:at + 2]).endswith(f"What is {r.key}?")
+        assert tok.decode(batch.ids[0, at:at + 1]).strip() == r.key
+        assert tok.decode([digit]) == r.answer
     pos = batch.position_ids[:, 0]  # (3, N): the turns continue the text positions
     n_first = int(batch.answer[1, 1])
     assert torch.equal(pos[0, n_first:], torch.arange(pos[0, n_first], pos[0, n_first]
