@@ -63,11 +63,22 @@ def _text_config(tok: Any, vocab: int) -> dict[str, Any]:
     return dict(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        rms_norm_eps=1e-6, initializer_range=0.1,
-        bos_token_id=_tid(tok, "<|endoftext|>"),
-        eos_token_id=_tid(tok, "<|im_end|>"),
-        pad_token_id=_tid(tok, "<|endoftext|>"),
+        rms_norm_eps=1e-6, initializer_range=0.1, **chatml_text_ids(tok),
     )
+
+
+def chatml_text_ids(tok: Any) -> dict[str, Any]:
+    """The builtin tokenizer's bos/eos/pad ids, as a language model config takes them."""
+    return {"bos_token_id": _tid(tok, "<|endoftext|>"), "eos_token_id": _tid(tok, "<|im_end|>"),
+            "pad_token_id": _tid(tok, "<|endoftext|>")}
+
+
+def qwen_vision_ids(tok: Any) -> dict[str, Any]:
+    """The image, video and vision start/end token ids, as a Qwen2(.5)-VL config takes them."""
+    return {"image_token_id": _tid(tok, "<|image_pad|>"),
+            "video_token_id": _tid(tok, "<|video_pad|>"),
+            "vision_start_token_id": _tid(tok, "<|vision_start|>"),
+            "vision_end_token_id": _tid(tok, "<|vision_end|>")}
 
 
 def _tid(tok: Any, token: str) -> int:
@@ -96,10 +107,7 @@ def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
         vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
                            initializer_range=0.1),
-        image_token_id=_tid(tok, "<|image_pad|>"),
-        video_token_id=_tid(tok, "<|video_pad|>"),
-        vision_start_token_id=_tid(tok, "<|vision_start|>"),
-        vision_end_token_id=_tid(tok, "<|vision_end|>"),
+        **qwen_vision_ids(tok),
     )
     model = _seeded(lambda: Qwen2VLForConditionalGeneration(cfg))
     ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)
@@ -126,10 +134,7 @@ def tiny_qwen2_5_vl() -> tuple[PreTrainedModel, Any]:
                            out_hidden_size=64, patch_size=14, spatial_merge_size=2,
                            temporal_patch_size=2, window_size=56, fullatt_block_indexes=[1],
                            initializer_range=0.1),
-        image_token_id=_tid(tok, "<|image_pad|>"),
-        video_token_id=_tid(tok, "<|video_pad|>"),
-        vision_start_token_id=_tid(tok, "<|vision_start|>"),
-        vision_end_token_id=_tid(tok, "<|vision_end|>"),
+        **qwen_vision_ids(tok),
     )
     model = _seeded(lambda: Qwen2_5_VLForConditionalGeneration(cfg))
     ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)

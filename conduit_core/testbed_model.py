@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
-from conduit_core.builtin_models import _qwen_tokenizer, _tid, _vocab
+from conduit_core.builtin_models import _qwen_tokenizer, _vocab, chatml_text_ids, qwen_vision_ids
 from conduit_core.errors import ModelLoadError
 from conduit_core.processors import ImageOnlyQwen2VLProcessor
 
@@ -44,18 +44,14 @@ def testbed_config(tok: Any) -> Qwen2VLConfig:
         rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
                          "mrope_section": [8, 12, 12]},
-        bos_token_id=_tid(tok, "<|endoftext|>"), eos_token_id=_tid(tok, "<|im_end|>"),
-        pad_token_id=_tid(tok, "<|endoftext|>"),
+        **chatml_text_ids(tok),
     )
     return Qwen2VLConfig(
         text_config=text,
         vision_config=dict(depth=1, embed_dim=64, hidden_size=128, num_heads=2, mlp_ratio=2,
                            patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
                            initializer_range=0.02),
-        image_token_id=_tid(tok, "<|image_pad|>"),
-        video_token_id=_tid(tok, "<|video_pad|>"),
-        vision_start_token_id=_tid(tok, "<|vision_start|>"),
-        vision_end_token_id=_tid(tok, "<|vision_end|>"),
+        **qwen_vision_ids(tok),
         tie_word_embeddings=True,
     )
 
