@@ -31,6 +31,8 @@ def add_index_commands(sub: Any, bench: Any) -> None:
     scale.add_argument("--questions", type=int, default=30, help="warm questions per row")
     scale.add_argument("--inserts", type=int, default=3,
                        help="documents added one at a time, each followed by a question")
+    scale.add_argument("--scan-max-pages", type=int, default=100_000,
+                       help="measure the scan path only up to this many pages")
     scale.add_argument("--work", type=Path, default=None,
                        help="scratch folder (default: a temporary one, removed after)")
     scale.add_argument("--out", type=Path, default=Path("bench/results/retrieval_scale.json"))
@@ -80,5 +82,6 @@ def _bench_scale(args: argparse.Namespace) -> int:
     stores = [s for s in args.store.split(",") if s]
     run_retrieval_scale(pages=args.pages, stores=stores, questions=args.questions,
                         inserts=args.inserts, work=args.work, out=args.out,
+                        scan_max_pages=args.scan_max_pages,
                         command="conduit " + " ".join(sys.argv[1:]))
     return 0

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from worker.retrieval.embedder import Embedder
-from worker.retrieval.fusion import DEFAULT_RRF_K, Ranking, reciprocal_rank_fusion
+from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.hybrid import Hit
 from worker.retrieval.index.reader import IndexReader, bm25_top, dense_top, scope_mask
 
@@ -47,25 +47,32 @@ def search_index(
         return None
     scope = scope_mask(snap, document_ids)
     depth = max(depth, top_k)
-    rankings: list[Ranking] = []
+    rankings: list[tuple[str, np.ndarray, float]] = []
     if bm25_weight:
-        rankings.append(Ranking("bm25", bm25_top(snap, query, scope, document_ids, depth)
-                                .ordinals.tolist(), bm25_weight))
+        rankings.append(("bm25", bm25_top(snap, query, scope, document_ids, depth).ordinals,
+                         bm25_weight))
     if dense_weight and embedder is not None:
         found = dense_top(snap, embedder.embed_query(query), scope, depth)
-        rankings.append(Ranking("dense", found.ordinals.tolist(), dense_weight))
-    ranked = sorted({o for r in rankings for o in r.order})
-    local = {o: i for i, o in enumerate(ranked)}
-    fused = reciprocal_rank_fusion(
-        [Ranking(r.name, [local[o] for o in r.order], r.weight) for r in rankings],
-        len(ranked), k=rrf_k)
-    rank_of = {r.name: {o: rank for rank, o in enumerate(r.order, start=1)} for r in rankings}
-    outside = len(scope) + 1
-    best = [min((ranks[o] for ranks in rank_of.values() if o in ranks), default=outside)
-            for o in ranked]
-    order = sorted(range(len(ranked)),
-                   key=lambda i: (-fused[i], best[i], ranked[i]))[:top_k]
-    chosen = [(ranked[i], float(fused[i])) for i in order]
+        rankings.append(("dense", found.ordinals, dense_weight))
+    # weighted RRF over the union of the rankings, vectorised (`fusion.reciprocal_rank_fusion`
+    # adds the same terms in the same order, so the scores are bit-identical)
+    ranked = np.unique(np.concatenate([o for _, o, _ in rankings] or
+                                      [np.zeros(0, dtype=np.int64)]))
+    fused = np.zeros(len(ranked), dtype=np.float64)
+    best = np.full(len(ranked), len(scope) + 1, dtype=np.int64)
+    ranks: dict[str, np.ndarray] = {}
+    for name, order, weight in rankings:
+        where = np.searchsorted(ranked, order)
+        rank = np.arange(1, len(order) + 1)
+        full = np.zeros(len(ranked), dtype=np.int64)
+        full[where] = rank
+        ranks[name] = full
+        fused[where] += weight / (rrf_k + rank)
+        best[where] = np.minimum(best[where], rank)
+    top = np.lexsort((ranked, best, -fused))[:top_k]
+    chosen = [(int(ranked[i]), float(fused[i])) for i in top]
+    rank_of = {name: {int(ranked[i]): int(full[i]) for i in top if full[i]}
+               for name, full in ranks.items()}
     if len(chosen) < top_k:  # fewer ranked pages than asked: the rest in index order
         taken = {o for o, _ in chosen}
         for o in np.flatnonzero(scope):
