@@ -133,6 +133,16 @@ def settled(client: httpx.Client, document_id: str, timeout: float = 900) -> dic
     return result
 
 
+def job_status(client: httpx.Client, job_id: str, timeout: float = 60) -> str:
+    """The job's status once it has ended (a document is marked ready a moment before its
+    job is marked succeeded)."""
+    def ended() -> str | None:
+        status: str = client.get(f"/v1/jobs/{job_id}").json()["status"]
+        return status if status in ("succeeded", "failed") else None
+    result: str = wait_for(ended, timeout, f"job {job_id} to end", 0.2)
+    return result
+
+
 def assert_no_orphan_files(home: Path, live_documents: set[str]) -> None:
     """Uploads and page images exist only for documents that still exist."""
     uploads = {p.stem for p in (home / "uploads").glob("*.pdf")}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.faults.conftest import Server, assert_no_orphan_files, settled, wait_for
+from tests.faults.conftest import Server, assert_no_orphan_files, job_status, settled, wait_for
 from tests.pdfs import text_pdf
 
 PAGES = [f"Section {i}: the inspection interval of valve {i} is {7 * i} days." for i in
@@ -47,8 +47,7 @@ def test_sigkill_mid_ingest_then_restart_finishes_the_document(
     client = server.client()
     doc = settled(client, up["document_id"])
     assert doc["status"] == "ready", doc
-    job = client.get(f"/v1/jobs/{up['job_id']}").json()
-    assert job["status"] == "succeeded", job
+    assert job_status(client, up["job_id"]) == "succeeded"
     assert client.post("/v1/query", json={"collection_id": col, "question": "valve 3?",
                                           "top_k": 1, "max_new_tokens": 2}).status_code == 200
     assert client.delete(f"/v1/documents/{up['document_id']}").status_code == 204
@@ -87,7 +86,7 @@ def test_sigterm_with_queued_documents_requeues_them_at_the_next_start(
     client = server.client()
     for up in uploads:
         assert settled(client, up["document_id"])["status"] == "ready"
-        assert client.get(f"/v1/jobs/{up['job_id']}").json()["status"] == "succeeded"
+        assert job_status(client, up["job_id"]) == "succeeded"
 
 
 def test_delete_is_refused_only_while_a_live_worker_ingests(

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from bench.redis_server import start_redis
-from tests.faults.conftest import FAST, settled, start_serve, start_worker, wait_for
+from tests.faults.conftest import FAST, job_status, settled, start_serve, start_worker, wait_for
 from tests.pdfs import text_pdf
 
 PERSISTENT = ["--appendonly", "yes", "--appendfsync", "always"]
@@ -167,4 +167,4 @@ def test_redis_restarted_during_ingest_and_answer(deployment: Deployment) -> Non
     if events[-1][0] == "error":
         assert events[-1][1].strip(), events[-1]  # an error event says what happened
     assert _answers(client, col)["citations"]
-    assert client.get(f"/v1/jobs/{up['job_id']}").json()["status"] == "succeeded"
+    assert job_status(client, up["job_id"]) == "succeeded"

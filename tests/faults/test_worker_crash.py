@@ -5,16 +5,18 @@ the stream with a clean error instead of a hang."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
 from bench.redis_server import start_redis
-from tests.faults.conftest import FAST, settled, start_serve, start_worker, wait_for
+from tests.faults.conftest import FAST, job_status, settled, start_serve, start_worker, wait_for
 from tests.pdfs import text_pdf
 
 
@@ -29,15 +31,27 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
             p.kill()
 
 
-def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _distributed(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]],
+                                                   httpx.Client]]:
+    """Redis, one worker and the API on a shared home: (redis URL, [worker, api], client);
+    everything started later and appended to the list is stopped too."""
     redis_url, stop_redis = start_redis(tmp_path)
     home = tmp_path / "home"
     home.mkdir()
-    first = start_worker(home, redis_url, "worker1.log")
-    url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url})
-    procs = [first, api]
+    procs = [start_worker(home, redis_url, "worker1.log")]
     try:
-        client = httpx.Client(base_url=url, timeout=300)
+        url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url})
+        procs.append(api)
+        yield redis_url, procs, httpx.Client(base_url=url, timeout=300)
+    finally:
+        _stop(*procs)
+        stop_redis()
+
+
+def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
+    with _distributed(tmp_path) as (redis_url, procs, client):
+        first, home = procs[0], tmp_path / "home"
         col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
         pages = [f"Shipment {i}: {i * 3} pallets of valves leave dock {i}." for i in range(6)]
         up = client.post(f"/v1/collections/{col}/documents",
@@ -50,7 +64,7 @@ def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
         first.wait(timeout=30)
         doc = settled(client, up["document_id"], timeout=900)
         assert doc["status"] == "ready", doc
-        assert client.get(f"/v1/jobs/{up['job_id']}").json()["status"] == "succeeded"
+        assert job_status(client, up["job_id"]) == "succeeded"
 
         # mid-answer: the only worker dies after the first token; the stream ends cleanly
         body = {"collection_id": col, "question": "Which dock?", "top_k": 2,
@@ -69,19 +83,11 @@ def test_worker_sigkill_mid_ingest_and_mid_answer(tmp_path: Path) -> None:
         assert events[-1] in ("error", "done"), events
         assert time.monotonic() - start < 120
         assert client.get("/healthz").status_code == 200
-    finally:
-        _stop(*procs)
-        stop_redis()
 
 
 def test_openai_stream_ends_with_an_error_event_when_its_worker_dies(tmp_path: Path) -> None:
-    redis_url, stop_redis = start_redis(tmp_path)
-    home = tmp_path / "home"
-    home.mkdir()
-    worker = start_worker(home, redis_url, "worker.log")
-    url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url})
-    try:
-        client = httpx.Client(base_url=url, timeout=300)
+    with _distributed(tmp_path) as (_, procs, client):
+        worker = procs[0]
         col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
         up = client.post(f"/v1/collections/{col}/documents",
                          files={"file": ("s.pdf", text_pdf(["Dock 4 ships valves."]),
@@ -101,6 +107,3 @@ def test_openai_stream_ends_with_an_error_event_when_its_worker_dies(tmp_path: P
         error = json.loads(data[-2])["error"]
         assert error["message"] and error["type"] == "server_error", error
         assert client.get("/healthz").status_code == 200
-    finally:
-        _stop(worker, api)
-        stop_redis()
