@@ -165,7 +165,7 @@ def _resolve_doc(name: str | None, documents: Sequence[str]) -> str | None:
 def rank_questions(
     corpus: Corpus, questions: Sequence[EvalQuestion], *, within_doc: bool, depth: int = 20,
     bm25_weight: float = 1.0, dense_weight: float = 1.0, embedder: Embedder | None = None,
-    rrf_k: float = DEFAULT_RRF_K,
+    rrf_k: float = DEFAULT_RRF_K, ref_weight: float = 0.0, doc_weight: float = 0.0,
 ) -> list[list[PageRef]]:
     """Ranked pages per question (at most `depth`, fewer only when the scope is smaller).
 
@@ -173,7 +173,8 @@ def rank_questions(
     without a `doc`, or whose doc is not in the folder, raises `ValueError`.
     """
     documents = corpus.documents()
-    all_candidates = [Candidate(key=str(i), text=p.text, embedding=p.embedding, context=p.context)
+    all_candidates = [Candidate(key=str(i), text=p.text, embedding=p.embedding, context=p.context,
+                                document=p.doc, page=p.page)
                       for i, p in enumerate(corpus.pages)]
     by_doc: dict[str, list[Candidate]] = {}
     for candidate, page in zip(all_candidates, corpus.pages, strict=True):
@@ -192,7 +193,8 @@ def rank_questions(
                                  f"of the PDFs in the folder (got {q.doc!r})")
             candidates = by_doc[doc]
         hits = search(q.question, candidates, top_k=depth, bm25_weight=bm25_weight,
-                      dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k)
+                      dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k,
+                      ref_weight=ref_weight, doc_weight=doc_weight)
         rankings.append([(corpus.pages[int(h.key)].doc, corpus.pages[int(h.key)].page)
                          for h in hits])
     return rankings

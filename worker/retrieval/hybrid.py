@@ -4,6 +4,8 @@ Stateless over candidates: the caller picks the candidate pages (the scope: a wh
 collection, or the pages of a list of document ids) and passes their stored text and
 embeddings; nothing here reads a store, so embedded and distributed mode share the code.
 Each candidate's document context (its document's title words) is indexed with its text.
+Two optional terms join the fused score: pages the question points at by number, position
+or caption (`query_refs`), and the rank of each page's document (`doc_prior`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from worker.retrieval.bm25 import bm25_scores
 from worker.retrieval.dense import max_passage_scores
+from worker.retrieval.doc_prior import document_ranks
 from worker.retrieval.document_context import with_context
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import (
@@ -24,6 +27,7 @@ from worker.retrieval.fusion import (
     reciprocal_rank_fusion,
 )
 from worker.retrieval.passages import embed_pages
+from worker.retrieval.query_refs import parse_refs, referenced_pages
 from worker.retrieval.visual import VisualRetriever, late_interaction_scores
 
 
@@ -35,7 +39,10 @@ class Candidate:
     `(n, 384)` passage matrix from ingestion (`embedding_from_bytes`); when None and the page
     has text, it is computed on the fly. `visual` is the page's multi-vector embedding from
     a configured `VisualRetriever` (None when there is none). `context` is the title words
-    of the page's document (`document_context`), indexed with the page by BM25.
+    of the page's document (`document_context`), indexed with the page by BM25. `document`
+    (its document's id) and `page` (1-based physical number, 0 unknown) let a question's
+    page references and the document prior find it; with `document` empty, `key` up to
+    its last ":" names the document.
     """
 
     key: str
@@ -43,6 +50,12 @@ class Candidate:
     embedding: np.ndarray | None = None
     visual: np.ndarray | None = None
     context: str = ""
+    document: str = ""
+    page: int = 0
+
+    def document_id(self) -> str:
+        """The candidate's document: `document`, else `key` before its last ":"."""
+        return self.document or self.key.rpartition(":")[0]
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,8 @@ def search(
     visual: VisualRetriever | None = None,
     visual_weight: float = 1.0,
     rrf_k: float = DEFAULT_RRF_K,
+    ref_weight: float = 0.0,
+    doc_weight: float = 0.0,
 ) -> list[Hit]:
     """The `top_k` best candidates for `query`, best first.
 
@@ -74,9 +89,13 @@ def search(
     dense cosine of the query with each page's best passage (needs `embedder`; skipped when
     None or `dense_weight` is 0), and visual late interaction (when `visual` is given and
     candidates carry `visual` embeddings). Fused by weighted reciprocal rank fusion with
-    constant `rrf_k`. Ties go to the better single rank, then to input order. When fewer
-    than `top_k` candidates are ranked at all, the rest follow in input order with score 0,
-    so the result always has `min(top_k, len(candidates))` entries.
+    constant `rrf_k`. With `ref_weight`, a page the question names ("page 5", "the last
+    page", "Figure 2": `query_refs`) gains `ref_weight * strength / (rrf_k + 1)`; with
+    `doc_weight` (and more than one document in scope), every page gains
+    `doc_weight / (rrf_k + r)`, r its document's rank (`doc_prior`). Ties go to the better
+    single rank, then to input order. When fewer than `top_k` candidates are ranked at all
+    (and neither extra term applies), the rest follow in input order with score 0, so the
+    result always has `min(top_k, len(candidates))` entries.
     """
     if top_k < 1:
         raise ValueError("top_k must be >= 1")
@@ -98,6 +117,17 @@ def search(
         rankings.append(Ranking("visual", _visual_order(query, candidates, visual),
                                 visual_weight))
     fused = reciprocal_rank_fusion(rankings, n, k=rrf_k)
+    if ref_weight:
+        documents = [c.document_id() for c in candidates]
+        named = referenced_pages(parse_refs(query), documents, [c.page for c in candidates],
+                                 [c.text for c in candidates])
+        for i, strength in named.items():
+            fused[i] += ref_weight * strength / (rrf_k + 1)
+    if doc_weight and len({c.document_id() for c in candidates}) > 1:
+        doc_rank = document_ranks(query, [c.document_id() for c in candidates],
+                                  [c.text for c in candidates], [c.context for c in candidates],
+                                  query_vector=query_vector, page_vectors=pages, rrf_k=rrf_k)
+        fused += doc_weight / (rrf_k + doc_rank)
     rank_of = {r.name: {index: rank for rank, index in enumerate(r.order, start=1)}
                for r in rankings}
     best_single = [min((ranks[i] for ranks in rank_of.values() if i in ranks), default=n + 1)
