@@ -106,6 +106,8 @@ class Batch:
     answer: torch.Tensor  # (2B, 3) int64: batch row, index of the logit, target token
     follow: torch.Tensor  # (F, 3) int64: the same for follow-up turns
     ask: torch.Tensor  # (Q, 3) int64: each question's key token -> its answer (training aid)
+    look_q: torch.Tensor  # (L, 3) int64: batch row, question position, its key cell's position
+    look_p: torch.Tensor  # (R, 3) int64: batch row, a reference's key glyph, the cell it names
 
 
 class Layouts:
@@ -183,24 +185,37 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     rows_ids, rows_pos, pixels, aux, answer, glyphs = [], [], [], [], [], []
     follow: list[tuple[int, int, int]] = []
     ask: list[tuple[int, int, int]] = []
+    look_q: list[tuple[int, int, int]] = []
+    look_p: list[tuple[int, int, int]] = []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
+        start_of = dict(zip(s.pages, starts, strict=True))
+        cell_at = {r.key: start_of[r.page] + 1 + r.cell for r in s.doc.records
+                   if r.page in start_of}  # sequence index of each shown key cell
         n = int(ids.shape[0])
         ans_id = layouts.token_of(s.record.answer)
         answer += [(b, n - 1, ans_id), (b, n, end_id)]
         ask.append((b, layouts.key_index(ids), ans_id))
+        look_q += [(b, layouts.key_index(ids), cell_at[s.record.key]),
+                   (b, n - 1, cell_at[s.record.key])]
         pieces = [ids, torch.tensor([ans_id])]
         n += 1
         for r in s.follow_ups:  # <|im_end|>\n<|im_start|>user\n question ... assistant\n digit
             turn = layouts.turn(r.key)
             pieces += [turn, torch.tensor([layouts.token_of(r.answer)])]
             ask.append((b, n + layouts.key_index(turn), layouts.token_of(r.answer)))
+            look_q += [(b, n + layouts.key_index(turn), cell_at[r.key]),
+                       (b, n + int(turn.shape[0]) - 1, cell_at[r.key])]
             n += int(turn.shape[0]) + 1
             follow += [(b, n - 2, layouts.token_of(r.answer)), (b, n - 1, end_id)]
         row = torch.cat(pieces)  # (N',)
         text = torch.arange(nxt, nxt + int(row.shape[0]) - int(pos.shape[1]))
         rows_ids.append(row)
         rows_pos.append(torch.cat([pos, text.view(1, -1).expand(3, -1)], dim=1))  # (3, N')
+        for r in s.doc.records:  # "B+3=F": the cell of B looks at B's own key cell
+            named = s.doc.pages[r.page][r.cell // COLS][0] if r.family == "reference" else ""
+            if r.page in start_of and named in cell_at:
+                look_p.append((b, start_of[r.page] + 1 + r.cell - 4, cell_at[named]))
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page):
@@ -220,13 +235,18 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
                  glyphs=torch.tensor(glyphs, dtype=torch.long),
                  answer=torch.tensor(answer, dtype=torch.long),
                  follow=torch.tensor(follow, dtype=torch.long).view(-1, 3),
-                 ask=torch.tensor(ask, dtype=torch.long))
+                 ask=torch.tensor(ask, dtype=torch.long),
+                 look_q=torch.tensor(look_q, dtype=torch.long),
+                 look_p=torch.tensor(look_p, dtype=torch.long).view(-1, 3))
 
 
-def batch_hidden(model: Any, batch: Batch,
-                 layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_hidden(model: Any, batch: Batch, layer: int | None = None,
+                 attentions: list[torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Last-layer hidden states (B, N, hidden) of a batch, vision tower included, and with
-    `layer` the residual stream after decoder layer `layer` (B, N, hidden), else None."""
+    `layer` the residual stream after decoder layer `layer` (B, N, hidden), else None. With
+    `attentions` (a list; the model in eager attention), each layer's attention
+    probabilities (B, heads, N, N) are appended to it."""
     inner = model.model
     embeds = inner.language_model.embed_tokens(batch.ids)  # (B, N, hidden)
     feats = inner.get_image_features(batch.pixel_values, batch.grids,
@@ -235,6 +255,9 @@ def batch_hidden(model: Any, batch: Batch,
     mask = batch.ids == inner.config.image_token_id  # (B, N)
     embeds = embeds.masked_scatter(mask.unsqueeze(-1), feats.to(embeds.dtype))
     out = inner.language_model(inputs_embeds=embeds, position_ids=batch.position_ids,
-                               use_cache=False, output_hidden_states=layer is not None)
+                               use_cache=False, output_hidden_states=layer is not None,
+                               output_attentions=attentions is not None)
+    if attentions is not None:
+        attentions.extend(out.attentions)
     early = None if layer is None else out.hidden_states[layer + 1]
     return out.last_hidden_state, early

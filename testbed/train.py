@@ -8,7 +8,11 @@ that layer (weighted by `glyph_weight`: it aligns glyph features with the text e
 early, which is what a question needs to find its key), plus, weighted by `ask_weight`, each
 question's key token ("K" in "What is K?") predicting the answer: the question finds its
 record by content right where the key is read, and the answer position only has to copy
-from a fixed offset (without it, matching by content never emerged in 3,000 steps). Samples
+from a fixed offset, plus, weighted by `look_weight`, attention supervision: head 0 of
+layer `look_q_layer` takes each question's key token and its answer position to the
+record's key cell, and head 0 of layer `look_p_layer` takes the key glyph a reference names
+("B" in "B+3=F") to that record's key cell (matching by content never emerged in 3,000 steps
+of answer and page targets alone; the earlier attempts are in docs/TESTBED.md). Samples
 are drawn from `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it
 would have seen.
 Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
@@ -19,7 +23,7 @@ the final weights.
 
 Public API:
   TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
-              ask_weight, follow_ups, seed,
+              ask_weight, look_weight, look_q_layer, look_p_layer, follow_ups, seed,
               device, threads,
               eval_every, ckpt_every, heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
@@ -70,6 +74,9 @@ class TrainConfig:
     glyph_layer: int | None = 1  # if set: every cell names its glyph after this layer
     glyph_weight: float = 0.5
     ask_weight: float = 1.0  # each question's key token predicts the answer (see module doc)
+    look_weight: float = 1.0  # attention supervision (see module doc); 0 turns it off
+    look_q_layer: int = 3  # layer whose head 0 takes a question to its record's key cell
+    look_p_layer: int = 2  # layer whose head 0 takes a reference's key glyph to that key
     follow_ups: int = 2  # more questions per sample, as later chat turns
     seed: int = 0
     device: str = "cpu"
@@ -89,12 +96,20 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The answer loss and the weighted auxiliary losses."""
     head = model.lm_head
-    hidden, early = batch_hidden(model, batch, cfg.glyph_layer)  # 2 x (B, N, hidden)
+    attentions: list[torch.Tensor] | None = [] if cfg.look_weight else None
+    hidden, early = batch_hidden(model, batch, cfg.glyph_layer, attentions)  # 2 x (B, N, hidden)
     glyph_loss = torch.zeros(())
     if early is not None:
         g = batch.glyphs
         norm = model.model.language_model.norm
         glyph_loss = F.cross_entropy(head(norm(early[g[:, 0], g[:, 1]])), g[:, 2])
+    look_loss = torch.zeros(())
+    if attentions:
+        q, r = batch.look_q, batch.look_p
+        probs = [attentions[cfg.look_q_layer][q[:, 0], 0, q[:, 1], q[:, 2]]]  # (L,)
+        if len(r):
+            probs.append(attentions[cfg.look_p_layer][r[:, 0], 0, r[:, 1], r[:, 2]])  # (R,)
+        look_loss = -torch.log(torch.cat(probs).float().clamp_min(1e-6)).mean()
     ans, aux, ask = torch.cat([batch.answer, batch.follow]), batch.aux, batch.ask
     ans_loss = F.cross_entropy(head(hidden[ans[:, 0], ans[:, 1]]), ans[:, 2])
     aux_loss = F.cross_entropy(head(hidden[aux[:, 0], aux[:, 1]]), aux[:, 2])
@@ -102,7 +117,7 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, t
     if cfg.ask_weight:
         ask_loss = F.cross_entropy(head(hidden[ask[:, 0], ask[:, 1]]), ask[:, 2])
     return ans_loss, (cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
-                      + cfg.ask_weight * ask_loss)
+                      + cfg.ask_weight * ask_loss + cfg.look_weight * look_loss)
 
 
 @torch.no_grad()
@@ -169,6 +184,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         torch.set_num_threads(cfg.threads)
     cfg.out.mkdir(parents=True, exist_ok=True)
     model, processor = build_testbed(weights=None, seed=cfg.seed)
+    if cfg.look_weight:  # attention probabilities are returned by the eager kernel only
+        model.set_attn_implementation("eager")
     model = model.to(cfg.device).train()  # type: ignore[arg-type]
     adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
     patches = GlyphPatches(processor)
@@ -220,6 +237,6 @@ def _to(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
     for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "glyphs", "answer",
-                 "follow", "ask"):
+                 "follow", "ask", "look_q", "look_p"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch

@@ -94,6 +94,14 @@ def test_batch_targets_point_at_the_right_tokens(parts):
         assert tok.convert_ids_to_tokens(digit) == s.record.answer
         assert batch.ids[i, r2] == digit and r2 == r1 + 1
         assert tok.convert_ids_to_tokens(end) == "<|im_end|>"
+    glyph_at = {(b, i): t for b, i, t in batch.glyphs.tolist()}
+    assert len(batch.look_q) == 2 * len(samples)  # the key token and the answer position
+    for (b, at, cell), s in zip(batch.look_q.tolist(), [s for s in samples for _ in "qa"],
+                                strict=True):
+        assert glyph_at[(b, cell)] == layouts.token_of(s.record.key) and at < batch.answer[
+            2 * b, 1] + 1
+    for b, at, cell in batch.look_p.tolist():  # "B" of "B+3=F" -> the key cell of B
+        assert glyph_at[(b, at)] == glyph_at[(b, cell)] and cell < at
     for (b, at, digit), s in zip(batch.ask.tolist(), samples, strict=True):  # the key token
         assert tok.decode(batch.ids[b, at - 3:at + 2]).endswith(f"What is {s.record.key}?")
         assert tok.decode(batch.ids[b, at:at + 1]).strip() == s.record.key
