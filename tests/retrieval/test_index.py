@@ -189,3 +189,17 @@ def test_a_deleted_collection_leaves_no_index_behind(tmp_path: Path, docs: Docs)
     assert indexes.indexed_collections() == []
     assert indexes.check(meta, collection.id).state == "missing"
     meta.close()
+
+
+def test_the_index_tokenises_exactly_as_bm25s() -> None:
+    import bm25s
+
+    from worker.retrieval.bm25 import _stemmer, tokenize
+
+    texts = ["The Turbines' rotor-blades were INSPECTED (twice) in 2023, per ISO_9001.",
+             "Über naïve cafés: déjà vu! a I x y2 E052X e052x", "", "   ", "and the of",
+             "running runs ran runner's generously généreusement 北京 北京市 ab"]
+    expected = bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(), return_ids=False,
+                              show_progress=False)
+    assert tokenize(texts) == expected
+    assert tokenize(texts[:1])[0] == expected[0] and tokenize([texts[1]])[0] == expected[1]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 import threading
 from collections import OrderedDict
 
 import bm25s
 import numpy as np
 import Stemmer
+from bm25s.tokenization import STOPWORDS_EN
 
 # bm25s sets its logger to DEBUG, which prints a line per index build whatever the
 # application's level; follow the root logger instead.
@@ -22,12 +24,26 @@ def _stemmer() -> Stemmer.Stemmer:
     return Stemmer.Stemmer("english")
 
 
+_WORDS = re.compile(r"(?u)\b\w\w+\b").findall  # bm25s's default token pattern
+_STOPWORDS = frozenset(STOPWORDS_EN)
+_STEM_CACHE_SIZE = 500_000  # word -> stem; cleared when full (a few tens of MB at most)
+_stems: dict[str, str] = {}
+
+
 def tokenize(texts: list[str]) -> list[list[str]]:
-    """Texts as BM25 sees them: lower case, bm25s's word pattern and English stop words,
-    Snowball stems (shared by the scan path and the persistent index)."""
-    tokens: list[list[str]] = bm25s.tokenize(texts, stopwords="en", stemmer=_stemmer(),
-                                              return_ids=False, show_progress=False)
-    return tokens
+    """Texts as BM25 sees them: exactly `bm25s.tokenize(texts, stopwords="en",
+    stemmer=<Snowball English>, return_ids=False)` (lower case, bm25s's word pattern and
+    English stop words, Snowball stems; tested equal), several times faster. Shared by the
+    persistent index's writer and its queries."""
+    words = [[w for w in _WORDS(text.lower()) if w not in _STOPWORDS] for text in texts]
+    stems = _stems
+    new = list({w: None for ws in words for w in ws if w not in stems})
+    if new:
+        if len(stems) + len(new) > _STEM_CACHE_SIZE:
+            stems.clear()
+            new = list({w: None for ws in words for w in ws})
+        stems.update(zip(new, _stemmer().stemWords(new), strict=True))
+    return [[stems[w] for w in ws] for ws in words]
 
 
 _INDEX_CACHE_SIZE = 8

@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 1  # bump when the layout or the tokenisation changes: older indexes are rebuilt
+FORMAT = 2  # bump when the layout or the tokenisation changes: older indexes are rebuilt
 PAGE_FIELDS = 4  # int64 per page-table row
 
 

@@ -2,7 +2,7 @@
 
 Every change runs under the collection's file lock (`writer_lock`), so one process writes
 while any number read. A change appends the documents' passage vectors and page-table rows,
-adds their pages to Tantivy (stemmed tokens, pre-tokenised exactly as the BM25 scan path
+adds their pages to Tantivy (stemmed tokens, tokenised exactly as the BM25 scan path
 tokenises), commits Tantivy, and then commits the manifest. Removing a document deletes its
 Tantivy documents by term and marks its ordinal dead; its vector rows stay until compaction
 (a rebuild).
@@ -54,10 +54,11 @@ class IndexDocument:
 
 @functools.cache
 def schema() -> tantivy.Schema:
-    """Tantivy schema: `body` holds pre-stemmed tokens (frequencies, no positions), `doc`
+    """Tantivy schema: `body` holds our stemmed tokens joined by spaces, split back by
+    Tantivy's whitespace tokenizer (stems hold no spaces; frequencies, no positions), `doc`
     the document id (exact term, for filters and deletes), `page` the page ordinal."""
     builder = tantivy.SchemaBuilder()
-    builder.add_text_field("body", tokenizer_name="raw", index_option="freq")
+    builder.add_text_field("body", tokenizer_name="whitespace", index_option="freq")
     builder.add_text_field("doc", tokenizer_name="raw", index_option="basic")
     builder.add_unsigned_field("page", stored=False, indexed=False, fast=True)
     return builder.build()
@@ -133,9 +134,7 @@ def _rows(vectors: np.ndarray | None, manifest: Manifest) -> np.ndarray:
 
 def _tantivy_doc(document_id: str, page_ordinal: int, tokens: list[str]) -> tantivy.Document:
     doc = tantivy.Document()
-    doc.add_pre_tokenized_text(
-        "body", tantivy.PreTokenizedString("", [tantivy.Token(t, i, 0, 0)
-                                               for i, t in enumerate(tokens)]))
+    doc.add_text("body", " ".join(tokens))
     doc.add_text("doc", document_id)
     doc.add_unsigned("page", page_ordinal)
     return doc
