@@ -169,12 +169,13 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     dense = bool(dense_weight) and ctx.embedder is not None  # else embeddings go unread
     by_key = {f"{p.document_id}:{p.number}": p for p in pages}
     candidates = [
-        Candidate(key=k, text=p.text, context=p.context,
+        Candidate(key=k, text=p.text, context=p.context, document=p.document_id, page=p.number,
                   embedding=embedding_from_bytes(p.embedding) if dense and p.embedding else None)
         for k, p in by_key.items()
     ]
     hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
-                  dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k)
+                  dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k,
+                  ref_weight=s.ref_weight, doc_weight=s.doc_weight)
     return [(by_key[h.key], h.score) for h in hits]
 
 

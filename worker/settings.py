@@ -111,6 +111,16 @@ class Settings(BaseSettings):
         10.0, ge=0.0, description="RRF constant k: a page at rank r of a ranking scores "
         "weight / (k + r); smaller k trusts each ranking's top pages more.",
     )
+    ref_weight: float = Field(
+        0.0, ge=0.0, le=10.0, description="Weight of the page-reference term: a page the "
+        "question names (\"page 5\", \"the last page\", \"Figure 2\") gains "
+        "ref_weight * strength / (rrf_k + 1) (worker/retrieval/query_refs.py; scan path).",
+    )
+    doc_weight: float = Field(
+        0.0, ge=0.0, le=10.0, description="Weight of the document prior: every page gains "
+        "doc_weight / (rrf_k + r), r its document's rank by whole-document BM25 and dense "
+        "(worker/retrieval/doc_prior.py; scan path).",
+    )
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 
