@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--no-grid", action="store_true", help="skip leave-documents-out")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only the configurations whose name contains one of these")
     args = parser.parse_args()
     torch.set_num_threads(1)
     embedder = Embedder()
@@ -217,6 +219,8 @@ def main() -> None:
               + " | ".join(f"{k} @10" for k in [*EVIDENCE_TYPES, "image_only"]) + " | ms/q |")
     print(header, flush=True)
     for config in CONFIGS:
+        if args.only and not any(part in config.name for part in args.only):
+            continue
         rankings, seconds = run(corpora, questions, config, embedder)
         metrics = score(base, questions, rankings, types)
         results["configs"][config.name] = {  # type: ignore[index]
