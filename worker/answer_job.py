@@ -154,9 +154,11 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     s = ctx.settings
     dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
     bm25_weight = s.bm25_weight if q.bm25_weight is None else q.bm25_weight
-    found = index_hits(ctx, q.collection_id, q.question, top_k=q.top_k,
-                       document_ids=q.document_ids, bm25_weight=bm25_weight,
-                       dense_weight=dense_weight if ctx.embedder is not None else 0.0)
+    # the index ranks as `search` with page references and document priors off (issue 17's
+    # terms are not in the index yet): with either on, scan
+    found = None if s.ref_weight or s.doc_weight else index_hits(
+        ctx, q.collection_id, q.question, top_k=q.top_k, document_ids=q.document_ids,
+        bm25_weight=bm25_weight, dense_weight=dense_weight if ctx.embedder is not None else 0.0)
     if found:
         keys = [(DocumentId(d), int(n)) for d, _, n in (h.key.rpartition(":") for h in found)]
         stored = {f"{p.document_id}:{p.number}": p for p in ctx.meta.get_pages(keys)}
