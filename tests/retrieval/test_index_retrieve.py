@@ -37,8 +37,10 @@ class CountingStore(SQLiteMetadataStore):
 
 
 def _wait_for_rebuilds() -> None:
-    for thread in threading.enumerate():
-        if thread.name.startswith(("index-rebuild-", "index-check")):
+    """Join the check and rebuild threads until none is left (the check starts rebuilds)."""
+    while busy := [t for t in threading.enumerate()
+                   if t.name.startswith(("index-rebuild-", "index-check"))]:
+        for thread in busy:
             thread.join(timeout=60)
 
 
@@ -57,7 +59,8 @@ def test_retrieve_uses_the_index_and_falls_back_to_scanning(
     scanned = retrieve(ctx, q)  # no index yet: scan, and build it in the background
     assert store.list_pages_calls == 1
     _wait_for_rebuilds()
-    assert retrieval_indexes(ctx).check(store, collection.id).state == "ok"
+    check = retrieval_indexes(ctx).check(store, collection.id)
+    assert check.state == "ok", check
     indexed = retrieve(ctx, q)
     assert store.list_pages_calls == 1  # the index answered; only top-k pages were read
     assert [p.document_id for p, _ in indexed][:1] == [p.document_id for p, _ in scanned][:1]
@@ -72,7 +75,8 @@ def test_retrieve_uses_the_index_and_falls_back_to_scanning(
     assert {p.document_id for p, _ in scoped} == {target}
     store.delete_document(DocumentId(target))
     on_document_deleted(ctx, collection.id, target)
-    assert retrieval_indexes(ctx).check(store, collection.id).state == "ok"
+    check = retrieval_indexes(ctx).check(store, collection.id)
+    assert check.state == "ok", check
     after = retrieve(ctx, Question(collection_id=collection.id, question="turbine rotor",
                                    top_k=40, max_new_tokens=1))
     assert target not in {p.document_id for p, _ in after}
@@ -81,5 +85,6 @@ def test_retrieve_uses_the_index_and_falls_back_to_scanning(
     store.delete_document(DocumentId(docs[0][0]))  # a delete the index never heard of
     start_index_check(ctx)  # what the API does at startup
     _wait_for_rebuilds()
-    assert retrieval_indexes(ctx).check(store, collection.id).state == "ok"
+    check = retrieval_indexes(ctx).check(store, collection.id)
+    assert check.state == "ok", check
     ctx.close()
