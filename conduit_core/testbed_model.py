@@ -2,9 +2,10 @@
 
 The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin tokenizer;
 trained from scratch on pages of glyph records (`conduit testbed train`) so that stale page
-KV costs answers that refreshing the right tokens recovers. The trained weights (committed;
-see docs/TESTBED.md for the run and what it reached) are loaded from
-`weights/testbed-qwen2-vl.safetensors` beside this module as `builtin:testbed-qwen2-vl`.
+KV costs answers that refreshing the right tokens recovers. The trained weights are loaded
+from `weights/testbed-qwen2-vl.safetensors` beside this module as `builtin:testbed-qwen2-vl`;
+they are not in git (model weights stay out of the repository): docs/TESTBED.md gives the
+training command and the conversion that produce them.
 
 Public API:
   NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
