@@ -215,7 +215,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
         for r in s.doc.records:  # "B+3=F": the cell of B looks at B's own key cell
             named = s.doc.pages[r.page][r.cell // COLS][0] if r.family == "reference" else ""
             if r.page in start_of and named in cell_at:
-                look_p.append((b, start_of[r.page] + 1 + r.cell - 4, cell_at[named]))
+                look_p.append((b, start_of[r.page] + 1 + r.cell - r.cell % COLS, cell_at[named]))
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page):

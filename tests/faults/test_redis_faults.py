@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,15 @@ import pytest
 import redis
 
 from bench.redis_server import start_redis
-from tests.faults.conftest import FAST, job_status, settled, start_serve, start_worker, wait_for
+from tests.faults.conftest import (
+    FAST,
+    job_status,
+    settled,
+    start_serve,
+    start_worker,
+    stop_processes,
+    wait_for,
+)
 from tests.pdfs import text_pdf
 
 PERSISTENT = ["--appendonly", "yes", "--appendfsync", "always"]
@@ -31,7 +39,7 @@ class Deployment:
 
     tmp: Path
     redis_url: str
-    stop_redis: object
+    stop_redis: Callable[[], None]
     client: httpx.Client
     procs: list[subprocess.Popen[bytes]]
 
@@ -59,15 +67,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     try:
         yield dep
     finally:
-        for p in dep.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in dep.procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        dep.stop_redis()  # type: ignore[operator]
+        stop_processes(dep.procs)
+        dep.stop_redis()
 
 
 def _upload(client: httpx.Client, col: str, n: int) -> dict[str, str]:
@@ -87,7 +88,7 @@ def _running(client: httpx.Client, job_id: str) -> bool:
 
 
 def _stream_events(client: httpx.Client, body: dict[str, object],
-                   on_first_token: object) -> list[tuple[str, str]]:
+                   on_first_token: Callable[[], None]) -> list[tuple[str, str]]:
     """The (event, data) pairs of one streamed answer; `on_first_token()` runs once."""
     events: list[tuple[str, str]] = []
     event = ""
@@ -100,7 +101,7 @@ def _stream_events(client: httpx.Client, body: dict[str, object],
             elif line.startswith("data: "):
                 events.append((event, line.removeprefix("data: ")))
                 if event == "token" and sum(e == "token" for e, _ in events) == 1:
-                    on_first_token()  # type: ignore[operator]
+                    on_first_token()
     return events
 
 

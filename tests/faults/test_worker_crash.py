@@ -16,19 +16,16 @@ from pathlib import Path
 import httpx
 
 from bench.redis_server import start_redis
-from tests.faults.conftest import FAST, job_status, settled, start_serve, start_worker, wait_for
+from tests.faults.conftest import (
+    FAST,
+    job_status,
+    settled,
+    start_serve,
+    start_worker,
+    stop_processes,
+    wait_for,
+)
 from tests.pdfs import text_pdf
-
-
-def _stop(*procs: subprocess.Popen[bytes]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 @contextlib.contextmanager
@@ -45,7 +42,7 @@ def _distributed(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[by
         procs.append(api)
         yield redis_url, procs, httpx.Client(base_url=url, timeout=300)
     finally:
-        _stop(*procs)
+        stop_processes(procs)
         stop_redis()
 
 
