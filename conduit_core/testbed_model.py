@@ -34,12 +34,12 @@ MAX_IMAGE_TOKENS = 36
 
 
 def testbed_config(tok: Any) -> Qwen2VLConfig:
-    """Hidden 128, 4 layers, 2 heads of head_dim 64 (rope_theta 1e6, M-RoPE 8/12/12), MLP 256,
+    """Hidden 128, 5 layers, 2 heads of head_dim 64 (rope_theta 1e6, M-RoPE 8/12/12), MLP 256,
     tied embeddings; vision tower depth 1, embed 64 (14 px patches, 2 x 2 merge: one 28 px
     glyph cell per token). Wide heads with slow rotations leave most of each head's dimensions
     position-stable over a few hundred tokens, which matching a cell by its glyph needs."""
     text = dict(
-        vocab_size=_vocab(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+        vocab_size=_vocab(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=5,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
         rms_norm_eps=1e-6, initializer_range=0.02, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,

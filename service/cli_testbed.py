@@ -1,4 +1,4 @@
-"""`conduit testbed train|generate|probe` and `conduit demo`: the trained testbed model."""
+"""`conduit testbed train|export|generate|probe` and `conduit demo`: the trained testbed model."""
 
 from __future__ import annotations
 
@@ -23,10 +23,19 @@ def add_testbed_commands(sub: Any) -> None:
     tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     tr.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     tr.add_argument("--eval-every", type=int, default=250)
-    tr.add_argument("--glyph-layer", type=int, default=1,
+    tr.add_argument("--glyph-layer", type=int, default=0,
                     help="every cell names its glyph after this layer (-1: off)")
     tr.add_argument("--resume", action="store_true", help="continue from the run folder")
     tr.set_defaults(func=_train)
+
+    ex = tsub.add_parser("export", help="write a run's model tensors where "
+                         "builtin:testbed-qwen2-vl reads them (float16 by default)")
+    ex.add_argument("source", type=Path,
+                    help="RUN/checkpoint.safetensors or RUN/model.safetensors")
+    ex.add_argument("--out", type=Path, default=None,
+                    help="default: conduit_core/weights/testbed-qwen2-vl.safetensors")
+    ex.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    ex.set_defaults(func=_export)
 
     gen = tsub.add_parser("generate", help="write PDFs and questions.jsonl of the testbed task")
     gen.add_argument("--out", type=Path, required=True)
@@ -69,6 +78,21 @@ def _train(args: argparse.Namespace) -> int:
                       glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer)
     last = train(cfg, resume=args.resume)
     print(json.dumps({"heldout_em": last, "weights": str(args.out / "model.safetensors")}))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from conduit_core.testbed_model import WEIGHTS
+    from testbed.train import export_weights
+
+    if not args.source.is_file():
+        print(f"no checkpoint at {args.source}")
+        return 2
+    out = args.out or WEIGHTS
+    size = export_weights(args.source, out, getattr(torch, args.dtype))
+    print(f"wrote {out} ({size / 1e6:.2f} MB, {args.dtype})")
     return 0
 
 

@@ -107,7 +107,8 @@ class Batch:
     follow: torch.Tensor  # (F, 3) int64: the same for follow-up turns
     ask: torch.Tensor  # (Q, 3) int64: each question's key token -> its answer (training aid)
     look_q: torch.Tensor  # (L, 3) int64: batch row, question position, its key cell's position
-    look_p: torch.Tensor  # (R, 3) int64: batch row, a reference's key glyph, the cell it names
+    look_p: torch.Tensor  # (R, 3) int64: batch row, a key cell, the cell on another page it reads
+    held: torch.Tensor  # (H, 3) int64: batch row, a lookup's key cell, its value (held early)
 
 
 class Layouts:
@@ -187,6 +188,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     ask: list[tuple[int, int, int]] = []
     look_q: list[tuple[int, int, int]] = []
     look_p: list[tuple[int, int, int]] = []
+    held: list[tuple[int, int, int]] = []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
         start_of = dict(zip(s.pages, starts, strict=True))
@@ -212,13 +214,15 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
         text = torch.arange(nxt, nxt + int(row.shape[0]) - int(pos.shape[1]))
         rows_ids.append(row)
         rows_pos.append(torch.cat([pos, text.view(1, -1).expand(3, -1)], dim=1))  # (3, N')
-        for r in s.doc.records:  # "B+3=F": the cell of B looks at B's own key cell
-            named = s.doc.pages[r.page][r.cell // COLS][0] if r.family == "reference" else ""
-            if r.page in start_of and named in cell_at:
-                look_p.append((b, start_of[r.page] + 1 + r.cell - r.cell % COLS, cell_at[named]))
+        for r in s.doc.records:  # key cells: look at what they need elsewhere, or hold a value
+            src = s.doc.source(r)
+            if r.page in start_of and src is not None and src[0] in start_of:
+                look_p.append((b, cell_at[r.key], start_of[src[0]] + 1 + src[1]))
+            elif r.page in start_of and r.family == "lookup":
+                held.append((b, cell_at[r.key], layouts.token_of(r.answer)))
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
-            for cell, ch in s.doc.aux_targets(page):
+            for cell, ch in s.doc.aux_targets(page, s.pages):
                 aux.append((b, start + 1 + cell, layouts.token_of(ch)))
             glyphs += [(b, start + 1 + cell, layouts.token_of(ch))
                        for cell, ch in enumerate("".join(s.doc.pages[page]))]
@@ -237,15 +241,16 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
                  follow=torch.tensor(follow, dtype=torch.long).view(-1, 3),
                  ask=torch.tensor(ask, dtype=torch.long),
                  look_q=torch.tensor(look_q, dtype=torch.long),
-                 look_p=torch.tensor(look_p, dtype=torch.long).view(-1, 3))
+                 look_p=torch.tensor(look_p, dtype=torch.long).view(-1, 3),
+                 held=torch.tensor(held, dtype=torch.long).view(-1, 3))
 
 
-def batch_hidden(model: Any, batch: Batch, layer: int | None = None,
+def batch_hidden(model: Any, batch: Batch, layers: bool = False,
                  attentions: list[torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
     """Last-layer hidden states (B, N, hidden) of a batch, vision tower included, and with
-    `layer` the residual stream after decoder layer `layer` (B, N, hidden), else None. With
-    `attentions` (a list; the model in eager attention), each layer's attention
+    `layers` the residual stream after each decoder layer (entry L + 1 after layer L), else
+    None. With `attentions` (a list; the model in eager attention), each layer's attention
     probabilities (B, heads, N, N) are appended to it."""
     inner = model.model
     embeds = inner.language_model.embed_tokens(batch.ids)  # (B, N, hidden)
@@ -255,9 +260,8 @@ def batch_hidden(model: Any, batch: Batch, layer: int | None = None,
     mask = batch.ids == inner.config.image_token_id  # (B, N)
     embeds = embeds.masked_scatter(mask.unsqueeze(-1), feats.to(embeds.dtype))
     out = inner.language_model(inputs_embeds=embeds, position_ids=batch.position_ids,
-                               use_cache=False, output_hidden_states=layer is not None,
+                               use_cache=False, output_hidden_states=layers,
                                output_attentions=attentions is not None)
     if attentions is not None:
         attentions.extend(out.attentions)
-    early = None if layer is None else out.hidden_states[layer + 1]
-    return out.last_hidden_state, early
+    return out.last_hidden_state, (out.hidden_states if layers else None)

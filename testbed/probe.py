@@ -19,7 +19,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
 from conduit_core.answer_types import AnswerRequest, PageInput
@@ -29,16 +28,14 @@ from conduit_core.policies import get_policy
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
 from testbed.batches import Sample, draw_sample, page_image
+from testbed.train import model_tensors
 from worker.answer_job import ANSWER_PREFIX, page_label
 
 
 def load_checkpoint_vlm(path: Path) -> LoadedVLM:
     """The testbed model with weights from `path` (checkpoint or plain weights file)."""
     model, processor = build_testbed(weights=None)
-    tensors = load_file(str(path))
-    if any(k.startswith("model.model.") for k in tensors):
-        tensors = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
-    model.load_state_dict(tensors, strict=False)
+    model.load_state_dict(model_tensors(path), strict=False)
     model.tie_weights()
     model.eval()
     adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)

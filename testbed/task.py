@@ -5,7 +5,7 @@ ends with its key (a letter unique in the document), read "value = key". Four fa
 that what a question needs sits on one page or on several:
 
   lookup     "5=K"        the value is on the record's own page (control)
-  reference  "B+3=F"      F = (B + 3) mod 10, B a lookup record on an earlier page
+  reference  "B=F"        F has B's value, B a lookup record on an earlier page
   legend     "38=G"       a legend on page 1 ("#2") says which digit counts: here 8
   split      "7=" | "H"   the value ends one page, its key starts the next
 
@@ -15,10 +15,11 @@ predict, at every key cell, the record's resolved value; page-local prefill then
 exactly the cross-page part.
 
 Public API:
-  FAMILIES, COLS, ROWS, N_PAGES
+  FAMILIES, COLS, ROWS, N_PAGES, LEGEND_CELL
   Record(key, family, answer, evidence_pages, page, cell)   pages 1-based, cell = row*COLS+col
   Document(pages: list[list[str]], records, legend_column)
-    .aux_targets(page) -> list[tuple[int, str]]     (cell, character) for one page (0-based)
+    .aux_targets(page, shown) -> list[tuple[int, str]]   (cell, digit) on one page (0-based)
+    .source(record) -> (page, cell) | None         the cell on another page a key cell reads
   make_document(rng) -> Document
   question_text(key) -> str                         "What is K?"
 """
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import random
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 FAMILIES = ("reference", "split", "legend", "lookup")
 COLS, ROWS, N_PAGES = 6, 6, 3
+LEGEND_CELL = 1  # "#2" opens page 1: the digit is its second cell
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,27 @@ class Document:
     records: list[Record] = field(default_factory=list)
     legend_column: int = 1
 
-    def aux_targets(self, page: int) -> list[tuple[int, str]]:
-        """Auxiliary training targets on `page`: each key cell -> its resolved value."""
-        return sorted((r.cell, r.answer) for r in self.records if r.page == page)
+    def aux_targets(self, page: int, shown: Iterable[int] | None = None
+                    ) -> list[tuple[int, str]]:
+        """Auxiliary training targets on `page`: each key cell -> its resolved value, for the
+        records whose evidence pages are all among `shown` (0-based; None: every page)."""
+        seen = set(range(len(self.pages)) if shown is None else shown)
+        return sorted((r.cell, r.answer) for r in self.records
+                      if r.page == page and all(p - 1 in seen for p in r.evidence_pages))
+
+    def source(self, record: Record) -> tuple[int, int] | None:
+        """The (page, cell) on another page that `record`'s key cell must read to resolve its
+        value: the named record's key cell (reference), the legend's digit on page 1 (legend),
+        the value cell at the end of the page before (split); None for a lookup."""
+        if record.family == "reference":
+            named = self.pages[record.page][record.cell // COLS][0]
+            ref = next(r for r in self.records if r.key == named)
+            return ref.page, ref.cell
+        if record.family == "legend":
+            return 0, LEGEND_CELL
+        if record.family == "split":
+            return record.page - 1, (ROWS - 1) * COLS
+        return None
 
 
 def question_text(key: str) -> str:
@@ -91,11 +112,11 @@ class _Builder:
     def reference(self, page: int) -> None:
         earlier = [x for x in self.lookups if x[1] < page]
         ref, ref_page, ref_value = self.rng.choice(earlier)
-        k, off = self.key(), self.rng.randint(1, 4)
-        row = self.add(page, f"{ref}+{off}={k}")
-        self.records.append(Record(k, "reference", str((ref_value + off) % 10),
+        k = self.key()
+        row = self.add(page, f"{ref}={k}")
+        self.records.append(Record(k, "reference", str(ref_value),
                                    tuple(sorted({ref_page + 1, page + 1})), page,
-                                   row * COLS + 4))
+                                   row * COLS + 2))
 
     def legend(self, page: int, column: int) -> None:
         k, a, b = self.key(), self.rng.randrange(10), self.rng.randrange(10)

@@ -1,18 +1,19 @@
 """`conduit testbed train`: train the testbed Qwen2-VL from scratch, resumably.
 
-Loss per step: cross-entropy of the answer digit and the end-of-turn token after it, plus,
-weighted by `aux_weight`, the auxiliary targets of every page cell (key cells predict their
-key, result cells their record's resolved value: see `testbed.task`), plus, with
-`glyph_layer` (default 1), every cell naming its own glyph from the residual stream after
-that layer (weighted by `glyph_weight`: it aligns glyph features with the text embeddings
-early, which is what a question needs to find its key), plus, weighted by `ask_weight`, each
-question's key token ("K" in "What is K?") predicting the answer: the question finds its
-record by content right where the key is read, and the answer position only has to copy
-from a fixed offset, plus, weighted by `look_weight`, attention supervision: head 0 of
-layer `look_q_layer` takes each question's key token and its answer position to the
-record's key cell, and head 0 of layer `look_p_layer` takes the key glyph a reference names
-("B" in "B+3=F") to that record's key cell (matching by content never emerged in 3,000 steps
-of answer and page targets alone; the earlier attempts are in docs/TESTBED.md). Samples
+Loss per step (docs/TESTBED.md has the table and the runs that led to it): cross-entropy of
+the answer digit and the end-of-turn token after it, plus, weighted by `aux_weight`, every
+key cell predicting its record's resolved value at the last layer, plus, with
+`glyph_layer` (default 0), every cell naming its own glyph after that layer (weighted by
+`glyph_weight`: it aligns glyph features with the text embeddings early, which is what a
+question needs to find its key), plus, weighted by `hold_weight`, each lookup's key cell
+naming its value after `hold_layer` (what a reference reads there), plus, weighted by
+`ask_weight`, each question's key token ("K" in "What is K?") predicting the answer, plus,
+weighted by `look_weight`, attention supervision: head 0 of layer `look_q_layer` takes each
+question's key token and its answer position to the record's key cell, and head 0 of layer
+`look_p_layer` takes each key cell whose value depends on another page to the cell it needs
+there (a reference's named record, the legend's digit, a split record's value:
+`Document.source`). Intermediate targets are read off through the final norm and the tied
+head. Samples
 are drawn from `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it
 would have seen.
 Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
@@ -23,10 +24,11 @@ the final weights.
 
 Public API:
   TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
-              ask_weight, look_weight, look_q_layer, look_p_layer, follow_ups, seed,
-              device, threads,
-              eval_every, ckpt_every, heldout)
+              hold_layer, hold_weight, ask_weight, look_weight, look_q_layer, look_p_layer,
+              follow_ups, seed, device, threads, eval_every, ckpt_every, heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
+  model_tensors(path) -> dict        the model's tensors of a checkpoint or weights file
+  export_weights(src, dst, dtype=float16) -> bytes   a checkpoint's model tensors, as shipped
   heldout_accuracy(model, layouts, patches, samples, batch_size) -> dict[str, float]
 """
 
@@ -71,12 +73,15 @@ class TrainConfig:
     lr: float = 2e-3
     warmup: int = 200
     aux_weight: float = 1.0
-    glyph_layer: int | None = 1  # if set: every cell names its glyph after this layer
+    glyph_layer: int | None = 0  # if set: every cell names its glyph after this layer
     glyph_weight: float = 0.5
+    hold_layer: int = 1  # after it, each lookup's key cell names its value (what is read)
+    hold_weight: float = 1.0  # that target's weight; 0 turns it off
     ask_weight: float = 1.0  # each question's key token predicts the answer (see module doc)
     look_weight: float = 1.0  # attention supervision (see module doc); 0 turns it off
-    look_q_layer: int = 3  # layer whose head 0 takes a question to its record's key cell
-    look_p_layer: int = 2  # layer whose head 0 takes a reference's key glyph to that key
+    look_q_layer: int = 4  # layer whose head 0 takes a question to its record's key cell
+    look_p_layer: int = 2  # layer whose head 0 takes a key cell to the cell it needs on
+    #                        another page (named record, legend digit, split value)
     follow_ups: int = 2  # more questions per sample, as later chat turns
     seed: int = 0
     device: str = "cpu"
@@ -95,14 +100,20 @@ def _lr(cfg: TrainConfig, step: int) -> float:
 
 def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The answer loss and the weighted auxiliary losses."""
-    head = model.lm_head
+    head, norm = model.lm_head, model.model.language_model.norm
     attentions: list[torch.Tensor] | None = [] if cfg.look_weight else None
-    hidden, early = batch_hidden(model, batch, cfg.glyph_layer, attentions)  # 2 x (B, N, hidden)
-    glyph_loss = torch.zeros(())
-    if early is not None:
-        g = batch.glyphs
-        norm = model.model.language_model.norm
-        glyph_loss = F.cross_entropy(head(norm(early[g[:, 0], g[:, 1]])), g[:, 2])
+    hidden, layers = batch_hidden(model, batch, True, attentions)  # (B, N, hidden), per layer
+    assert layers is not None
+
+    def named_after(layer: int, t: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of targets `t` (batch row, index, token) read after `layer`."""
+        return F.cross_entropy(head(norm(layers[layer + 1][t[:, 0], t[:, 1]])), t[:, 2])
+
+    glyph_loss, hold_loss = torch.zeros(()), torch.zeros(())
+    if cfg.glyph_layer is not None:
+        glyph_loss = named_after(cfg.glyph_layer, batch.glyphs)
+    if cfg.hold_weight and len(batch.held):
+        hold_loss = named_after(cfg.hold_layer, batch.held)
     look_loss = torch.zeros(())
     if attentions:
         q, r = batch.look_q, batch.look_p
@@ -117,7 +128,8 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, t
     if cfg.ask_weight:
         ask_loss = F.cross_entropy(head(hidden[ask[:, 0], ask[:, 1]]), ask[:, 2])
     return ans_loss, (cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
-                      + cfg.ask_weight * ask_loss + cfg.look_weight * look_loss)
+                      + cfg.ask_weight * ask_loss + cfg.look_weight * look_loss
+                      + cfg.hold_weight * hold_loss)
 
 
 @torch.no_grad()
@@ -176,6 +188,28 @@ def save_weights(model: Any, path: Path) -> None:
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
                if k != "lm_head.weight"}
     save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def model_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The model's tensors from a training checkpoint (model and optimizer state) or from a
+    plain weights file."""
+    tensors = load_file(str(path))
+    if any(k.startswith("model.model.") for k in tensors):
+        tensors = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    return tensors
+
+
+def export_weights(src: Path, dst: Path, dtype: torch.dtype = torch.float16) -> int:
+    """The model tensors of a run's `checkpoint.safetensors` (or of a weights file) written to
+    `dst` in `dtype`, optimizer state and the tied head left out; returns the file's size.
+    `build_testbed` loads them into float32 parameters."""
+    out = {k: v.to(dtype).contiguous() for k, v in model_tensors(src).items()
+           if k != "lm_head.weight"}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    save_file(out, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, dst)
+    return dst.stat().st_size
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
@@ -237,6 +271,6 @@ def _to(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
     for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "glyphs", "answer",
-                 "follow", "ask", "look_q", "look_p"):
+                 "follow", "ask", "look_q", "look_p", "held"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch

@@ -1,12 +1,7 @@
-"""The trained testbed checkpoint: it loads as a builtin, still answers what it learned, and
-stale page KV costs the answers that CONDUIT's refresh recovers.
-
-The checkpoint did not reach the issue's bar (85% here): it answers the split and lookup
-families, not legend and reference (docs/TESTBED.md). These tests pin the level it reached,
-so a change to loading, layout, rendering, reuse or scoring that breaks it fails."""
+"""The committed testbed checkpoint: it loads as a builtin, answers what it learned, and stale
+page KV costs the answers that CONDUIT's refresh recovers (docs/TESTBED.md)."""
 
 import pymupdf
-import pytest
 
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
@@ -15,11 +10,6 @@ from testbed.generate import RENDER_DPI, generate
 from testbed.probe import load_checkpoint_vlm, probe
 from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.ingest.render import render_page
-
-pytestmark = pytest.mark.skipif(
-    not WEIGHTS.is_file(),
-    reason="no trained testbed weights in conduit_core/weights/ (not in git: train them with "
-    "the command in docs/TESTBED.md)")
 
 
 def test_full_prefill_answers_generated_questions(tmp_path):
@@ -37,16 +27,17 @@ def test_full_prefill_answers_generated_questions(tmp_path):
                                              max_new_tokens=3)
         hits.setdefault(str(q["family"]), []).append(result.text.strip() == q["answer"])
     overall = sum(sum(h) for h in hits.values()) / len(questions)
-    assert sum(hits["split"]) / len(hits["split"]) >= 0.9
-    assert sum(hits["lookup"]) / len(hits["lookup"]) >= 0.9
-    assert overall >= 0.5
+    assert overall >= 0.85, hits
 
 
-def test_stale_page_kv_loses_split_answers_and_conduit_recovers_them():
-    rows = probe(load_checkpoint_vlm(WEIGHTS), n=40, seed=11,
-                 policies=("full_reuse", "conduit"), budgets=(0.1,))
+def test_stale_page_kv_loses_cross_page_answers_and_conduit_recovers_them():
+    rows = probe(load_checkpoint_vlm(WEIGHTS), n=100,  # the probe's default seed
+                 policies=("full_reuse", "conduit", "epic"), budgets=(0.1,))
     acc = {(r["family"], r["policy"]): r["accuracy"] for r in rows}
-    assert acc[("split", "full_prefill")] >= 0.9
-    assert acc[("split", "full_reuse")] <= 0.3  # the key cell's stale KV lacks its value
-    assert acc[("split", "conduit")] >= 0.9  # refreshing 10% of the page tokens restores it
+    for family in ("reference", "split"):
+        assert acc[(family, "full_prefill")] >= 0.9
+        assert acc[(family, "full_reuse")] <= 0.3  # the key cell's stale KV lacks the value
+        assert acc[(family, "conduit")] >= 0.9  # refreshing 10% of the page tokens restores it
+    # EPIC refreshes each page's first tokens: a reference's key cell sits in any row
+    assert acc[("reference", "epic")] <= 0.5
     assert min(acc[("lookup", p)] for p in ("full_prefill", "full_reuse", "conduit")) >= 0.9

@@ -40,9 +40,9 @@ def test_documents_resolve_every_family():
             row = doc.pages[r.page][r.cell // COLS]
             assert all(len(line) == COLS for line in doc.pages[r.page])
             assert row[r.cell % COLS] == r.key  # the key cell is the result cell
-            if r.family == "reference":  # "B+3=F": B's value plus the offset, mod 10
-                ref, off = row[0], int(row[2])
-                assert int(r.answer) == (int(values[ref]) + off) % 10
+            if r.family == "reference":  # "B=F": F has the value of B, an earlier record
+                ref = row[0]
+                assert row.strip() == f"{ref}={r.key}" and r.answer == values[ref]
                 assert cells[ref][0] < r.page and r.evidence_pages[-1] == r.page + 1
             elif r.family == "legend":
                 assert r.answer == row[legend - 1] and r.evidence_pages[0] == 1
@@ -54,6 +54,8 @@ def test_documents_resolve_every_family():
         for page in range(len(doc.pages)):
             assert doc.aux_targets(page) == sorted(
                 (r.cell, r.answer) for r in doc.records if r.page == page)
+            alone = {r.cell for r in doc.records if r.page == page and r.family == "lookup"}
+            assert {c for c, _ in doc.aux_targets(page, [page])} == alone  # the rest need more
 
 
 def test_glyph_table_is_the_processor_output(parts):
@@ -100,8 +102,20 @@ def test_batch_targets_point_at_the_right_tokens(parts):
                                 strict=True):
         assert glyph_at[(b, cell)] == layouts.token_of(s.record.key) and at < batch.answer[
             2 * b, 1] + 1
-    for b, at, cell in batch.look_p.tolist():  # "B" of "B+3=F" -> the key cell of B
-        assert glyph_at[(b, at)] == glyph_at[(b, cell)] and cell < at
+    looks = batch.look_p.tolist()
+    assert looks and {(b, at) for b, at, _ in looks} <= {(b, at) for b, at, _ in batch.aux.tolist()}
+    for b, at, cell in looks:  # a key cell -> the cell on another page it needs
+        s = samples[b]
+        key = next(r for r in s.doc.records if layouts.token_of(r.key) == glyph_at[(b, at)])
+        page, src = s.doc.source(key)  # type: ignore[misc]
+        want = {"reference": s.doc.pages[key.page][key.cell // COLS][0],
+                "legend": s.doc.pages[0][0][1], "split": f"{key.answer}"}[key.family]
+        assert glyph_at[(b, cell)] == layouts.token_of(want) and cell < at and page < key.page
+    assert len(batch.held)
+    for b, at, digit in batch.held.tolist():  # a lookup's key cell holds its own value
+        key = next(r for r in samples[b].doc.records
+                   if layouts.token_of(r.key) == glyph_at[(b, at)])
+        assert key.family == "lookup" and tok.decode([digit]) == key.answer
     for (b, at, digit), s in zip(batch.ask.tolist(), samples, strict=True):  # the key token
         assert tok.decode(batch.ids[b, at - 3:at + 2]).endswith(f"What is {s.record.key}?")
         assert tok.decode(batch.ids[b, at:at + 1]).strip() == s.record.key

@@ -5,8 +5,9 @@ import json
 import torch
 from safetensors.torch import load_file
 
+from conduit_core.testbed_model import build_testbed
 from testbed.probe import load_checkpoint_vlm
-from testbed.train import TrainConfig, train
+from testbed.train import TrainConfig, export_weights, model_tensors, train
 
 
 def _cfg(out, steps):
@@ -33,6 +34,23 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(tmp_path):
     vlm = load_checkpoint_vlm(resumed / "model.safetensors")  # the weights load back exactly
     state = vlm.model.state_dict()
     assert all(torch.equal(state[k], b[k]) for k in b)
+
+
+def test_export_writes_float16_weights_the_builtin_loads(tmp_path):
+    train(_cfg(tmp_path / "run", 2))
+    out = tmp_path / "weights" / "testbed.safetensors"
+    size = export_weights(tmp_path / "run" / "checkpoint.safetensors", out)
+    shipped = load_file(str(out))
+    assert size == out.stat().st_size and "lm_head.weight" not in shipped
+    assert all(v.dtype == torch.float16 for v in shipped.values())
+    assert not any(k.startswith(("opt.", "model.model.")) for k in shipped)
+    trained = model_tensors(tmp_path / "run" / "checkpoint.safetensors")
+    model, _ = build_testbed(weights=out)
+    state = model.state_dict()
+    for k, v in shipped.items():  # float32 parameters holding the rounded trained values
+        assert state[k].dtype == torch.float32 and torch.equal(state[k], v.float())
+        assert torch.allclose(state[k], trained[k], rtol=1e-3, atol=1e-4)
+    assert torch.equal(state["lm_head.weight"], state["model.language_model.embed_tokens.weight"])
 
 
 def test_glyph_naming_adds_a_loss_after_the_chosen_layer(tmp_path):
