@@ -2,6 +2,7 @@
 page KV costs the answers that CONDUIT's refresh recovers (docs/TESTBED.md)."""
 
 import pymupdf
+import pytest
 
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
@@ -10,6 +11,11 @@ from testbed.generate import RENDER_DPI, generate
 from testbed.probe import load_checkpoint_vlm, probe
 from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.ingest.render import render_page
+
+pytestmark = pytest.mark.skipif(
+    not WEIGHTS.is_file(),
+    reason="no trained testbed weights in conduit_core/weights/ (not in git: train them with "
+    "the command in docs/TESTBED.md)")
 
 
 def test_full_prefill_answers_generated_questions(tmp_path):
