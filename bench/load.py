@@ -36,6 +36,18 @@ WORDS = ["pump", "valve", "turbine", "invoice", "freight", "ledger", "audit", "r
          "harbour", "pressure", "quarterly", "revenue", "inspection", "maintenance"]
 
 
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running, then wait (SIGKILL after 30 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
 def _pdf(seed: int, pages: int = 2) -> bytes:
     rng = random.Random(seed)
     doc = pymupdf.open()
@@ -255,13 +267,7 @@ def spawned(distributed: bool, workers: int = 2) -> Iterator[tuple[str, dict[str
             _wait_healthy(url, api)
             yield url, pids
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_processes(procs)
             if stop_redis:
                 stop_redis()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.retrieval.run_bench import KS
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.evaluate import (
     Corpus,
@@ -35,7 +36,6 @@ from worker.retrieval.evaluate import (
 )
 from worker.retrieval.passages import DEFAULT_PASSAGES, embed_pages
 
-KS = [1, 3, 5, 10]
 EVIDENCE_TYPES = {"figure": ("Figure", "Chart"), "table": ("Table",),
                   "layout": ("Generalized-text (Layout)",), "text": ("Pure-text (Plain-text)",)}
 

@@ -98,16 +98,6 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         s.stop()
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every process still running, then wait (SIGKILL after 30 s)."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def start_worker(home: Path, redis_url: str, log_name: str,

@@ -18,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from bench.load import stop_processes
 from bench.redis_server import start_redis
 from tests.faults.conftest import (
     FAST,
@@ -25,7 +26,6 @@ from tests.faults.conftest import (
     settled,
     start_serve,
     start_worker,
-    stop_processes,
     wait_for,
 )
 from tests.pdfs import text_pdf

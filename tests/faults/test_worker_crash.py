@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.load import stop_processes
 from bench.redis_server import start_redis
 from tests.faults.conftest import (
     FAST,
@@ -22,7 +23,6 @@ from tests.faults.conftest import (
     settled,
     start_serve,
     start_worker,
-    stop_processes,
     wait_for,
 )
 from tests.pdfs import text_pdf
