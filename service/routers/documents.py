@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
+from dataclasses import replace
 from typing import Annotated, BinaryIO
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
@@ -171,8 +172,22 @@ def get_job(job_id: str, ctx: CtxDep, tenant: TenantDep) -> JobOut:
     except NotFoundError:
         raise HTTPException(404, f"job {job_id} not found") from None
     if job.document_id is not None:
-        owned_document(ctx, tenant, job.document_id)
+        doc = owned_document(ctx, tenant, job.document_id)
+        job = settled_job(job, doc)
     return job_out(job)
+
+
+def settled_job(job: Job, doc: Document) -> Job:
+    """The job as its document shows it: the document's status is written first and is the
+    truth (the job record follows a moment later, or after a crash only when recovery runs), so a
+    ready or failed document settles its own unfinished ingest job for the reader."""
+    if job.status not in ("queued", "running") or doc.job_id != job.id:
+        return job
+    if doc.status == "ready":
+        return replace(job, status="succeeded")
+    if doc.status == "failed":
+        return replace(job, status="failed", error=doc.error)
+    return job
 
 
 def ingest_error_status(exc: IngestError) -> int:
