@@ -69,7 +69,8 @@ def generate(out: Path, n: int, seed: int) -> list[dict[str, object]]:
             record = rng.choice([r for r in doc.records if r.family == family])
             rows.append({"id": f"{name[:-4]}-{family}-{record.key}", "doc": name,
                          "question": question_text(record.key), "answer": record.answer,
-                         "answer_format": "Int", "evidence_pages": list(record.evidence_pages),
+                         "answer_format": "Int" if record.answer.isdigit() else "Str",
+                         "evidence_pages": list(record.evidence_pages),
                          "doc_type": "Synthetic records", "family": family})
     with (out / "questions.jsonl").open("w") as f:
         for row in rows:

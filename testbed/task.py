@@ -6,7 +6,8 @@ that what a question needs sits on one page or on several:
 
   lookup     "5=K"        the value is on the record's own page (control)
   reference  "B=F"        F has B's value, B a lookup record on an earlier page
-  legend     "38=G"       a legend on page 1 ("#2") says which digit counts: here 8
+  legend     "3Q=G"       a legend on page 1 says which counts, "#1" the digit, "#2" the
+                          letter: here Q under "#2" (the two differ in kind, not only place)
   split      "7=" | "H"   the value ends one page, its key starts the next
 
 The key cell is the record's *result cell*: the one token whose prefill can hold the resolved
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 FAMILIES = ("reference", "split", "legend", "lookup")
 COLS, ROWS, N_PAGES = 6, 6, 3
 LEGEND_CELL = 1  # "#2" opens page 1: the digit is its second cell
+LEGEND_LETTERS = 6  # letters kept out of the keys for the legend records' second value
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Record:
 
     key: str
     family: str
-    answer: str  # one digit
+    answer: str  # one digit (a legend record under "#2": one letter, never a key)
     evidence_pages: tuple[int, ...]  # 1-based, ascending
     page: int  # 0-based page of the key (= result) cell
     cell: int  # row * COLS + col of the key cell on that page
@@ -91,6 +93,7 @@ class _Builder:
         self.rng = rng
         self.keys = list(string.ascii_uppercase)
         rng.shuffle(self.keys)
+        self.letters = [self.keys.pop() for _ in range(LEGEND_LETTERS)]  # legend values
         self.rows: list[list[str]] = [[] for _ in range(N_PAGES)]
         self.records: list[Record] = []
         self.lookups: list[tuple[str, int, int]] = []  # (key, page, value)
@@ -119,9 +122,10 @@ class _Builder:
                                    row * COLS + 2))
 
     def legend(self, page: int, column: int) -> None:
-        k, a, b = self.key(), self.rng.randrange(10), self.rng.randrange(10)
-        row = self.add(page, f"{a}{b}={k}")
-        self.records.append(Record(k, "legend", str(a if column == 1 else b), (1, page + 1),
+        """A digit and a letter; the legend's column says which one the key has."""
+        k, a, q = self.key(), str(self.rng.randrange(10)), self.rng.choice(self.letters)
+        row = self.add(page, f"{a}{q}={k}")
+        self.records.append(Record(k, "legend", a if column == 1 else q, (1, page + 1),
                                    page, row * COLS + 3))
 
     def split(self, page: int) -> None:

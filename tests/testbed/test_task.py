@@ -44,8 +44,9 @@ def test_documents_resolve_every_family():
                 ref = row[0]
                 assert row.strip() == f"{ref}={r.key}" and r.answer == values[ref]
                 assert cells[ref][0] < r.page and r.evidence_pages[-1] == r.page + 1
-            elif r.family == "legend":
+            elif r.family == "legend":  # "3Q=G": a digit, a letter that is no key
                 assert r.answer == row[legend - 1] and r.evidence_pages[0] == 1
+                assert row[0].isdigit() and row[1].isalpha() and row[1] not in cells
             elif r.family == "split":  # the value ends one page, its key opens the next
                 assert r.cell == 0 and row.strip() == r.key
                 assert doc.pages[r.page - 1][-1].strip() == f"{r.answer}="
@@ -86,14 +87,14 @@ def test_batch_targets_point_at_the_right_tokens(parts):
     image_id = adapter.image_token_id
     for b, row, target in batch.aux.tolist():
         assert batch.ids[b, row] == image_id
-        assert tok.convert_ids_to_tokens(target) in "0123456789"
+        assert tok.decode([target]) in "0123456789" + "".join(ALPHABET[:26])
     assert len(batch.glyphs) == sum(len(s.pages) for s in samples) * ROWS * COLS
     for b, row, target in batch.glyphs.tolist():
         assert batch.ids[b, row] == image_id
         assert tok.decode([target]) in ALPHABET
     for i, s in enumerate(samples):
         (_, r1, digit), (_, r2, end) = batch.answer[2 * i:2 * i + 2].tolist()
-        assert tok.convert_ids_to_tokens(digit) == s.record.answer
+        assert tok.decode([digit]) == s.record.answer
         assert batch.ids[i, r2] == digit and r2 == r1 + 1
         assert tok.convert_ids_to_tokens(end) == "<|im_end|>"
     glyph_at = {(b, i): t for b, i, t in batch.glyphs.tolist()}
@@ -112,10 +113,18 @@ def test_batch_targets_point_at_the_right_tokens(parts):
                 "legend": s.doc.pages[0][0][1], "split": f"{key.answer}"}[key.family]
         assert glyph_at[(b, cell)] == layouts.token_of(want) and cell < at and page < key.page
     assert len(batch.held)
-    for b, at, digit in batch.held.tolist():  # a lookup's key cell holds its own value
-        key = next(r for r in samples[b].doc.records
+    held: dict[tuple[int, int], set[str]] = {}
+    for b, at, value in batch.held.tolist():
+        held.setdefault((b, at), set()).add(tok.decode([value]))
+    for (b, at), values in held.items():  # a lookup's key cell holds its own value; a legend
+        key = next(r for r in samples[b].doc.records  # record's, both of its candidates
                    if layouts.token_of(r.key) == glyph_at[(b, at)])
-        assert key.family == "lookup" and tok.decode([digit]) == key.answer
+        row = samples[b].doc.pages[key.page][key.cell // COLS]
+        want = {key.answer} if key.family == "lookup" else {row[0], row[1]}
+        assert key.family in ("lookup", "legend") and values == want and key.answer in values
+    assert {"lookup", "legend"} <= {
+        next(r.family for r in samples[b].doc.records
+             if layouts.token_of(r.key) == glyph_at[(b, at)]) for b, at in held}
     for (b, at, digit), s in zip(batch.ask.tolist(), samples, strict=True):  # the key token
         assert tok.decode(batch.ids[b, at - 3:at + 2]).endswith(f"What is {s.record.key}?")
         assert tok.decode(batch.ids[b, at:at + 1]).strip() == s.record.key
