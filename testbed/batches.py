@@ -108,7 +108,7 @@ class Batch:
     ask: torch.Tensor  # (Q, 3) int64: each question's key token -> its answer (training aid)
     look_q: torch.Tensor  # (L, 3) int64: batch row, question position, its key cell's position
     look_p: torch.Tensor  # (R, 3) int64: batch row, a key cell, the cell on another page it reads
-    held: torch.Tensor  # (H, 3) int64: batch row, a key cell, a value of its row (held early)
+    held: torch.Tensor  # (H, 3) int64: batch row, a lookup's key cell, its value (held early)
 
 
 class Layouts:
@@ -179,15 +179,6 @@ class Layouts:
         return ids, pos, starts, nxt
 
 
-def _held(doc: Document, record: Record) -> str:
-    """What a key cell holds from its own row early: a lookup's value; both of a legend
-    record's candidates (one cross-entropy target each: the optimum holds both, half each)."""
-    if record.family == "lookup":
-        return record.answer
-    row = doc.pages[record.page][record.cell // COLS]
-    return row[0] + row[1]
-
-
 def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -> Batch:
     """Lay out every sample as the service would and collect its targets."""
     tok = layouts.adapter.tokenizer
@@ -227,8 +218,8 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
             src = s.doc.source(r)
             if r.page in start_of and src is not None and src[0] in start_of:
                 look_p.append((b, cell_at[r.key], start_of[src[0]] + 1 + src[1]))
-            if r.page in start_of and r.family in ("lookup", "legend"):
-                held += [(b, cell_at[r.key], layouts.token_of(ch)) for ch in _held(s.doc, r)]
+            elif r.page in start_of and r.family == "lookup":
+                held.append((b, cell_at[r.key], layouts.token_of(r.answer)))
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page, s.pages):
