@@ -108,7 +108,7 @@ class Batch:
     ask: torch.Tensor  # (Q, 3) int64: each question's key token -> its answer (training aid)
     look_q: torch.Tensor  # (L, 3) int64: batch row, question position, its key cell's position
     look_p: torch.Tensor  # (R, 3) int64: batch row, a key cell, the cell on another page it reads
-    held: torch.Tensor  # (H, 3) int64: batch row, a lookup's key cell, its value (held early)
+    held: torch.Tensor  # (H, 3) int64: batch row, a key cell, what it names early (`_held`)
 
 
 class Layouts:
@@ -179,6 +179,15 @@ class Layouts:
         return ids, pos, starts, nxt
 
 
+def _held(doc: Document, record: Record) -> str:
+    """What a key cell names early from its own row: a lookup's value, a legend record's
+    letter (its digit is fetched as a lookup's is; the letter, without this target, was not:
+    under "#2" the model answered some letter, rarely the row's)."""
+    if record.family == "lookup":
+        return record.answer
+    return doc.pages[record.page][record.cell // COLS][1]
+
+
 def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -> Batch:
     """Lay out every sample as the service would and collect its targets."""
     tok = layouts.adapter.tokenizer
@@ -218,8 +227,8 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
             src = s.doc.source(r)
             if r.page in start_of and src is not None and src[0] in start_of:
                 look_p.append((b, cell_at[r.key], start_of[src[0]] + 1 + src[1]))
-            elif r.page in start_of and r.family == "lookup":
-                held.append((b, cell_at[r.key], layouts.token_of(r.answer)))
+            if r.page in start_of and r.family in ("lookup", "legend"):
+                held.append((b, cell_at[r.key], layouts.token_of(_held(s.doc, r))))
         for start, page in zip(starts, s.pages, strict=True):
             pixels.append(patches.page_pixels(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page, s.pages):

@@ -113,10 +113,15 @@ def test_batch_targets_point_at_the_right_tokens(parts):
                 "legend": s.doc.pages[0][0][1], "split": f"{key.answer}"}[key.family]
         assert glyph_at[(b, cell)] == layouts.token_of(want) and cell < at and page < key.page
     assert len(batch.held)
-    for b, at, digit in batch.held.tolist():  # a lookup's key cell holds its own value
-        key = next(r for r in samples[b].doc.records
+    families = set()
+    for b, at, value in batch.held.tolist():  # a lookup's key cell holds its own value, a
+        key = next(r for r in samples[b].doc.records  # legend record's its row's letter
                    if layouts.token_of(r.key) == glyph_at[(b, at)])
-        assert key.family == "lookup" and tok.decode([digit]) == key.answer
+        row = samples[b].doc.pages[key.page][key.cell // COLS]
+        want = key.answer if key.family == "lookup" else row[1]
+        assert key.family in ("lookup", "legend") and tok.decode([value]) == want
+        families.add(key.family)
+    assert families == {"lookup", "legend"}
     for (b, at, digit), s in zip(batch.ask.tolist(), samples, strict=True):  # the key token
         assert tok.decode(batch.ids[b, at - 3:at + 2]).endswith(f"What is {s.record.key}?")
         assert tok.decode(batch.ids[b, at:at + 1]).strip() == s.record.key
