@@ -44,6 +44,9 @@ def test_stale_page_kv_loses_cross_page_answers_and_conduit_recovers_them():
         assert acc[(family, "full_prefill")] >= 0.9
         assert acc[(family, "full_reuse")] <= 0.3  # the key cell's stale KV lacks the value
         assert acc[(family, "conduit")] >= 0.9  # refreshing 10% of the page tokens restores it
+    # a legend record without its legend falls back to the digit; the refresh re-reads page 1
+    assert acc[("legend", "full_reuse")] <= acc[("legend", "full_prefill")] - 0.3
+    assert acc[("legend", "conduit")] >= acc[("legend", "full_reuse")] + 0.3
     # EPIC refreshes each page's first tokens: a reference's key cell sits in any row
     assert acc[("reference", "epic")] <= 0.5
     assert min(acc[("lookup", p)] for p in ("full_prefill", "full_reuse", "conduit")) >= 0.9
