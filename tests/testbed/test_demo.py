@@ -20,7 +20,8 @@ def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
     assert any("uploaded and ingested 2 PDFs" in line for line in lines)
     by_policy = {p: [r for r in rows if r["policy"] == p] for p in POLICIES}
     # the trained model answers in the task's format (its accuracy: docs/TESTBED.md)
-    assert all(str(r["answer"]).isdigit() and len(str(r["answer"])) == 1 for r in rows)
+    assert all(len(str(r["answer"])) == 1 and (str(r["answer"]).isdigit()
+                                               or str(r["answer"]).isupper()) for r in rows)
     assert any(line.startswith("full_prefill: ") and "correct" in line for line in lines)
     for r in rows:
         assert r["ttft_ms"] > 0
