@@ -36,7 +36,6 @@ WORDS = ["pump", "valve", "turbine", "invoice", "freight", "ledger", "audit", "r
          "harbour", "pressure", "quarterly", "revenue", "inspection", "maintenance"]
 
 
-
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM every process still running, then wait (SIGKILL after 30 s)."""
     for p in procs:
@@ -47,6 +46,7 @@ def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             p.kill()
+
 
 def _pdf(seed: int, pages: int = 2) -> bytes:
     rng = random.Random(seed)

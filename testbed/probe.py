@@ -10,12 +10,15 @@ cross-page value), which shows *why* a policy wins or loses.
 Public API:
   load_checkpoint_vlm(path) -> LoadedVLM      a training checkpoint or a weights file
   probe(vlm, n, seed, policies, budgets) -> list[dict]   rows per (family, policy, budget)
+  gold_samples(n, seed) -> Iterator[Sample]   the probe's samples, over their evidence pages
+  refreshed_cells(runtime, assembly, sample, policy, budget, seed) -> [(page, cell) | None]
 """
 
 from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,9 +28,10 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import ModelFingerprint
 from conduit_core.policies import get_policy
-from conduit_core.runtime import ReuseRuntime
+from conduit_core.runtime import Assembly, ReuseRuntime
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
 from testbed.batches import Sample, draw_sample, page_image
+from testbed.task import COLS
 from testbed.train import model_tensors
 from worker.answer_job import ANSWER_PREFIX, page_label
 
@@ -46,9 +50,24 @@ def load_checkpoint_vlm(path: Path) -> LoadedVLM:
                      dtype=torch.float32)
 
 
-def _gold(sample: Sample) -> Sample:
-    pages = [p - 1 for p in sample.record.evidence_pages]
-    return Sample(sample.doc, sample.record, pages, sample.doc_name)
+def gold_samples(n: int, seed: int = 7) -> Iterator[Sample]:
+    """The probe's `n` samples for `seed`, each over its question's evidence pages only."""
+    rng = random.Random(f"probe:{seed}")
+    for _ in range(n):
+        s = draw_sample(rng)
+        yield Sample(s.doc, s.record, [p - 1 for p in s.record.evidence_pages], s.doc_name)
+
+
+def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy: str,
+                    budget: float, seed: int | None = 0) -> list[tuple[int, int] | None]:
+    """The tokens `policy` refreshes at `budget`, each as (page, cell) of `s`, or None for a
+    token that is no glyph cell (a page's delimiters)."""
+    cells: dict[int, tuple[int, int]] = {}  # sequence index -> (page, cell)
+    for seg, page in zip(assembly.layout.segments, s.pages, strict=True):
+        for cell in range(len(s.doc.pages[page]) * COLS):
+            cells[seg.start + 1 + cell] = (page, cell)
+    chosen = get_policy(policy)(runtime.policy_context(assembly, budget, seed)).tolist()
+    return [cells.get(i) for i in chosen]
 
 
 def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
@@ -56,11 +75,9 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           budgets: tuple[float, ...] = (0.1,)) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget (gold pages)."""
     runtime = ReuseRuntime(vlm)
-    rng = random.Random(f"probe:{seed}")
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     covered: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
-    for _ in range(n):
-        s = _gold(draw_sample(rng))
+    for s in gold_samples(n, seed):
         images = [page_image(s.doc.pages[p]) for p in s.pages]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
@@ -88,10 +105,6 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
 
 def _covers(runtime: ReuseRuntime, req: AnswerRequest, s: Sample) -> bool:
     """Whether the policy's refreshed set holds the asked record's result cell."""
-    if s.record.page not in s.pages:
-        return False
     assembly = runtime.assemble(req.prefix, req.pages, req.question)
-    ctx = runtime.policy_context(assembly, req.budget, req.seed)
-    chosen = set(get_policy(req.policy)(ctx).tolist())
-    seg = assembly.layout.segments[s.pages.index(s.record.page)]
-    return seg.start + 1 + s.record.cell in chosen
+    return (s.record.page, s.record.cell) in refreshed_cells(runtime, assembly, s, req.policy,
+                                                            req.budget, req.seed)

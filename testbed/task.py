@@ -19,7 +19,7 @@ Public API:
   FAMILIES, COLS, ROWS, N_PAGES, LEGEND_CELL
   Record(key, family, answer, evidence_pages, page, cell)   pages 1-based, cell = row*COLS+col
   Document(pages: list[list[str]], records, legend_column)
-    .aux_targets(page, shown) -> list[tuple[int, str]]   (cell, digit) on one page (0-based)
+    .aux_targets(page, shown) -> list[tuple[int, str]]   (cell, answer) on one page (0-based)
     .source(record) -> (page, cell) | None         the cell on another page a key cell reads
   make_document(rng) -> Document
   question_text(key) -> str                         "What is K?"

@@ -6,7 +6,8 @@ key cell predicting its record's resolved value at the last layer, plus, with
 `glyph_layer` (default 0), every cell naming its own glyph after that layer (weighted by
 `glyph_weight`: it aligns glyph features with the text embeddings early, which is what a
 question needs to find its key), plus, weighted by `hold_weight`, each lookup's key cell
-naming its value after `hold_layer` (what a reference reads there), plus, weighted by
+naming its value after `hold_layer` (what a reference reads there) and each legend record's
+key cell its row's letter (`batches._held`), plus, weighted by
 `ask_weight`, each question's key token ("K" in "What is K?") predicting the answer, plus,
 weighted by `look_weight`, attention supervision: head 0 of layer `look_q_layer` takes each
 question's key token and its answer position to the record's key cell, and head 0 of layer
@@ -75,7 +76,7 @@ class TrainConfig:
     aux_weight: float = 1.0
     glyph_layer: int | None = 0  # if set: every cell names its glyph after this layer
     glyph_weight: float = 0.5
-    hold_layer: int = 1  # after it, each lookup's key cell names its value (what is read)
+    hold_layer: int = 1  # after it, lookup and legend key cells name a row value (`_held`)
     hold_weight: float = 1.0  # that target's weight; 0 turns it off
     ask_weight: float = 1.0  # each question's key token predicts the answer (see module doc)
     look_weight: float = 1.0  # attention supervision (see module doc); 0 turns it off
@@ -185,9 +186,16 @@ def _load_checkpoint(out: Path, model: Any, opt: torch.optim.AdamW) -> int:
 
 def save_weights(model: Any, path: Path) -> None:
     """The model's weights alone (the tied head left out), as safetensors."""
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()
-               if k != "lm_head.weight"}
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    _write_weights(model.state_dict(), path)
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """`tensors` without the tied head, written atomically to `path`."""
+    out = {k: v.detach().contiguous() for k, v in tensors.items() if k != "lm_head.weight"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(out, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, path)
 
 
 def model_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -203,12 +211,7 @@ def export_weights(src: Path, dst: Path, dtype: torch.dtype = torch.float16) -> 
     """The model tensors of a run's `checkpoint.safetensors` (or of a weights file) written to
     `dst` in `dtype`, optimizer state and the tied head left out; returns the file's size.
     `build_testbed` loads them into float32 parameters."""
-    out = {k: v.to(dtype).contiguous() for k, v in model_tensors(src).items()
-           if k != "lm_head.weight"}
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    save_file(out, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, dst)
+    _write_weights({k: v.to(dtype) for k, v in model_tensors(src).items()}, dst)
     return dst.stat().st_size
 
 

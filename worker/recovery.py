@@ -18,13 +18,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tenacity import Retrying, stop_after_attempt, wait_exponential
 
 from storage.errors import NotFoundError
 from storage.keys import PageHash
-from storage.metadata import DocumentId, Job, JobId, MetadataStore
+from storage.metadata import Document, DocumentId, Job, JobId, MetadataStore
+from storage.metadata.records import JobStatus
 from worker.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,26 @@ class ReapReport:
     closed: list[str] = field(default_factory=list)  # job records of finished/deleted documents
 
 
+def job_outcome(doc: Document) -> JobStatus | None:
+    """What a finished document says of its ingest job ("succeeded" or "failed"); None while
+    it is queued or processing. The document's status is written first and is the truth."""
+    if doc.status == "ready":
+        return "succeeded"
+    if doc.status == "failed":
+        return "failed"
+    return None
+
+
+def settled_job(job: Job, doc: Document) -> Job:
+    """`job` as its document shows it: an unfinished ingest job whose document is ready or
+    failed is reported finished (its own record follows a moment later, or after a crash when
+    `reap` closes it)."""
+    outcome = job_outcome(doc)
+    if job.status not in ("queued", "running") or doc.job_id != job.id or outcome is None:
+        return job
+    return replace(job, status=outcome, error=doc.error)
+
+
 def job_is_stale(job: Job, lease_s: float, now: float | None = None) -> bool:
     """Whether a running job's lease has expired (its worker stopped beating)."""
     now = time.time() if now is None else now
@@ -156,9 +177,9 @@ def reap(ctx: WorkerContext, submit: Submit, local_queue: set[JobId] | None,
             ctx.meta.update_job(job.id, status="failed", error="the document was deleted")
             report.closed.append(job.id)
             continue
-        if doc.status in ("ready", "failed"):  # finished, but its job record was not updated
-            ctx.meta.update_job(job.id, status="succeeded" if doc.status == "ready" else "failed",
-                                error=doc.error)
+        outcome = job_outcome(doc)
+        if outcome is not None:  # finished, but its job record was not updated
+            ctx.meta.update_job(job.id, status=outcome, error=doc.error)
             report.closed.append(job.id)
         elif job.attempts >= s.max_ingest_attempts:
             if mark_failed(ctx, doc.id, job.id, gave_up_message(job.attempts),

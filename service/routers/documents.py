@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
-from dataclasses import replace
 from typing import Annotated, BinaryIO
 
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
@@ -21,7 +20,7 @@ from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
-from worker.recovery import job_is_stale, remove_page_images
+from worker.recovery import job_is_stale, remove_page_images, settled_job
 from worker.retrieval_index import on_document_deleted
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
 
@@ -175,19 +174,6 @@ def get_job(job_id: str, ctx: CtxDep, tenant: TenantDep) -> JobOut:
         doc = owned_document(ctx, tenant, job.document_id)
         job = settled_job(job, doc)
     return job_out(job)
-
-
-def settled_job(job: Job, doc: Document) -> Job:
-    """The job as its document shows it: the document's status is written first and is the
-    truth (the job record follows a moment later, or after a crash only when recovery runs), so a
-    ready or failed document settles its own unfinished ingest job for the reader."""
-    if job.status not in ("queued", "running") or doc.job_id != job.id:
-        return job
-    if doc.status == "ready":
-        return replace(job, status="succeeded")
-    if doc.status == "failed":
-        return replace(job, status="failed", error=doc.error)
-    return job
 
 
 def ingest_error_status(exc: IngestError) -> int:

@@ -98,8 +98,6 @@ def server_factory(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         s.stop()
 
 
-
-
 def start_worker(home: Path, redis_url: str, log_name: str,
                  extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A `conduit worker` Celery process on the shared home."""

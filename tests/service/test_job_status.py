@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.routers.documents import settled_job
 from storage.metadata import CollectionId, Document, DocumentId, Job, JobId
+from worker.recovery import settled_job
 
 
 def _doc(status: str, job_id: str = "job_1", error: str | None = None) -> Document:

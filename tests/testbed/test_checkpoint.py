@@ -1,5 +1,6 @@
-"""The committed testbed checkpoint: it loads as a builtin, answers what it learned, and stale
-page KV costs the answers that CONDUIT's refresh recovers (docs/TESTBED.md)."""
+"""The trained testbed weights (exported into conduit_core/weights/, not in git): they load as
+a builtin, answer what they learned, and stale page KV costs the answers that CONDUIT's
+refresh recovers (docs/TESTBED.md)."""
 
 import pymupdf
 import pytest
