@@ -30,7 +30,8 @@ def retrieval_indexes(ctx: WorkerContext) -> RetrievalIndexes:
     with _handles_lock:
         handle = _handles.get(root)
         if handle is None:
-            handle = RetrievalIndexes(root, lock_timeout_s=ctx.settings.index_lock_timeout_s)
+            handle = RetrievalIndexes(root, lock_timeout_s=ctx.settings.index_lock_timeout_s,
+                                      ivf_min_rows=ctx.settings.index_ivf_min_rows)
             _handles[root] = handle
         return handle
 
@@ -77,7 +78,8 @@ def index_hits(ctx: WorkerContext, collection_id: str, question: str, *, top_k: 
         return None
     hits = search_index(reader, question, top_k=top_k, document_ids=document_ids,
                         bm25_weight=bm25_weight, dense_weight=dense_weight,
-                        embedder=ctx.embedder, rrf_k=s.rrf_k, depth=s.index_depth)
+                        embedder=ctx.embedder, rrf_k=s.rrf_k, depth=s.index_depth,
+                        scan_rows=s.index_scan_rows)
     if hits is None:
         indexes.rebuild_in_background(ctx.meta, collection_id)
     return hits

@@ -103,6 +103,16 @@ class Settings(BaseSettings):
         1000, ge=10, le=100_000, description="Pages each retriever (BM25, dense) hands to "
         "RRF from the index; deeper ranks add at most weight / (rrf_k + depth) to a page.",
     )
+    index_ivf_min_rows: int = Field(
+        32_768, ge=1, description="Passage vectors a collection needs before its index groups "
+        "them into an inverted file (k-means lists) and a question scores only the lists "
+        "nearest to it; below this every vector is scored exactly.",
+    )
+    index_scan_rows: int = Field(
+        4_096, ge=256, le=10_000_000, description="Passage vectors a question scores exactly "
+        "in a collection with an inverted file (the nearest lists, about this many rows; a "
+        "scope with fewer rows is scored whole). More: closer to exact, slower.",
+    )
     index_lock_timeout_s: float = Field(
         120.0, gt=0, description="How long an index writer waits for the collection's "
         "writer lock (one writer per collection across processes sharing the home dir).",

@@ -23,6 +23,7 @@ from typing import Literal
 from storage.errors import NotFoundError
 from storage.metadata import CollectionId, DocumentId, MetadataStore, Page
 from worker.retrieval.embedder import embedding_from_bytes
+from worker.retrieval.index import ivf
 from worker.retrieval.index.files import (
     FORMAT,
     collection_dir,
@@ -69,9 +70,11 @@ def index_document(document_id: str, pages: Sequence[Page]) -> IndexDocument:
 class RetrievalIndexes:
     """The indexes under `root`, shared by the threads of one process."""
 
-    def __init__(self, root: Path, *, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, root: Path, *, lock_timeout_s: float = 120.0,
+                 ivf_min_rows: int = ivf.MIN_ROWS) -> None:
         self.root = root
         self.lock_timeout_s = lock_timeout_s
+        self.ivf_min_rows = ivf_min_rows
         self._readers: dict[str, IndexReader] = {}
         self._building: set[str] = set()
         self._lock = threading.Lock()
@@ -104,7 +107,8 @@ class RetrievalIndexes:
             version = current_version(cdir)
             if version is None:
                 return False
-            apply(version, add=[index_document(document_id, pages)])
+            apply(version, add=[index_document(document_id, pages)],
+                  ivf_min_rows=self.ivf_min_rows)
         return True
 
     def document_deleted(self, meta: MetadataStore, collection_id: str,
@@ -117,7 +121,7 @@ class RetrievalIndexes:
             version = current_version(cdir)
             if version is None:
                 return
-            manifest = apply(version, remove=[document_id])
+            manifest = apply(version, remove=[document_id], ivf_min_rows=self.ivf_min_rows)
         dead = manifest.dead_pages()
         if dead >= COMPACT_MIN_DEAD_PAGES and dead >= COMPACT_DEAD_SHARE * manifest.pages:
             self.rebuild_in_background(meta, collection_id)
@@ -141,9 +145,12 @@ class RetrievalIndexes:
         cdir.mkdir(parents=True, exist_ok=True)
         version = cdir / f"v{time.time_ns()}"
         create_version(version)
-        _sync(meta, collection_id, version)
+        _sync(meta, collection_id, version, train=False)
+        # train the vectors' inverted file once, if the collection is large enough
+        apply(version, ivf_min_rows=self.ivf_min_rows)
         with writer_lock(cdir, self.lock_timeout_s):
-            _sync(meta, collection_id, version)  # what changed while the bulk was built
+            # what changed while the bulk was built
+            _sync(meta, collection_id, version, ivf_min_rows=self.ivf_min_rows)
             set_current(cdir, version)
         for old in cdir.glob("v*"):
             if old != version:
@@ -212,18 +219,21 @@ def _ready_documents(meta: MetadataStore, collection_id: str) -> list[str]:
             if d.status == "ready"]
 
 
-def _sync(meta: MetadataStore, collection_id: str, version: Path) -> None:
-    """Make the version folder hold exactly the collection's ready documents."""
+def _sync(meta: MetadataStore, collection_id: str, version: Path, *, train: bool = True,
+          ivf_min_rows: int = ivf.MIN_ROWS) -> None:
+    """Make the version folder hold exactly the collection's ready documents (`train` and
+    `ivf_min_rows`: as `apply` takes them)."""
     live = read_manifest(version).live()
     ready = _ready_documents(meta, collection_id)
     ready_set = set(ready)
     remove = [d for d in live if d not in ready_set]
     add = [d for d in ready if d not in live]
     if remove:
-        apply(version, remove=remove)
+        apply(version, remove=remove, train=train, ivf_min_rows=ivf_min_rows)
     for start in range(0, len(add), SYNC_BATCH_DOCUMENTS):
         batch = [DocumentId(d) for d in add[start:start + SYNC_BATCH_DOCUMENTS]]
         by_doc: dict[str, list[Page]] = {d: [] for d in batch}
         for page in meta.list_pages(CollectionId(collection_id), batch):
             by_doc[page.document_id].append(page)
-        apply(version, add=[index_document(d, pages) for d, pages in by_doc.items()])
+        apply(version, add=[index_document(d, pages) for d, pages in by_doc.items()],
+              train=train, ivf_min_rows=ivf_min_rows)

@@ -3,7 +3,9 @@
 A reader checks the manifest's identity (inode and mtime: a commit renames a new file into
 place) before each question and reopens only what changed, so a question after a commit pays
 for reopening, never for a rebuild. Vectors are scored exactly (brute force over the mapped
-float32 rows, best passage per page); BM25 comes from Tantivy over the same stemmed tokens
+float32 rows, best passage per page) until the collection is large enough for its inverted
+file (`ivf.py`): then only the rows of the lists nearest the question are scored, exactly, as
+are all rows of a scope that holds few; BM25 comes from Tantivy over the same stemmed tokens
 the scan path uses.
 """
 
@@ -19,7 +21,14 @@ import numpy as np
 import tantivy
 
 from worker.retrieval.bm25 import tokenize
-from worker.retrieval.index.files import PAGE_FIELDS, Manifest, current_version, read_manifest
+from worker.retrieval.index import ivf
+from worker.retrieval.index.files import (
+    PAGE_FIELDS,
+    Manifest,
+    current_version,
+    ivf_paths,
+    read_manifest,
+)
 from worker.retrieval.index.writer import schema
 
 
@@ -51,6 +60,16 @@ class _Snapshot:
         counts = self.table[:, 3]
         self.with_rows = np.flatnonzero(counts > 0)
         self.row_starts = self.table[self.with_rows, 2]
+        self.row_counts = counts
+        self.live_rows = int(counts[self.alive].sum()) if m.pages else 0
+        self.centroids: np.ndarray | None = None
+        if m.ivf:  # rows grouped by list: list l holds rows list_rows[list_starts[l]:...[l+1]]
+            centroids, lists_path = ivf_paths(version, m.ivf)
+            self.centroids = np.fromfile(centroids, dtype=np.float32).reshape(m.ivf_lists, m.dim)
+            lists = np.fromfile(lists_path, dtype=np.int32, count=m.rows)  # (rows,)
+            self.list_rows = np.argsort(lists, kind="stable")  # (rows,)
+            self.list_starts = np.r_[0, np.cumsum(np.bincount(lists, minlength=m.ivf_lists))]
+            self.row_page = np.repeat(self.with_rows, counts[self.with_rows])  # (rows,)
 
 
 def _mapped(path: Path, dtype: type, shape: tuple[int, int]) -> np.ndarray:
@@ -119,16 +138,39 @@ def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
 
 
 def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
-              depth: int) -> Scored:
-    """The `depth` best pages in scope by cosine of their best passage (exact)."""
+              depth: int, scan_rows: int = ivf.SCAN_ROWS) -> Scored:
+    """The `depth` best pages in scope by cosine of their best passage: exact while the
+    collection has no inverted file or the scope holds at most `scan_rows` rows, else over
+    the rows of the lists nearest the query (about `scan_rows` of them)."""
     n = snap.manifest.pages
     if n == 0 or snap.manifest.rows == 0:
         return Scored(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-    rows = snap.vectors @ np.asarray(query_vector, dtype=np.float32).reshape(-1)
+    q = np.asarray(query_vector, dtype=np.float32).reshape(-1)  # (d,)
+    if snap.centroids is None:
+        rows = snap.vectors @ q  # (rows,)
+        page = np.full(n, -np.inf, dtype=np.float32)
+        page[snap.with_rows] = np.maximum.reduceat(rows, snap.row_starts)
+        page[~scope] = -np.inf
+        return _best_pages(page, np.flatnonzero(np.isfinite(page)), depth)
+    scope_rows = snap.live_rows if scope is snap.alive else int(snap.row_counts[scope].sum())
+    if scope_rows <= scan_rows:  # a small scope: all its rows
+        picked = np.flatnonzero(scope[snap.row_page])
+    else:
+        lists = np.flatnonzero(ivf.probe(snap.centroids, q, snap.manifest.rows, scan_rows))
+        picked = np.sort(np.concatenate([
+            snap.list_rows[snap.list_starts[i]:snap.list_starts[i + 1]] for i in lists]))
+        picked = picked[scope[snap.row_page[picked]]]
+    scores = np.take(np.asarray(snap.vectors), picked, axis=0) @ q  # (picked,)
+    pages = snap.row_page[picked]
+    order = np.lexsort((-scores, pages))  # per page, its best row first
+    first = order[np.r_[True, pages[order][1:] != pages[order][:-1]]] if len(order) else order
     page = np.full(n, -np.inf, dtype=np.float32)
-    page[snap.with_rows] = np.maximum.reduceat(rows, snap.row_starts)
-    page[~scope] = -np.inf
-    candidates = np.flatnonzero(np.isfinite(page))
+    page[pages[first]] = scores[first]
+    return _best_pages(page, pages[first], depth)
+
+
+def _best_pages(page: np.ndarray, candidates: np.ndarray, depth: int) -> Scored:
+    """The `depth` best of `candidates` by `page` score (ties: index order)."""
     if len(candidates) > depth:
         part = np.argpartition(-page[candidates], depth - 1)[:depth]
         cut = page[candidates[part]].min()

@@ -16,6 +16,7 @@ import numpy as np
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.hybrid import Hit
+from worker.retrieval.index import ivf
 from worker.retrieval.index.reader import IndexReader, bm25_top, dense_top, scope_mask
 
 DEFAULT_DEPTH = 1000
@@ -37,9 +38,12 @@ def search_index(
     embedder: Embedder | None = None,
     rrf_k: float = DEFAULT_RRF_K,
     depth: int = DEFAULT_DEPTH,
+    scan_rows: int = ivf.SCAN_ROWS,
 ) -> list[Hit] | None:
     """The `top_k` best pages of the scope, best first, as `hybrid.search` ranks them; None
-    when the collection has no index (the caller falls back to the scan path)."""
+    when the collection has no index (the caller falls back to the scan path). Dense scores
+    are exact unless the collection is large (`ivf.py`: then about `scan_rows` passage
+    vectors nearest the question are scored)."""
     if top_k < 1:
         raise ValueError("top_k must be >= 1")
     snap = reader.snapshot()
@@ -52,7 +56,7 @@ def search_index(
         rankings.append(("bm25", bm25_top(snap, query, scope, document_ids, depth).ordinals,
                          bm25_weight))
     if dense_weight and embedder is not None:
-        found = dense_top(snap, embedder.embed_query(query), scope, depth)
+        found = dense_top(snap, embedder.embed_query(query), scope, depth, scan_rows)
         rankings.append(("dense", found.ordinals, dense_weight))
     # weighted RRF over the union of the rankings, vectorised (`fusion.reciprocal_rank_fusion`
     # adds the same terms in the same order, so the scores are bit-identical)

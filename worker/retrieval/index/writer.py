@@ -5,7 +5,8 @@ while any number read. A change appends the documents' passage vectors and page-
 adds their pages to Tantivy (stemmed tokens, tokenised exactly as the BM25 scan path
 tokenises), commits Tantivy, and then commits the manifest. Removing a document deletes its
 Tantivy documents by term and marks its ordinal dead; its vector rows stay until compaction
-(a rebuild).
+(a rebuild). Large collections also append each new vector row's list to the inverted file
+(`ivf.py`) and retrain it in the commit where it becomes due.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from filelock import FileLock
 
 from worker.retrieval.bm25 import tokenize
 from worker.retrieval.document_context import with_context
+from worker.retrieval.index import ivf
 from worker.retrieval.index.files import (
     PAGE_FIELDS,
     Manifest,
     append_raw,
+    ivf_paths,
     read_manifest,
+    write_file,
     write_manifest,
 )
 
@@ -81,11 +85,14 @@ def create_version(version: Path) -> None:
     write_manifest(version, Manifest())
 
 
-def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str] = ()
-          ) -> Manifest:
+def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str] = (), *,
+          train: bool = True, ivf_min_rows: int = ivf.MIN_ROWS) -> Manifest:
     """Remove the documents `remove` and (re)add the documents `add` in one commit; return the
-    new manifest. The caller holds the writer lock (or owns the folder: a rebuild)."""
+    new manifest. With `train`, the vectors' inverted file is (re)trained in the same commit
+    when it is due (`ivf.due`; a rebuild trains once at its end instead). The caller holds the
+    writer lock (or owns the folder: a rebuild)."""
     manifest = read_manifest(version)
+    committed_rows, committed_pages = manifest.rows, manifest.pages
     ordinal = {d: i for i, d in enumerate(manifest.documents) if d is not None}
     gone = [d for d in {*remove, *(doc.document_id for doc in add)} if d in ordinal]
     index = tantivy.Index.open(str(version / "text"))
@@ -108,17 +115,42 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
                 manifest.rows += len(rows)
             writer.add_document(_tantivy_doc(doc.document_id, manifest.pages, page_tokens))
             manifest.pages += 1
-    committed = read_manifest(version)
-    append_raw(version / "vectors.f32",
-               np.concatenate(vectors).tobytes() if vectors else b"",
-               committed.rows * committed.dim * 4)
+    added = np.concatenate(vectors) if vectors else np.zeros((0, manifest.dim or 1), np.float32)
+    append_raw(version / "vectors.f32", added.tobytes(), committed_rows * manifest.dim * 4)
     append_raw(version / "pages.i64", np.asarray(table, dtype=np.int64).tobytes(),
-               committed.pages * PAGE_FIELDS * 8)
+               committed_pages * PAGE_FIELDS * 8)
+    old_ivf = manifest.ivf
+    if train and ivf.due(manifest.rows, manifest.ivf_rows, ivf_min_rows):
+        _train_ivf(version, manifest)
+    elif manifest.ivf:
+        centroids, lists = ivf_paths(version, manifest.ivf)
+        append_raw(lists, ivf.assign(added, _centroids(centroids, manifest)).tobytes(),
+                   committed_rows * 4)
     writer.commit()
     writer.wait_merging_threads()
     manifest.generation += 1
     write_manifest(version, manifest)
+    if old_ivf and old_ivf != manifest.ivf:  # retrained: the old lists are unreachable now
+        for path in ivf_paths(version, old_ivf):
+            path.unlink(missing_ok=True)
     return manifest
+
+
+def _train_ivf(version: Path, manifest: Manifest) -> None:
+    """Train new list centroids on every vector row (committed and just appended), assign
+    every row, and write both under a new tag that the manifest's commit switches to."""
+    rows = np.memmap(version / "vectors.f32", dtype=np.float32, mode="r",
+                     shape=(manifest.rows, manifest.dim))  # (rows, d)
+    centroids = ivf.train(rows, ivf.list_count(manifest.rows), seed=manifest.generation)
+    tag = str(manifest.generation + 1)
+    centroids_path, lists_path = ivf_paths(version, tag)
+    write_file(centroids_path, centroids.tobytes())
+    write_file(lists_path, ivf.assign(rows, centroids).tobytes())
+    manifest.ivf, manifest.ivf_rows, manifest.ivf_lists = tag, manifest.rows, len(centroids)
+
+
+def _centroids(path: Path, manifest: Manifest) -> np.ndarray:
+    return np.fromfile(path, dtype=np.float32).reshape(manifest.ivf_lists, manifest.dim)
 
 
 def _rows(vectors: np.ndarray | None, manifest: Manifest) -> np.ndarray:
