@@ -55,7 +55,7 @@ def test_kmeans_finds_separated_clusters_and_probe_takes_the_nearest_lists() -> 
     assert len(set(nearest.tolist())) == 8
     table = ivf.probe(centroids, centres[3], rows=1600, scan_rows=400)  # 2 lists of 200
     assert table.sum() == 2 and table[nearest[3 * 200]]
-    assert ivf.list_count(100) == 20 and ivf.list_count(10**9) == 4096
+    assert ivf.list_count(100) == 40 and ivf.list_count(10**9) == 4096
     assert not ivf.due(100, 0, min_rows=200) and ivf.due(200, 0, min_rows=200)
     assert not ivf.due(700, 200, min_rows=200) and ivf.due(800, 200, min_rows=200)
 
@@ -81,6 +81,25 @@ def test_probing_every_list_is_the_exact_ranking_and_a_partial_probe_scores_exac
         assert np.allclose([exact_score[o] for o in part.ordinals.tolist()], part.scores,
                            rtol=0, atol=1e-6)
         assert part.ordinals[0] == truth.ordinals[0], q  # the nearest lists hold the best
+
+
+def test_pages_named_by_the_other_ranking_are_scored_exactly(
+        tmp_path: Path, docs: Docs, embedder: Embedder) -> None:
+    exact = _index(tmp_path / "exact", docs, ivf_min_rows=ivf.MIN_ROWS)
+    approx = _index(tmp_path / "ivf", docs, ivf_min_rows=1)
+    snap, exact_snap = approx.snapshot(), exact.snapshot()
+    assert snap is not None and exact_snap is not None
+    vector = embedder.embed_query("router latency")
+    truth = dense_top(exact_snap, vector, exact_snap.alive, 200)
+    exact_score = dict(zip(truth.ordinals.tolist(), truth.scores.tolist(), strict=True))
+    alone = dense_top(snap, vector, snap.alive, 200, scan_rows=1)  # the nearest list only
+    far = np.setdiff1d(truth.ordinals[-10:], alone.ordinals)  # the 10 least similar pages
+    assert len(far)
+    got = dense_top(snap, vector, snap.alive, 200, scan_rows=1, also=far)
+    scored = dict(zip(got.ordinals.tolist(), got.scores.tolist(), strict=True))
+    assert set(got.ordinals.tolist()) == set(alone.ordinals.tolist()) | set(far.tolist())
+    assert np.allclose([scored[o] for o in far.tolist()], [exact_score[o] for o in far.tolist()],
+                       rtol=0, atol=1e-6)
 
 
 def test_small_scopes_are_scored_exactly(tmp_path: Path, docs: Docs,

@@ -18,15 +18,17 @@ import numpy as np
 MIN_ROWS = 32_768  # fewer passage vectors than this: exact scoring, no lists
 SCAN_ROWS = 4_096  # about this many rows are scored exactly per question
 RETRAIN_GROWTH = 4  # retrain when the rows reach this multiple of the trained size
-SAMPLE_PER_LIST = 32  # k-means training points per list
+SAMPLE_PER_LIST = 16  # k-means training points per list
 SEED_PER_LIST = 8  # k-means++ seeding points per list (a subset of the training sample)
 ITERATIONS = 8  # k-means rounds
 ASSIGN_BATCH = 8192  # rows per assignment matmul
 
 
 def list_count(rows: int) -> int:
-    """Number of lists for a collection of `rows` vectors: 2 sqrt(rows), in [16, 4096]."""
-    return int(min(max(round(2 * math.sqrt(rows)), 16), 4096))
+    """Number of lists for a collection of `rows` vectors: 4 sqrt(rows), in [16, 4096]. Finer
+    lists find more of the exact top 10 at the same share of rows scored (real dev set
+    passages, 4% scored: 0.77 with sqrt(n) lists, 0.84 with 2 sqrt(n), 0.89 with 4 sqrt(n))."""
+    return int(min(max(round(4 * math.sqrt(rows)), 16), 4096))
 
 
 def due(rows: int, trained_rows: int, min_rows: int = MIN_ROWS) -> bool:

@@ -138,10 +138,12 @@ def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
 
 
 def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
-              depth: int, scan_rows: int = ivf.SCAN_ROWS) -> Scored:
+              depth: int, scan_rows: int = ivf.SCAN_ROWS,
+              also: np.ndarray | None = None) -> Scored:
     """The `depth` best pages in scope by cosine of their best passage: exact while the
     collection has no inverted file or the scope holds at most `scan_rows` rows, else over
-    the rows of the lists nearest the query (about `scan_rows` of them)."""
+    the rows of the lists nearest the query (about `scan_rows` of them) and of the pages
+    `also` (ordinals: the hybrid passes BM25's ranking, so its pages get exact scores)."""
     n = snap.manifest.pages
     if n == 0 or snap.manifest.rows == 0:
         return Scored(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
@@ -157,8 +159,11 @@ def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
         picked = np.flatnonzero(scope[snap.row_page])
     else:
         lists = np.flatnonzero(ivf.probe(snap.centroids, q, snap.manifest.rows, scan_rows))
-        picked = np.sort(np.concatenate([
-            snap.list_rows[snap.list_starts[i]:snap.list_starts[i + 1]] for i in lists]))
+        picked = np.concatenate([
+            snap.list_rows[snap.list_starts[i]:snap.list_starts[i + 1]] for i in lists])
+        if also is not None and len(also):
+            picked = np.concatenate([picked, _page_rows(snap, also)])
+        picked = np.unique(picked)
         picked = picked[scope[snap.row_page[picked]]]
     scores = np.take(np.asarray(snap.vectors), picked, axis=0) @ q  # (picked,)
     pages = snap.row_page[picked]
@@ -167,6 +172,13 @@ def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
     page = np.full(n, -np.inf, dtype=np.float32)
     page[pages[first]] = scores[first]
     return _best_pages(page, pages[first], depth)
+
+
+def _page_rows(snap: _Snapshot, ordinals: np.ndarray) -> np.ndarray:
+    """The vector rows of the pages `ordinals`."""
+    counts = snap.row_counts[ordinals]
+    starts = np.repeat(snap.table[ordinals, 2] - np.cumsum(counts) + counts, counts)
+    return starts + np.arange(int(counts.sum()))
 
 
 def _best_pages(page: np.ndarray, candidates: np.ndarray, depth: int) -> Scored:

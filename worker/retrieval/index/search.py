@@ -52,11 +52,13 @@ def search_index(
     scope = scope_mask(snap, document_ids)
     depth = max(depth, top_k)
     rankings: list[tuple[str, np.ndarray, float]] = []
+    lexical = None
     if bm25_weight:
-        rankings.append(("bm25", bm25_top(snap, query, scope, document_ids, depth).ordinals,
-                         bm25_weight))
+        lexical = bm25_top(snap, query, scope, document_ids, depth).ordinals
+        rankings.append(("bm25", lexical, bm25_weight))
     if dense_weight and embedder is not None:
-        found = dense_top(snap, embedder.embed_query(query), scope, depth, scan_rows)
+        found = dense_top(snap, embedder.embed_query(query), scope, depth, scan_rows,
+                          also=lexical)
         rankings.append(("dense", found.ordinals, dense_weight))
     # weighted RRF over the union of the rankings, vectorised (`fusion.reciprocal_rank_fusion`
     # adds the same terms in the same order, so the scores are bit-identical)
