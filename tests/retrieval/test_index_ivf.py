@@ -1,9 +1,12 @@
 """The vectors' inverted file of large collections (`ivf.py`): k-means finds real clusters,
 lists follow every add and retrain, probing every list is the exact ranking, a partial probe
-scores exactly what it reads, small scopes stay exact, and rebuilds train once."""
+scores exactly what it reads, small scopes stay exact, rebuilds train once, and a retrain in
+the background catches up with rows added meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,7 @@ from worker.retrieval.index import RetrievalIndexes, ivf, search_index
 from worker.retrieval.index.files import current_version, ivf_paths, read_manifest, set_current
 from worker.retrieval.index.maintain import index_document
 from worker.retrieval.index.reader import IndexReader, dense_top
-from worker.retrieval.index.writer import apply, create_version
+from worker.retrieval.index.writer import apply, create_version, retrain
 
 
 @pytest.fixture(scope="module")
@@ -157,4 +160,58 @@ def test_a_rebuild_trains_once_and_hooks_append(tmp_path: Path, docs: Docs,
     hits = _dense(reader, "patient dosage in the clinical trial", embedder, scan_rows=120)
     exact = _index(tmp_path / "exact", docs, ivf_min_rows=ivf.MIN_ROWS)
     assert hits == _dense(exact, "patient dosage in the clinical trial", embedder, 120)
+    meta.close()
+
+
+def test_retraining_catches_up_with_rows_added_meanwhile_and_yields_to_a_faster_writer(
+        tmp_path: Path, docs: Docs) -> None:
+    version = tmp_path / "v1"
+    create_version(version)
+    add = [index_document(d, pages) for d, _, pages in docs]
+    first = apply(version, add=add[:6], ivf_min_rows=20)  # trained at 24 rows
+    apply(version, add=add[6:25], train=False)  # 100 rows: due, left to `retrain`
+    assert ivf.due(100, first.ivf_rows, 20)
+
+    def lock_after_a_concurrent_add() -> contextlib.AbstractContextManager[object]:
+        apply(version, add=add[25:], train=False)  # another writer commits while we train
+        return contextlib.nullcontext()
+
+    assert retrain(version, lock_after_a_concurrent_add)
+    manifest = read_manifest(version)
+    assert manifest.rows == 120 and manifest.ivf_rows == 100 and manifest.ivf != first.ivf
+    centroids_path, lists_path = ivf_paths(version, manifest.ivf)
+    vectors = np.fromfile(version / "vectors.f32", dtype=np.float32).reshape(120, -1)
+    centroids = np.fromfile(centroids_path, dtype=np.float32).reshape(manifest.ivf_lists, -1)
+    assert np.array_equal(np.fromfile(lists_path, dtype=np.int32),
+                          ivf.assign(vectors, centroids))  # the 20 late rows included
+    assert sorted(p.name for p in version.glob("ivf-*")) == \
+        sorted(p.name for p in ivf_paths(version, manifest.ivf))  # the old lists are gone
+
+    def lock_after_another_retrain() -> contextlib.AbstractContextManager[object]:
+        assert retrain(version, contextlib.nullcontext)
+        return contextlib.nullcontext()
+
+    assert not retrain(version, lock_after_another_retrain)  # the other one switched first
+    winner = read_manifest(version)
+    assert winner.ivf != manifest.ivf
+    assert sorted(p.name for p in version.glob("ivf-*")) == \
+        sorted(p.name for p in ivf_paths(version, winner.ivf))  # ours left nothing behind
+
+
+def test_the_ingest_hook_retrains_in_the_background(tmp_path: Path, docs: Docs) -> None:
+    meta = SQLiteMetadataStore(tmp_path / "meta.db")
+    collection = meta.create_collection("c", "tenant")
+    indexes = RetrievalIndexes(tmp_path / "index", ivf_min_rows=20)
+    for doc_id, _, pages in docs[:6]:
+        store_document(meta, collection.id, doc_id, pages)
+    indexes.rebuild(meta, collection.id)
+    version = current_version(tmp_path / "index" / collection.id)
+    assert version is not None and read_manifest(version).ivf_rows == 24
+    for doc_id, _, pages in docs[6:25]:
+        store_document(meta, collection.id, doc_id, pages)
+        indexes.document_ready(meta, collection.id, doc_id, pages)
+    deadline = time.monotonic() + 60
+    while read_manifest(version).ivf_rows < 96 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert read_manifest(version).ivf_rows >= 96  # retrained once past 4 x 24 rows
     meta.close()

@@ -37,6 +37,7 @@ from worker.retrieval.index.writer import (
     IndexPage,
     apply,
     create_version,
+    retrain,
     writer_lock,
 )
 
@@ -77,6 +78,7 @@ class RetrievalIndexes:
         self.ivf_min_rows = ivf_min_rows
         self._readers: dict[str, IndexReader] = {}
         self._building: set[str] = set()
+        self._training: set[str] = set()
         self._lock = threading.Lock()
 
     def reader(self, collection_id: str) -> IndexReader | None:
@@ -107,8 +109,9 @@ class RetrievalIndexes:
             version = current_version(cdir)
             if version is None:
                 return False
-            apply(version, add=[index_document(document_id, pages)],
-                  ivf_min_rows=self.ivf_min_rows)
+            manifest = apply(version, add=[index_document(document_id, pages)], train=False)
+        if ivf.due(manifest.rows, manifest.ivf_rows, self.ivf_min_rows):
+            self.retrain_in_background(collection_id, version)
         return True
 
     def document_deleted(self, meta: MetadataStore, collection_id: str,
@@ -121,7 +124,7 @@ class RetrievalIndexes:
             version = current_version(cdir)
             if version is None:
                 return
-            manifest = apply(version, remove=[document_id], ivf_min_rows=self.ivf_min_rows)
+            manifest = apply(version, remove=[document_id], train=False)
         dead = manifest.dead_pages()
         if dead >= COMPACT_MIN_DEAD_PAGES and dead >= COMPACT_DEAD_SHARE * manifest.pages:
             self.rebuild_in_background(meta, collection_id)
@@ -177,6 +180,29 @@ class RetrievalIndexes:
 
         threading.Thread(target=run, name=f"index-rebuild-{collection_id}", daemon=True).start()
         return True
+
+    def retrain_in_background(self, collection_id: str, version: Path) -> threading.Thread | None:
+        """Retrain the vectors' inverted file of a live version in a thread (`writer.retrain`:
+        the writer lock is held only to switch), unless this process is already retraining
+        it; questions keep using the current lists meanwhile. Returns the thread."""
+        with self._lock:
+            if collection_id in self._training:
+                return None
+            self._training.add(collection_id)
+        cdir = collection_dir(self.root, collection_id)
+
+        def run() -> None:
+            try:
+                retrain(version, lambda: writer_lock(cdir, self.lock_timeout_s))
+            except Exception:
+                log.exception("retraining the vector lists of %s failed", collection_id)
+            finally:
+                with self._lock:
+                    self._training.discard(collection_id)
+
+        thread = threading.Thread(target=run, name=f"index-lists-{collection_id}", daemon=True)
+        thread.start()
+        return thread
 
     def remove_collection(self, collection_id: str) -> None:
         """Forget a deleted collection's index and remove its folder."""

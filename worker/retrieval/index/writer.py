@@ -12,8 +12,9 @@ Tantivy documents by term and marks its ordinal dead; its vector rows stay until
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +90,9 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
           train: bool = True, ivf_min_rows: int = ivf.MIN_ROWS) -> Manifest:
     """Remove the documents `remove` and (re)add the documents `add` in one commit; return the
     new manifest. With `train`, the vectors' inverted file is (re)trained in the same commit
-    when it is due (`ivf.due`; a rebuild trains once at its end instead). The caller holds the
-    writer lock (or owns the folder: a rebuild)."""
+    when it is due (`ivf.due`): a rebuild trains once at its end, the ingest and delete hooks
+    pass False and `retrain` in the background. The caller holds the writer lock (or owns the
+    folder: a rebuild)."""
     manifest = read_manifest(version)
     committed_rows, committed_pages = manifest.rows, manifest.pages
     ordinal = {d: i for i, d in enumerate(manifest.documents) if d is not None}
@@ -139,14 +141,48 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
 def _train_ivf(version: Path, manifest: Manifest) -> None:
     """Train new list centroids on every vector row (committed and just appended), assign
     every row, and write both under a new tag that the manifest's commit switches to."""
-    rows = np.memmap(version / "vectors.f32", dtype=np.float32, mode="r",
-                     shape=(manifest.rows, manifest.dim))  # (rows, d)
+    rows = _vector_rows(version, manifest)
     centroids = ivf.train(rows, ivf.list_count(manifest.rows), seed=manifest.generation)
-    tag = str(manifest.generation + 1)
+    tag = f"g{manifest.generation + 1}"
     centroids_path, lists_path = ivf_paths(version, tag)
     write_file(centroids_path, centroids.tobytes())
     write_file(lists_path, ivf.assign(rows, centroids).tobytes())
     manifest.ivf, manifest.ivf_rows, manifest.ivf_lists = tag, manifest.rows, len(centroids)
+
+
+def retrain(version: Path, lock: Callable[[], AbstractContextManager[object]]) -> bool:
+    """Retrain the inverted file of a live version without holding the writer lock for the
+    long part: the centroids and the lists of the rows committed now are computed unlocked;
+    then, under `lock`, the rows added meanwhile are assigned and the manifest switches to
+    the new files. Returns False (and leaves nothing behind) when another writer retrained
+    first."""
+    start = read_manifest(version)
+    rows = _vector_rows(version, start)
+    centroids = ivf.train(rows, ivf.list_count(start.rows), seed=start.generation)
+    tag = f"r{time.time_ns()}"
+    centroids_path, lists_path = ivf_paths(version, tag)
+    write_file(centroids_path, centroids.tobytes())
+    write_file(lists_path, ivf.assign(rows, centroids).tobytes())
+    with lock():
+        manifest = read_manifest(version)
+        if (manifest.ivf, manifest.ivf_rows) != (start.ivf, start.ivf_rows):
+            centroids_path.unlink(missing_ok=True)
+            lists_path.unlink(missing_ok=True)
+            return False
+        since = _vector_rows(version, manifest)[start.rows:]  # rows added while training
+        append_raw(lists_path, ivf.assign(since, centroids).tobytes(), start.rows * 4)
+        manifest.ivf, manifest.ivf_rows, manifest.ivf_lists = tag, start.rows, len(centroids)
+        manifest.generation += 1
+        write_manifest(version, manifest)
+    for path in ivf_paths(version, start.ivf) if start.ivf else ():
+        path.unlink(missing_ok=True)
+    return True
+
+
+def _vector_rows(version: Path, manifest: Manifest) -> np.ndarray:
+    """The version's vector rows up to the manifest's count, memory-mapped `(rows, d)`."""
+    return np.memmap(version / "vectors.f32", dtype=np.float32, mode="r",
+                     shape=(manifest.rows, manifest.dim))
 
 
 def _centroids(path: Path, manifest: Manifest) -> np.ndarray:
