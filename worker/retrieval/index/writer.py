@@ -141,13 +141,20 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
 def _train_ivf(version: Path, manifest: Manifest) -> None:
     """Train new list centroids on every vector row (committed and just appended), assign
     every row, and write both under a new tag that the manifest's commit switches to."""
+    tag = f"g{manifest.generation + 1}"
+    centroids = _write_lists(version, manifest, tag)
+    manifest.ivf, manifest.ivf_rows, manifest.ivf_lists = tag, manifest.rows, len(centroids)
+
+
+def _write_lists(version: Path, manifest: Manifest, tag: str) -> np.ndarray:
+    """Train centroids on the manifest's vector rows, write them and every row's list under
+    `tag`; return the centroids."""
     rows = _vector_rows(version, manifest)
     centroids = ivf.train(rows, ivf.list_count(manifest.rows), seed=manifest.generation)
-    tag = f"g{manifest.generation + 1}"
     centroids_path, lists_path = ivf_paths(version, tag)
     write_file(centroids_path, centroids.tobytes())
     write_file(lists_path, ivf.assign(rows, centroids).tobytes())
-    manifest.ivf, manifest.ivf_rows, manifest.ivf_lists = tag, manifest.rows, len(centroids)
+    return centroids
 
 
 def retrain(version: Path, lock: Callable[[], AbstractContextManager[object]]) -> bool:
@@ -157,12 +164,9 @@ def retrain(version: Path, lock: Callable[[], AbstractContextManager[object]]) -
     the new files. Returns False (and leaves nothing behind) when another writer retrained
     first."""
     start = read_manifest(version)
-    rows = _vector_rows(version, start)
-    centroids = ivf.train(rows, ivf.list_count(start.rows), seed=start.generation)
     tag = f"r{time.time_ns()}"
+    centroids = _write_lists(version, start, tag)
     centroids_path, lists_path = ivf_paths(version, tag)
-    write_file(centroids_path, centroids.tobytes())
-    write_file(lists_path, ivf.assign(rows, centroids).tobytes())
     with lock():
         manifest = read_manifest(version)
         if (manifest.ivf, manifest.ivf_rows) != (start.ivf, start.ivf_rows):
