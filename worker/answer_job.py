@@ -22,6 +22,7 @@ from worker.page_cache import CacheReport, load_pages
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
+from worker.retrieval.query_clean import retrieval_query
 from worker.retrieval.snippet import Snippet, best_snippet
 from worker.retrieval_index import index_hits
 from worker.settings import Settings
@@ -155,9 +156,11 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
     bm25_weight = s.bm25_weight if q.bm25_weight is None else q.bm25_weight
     # the index ranks as `search` with page references and document priors off (issue 17's
-    # terms are not in the index yet): with either on, scan
+    # terms are not in the index yet): with either on, scan. Both read the question less its
+    # answer-format instructions (`query_clean`) when `clean_queries` is on.
+    query = retrieval_query(q.question) if s.clean_queries else q.question
     found = None if s.ref_weight or s.doc_weight else index_hits(
-        ctx, q.collection_id, q.question, top_k=q.top_k, document_ids=q.document_ids,
+        ctx, q.collection_id, query, top_k=q.top_k, document_ids=q.document_ids,
         bm25_weight=bm25_weight, dense_weight=dense_weight if ctx.embedder is not None else 0.0)
     if found:
         keys = [(DocumentId(d), int(n)) for d, _, n in (h.key.rpartition(":") for h in found)]
@@ -177,7 +180,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     ]
     hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
                   dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k,
-                  ref_weight=s.ref_weight, doc_weight=s.doc_weight)
+                  ref_weight=s.ref_weight, doc_weight=s.doc_weight, clean_query=s.clean_queries)
     return [(by_key[h.key], h.score) for h in hits]
 
 

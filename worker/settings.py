@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         "doc_weight / (rrf_k + r), r its document's rank by whole-document BM25 and dense "
         "(worker/retrieval/doc_prior.py; scan path).",
     )
+    clean_queries: bool = Field(
+        True, description="Rank pages with the question less its answer-format instructions "
+        "(\"Please write the answer in list format\", \"Round your answer to two decimal "
+        "places\": worker/retrieval/query_clean.py); the model still reads the whole question.",
+    )
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 

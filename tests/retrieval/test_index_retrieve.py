@@ -88,3 +88,32 @@ def test_retrieve_uses_the_index_and_falls_back_to_scanning(
     check = retrieval_indexes(ctx).check(store, collection.id)
     assert check.state == "ok", check
     ctx.close()
+
+
+def test_index_and_scan_rank_with_the_cleaned_question(tmp_path: Path,
+                                                       embedder: Embedder) -> None:
+    style = Page(document_id=DocumentId("doc_style"), number=1, page_hash="h_style",
+                 text="Write each answer in list format, in alphabetical order; an answer "
+                 "in another format goes back to its writer.", text_source="text_layer",
+                 image_path="pages/doc_style/0.png", width=10, height=10, context="style guide")
+    question = ("What is the dividend outlook for shareholders? Please write the answer in "
+                "list format with alphabetical order.")
+
+    def top_document(clean: bool) -> tuple[str, str]:
+        home = tmp_path / str(clean)
+        ctx = build_context(Settings(home=home, clean_queries=clean))
+        collection = ctx.meta.create_collection("c", "tenant")
+        for doc_id, _, pages in make_documents(embedder, n_docs=5, pages=2):
+            store_document(ctx.meta, collection.id, doc_id, pages)
+        store_document(ctx.meta, collection.id, "doc_style", [style])
+        q = Question(collection_id=collection.id, question=question, top_k=1,
+                     max_new_tokens=1, dense_weight=0.0)
+        scanned = retrieve(ctx, q)[0][0].document_id  # no index yet: the scan answers
+        _wait_for_rebuilds()
+        assert retrieval_indexes(ctx).check(ctx.meta, collection.id).state == "ok"
+        indexed = retrieve(ctx, q)[0][0].document_id
+        ctx.close()
+        return scanned, indexed
+
+    assert top_document(clean=False) == ("doc_style", "doc_style")  # instruction words win
+    assert top_document(clean=True) == ("doc_001_finance", "doc_001_finance")

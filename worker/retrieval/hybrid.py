@@ -5,7 +5,8 @@ collection, or the pages of a list of document ids) and passes their stored text
 embeddings; nothing here reads a store, so embedded and distributed mode share the code.
 Each candidate's document context (its document's title words) is indexed with its text.
 Two optional terms join the fused score: pages the question points at by number, position
-or caption (`query_refs`), and the rank of each page's document (`doc_prior`).
+or caption (`query_refs`), and the rank of each page's document (`doc_prior`). Every
+ranking reads the question without its answer-format instructions (`query_clean`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from worker.retrieval.fusion import (
     reciprocal_rank_fusion,
 )
 from worker.retrieval.passages import embed_pages
+from worker.retrieval.query_clean import retrieval_query
 from worker.retrieval.query_refs import parse_refs, referenced_pages
 from worker.retrieval.visual import VisualRetriever, late_interaction_scores
 
@@ -82,6 +84,7 @@ def search(
     rrf_k: float = DEFAULT_RRF_K,
     ref_weight: float = 0.0,
     doc_weight: float = 0.0,
+    clean_query: bool = True,
 ) -> list[Hit]:
     """The `top_k` best candidates for `query`, best first.
 
@@ -92,7 +95,9 @@ def search(
     constant `rrf_k`. With `ref_weight`, a page the question names ("page 5", "the last
     page", "Figure 2": `query_refs`) gains `ref_weight * strength / (rrf_k + 1)`; with
     `doc_weight` (and more than one document in scope), every page gains
-    `doc_weight / (rrf_k + r)`, r its document's rank (`doc_prior`). Ties go to the better
+    `doc_weight / (rrf_k + r)`, r its document's rank (`doc_prior`). With `clean_query`,
+    every ranking reads `query_clean.retrieval_query(query)` (the question without
+    "Please write the answer in ... format" and the like). Ties go to the better
     single rank, then to input order. When fewer than `top_k` candidates are ranked at all
     (and neither extra term applies), the rest follow in input order with score 0, so the
     result always has `min(top_k, len(candidates))` entries.
@@ -102,6 +107,8 @@ def search(
     n = len(candidates)
     if n == 0:
         return []
+    if clean_query:
+        query = retrieval_query(query)
     rankings: list[Ranking] = []
     if bm25_weight:
         scores = bm25_scores(query, [with_context(c.context, c.text) for c in candidates])
