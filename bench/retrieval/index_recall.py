@@ -44,6 +44,7 @@ from worker.retrieval.index.files import set_current
 from worker.retrieval.index.reader import IndexReader
 from worker.retrieval.index.search import search_index
 from worker.retrieval.index.writer import IndexDocument, IndexPage, apply, create_version
+from worker.retrieval.query_clean import retrieval_query
 
 CONFIGS = {"hybrid (deployed)": (1.0, 0.6), "bm25 only": (1.0, 0.0), "dense only": (0.0, 1.0)}
 IVF_SHARES = (0.04, 0.08, 0.16)  # probed share of the vectors for the inverted-file rows
@@ -66,7 +67,8 @@ def build_index(corpus: Corpus, folder: Path, *, ivf_min_rows: int = ivf.MIN_ROW
 def rank_with_index(reader: IndexReader, corpus: Corpus, questions: list, *, within_doc: bool,
                     bm25: float, dense: float, embedder: Embedder,
                     scan_rows: int = ivf.SCAN_ROWS) -> list[list[PageRef]]:
-    """Rankings of the index path, in `rank_questions`'s form."""
+    """Rankings of the index path, in `rank_questions`'s form (the question cleaned as the
+    service cleans it, and as `rank_questions` does by default)."""
     docs = set(corpus.documents())
     out: list[list[PageRef]] = []
     for q in questions:
@@ -74,7 +76,7 @@ def rank_with_index(reader: IndexReader, corpus: Corpus, questions: list, *, wit
         if within_doc:
             doc = q.doc if q.doc in docs else f"{q.doc}.pdf"
             scope = [doc]
-        hits = search_index(reader, q.question, top_k=20, document_ids=scope,
+        hits = search_index(reader, retrieval_query(q.question), top_k=20, document_ids=scope,
                             bm25_weight=bm25, dense_weight=dense, embedder=embedder,
                             scan_rows=scan_rows) or []
         out.append([(d, int(n)) for d, _, n in (h.key.rpartition(":") for h in hits)])
