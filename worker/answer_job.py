@@ -178,9 +178,9 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
                   embedding=embedding_from_bytes(p.embedding) if dense and p.embedding else None)
         for k, p in by_key.items()
     ]
-    hits = search(q.question, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
+    hits = search(query, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
                   dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k,
-                  ref_weight=s.ref_weight, doc_weight=s.doc_weight, clean_query=s.clean_queries)
+                  ref_weight=s.ref_weight, doc_weight=s.doc_weight, clean_query=False)
     return [(by_key[h.key], h.score) for h in hits]
 
 

@@ -6,9 +6,9 @@
     <home>/index/<collection>/v<N>/vectors.f32  passage vectors, float32 rows, append-only
     <home>/index/<collection>/v<N>/pages.i64    page table, 4 int64 per page, append-only:
                                                 document ordinal, number, first row, row count
-    <home>/index/<collection>/v<N>/ivf-<G>.centroids.f32  list centroids (large collections,
-                                                           `ivf.py`), trained at generation G
-    <home>/index/<collection>/v<N>/ivf-<G>.lists.i32      each vector row's list, append-only
+    <home>/index/<collection>/v<N>/ivf-<tag>.centroids.f32  list centroids (large collections,
+                                                             `ivf.py`); the manifest names the tag
+    <home>/index/<collection>/v<N>/ivf-<tag>.lists.i32      each vector row's list, append-only
     <home>/index/<collection>/v<N>/manifest.json  what the files above hold (committed)
 
 The manifest is written last (temp file, fsync, rename), so a reader never sees rows a writer

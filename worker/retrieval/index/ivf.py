@@ -84,12 +84,9 @@ def assign(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 
 def probe(centroids: np.ndarray, query: np.ndarray, rows: int, scan_rows: int = SCAN_ROWS
           ) -> np.ndarray:
-    """Per list, whether a question with unit vector `query` scores its rows: the lists of the
-    nearest centroids, as many as hold about `scan_rows` of the `rows` rows on average."""
+    """The lists whose rows a question with unit vector `query` scores: those of the nearest
+    centroids, as many as hold about `scan_rows` of the `rows` rows on average."""
     lists = len(centroids)
     count = min(lists, max(1, math.ceil(scan_rows * lists / max(rows, 1))))
     closeness = centroids @ query  # (L,)
-    chosen = np.argpartition(-closeness, count - 1)[:count]
-    table = np.zeros(lists, dtype=bool)
-    table[chosen] = True
-    return table
+    return np.argpartition(-closeness, count - 1)[:count]

@@ -148,12 +148,11 @@ class RetrievalIndexes:
         cdir.mkdir(parents=True, exist_ok=True)
         version = cdir / f"v{time.time_ns()}"
         create_version(version)
-        _sync(meta, collection_id, version, train=False)
+        _sync(meta, collection_id, version)
         # train the vectors' inverted file once, if the collection is large enough
         apply(version, ivf_min_rows=self.ivf_min_rows)
         with writer_lock(cdir, self.lock_timeout_s):
-            # what changed while the bulk was built
-            _sync(meta, collection_id, version, ivf_min_rows=self.ivf_min_rows)
+            _sync(meta, collection_id, version)  # what changed while the bulk was built
             set_current(cdir, version)
         for old in cdir.glob("v*"):
             if old != version:
@@ -245,21 +244,20 @@ def _ready_documents(meta: MetadataStore, collection_id: str) -> list[str]:
             if d.status == "ready"]
 
 
-def _sync(meta: MetadataStore, collection_id: str, version: Path, *, train: bool = True,
-          ivf_min_rows: int = ivf.MIN_ROWS) -> None:
-    """Make the version folder hold exactly the collection's ready documents (`train` and
-    `ivf_min_rows`: as `apply` takes them)."""
+def _sync(meta: MetadataStore, collection_id: str, version: Path) -> None:
+    """Make the version folder hold exactly the collection's ready documents (the vector
+    lists are not trained here: the rebuild trains once, the hooks retrain when due)."""
     live = read_manifest(version).live()
     ready = _ready_documents(meta, collection_id)
     ready_set = set(ready)
     remove = [d for d in live if d not in ready_set]
     add = [d for d in ready if d not in live]
     if remove:
-        apply(version, remove=remove, train=train, ivf_min_rows=ivf_min_rows)
+        apply(version, remove=remove, train=False)
     for start in range(0, len(add), SYNC_BATCH_DOCUMENTS):
         batch = [DocumentId(d) for d in add[start:start + SYNC_BATCH_DOCUMENTS]]
         by_doc: dict[str, list[Page]] = {d: [] for d in batch}
         for page in meta.list_pages(CollectionId(collection_id), batch):
             by_doc[page.document_id].append(page)
         apply(version, add=[index_document(d, pages) for d, pages in by_doc.items()],
-              train=train, ivf_min_rows=ivf_min_rows)
+              train=False)

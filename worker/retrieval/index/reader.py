@@ -158,7 +158,7 @@ def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
     if scope_rows <= scan_rows:  # a small scope: all its rows
         picked = np.flatnonzero(scope[snap.row_page])
     else:
-        lists = np.flatnonzero(ivf.probe(snap.centroids, q, snap.manifest.rows, scan_rows))
+        lists = ivf.probe(snap.centroids, q, snap.manifest.rows, scan_rows)
         picked = np.concatenate([
             snap.list_rows[snap.list_starts[i]:snap.list_starts[i + 1]] for i in lists])
         if also is not None and len(also):

@@ -6,7 +6,7 @@ adds their pages to Tantivy (stemmed tokens, tokenised exactly as the BM25 scan 
 tokenises), commits Tantivy, and then commits the manifest. Removing a document deletes its
 Tantivy documents by term and marks its ordinal dead; its vector rows stay until compaction
 (a rebuild). Large collections also append each new vector row's list to the inverted file
-(`ivf.py`) and retrain it in the commit where it becomes due.
+(`ivf.py`); `retrain` rebuilds the lists of a live version with the lock held only to switch.
 """
 
 from __future__ import annotations
