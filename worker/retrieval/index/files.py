@@ -4,8 +4,12 @@
     <home>/index/<collection>/writer.lock    the one-writer file lock
     <home>/index/<collection>/v<N>/text/     the Tantivy index (BM25 over stemmed tokens)
     <home>/index/<collection>/v<N>/vectors.f32  passage vectors, float32 rows, append-only
-    <home>/index/<collection>/v<N>/pages.i64    page table, 4 int64 per page, append-only:
-                                                document ordinal, number, first row, row count
+    <home>/index/<collection>/v<N>/pages.i64    page table, 7 int64 per page, append-only:
+                                                document ordinal, number, first row, row count,
+                                                first stem entry, distinct stems, stems
+    <home>/index/<collection>/v<N>/terms.u64    every page's distinct stems with their counts,
+                                                in page order, append-only (exact BM25,
+                                                `exact_bm25.page_entries`)
     <home>/index/<collection>/v<N>/ivf-<tag>.centroids.f32  list centroids (large collections,
                                                              `ivf.py`); the manifest names the tag
     <home>/index/<collection>/v<N>/ivf-<tag>.lists.i32      each vector row's list, append-only
@@ -24,16 +28,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORMAT = 2  # bump when the layout or the tokenisation changes: older indexes are rebuilt
-PAGE_FIELDS = 4  # int64 per page-table row
+FORMAT = 3  # bump when the layout or the tokenisation changes: older indexes are rebuilt
+PAGE_FIELDS = 7  # int64 per page-table row
 
 
 @dataclass
 class Manifest:
-    """What a version folder holds: documents by ordinal (None once deleted), committed page
-    and vector-row counts, the vector width, a generation bumped by every commit, and the
-    vectors' inverted file: its files' tag ("" while the collection is scored exactly), the
-    rows it was trained on and its number of lists."""
+    """What a version folder holds: documents by ordinal (None once deleted), committed page,
+    vector-row and stem-entry (`terms`) counts, the vector width, a generation bumped by
+    every commit, and the vectors' inverted file: its files' tag ("" while the collection is
+    scored exactly), the rows it was trained on and its number of lists."""
 
     format: int = FORMAT
     generation: int = 0
@@ -41,6 +45,7 @@ class Manifest:
     page_counts: list[int] = field(default_factory=list)  # per document ordinal
     pages: int = 0
     rows: int = 0
+    terms: int = 0
     dim: int = 0
     ivf: str = ""
     ivf_rows: int = 0

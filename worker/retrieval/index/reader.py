@@ -5,8 +5,9 @@ place) before each question and reopens only what changed, so a question after a
 for reopening, never for a rebuild. Vectors are scored exactly (brute force over the mapped
 float32 rows, best passage per page) until the collection is large enough for its inverted
 file (`ivf.py`): then only the rows of the lists nearest the question are scored, exactly, as
-are all rows of a scope that holds few; BM25 comes from Tantivy over the same stemmed tokens
-the scan path uses.
+are all rows of a scope that holds few. BM25 candidates come from Tantivy over the same
+stemmed tokens the scan path uses, and are scored exactly as the scan path scores them
+(`exact_bm25.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tantivy
 
 from worker.retrieval.bm25 import tokenize
 from worker.retrieval.index import ivf
+from worker.retrieval.index.exact_bm25 import document_frequencies, exact_scores
 from worker.retrieval.index.files import (
     PAGE_FIELDS,
     Manifest,
@@ -52,6 +54,8 @@ class _Snapshot:
         self.searcher = self.index.searcher()
         self.table = _mapped(version / "pages.i64", np.int64, (m.pages, PAGE_FIELDS))
         self.vectors = _mapped(version / "vectors.f32", np.float32, (m.rows, m.dim or 1))
+        self.terms = (np.memmap(version / "terms.u64", dtype=np.uint64, mode="r", shape=(m.terms,))
+                      if m.terms else np.zeros(0, dtype=np.uint64))
         self.doc_ids = [d for d in m.documents]
         self.doc_ordinal = {d: i for i, d in enumerate(m.documents) if d is not None}
         alive_docs = np.array([d is not None for d in m.documents] or [False], dtype=bool)
@@ -62,6 +66,10 @@ class _Snapshot:
         self.row_starts = self.table[self.with_rows, 2]
         self.row_counts = counts
         self.live_rows = int(counts[self.alive].sum()) if m.pages else 0
+        self.lengths = self.table[:, 6]  # stems per page
+        self.live_pages = int(self.alive.sum())
+        self.live_length = int(self.lengths[self.alive].sum()) if m.pages else 0
+        self.has_deleted = m.dead_pages() > 0
         self.centroids: np.ndarray | None = None
         if m.ivf:  # rows grouped by list: list l holds rows list_rows[list_starts[l]:...[l+1]]
             centroids, lists_path = ivf_paths(version, m.ivf)
@@ -114,13 +122,16 @@ def scope_mask(snap: _Snapshot, document_ids: Sequence[str] | None) -> np.ndarra
 
 def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
              document_ids: Sequence[str] | None, depth: int) -> Scored:
-    """The `depth` best pages in scope by BM25 (pages without a query term are unranked)."""
+    """The `depth` best pages in scope by BM25 (pages without a query term are unranked):
+    Tantivy's `depth` best, scored exactly as the scan path scores them (`exact_bm25.py`)."""
     terms = tokenize([query])[0]
     empty = Scored(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
     if not terms or snap.manifest.pages == 0:
         return empty
+    distinct = list(dict.fromkeys(terms))
     q = tantivy.Query.boolean_query(
-        [(tantivy.Occur.Should, tantivy.Query.term_query(schema(), "body", t)) for t in terms])
+        [(tantivy.Occur.Should, tantivy.Query.term_query(schema(), "body", t)) for t in distinct])
+    docs = None
     if document_ids is not None:
         docs = tantivy.Query.term_set_query(schema(), "doc", [str(d) for d in document_ids])
         q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q), (tantivy.Occur.Must, docs)])
@@ -129,9 +140,20 @@ def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
         return empty
     ordinals = np.asarray(snap.searcher.fast_field_values("page", [a for _, a in hits]),
                           dtype=np.int64)
-    scores = np.asarray([s for s, _ in hits], dtype=np.float32)
-    keep = (ordinals < len(scope)) & (scores > 0)
+    keep = ordinals < len(scope)
     keep[keep] = scope[ordinals[keep]]
+    ordinals = ordinals[keep]
+    if scope is snap.alive:
+        n_pages, length = snap.live_pages, snap.live_length
+    else:
+        n_pages, length = int(scope.sum()), int(snap.lengths[scope].sum())
+    exact_counts = docs is not None or snap.has_deleted
+    df_of = dict(zip(distinct, document_frequencies(snap.searcher, distinct, docs, exact_counts),
+                     strict=True))
+    scores = exact_scores(terms, [df_of[t] for t in terms], n_pages, length / max(n_pages, 1),
+                          np.asarray(snap.table[ordinals, 4]), np.asarray(snap.table[ordinals, 5]),
+                          np.asarray(snap.lengths[ordinals]), snap.terms)
+    keep = scores > 0
     ordinals, scores = ordinals[keep], scores[keep]
     order = np.lexsort((ordinals, -scores))  # ties: index order, as the scan path
     return Scored(ordinals[order], scores[order])

@@ -1,10 +1,12 @@
 """Hybrid search over a collection's persistent index: the scan path's ranking, from the index.
 
-BM25 and dense rankings come from the index, each cut at `depth` pages (an RRF term at rank
-r > depth is at most weight / (k + depth): it cannot lift a page into the top k unless two
-fused scores tie to that precision), restricted in the index to the live pages of the
-requested documents, and fused with the same weighted RRF, the same tie rules (better single
-rank, then index order) and the same fill-up with unranked pages as `hybrid.search`.
+BM25 and dense rankings come from the index with the scan path's scores (BM25 re-scored
+exactly as bm25s scores it, `exact_bm25.py`; dense exact below the inverted file's size),
+each cut at `depth` pages (an RRF term at rank r > depth is at most weight / (k + depth): it
+cannot lift a page into the top k unless two fused scores tie to that precision), restricted
+in the index to the live pages of the requested documents, and fused with the same weighted
+RRF, the same tie rules (better single rank, then index order) and the same fill-up with
+unranked pages as `hybrid.search`.
 """
 
 from __future__ import annotations

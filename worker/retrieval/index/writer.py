@@ -1,12 +1,13 @@
 """Writing a collection's index: add and remove whole documents, one writer at a time.
 
 Every change runs under the collection's file lock (`writer_lock`), so one process writes
-while any number read. A change appends the documents' passage vectors and page-table rows,
-adds their pages to Tantivy (stemmed tokens, tokenised exactly as the BM25 scan path
-tokenises), commits Tantivy, and then commits the manifest. Removing a document deletes its
-Tantivy documents by term and marks its ordinal dead; its vector rows stay until compaction
-(a rebuild). Large collections also append each new vector row's list to the inverted file
-(`ivf.py`); `retrain` rebuilds the lists of a live version with the lock held only to switch.
+while any number read. A change appends the documents' passage vectors, page-table rows and
+the pages' stem counts (for exact BM25, `exact_bm25.py`), adds their pages to Tantivy (stemmed
+tokens, tokenised exactly as the BM25 scan path tokenises), commits Tantivy, and then commits
+the manifest. Removing a document deletes its Tantivy documents by term and marks its ordinal
+dead; its vector rows and stems stay until compaction (a rebuild). Large collections also
+append each new vector row's list to the inverted file (`ivf.py`); `retrain` rebuilds the lists of
+a live version with the lock held only to switch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from filelock import FileLock
 from worker.retrieval.bm25 import tokenize
 from worker.retrieval.document_context import with_context
 from worker.retrieval.index import ivf
+from worker.retrieval.index.exact_bm25 import page_entries
 from worker.retrieval.index.files import (
     PAGE_FIELDS,
     Manifest,
@@ -81,7 +83,7 @@ def create_version(version: Path) -> None:
     """An empty version folder: Tantivy index, empty arrays, manifest at generation 0."""
     (version / "text").mkdir(parents=True, exist_ok=True)
     tantivy.Index(schema(), path=str(version / "text"), reuse=False)
-    for name in ("vectors.f32", "pages.i64"):
+    for name in ("vectors.f32", "pages.i64", "terms.u64"):
         (version / name).write_bytes(b"")
     write_manifest(version, Manifest())
 
@@ -95,6 +97,7 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
     folder: a rebuild)."""
     manifest = read_manifest(version)
     committed_rows, committed_pages = manifest.rows, manifest.pages
+    committed_terms = manifest.terms
     ordinal = {d: i for i, d in enumerate(manifest.documents) if d is not None}
     gone = [d for d in {*remove, *(doc.document_id for doc in add)} if d in ordinal]
     index = tantivy.Index.open(str(version / "text"))
@@ -103,7 +106,8 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
         writer.delete_documents_by_term("doc", document_id)
         manifest.documents[ordinal[document_id]] = None
     vectors: list[np.ndarray] = []
-    table: list[tuple[int, int, int, int]] = []
+    terms: list[np.ndarray] = []
+    table: list[tuple[int, ...]] = []
     for doc in add:
         doc_ordinal = len(manifest.documents)
         manifest.documents.append(doc.document_id)
@@ -111,7 +115,11 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
         tokens = tokenize([with_context(p.context, p.text) for p in doc.pages])
         for page, page_tokens in zip(doc.pages, tokens, strict=True):
             rows = _rows(page.vectors, manifest)
-            table.append((doc_ordinal, page.number, manifest.rows, len(rows)))
+            entries = page_entries(page_tokens)
+            table.append((doc_ordinal, page.number, manifest.rows, len(rows), manifest.terms,
+                          len(entries), len(page_tokens)))
+            terms.append(entries)
+            manifest.terms += len(entries)
             if len(rows):
                 vectors.append(rows)
                 manifest.rows += len(rows)
@@ -121,6 +129,7 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
     append_raw(version / "vectors.f32", added.tobytes(), committed_rows * manifest.dim * 4)
     append_raw(version / "pages.i64", np.asarray(table, dtype=np.int64).tobytes(),
                committed_pages * PAGE_FIELDS * 8)
+    append_raw(version / "terms.u64", b"".join(t.tobytes() for t in terms), committed_terms * 8)
     old_ivf = manifest.ivf
     if train and ivf.due(manifest.rows, manifest.ivf_rows, ivf_min_rows):
         _train_ivf(version, manifest)
