@@ -23,7 +23,13 @@ from tests.retrieval.index_corpus import make_documents, store_document
 from worker.retrieval import Embedder, embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
 from worker.retrieval.index import RetrievalIndexes, search_index
-from worker.retrieval.index.files import current_version, read_manifest, set_current
+from worker.retrieval.index.files import (
+    FORMAT,
+    current_version,
+    read_manifest,
+    set_current,
+    write_manifest,
+)
 from worker.retrieval.index.maintain import index_document
 from worker.retrieval.index.reader import IndexReader
 from worker.retrieval.index.writer import apply, create_version
@@ -179,6 +185,39 @@ def test_hooks_check_and_rebuild_keep_the_index_in_step(
     fresh = _build(tmp_path / "fresh", [(live, [])])
     for q in QUESTIONS:
         assert _ranking(reader, q, embedder) == _ranking(fresh, q, embedder), q
+
+
+def test_an_index_of_an_older_format_is_neither_read_nor_written(
+        tmp_path: Path, docs: Docs, embedder: Embedder) -> None:
+    """An index written by an older release (another page-table layout) is skipped: questions
+    get None (the caller scans), the delete hook leaves it alone, the check calls it stale,
+    and the ingest hook rebuilds it as it builds a small collection's missing index."""
+    meta = SQLiteMetadataStore(tmp_path / "meta.db")
+    collection = meta.create_collection("c", "tenant")
+    for doc_id, _, pages in docs[:-1]:
+        store_document(meta, collection.id, doc_id, pages)
+    indexes = RetrievalIndexes(tmp_path / "index")
+    indexes.rebuild(meta, collection.id)
+    version = current_version(tmp_path / "index" / collection.id)
+    assert version is not None
+    old = read_manifest(version)
+    old.format = FORMAT - 1
+    write_manifest(version, old)
+    files = {p.name: p.read_bytes() for p in version.iterdir() if p.is_file()}
+    reader = indexes.reader(collection.id)
+    assert reader is not None and reader.snapshot() is None
+    assert search_index(reader, QUESTIONS[0], top_k=3, embedder=embedder) is None
+    meta.delete_document(DocumentId(docs[0][0]))
+    indexes.document_deleted(meta, collection.id, docs[0][0])
+    assert {p.name: p.read_bytes() for p in version.iterdir() if p.is_file()} == files
+    assert indexes.check(meta, collection.id).state == "stale"
+    doc_id, _, pages = docs[-1]
+    store_document(meta, collection.id, doc_id, pages)
+    assert indexes.document_ready(meta, collection.id, doc_id, pages)  # rebuilt from the store
+    assert indexes.check(meta, collection.id).state == "ok"
+    hits = search_index(reader, QUESTIONS[0], top_k=3, embedder=embedder)
+    assert hits is not None and len(hits) == 3
+    meta.close()
 
 
 def test_a_deleted_collection_leaves_no_index_behind(tmp_path: Path, docs: Docs) -> None:

@@ -76,6 +76,15 @@ def current_version(cdir: Path) -> Path | None:
     return path if (path / "manifest.json").exists() else None
 
 
+def usable_version(cdir: Path) -> Path | None:
+    """The live version folder if it is in this code's layout (`FORMAT`); None when the
+    collection has no index or only one of an older format (which a rebuild replaces)."""
+    version = current_version(cdir)
+    if version is None or read_manifest(version).format != FORMAT:
+        return None
+    return version
+
+
 def set_current(cdir: Path, version: Path) -> None:
     """Point CURRENT at `version` atomically."""
     write_file(cdir / "CURRENT", version.name.encode())

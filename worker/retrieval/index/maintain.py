@@ -30,6 +30,7 @@ from worker.retrieval.index.files import (
     current_version,
     read_manifest,
     set_current,
+    usable_version,
 )
 from worker.retrieval.index.reader import IndexReader
 from worker.retrieval.index.writer import (
@@ -100,13 +101,13 @@ class RetrievalIndexes:
         left to the background rebuild that its next question or the startup check starts
         (returns False)."""
         cdir = collection_dir(self.root, collection_id)
-        if current_version(cdir) is None:
+        if usable_version(cdir) is None:
             if len(_ready_documents(meta, collection_id)) > SYNC_BUILD_MAX_DOCUMENTS:
                 return False
             self.rebuild(meta, collection_id)
             return True
         with writer_lock(cdir, self.lock_timeout_s):
-            version = current_version(cdir)
+            version = usable_version(cdir)
             if version is None:
                 return False
             manifest = apply(version, add=[index_document(document_id, pages)], train=False)
@@ -118,10 +119,10 @@ class RetrievalIndexes:
                          document_id: str) -> None:
         """Drop a deleted document; start a compacting rebuild when dead pages pile up."""
         cdir = collection_dir(self.root, collection_id)
-        if current_version(cdir) is None:
+        if usable_version(cdir) is None:  # none, or an older format: the rebuild reads the store
             return
         with writer_lock(cdir, self.lock_timeout_s):
-            version = current_version(cdir)
+            version = usable_version(cdir)
             if version is None:
                 return
             manifest = apply(version, remove=[document_id], train=False)

@@ -25,6 +25,7 @@ from worker.retrieval.bm25 import tokenize
 from worker.retrieval.index import ivf
 from worker.retrieval.index.exact_bm25 import document_frequencies, exact_scores
 from worker.retrieval.index.files import (
+    FORMAT,
     PAGE_FIELDS,
     Manifest,
     current_version,
@@ -45,9 +46,9 @@ class Scored:
 class _Snapshot:
     """One committed state of a version folder, opened for reading."""
 
-    def __init__(self, version: Path, index: tantivy.Index | None) -> None:
+    def __init__(self, version: Path, manifest: Manifest, index: tantivy.Index | None) -> None:
         self.version = version
-        self.manifest: Manifest = read_manifest(version)
+        self.manifest = manifest
         m = self.manifest
         self.index = index or tantivy.Index.open(str(version / "text"))
         self.index.reload()
@@ -97,7 +98,8 @@ class IndexReader:
 
     def snapshot(self) -> _Snapshot | None:
         """The latest committed state (reopened if a writer committed since), or None when
-        the collection has no index."""
+        the collection has no index or one of an older format (the caller scans and rebuilds
+        it)."""
         version = current_version(self.collection_dir)
         if version is None:
             return None
@@ -105,8 +107,11 @@ class IndexReader:
         stamp = (version.name, st.st_ino, st.st_mtime_ns)
         with self._lock:
             if stamp != self._stamp or self._snap is None:
+                manifest = read_manifest(version)
+                if manifest.format != FORMAT:
+                    return None
                 same = self._snap is not None and self._snap.version == version
-                self._snap = _Snapshot(version, self._snap.index if same and self._snap
+                self._snap = _Snapshot(version, manifest, self._snap.index if same and self._snap
                                        else None)
                 self._stamp = stamp
             return self._snap
