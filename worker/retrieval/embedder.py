@@ -7,8 +7,10 @@ Embeddings are float32, L2-normalised, 384-dimensional; they travel as raw float
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,7 @@ QUERY_CACHE_SIZE = 1024
 
 _models: dict[tuple[str, str], SentenceTransformer] = {}
 _models_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the pool)
 
 
 def default_model_path() -> Path:
@@ -87,6 +90,22 @@ class Embedder:
             while len(self._queries) > QUERY_CACHE_SIZE:
                 self._queries.popitem(last=False)
         return vector
+
+    def submit_query(self, query: str) -> Future[np.ndarray]:
+        """Start `embed_query(query)` in a worker thread and return its future, so that the
+        caller can rank by BM25 meanwhile (the model runs outside the GIL)."""
+        return _query_pool().submit(self.embed_query, query)
+
+
+def _query_pool() -> ThreadPoolExecutor:
+    """This process's query-embedding threads (made again in a forked child: a pool's
+    threads do not survive a fork)."""
+    global _pool
+    with _models_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4,
+                                                     thread_name_prefix="embed-query"))
+        return _pool[1]
 
 
 def embedding_to_bytes(vectors: np.ndarray) -> bytes:

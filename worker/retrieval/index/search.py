@@ -19,7 +19,13 @@ from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.hybrid import Hit
 from worker.retrieval.index import ivf
-from worker.retrieval.index.reader import IndexReader, bm25_top, dense_top, scope_mask
+from worker.retrieval.index.reader import (
+    IndexReader,
+    bm25_top,
+    dense_top,
+    scope_mask,
+    sorted_unique,
+)
 
 DEFAULT_DEPTH = 1000
 
@@ -55,16 +61,17 @@ def search_index(
     depth = max(depth, top_k)
     rankings: list[tuple[str, np.ndarray, float]] = []
     lexical = None
+    # the question's embedding is computed in a thread while BM25 ranks
+    vector = embedder.submit_query(query) if dense_weight and embedder is not None else None
     if bm25_weight:
         lexical = bm25_top(snap, query, scope, document_ids, depth).ordinals
         rankings.append(("bm25", lexical, bm25_weight))
-    if dense_weight and embedder is not None:
-        found = dense_top(snap, embedder.embed_query(query), scope, depth, scan_rows,
-                          also=lexical)
+    if vector is not None:
+        found = dense_top(snap, vector.result(), scope, depth, scan_rows, also=lexical)
         rankings.append(("dense", found.ordinals, dense_weight))
     # weighted RRF over the union of the rankings, vectorised (`fusion.reciprocal_rank_fusion`
     # adds the same terms in the same order, so the scores are bit-identical)
-    ranked = np.unique(np.concatenate([o for _, o, _ in rankings] or
+    ranked = sorted_unique(np.concatenate([o for _, o, _ in rankings] or
                                       [np.zeros(0, dtype=np.int64)]))
     fused = np.zeros(len(ranked), dtype=np.float64)
     best = np.full(len(ranked), len(scope) + 1, dtype=np.int64)
