@@ -128,3 +128,22 @@ def test_query_embeddings_are_cached_and_match_batch_embeddings(embedder: Embedd
     assert np.allclose(first, embedder.embed(["When was the breakwater rebuilt?"])[0],
                        atol=1e-5)
     assert not first.flags.writeable
+
+
+def test_a_query_embedded_in_a_thread_is_the_same_vector(embedder: Embedder) -> None:
+    """`submit_query` (the index embeds the question while BM25 ranks) gives what
+    `embed_query` gives; a pool inherited through a fork (its threads are gone) is replaced."""
+    import os
+
+    from worker.retrieval import embedder as module
+
+    question = "Which pier did the storm of 1953 damage?"
+    vector = embedder.submit_query(question).result(timeout=60)
+    assert np.array_equal(vector, embedder.embed_query(question))
+    assert module._pool is not None
+    inherited = module._pool[1]
+    module._pool = (os.getpid() + 1, inherited)  # as a forked child sees its parent's pool
+    again = embedder.submit_query(question + " again").result(timeout=60)
+    assert module._pool[1] is not inherited and module._pool[0] == os.getpid()
+    assert np.allclose(again, embedder.embed([question + " again"])[0], atol=1e-6)
+    inherited.shutdown()
