@@ -13,8 +13,7 @@ pages); each is then scored exactly as bm25s scores it:
 
 Each page's distinct stems are stored with the page (`terms.u64`): one uint64 per stem, a
 48-bit hash of the stem above its 16-bit count on the page, sorted. Document frequencies are
-Tantivy's (counted over the live pages of the scope when the index has deleted pages or the
-question is scoped).
+Tantivy's (`reader.document_frequencies`).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import hashlib
 import math
 
 import numpy as np
-import tantivy
 
 K1 = 1.5  # bm25s's defaults, as `bm25.bm25_scores` uses them
 B = 0.75
@@ -48,25 +46,6 @@ def page_entries(stems: list[str]) -> np.ndarray:
     keys, counts = np.unique(stem_keys(stems), return_counts=True)
     counts = np.minimum(counts, (1 << COUNT_BITS) - 1).astype(np.uint64)
     return (keys << np.uint64(COUNT_BITS)) | counts
-
-
-def document_frequencies(searcher: tantivy.Searcher, stems: list[str],
-                         scope_query: tantivy.Query | None, exact_counts: bool) -> list[int]:
-    """Per stem, the pages holding it: Tantivy's document frequency, or with `exact_counts`
-    the live pages within `scope_query` (when given) that hold it, counted by a search
-    (Tantivy's frequencies include deleted pages until their segment merges)."""
-    from worker.retrieval.index.writer import schema
-
-    if not exact_counts:
-        return [searcher.doc_freq("body", stem) for stem in stems]
-    counts = []
-    for stem in stems:
-        q = tantivy.Query.term_query(schema(), "body", stem)
-        if scope_query is not None:
-            q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q),
-                                             (tantivy.Occur.Must, scope_query)])
-        counts.append(searcher.search(q, 1, count=True).count)  # type: ignore[attr-defined]
-    return counts
 
 
 def exact_scores(query_stems: list[str], df: list[int], n_pages: int, mean_length: float,

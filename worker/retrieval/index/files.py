@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FORMAT = 3  # bump when the layout or the tokenisation changes: older indexes are rebuilt
+# page-table columns, one int64 each: document ordinal, page number, first vector row and
+# row count, first stem entry (`terms.u64`) and entry count, stems on the page
+DOC, NUMBER, FIRST_ROW, ROW_COUNT, FIRST_ENTRY, ENTRY_COUNT, STEM_COUNT = range(7)
 PAGE_FIELDS = 7  # int64 per page-table row
 
 

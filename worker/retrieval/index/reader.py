@@ -23,10 +23,16 @@ import tantivy
 
 from worker.retrieval.bm25 import tokenize
 from worker.retrieval.index import ivf
-from worker.retrieval.index.exact_bm25 import document_frequencies, exact_scores
+from worker.retrieval.index.exact_bm25 import exact_scores
 from worker.retrieval.index.files import (
+    DOC,
+    ENTRY_COUNT,
+    FIRST_ENTRY,
+    FIRST_ROW,
     FORMAT,
     PAGE_FIELDS,
+    ROW_COUNT,
+    STEM_COUNT,
     Manifest,
     current_version,
     ivf_paths,
@@ -59,14 +65,14 @@ class _Snapshot:
         self.doc_ids = [d for d in m.documents]
         self.doc_ordinal = {d: i for i, d in enumerate(m.documents) if d is not None}
         alive_docs = np.array([d is not None for d in m.documents] or [False], dtype=bool)
-        self.page_doc = self.table[:, 0]
+        self.page_doc = self.table[:, DOC]
         self.alive = alive_docs[self.page_doc] if m.pages else np.zeros(0, dtype=bool)
-        counts = self.table[:, 3]
+        counts = self.row_counts = self.table[:, ROW_COUNT]
+        self.first_row = self.table[:, FIRST_ROW]
         self.with_rows = np.flatnonzero(counts > 0)
-        self.row_starts = self.table[self.with_rows, 2]
-        self.row_counts = counts
+        self.row_starts = self.first_row[self.with_rows]
         self.live_rows = int(counts[self.alive].sum()) if m.pages else 0
-        self.lengths = self.table[:, 6]  # stems per page
+        self.lengths = self.table[:, STEM_COUNT]  # stems per page
         self.live_pages = int(self.alive.sum())
         self.live_length = int(self.lengths[self.alive].sum()) if m.pages else 0
         self.has_deleted = m.dead_pages() > 0
@@ -157,12 +163,29 @@ def bm25_top(snap: _Snapshot, query: str, scope: np.ndarray,
     df_of = dict(zip(distinct, document_frequencies(snap.searcher, distinct, docs, exact_counts),
                      strict=True))
     scores = exact_scores(terms, [df_of[t] for t in terms], n_pages, length / max(n_pages, 1),
-                          snap.table[ordinals, 4], snap.table[ordinals, 5], snap.lengths[ordinals],
-                          snap.terms)
+                          snap.table[ordinals, FIRST_ENTRY], snap.table[ordinals, ENTRY_COUNT],
+                          snap.lengths[ordinals], snap.terms)
     keep = scores > 0
     ordinals, scores = ordinals[keep], scores[keep]
     order = np.lexsort((ordinals, -scores))  # ties: index order, as the scan path
     return Scored(ordinals[order], scores[order])
+
+
+def document_frequencies(searcher: tantivy.Searcher, stems: list[str],
+                         scope_query: tantivy.Query | None, exact_counts: bool) -> list[int]:
+    """Per stem, the pages holding it: Tantivy's document frequency, or with `exact_counts`
+    the live pages within `scope_query` (when given) that hold it, counted by a search
+    (Tantivy's frequencies include deleted pages until their segment merges)."""
+    if not exact_counts:
+        return [searcher.doc_freq("body", stem) for stem in stems]
+    counts = []
+    for stem in stems:
+        q = tantivy.Query.term_query(schema(), "body", stem)
+        if scope_query is not None:
+            q = tantivy.Query.boolean_query([(tantivy.Occur.Must, q),
+                                             (tantivy.Occur.Must, scope_query)])
+        counts.append(searcher.search(q, 1, count=True).count)  # type: ignore[attr-defined]
+    return counts
 
 
 def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
@@ -213,7 +236,7 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
 def _page_rows(snap: _Snapshot, ordinals: np.ndarray) -> np.ndarray:
     """The vector rows of the pages `ordinals`."""
     counts = snap.row_counts[ordinals]
-    starts = np.repeat(snap.table[ordinals, 2] - np.cumsum(counts) + counts, counts)
+    starts = np.repeat(snap.first_row[ordinals] - np.cumsum(counts) + counts, counts)
     return starts + np.arange(int(counts.sum()))
 
 

@@ -19,6 +19,7 @@ from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.hybrid import Hit
 from worker.retrieval.index import ivf
+from worker.retrieval.index.files import NUMBER
 from worker.retrieval.index.reader import (
     IndexReader,
     bm25_top,
@@ -96,7 +97,7 @@ def search_index(
             if int(o) not in taken:
                 chosen.append((int(o), 0.0))
     return [
-        Hit(key=page_key(str(snap.doc_ids[int(snap.table[o, 0])]), int(snap.table[o, 1])),
+        Hit(key=page_key(str(snap.doc_ids[int(snap.page_doc[o])]), int(snap.table[o, NUMBER])),
             score=score,
             bm25_rank=rank_of.get("bm25", {}).get(o),
             dense_rank=rank_of.get("dense", {}).get(o))

@@ -116,6 +116,7 @@ def apply(version: Path, add: Sequence[IndexDocument] = (), remove: Sequence[str
         for page, page_tokens in zip(doc.pages, tokens, strict=True):
             rows = _rows(page.vectors, manifest)
             entries = page_entries(page_tokens)
+            # columns as `files.py` names them: DOC, NUMBER, FIRST_ROW ... STEM_COUNT
             table.append((doc_ordinal, page.number, manifest.rows, len(rows), manifest.terms,
                           len(entries), len(page_tokens)))
             terms.append(entries)
