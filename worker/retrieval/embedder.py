@@ -25,6 +25,7 @@ QUERY_CACHE_SIZE = 1024
 _models: dict[tuple[str, str], SentenceTransformer] = {}
 _models_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the pool)
+_pool_lock = threading.Lock()  # not `_models_lock`: a model may load for seconds under it
 
 
 def default_model_path() -> Path:
@@ -101,7 +102,7 @@ def _query_pool() -> ThreadPoolExecutor:
     """This process's query-embedding threads (made again in a forked child: a pool's
     threads do not survive a fork)."""
     global _pool
-    with _models_lock:
+    with _pool_lock:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4,
                                                      thread_name_prefix="embed-query"))

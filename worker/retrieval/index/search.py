@@ -73,7 +73,7 @@ def search_index(
     # weighted RRF over the union of the rankings, vectorised (`fusion.reciprocal_rank_fusion`
     # adds the same terms in the same order, so the scores are bit-identical)
     ranked = sorted_unique(np.concatenate([o for _, o, _ in rankings] or
-                                      [np.zeros(0, dtype=np.int64)]))
+                                          [np.zeros(0, dtype=np.int64)]))
     fused = np.zeros(len(ranked), dtype=np.float64)
     best = np.full(len(ranked), len(scope) + 1, dtype=np.int64)
     ranks: dict[str, np.ndarray] = {}
