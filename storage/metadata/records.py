@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
 
+from storage.text_safety import safe_value
+
 CollectionId = NewType("CollectionId", str)
 DocumentId = NewType("DocumentId", str)
 JobId = NewType("JobId", str)
@@ -66,7 +68,8 @@ class Document:
         raw: Any = self.skipped_pages
         if isinstance(raw, str):
             raw = json.loads(raw)
-        self.skipped_pages = [p if isinstance(p, SkippedPage) else SkippedPage(**p)
+        # JSON carries lone surrogates as escapes: reasons written before issue 30 are repaired
+        self.skipped_pages = [p if isinstance(p, SkippedPage) else SkippedPage(**safe_value(p))
                               for p in raw]
 
 

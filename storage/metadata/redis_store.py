@@ -45,6 +45,7 @@ from storage.metadata.records import (
     new_id,
 )
 from storage.metadata.redis_scripts import SCRIPTS
+from storage.text_safety import safe_text, safe_value
 
 T = TypeVar("T")
 
@@ -53,24 +54,26 @@ def _encode(record: Any) -> list[str]:
     """Flatten a record dataclass to HSET arguments `[field, json, ...]`."""
     out: list[str] = []
     for name, value in asdict(record).items():
-        out += [name, json.dumps(value)]
+        out += [name, json.dumps(safe_value(value))]
     return out
 
 
 def _decode(cls: type[T], raw: dict[str, str]) -> T:
+    """A record from its hash; text written before issue 30 may hold lone surrogates (JSON
+    carries them as escapes): repaired."""
     names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: json.loads(v) for k, v in raw.items() if k in names})
+    return cls(**{k: safe_value(json.loads(v)) for k, v in raw.items() if k in names})
 
 
 def _page_json(page: Page) -> str:
-    data = asdict(page)
+    data = safe_value(asdict(page))
     emb = data.pop("embedding")
     data["embedding"] = None if emb is None else base64.b64encode(emb).decode()
     return json.dumps(data)
 
 
 def _page_from_json(text: str) -> Page:
-    data = json.loads(text)
+    data = safe_value(json.loads(text))
     emb = data.get("embedding")
     data["embedding"] = None if emb is None else base64.b64decode(emb)
     return Page(**data)
@@ -124,6 +127,7 @@ class RedisMetadataStore:
     # collections
     def create_collection(self, name: str, tenant: str, shared: bool = False) -> Collection:
         """Create a collection; `ConflictError` if the tenant already has one of that name."""
+        name, tenant = safe_text(name), safe_text(tenant)
         col = Collection(id=CollectionId(new_id("col")), name=name, tenant=tenant, shared=shared)
         got = self._script("create_collection",
                            [self._k("colnames"), self._k("col", col.id), self._k("tenant", tenant)],
@@ -142,6 +146,7 @@ class RedisMetadataStore:
 
     def find_collection(self, name: str, tenant: str) -> Collection | None:
         """The tenant's collection of that name, if any."""
+        name, tenant = safe_text(name), safe_text(tenant)
         cid = self._call(lambda: self._r.hget(self._k("colnames"), json.dumps([tenant, name])))
         if cid is None:
             return None
@@ -212,7 +217,7 @@ class RedisMetadataStore:
             "pages_total": pages_total, "error": error, "updated_at": time.time()}
         if skipped_pages is not None:
             values["skipped_pages"] = [asdict(p) for p in skipped_pages]
-        args = [x for k, v in values.items() for x in (k, json.dumps(v))]
+        args = [x for k, v in values.items() for x in (k, json.dumps(safe_value(v)))]
         if not self._script("update", [self._k("doc", document_id)], args):
             raise NotFoundError(f"document {document_id} not found")
 
@@ -302,7 +307,8 @@ class RedisMetadataStore:
         """Record a job's status."""
         now = time.time()
         args = [job_id, repr(now), "1" if status in ("succeeded", "failed") else "0",
-                "status", json.dumps(status), "error", json.dumps(error),
+                "status", json.dumps(status),
+                "error", json.dumps(None if error is None else safe_text(error)),
                 "updated_at", json.dumps(now)]
         if not self._script("update_job", [self._k("job", job_id), self._k("activejobs")], args):
             raise NotFoundError(f"job {job_id} not found")

@@ -27,6 +27,7 @@ from storage.metadata.records import (
     SkippedPage,
     new_id,
 )
+from storage.text_safety import safe_text, safe_value
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -73,6 +74,12 @@ def _row(cls: type, row: sqlite3.Row) -> Any:
     return cls(**{k: row[k] for k in row.keys() if k in names})
 
 
+def _text(raw: bytes) -> str:
+    """A TEXT value as valid UTF-8: bytes that do not decode (written by another tool, or
+    encoded surrogates) read back as `\\xNN` escapes instead of failing the whole read."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
 class SQLiteMetadataStore:
     """`MetadataStore` on one SQLite file; safe to share between threads of one process."""
 
@@ -80,6 +87,7 @@ class SQLiteMetadataStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
+        self._conn.text_factory = _text
         self._lock = threading.RLock()
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
@@ -101,7 +109,7 @@ class SQLiteMetadataStore:
     def _insert(self, table: str, record: Any, conflict: str) -> None:
         """Insert a dataclass record as one row; `ConflictError(conflict)` on a duplicate."""
         values = {k: json.dumps(v) if isinstance(v, list) else v
-                  for k, v in asdict(record).items()}
+                  for k, v in safe_value(asdict(record)).items()}
         cols, marks = ", ".join(values), ", ".join("?" for _ in values)
         try:
             with self._tx() as c:
@@ -122,6 +130,7 @@ class SQLiteMetadataStore:
     # collections
     def create_collection(self, name: str, tenant: str, shared: bool = False) -> Collection:
         """Create a collection; `ConflictError` if the tenant already has one of that name."""
+        name, tenant = safe_text(name), safe_text(tenant)
         col = Collection(id=CollectionId(new_id("col")), name=name, tenant=tenant, shared=shared)
         try:
             with self._tx() as c:
@@ -144,6 +153,7 @@ class SQLiteMetadataStore:
 
     def find_collection(self, name: str, tenant: str) -> Collection | None:
         """The tenant's collection of that name, if any."""
+        name, tenant = safe_text(name), safe_text(tenant)
         row = self._one("SELECT id FROM collections WHERE name = ? AND tenant = ?", (name, tenant))
         return None if row is None else self.get_collection(row["id"])
 
@@ -197,10 +207,11 @@ class SQLiteMetadataStore:
     ) -> None:
         """Record ingestion progress of a document."""
         sets = "status=?, stage=?, pages_done=?, pages_total=?, error=?, updated_at=?"
-        args: list[Any] = [status, stage, pages_done, pages_total, error, time.time()]
+        args: list[Any] = [status, stage, pages_done, pages_total,
+                           None if error is None else safe_text(error), time.time()]
         if skipped_pages is not None:
             sets += ", skipped_pages=?"
-            args.append(json.dumps([asdict(p) for p in skipped_pages]))
+            args.append(json.dumps(safe_value([asdict(p) for p in skipped_pages])))
         with self._tx() as c:
             n = c.execute(f"UPDATE documents SET {sets} WHERE id=?",
                           (*args, document_id)).rowcount
@@ -216,7 +227,7 @@ class SQLiteMetadataStore:
             names = [f.name for f in fields(Page)]
             c.executemany(
                 f"INSERT INTO pages ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                [tuple(asdict(p).values()) for p in pages],
+                [tuple(safe_value(asdict(p)).values()) for p in pages],
             )
 
     def list_pages(
@@ -284,7 +295,8 @@ class SQLiteMetadataStore:
         """Record a job's status."""
         with self._tx() as c:
             n = c.execute("UPDATE jobs SET status=?, error=?, updated_at=? WHERE id=?",
-                          (status, error, time.time(), job_id)).rowcount
+                          (status, None if error is None else safe_text(error), time.time(),
+                           job_id)).rowcount
         if n == 0:
             raise NotFoundError(f"job {job_id} not found")
 
