@@ -5,20 +5,20 @@ joined copy of the tensor bytes is made: an 8-byte header length, the JSON heade
 64-byte boundary, then each tensor's raw bytes (largest element size first, so every tensor is
 naturally aligned). The header's `__metadata__` holds the format name and version, the model
 fingerprint JSON, the quantisation, and an xxh3-128 checksum over the canonical header (minus
-the checksum) and all tensor bytes. `decode_*` raise `CorruptEntryError` on any mismatch;
-stores treat that as a miss and remove the entry.
+the checksum) and all tensor bytes. `decode_*` and `read_*` raise `CorruptEntryError` on any
+mismatch; stores treat that as a miss and remove the entry.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import mmap
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -178,24 +178,44 @@ def decode_tensors(buf: bytes | bytearray | memoryview) -> tuple[dict[str, torch
     return head.tensors(base), head.meta
 
 
-def map_tensors(fileno: int, size: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Map an entry file copy-on-write, verify it, and return tensors viewing the mapping.
+READ_CHUNK = 1 << 20  # bytes read per call: each is hashed while it is still in the CPU cache
 
-    No copy is made: the checksum pass faults the file's page-cache pages into a private
-    mapping and the tensors use them in place. Writing to a tensor copies only the touched
-    pages (the file never changes). The mapping outlives the file's name: an entry deleted
-    or replaced while its tensors are alive stays readable (its disk space is released when
-    they are). A file truncated by someone else while mapped would fault (SIGBUS) on access:
-    the stores never modify a file in place.
+ReadInto = Callable[[memoryview], "int | None"]
+
+
+def _fill(readinto: ReadInto, mv: memoryview, done: int, end: int) -> int:
+    """Read into `mv[done:end]` until it is full or the source ends; the new `done`."""
+    while done < end and (n := readinto(mv[done:end])):
+        done += n
+    return done
+
+
+def read_tensors(readinto: ReadInto, size: int, chunk: int = READ_CHUNK
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read an entry of `size` bytes through `readinto` (e.g. a raw file's), verifying it.
+
+    One private, uninitialised buffer (`numpy.empty`: no zero-filling pass) receives the
+    bytes, `chunk` bytes per read, each hashed as it lands: the kernel's copy is the only
+    pass over memory besides a cache-hot hash, and the tensors returned view the buffer (no
+    further copy). `CorruptEntryError` for a short read, a bad header or a checksum mismatch.
     """
-    if size < 8:  # mmap cannot map an empty file; header_length needs 8 bytes anyway
-        raise CorruptEntryError("entry shorter than its header length")
-    mm = mmap.mmap(fileno, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    mv = memoryview(mm)
-    head = parse_header(mv, size)
-    head.verify(mv[head.data_offset:])
-    base = torch.frombuffer(mm, dtype=torch.uint8)
-    return head.tensors(base[head.data_offset:] if size > head.data_offset else None), head.meta
+    buf = np.empty(size, dtype=np.uint8)
+    mv = buf.data
+    done = _fill(readinto, mv, 0, min(size, max(chunk, 8)))  # 8: the header length
+    offset = header_length(mv[:done])
+    done = _fill(readinto, mv, done, min(size, max(offset, done)))
+    head = parse_header(mv[:done], size)
+    h = xxhash.xxh3_128(head.canonical)
+    h.update(mv[offset:done])
+    while done < size:
+        start, done = done, _fill(readinto, mv, done, min(size, done + chunk))
+        if done == start:
+            raise CorruptEntryError(f"entry is {done} bytes, expected {size}")
+        h.update(mv[start:done])
+    if f"{CHECKSUM_ALGO}:{h.hexdigest()}" != head.stored_sum:
+        raise CorruptEntryError("checksum mismatch")
+    base = torch.from_numpy(buf[offset:]) if size > offset else None
+    return head.tensors(base), head.meta
 
 
 def _validate_layout(header: dict[str, Any], data_len: int
@@ -261,9 +281,9 @@ def decode_page(buf: bytes | bytearray | memoryview) -> PageKV:
     return page_from_tensors(*decode_tensors(buf))
 
 
-def map_page(fileno: int, size: int) -> PageKV:
-    """`decode_page` of an entry file, zero-copy (see `map_tensors`)."""
-    return page_from_tensors(*map_tensors(fileno, size))
+def read_page(readinto: ReadInto, size: int, chunk: int = READ_CHUNK) -> PageKV:
+    """`decode_page` of an entry read through `readinto` (see `read_tensors`)."""
+    return page_from_tensors(*read_tensors(readinto, size, chunk))
 
 
 def page_from_tensors(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> PageKV:

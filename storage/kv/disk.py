@@ -8,8 +8,9 @@ rebuilt from the files at startup (recency from mtime), when stray temp files le
 are removed. Several processes may share a root: each reads files the others wrote and
 enforces the budget on what it knows of.
 
-A read copies the file into a private buffer, verifies the checksum over that buffer, and
-returns tensors viewing it (no second copy). The file is never mapped: a shared or
+A read copies the file into a private, uninitialised buffer in 1 MB reads, hashing each while
+it is still in the CPU cache, and returns tensors viewing the buffer (no second copy: the
+kernel's copy is the only pass over memory). The file is never mapped: a shared or
 copy-on-write mapping shows later changes of the file (bytes flipped on disk after a load
 changed the next answer while the memory tier held the mapped tensors), so the bytes served
 are exactly the bytes that were verified, whatever happens to the file afterwards.
@@ -30,7 +31,7 @@ from conduit_core.page_kv import PageKV
 from storage.errors import CorruptEntryError, InvalidKeyError
 from storage.keys import PageHash, check_page_hash
 from storage.kv.base import Counters, TierStats
-from storage.kv.codec import Encoded, decode_page, encode_page
+from storage.kv.codec import Encoded, encode_page, read_page
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class DiskKVStore:
     def _select_victims(self, keep: PageHash | None) -> list[PageHash]:
         victims: list[PageHash] = []
         with self._lock:
+            if self._bytes <= self.max_bytes:  # the common case: no copy of the index
+                return victims
             for key in list(self._index):
                 if self._bytes <= self.max_bytes:
                     break
@@ -136,17 +139,10 @@ class DiskKVStore:
 
     # -- I/O --------------------------------------------------------------------------------
     def _load(self, path: Path) -> tuple[PageKV, int]:
-        """Read the whole file into a private buffer, then verify and decode it in place."""
+        """Read the whole file into a private buffer, verifying it as it lands (`read_page`)."""
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
-            buf = bytearray(size)
-            view = memoryview(buf)
-            done = 0
-            while done < size and (n := f.readinto(view[done:])):
-                done += n
-        if done != size:
-            raise CorruptEntryError(f"entry is {done} bytes, expected {size}")
-        return decode_page(buf), size
+            return read_page(f.readinto, size), size
 
     def _write(self, path: Path, enc: Encoded) -> None:
         path.parent.mkdir(exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 
@@ -11,7 +12,13 @@ import safetensors.torch
 import torch
 
 from storage.errors import CorruptEntryError
-from storage.kv.codec import decode_page, decode_tensors, encode_page, encode_tensors
+from storage.kv.codec import (
+    decode_page,
+    decode_tensors,
+    encode_page,
+    encode_tensors,
+    read_page,
+)
 from storage.kv.split import decode_split, encode_split, read_header
 from tests.storage.kv_testkit import QWEN2VL_2B, SMALL, assert_same_page, make_page
 
@@ -86,6 +93,19 @@ def test_every_flipped_byte_or_truncation_is_detected() -> None:
     for bad in _corruptions(blob):
         with pytest.raises(CorruptEntryError):
             decode_page(bytearray(bad))
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, 1 << 20])
+def test_reading_in_chunks_verifies_every_byte(chunk: int) -> None:
+    page = make_page(5, QWEN2VL_2B)
+    blob = encode_page(page).to_bytes()
+    assert_same_page(page, read_page(io.BytesIO(blob).readinto, len(blob), chunk))
+    for bad in _corruptions(blob):
+        with pytest.raises(CorruptEntryError):
+            read_page(io.BytesIO(bad).readinto, len(bad), chunk)
+    for short in (blob[:-1], blob[:100], b""):  # the source ends before the size it had
+        with pytest.raises(CorruptEntryError):
+            read_page(io.BytesIO(short).readinto, len(blob), chunk)
 
 
 def test_foreign_format_or_version_is_rejected() -> None:
