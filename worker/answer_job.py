@@ -65,6 +65,8 @@ class Answer:
     visual_tokens: int
     timings: dict[str, float] = field(default_factory=dict)
     cache: CacheReport = field(default_factory=CacheReport)
+    prompt_tokens: int = 0  # the whole prompt the model saw (head, pages, question)
+    completion_tokens: int = 0  # tokens generated (a stop token that ended it not counted)
 
 
 @dataclass(frozen=True)
@@ -249,4 +251,6 @@ def answer_question(
             "total_s": t_done - t0,
         },
         cache=loaded.report,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=len(result.token_ids),
     )
