@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS))
+    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS), never_above_full=False)
     tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for s in gold_samples(args.n):
         kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])

@@ -6,7 +6,8 @@ Public API:
                 temperature=0.0, top_p=1.0, seed=None)   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
                flops_full_lm, flops_vision, flops_used_lm, flops_used_vision, policy,
-               prompt_tokens, stop_reason)
+               prompt_tokens, stop_reason, head_tokens, fallback, predicted_flops_lm,
+               fallback_flops_lm)
     .flops_ratio_lm     language model only: flops_used_lm / flops_full_lm (the headline)
     .flops_ratio_total  vision tower included: flops_used / flops_full
     .flops_full, .flops_used   LM + vision sums
@@ -107,6 +108,11 @@ class AnswerResult:
     policy: str = ""
     prompt_tokens: int = 0
     stop_reason: str = field(default="length")  # "stop" (a stop token) or "length"
+    head_tokens: int = 0  # leading prompt tokens taken exact from the head cache (not charged)
+    fallback: bool = False  # the policy was predicted to cost more than a full prefill from
+    # the cached page embeddings, which ran instead (`conduit_core.cost_model`)
+    predicted_flops_lm: float = 0.0  # the policy's LM FLOPs as predicted before it ran
+    fallback_flops_lm: float = 0.0  # a full prefill from cached embeddings, as predicted
 
     @property
     def flops_full(self) -> float:

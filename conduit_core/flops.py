@@ -34,6 +34,10 @@ Public API:
   rows_flops(shape, rows, n_layers=None, key_counts=None) -> float
                                                      rows at sequence indices `rows`, each
                                                      computing key_counts keys (default r + 1)
+  projection_cost(shape) -> float                    q/k/v projections per token per layer
+  trimmed_rows_flops(shape, rows, n_layers, key_counts, output_key_counts) -> float
+                                                     rows whose last layer runs in full only
+                                                     for the output rows
   scoring_flops(shape, n_question, n_keys, n_layers) -> float   the scoring pass's extras
   full_prefill_flops(shape, n) -> float
   VisionShape(...)  .from_config(config)             Qwen2/2.5-VL: a ViT over a patch grid
@@ -41,7 +45,8 @@ Public API:
   vision_shape(config) -> VisionShape | TiledVisionShape
   vision_tower_flops(shape, grids) -> float          tower FLOPs of pages with these grids
   FlopsModel(lm, vision_shape)  .from_adapter(adapter)   the runtime's accounting object:
-      .rows(rows, n_layers=None, key_counts=None), .full(n), .vision(grids),
+      .rows(rows, n_layers=None, key_counts=None), .trimmed(rows, n_layers, key_counts,
+      output_key_counts), .full(n), .vision(grids),
       .scoring(n_question, n_keys, n_layers)
   vision_flops(adapter, grids) -> float              the same for an adapter's model; raises
                                                      UnsupportedModelError for unknown towers
@@ -104,6 +109,29 @@ def rows_flops(shape: LMShape, rows: torch.Tensor | Sequence[int],
     n_layers = shape.layers if n_layers is None else n_layers
     keys = float((idx + 1).sum()) if key_counts is None else float(key_counts.double().sum())
     return n_layers * (idx.numel() * linear_cost(shape) + shape.pair_cost * keys)
+
+
+def projection_cost(shape: LMShape) -> float:
+    """Per-token FLOPs of one layer's q, k and v projections only: 2 (d H dh + 2 d G dh).
+    A row whose last-layer output nothing reads pays this at that layer (`forward_rows`
+    with `outputs`): its K/V are written, its attention output and MLP are not computed."""
+    d, hd = shape.hidden, shape.head_dim
+    return float(2 * (d * shape.heads * hd + 2 * d * shape.kv_heads * hd))
+
+
+def trimmed_rows_flops(shape: LMShape, rows: torch.Tensor | Sequence[int], n_layers: int,
+                       key_counts: torch.Tensor | None, output_key_counts: torch.Tensor) -> float:
+    """`rows_flops` of a run whose last layer computes attention and MLP only for the
+    output rows (their key counts `output_key_counts`, (R_o,)); the other rows pay the
+    projections there."""
+    n_rows = torch.as_tensor(rows).numel()
+    if n_layers <= 0 or n_rows == 0:
+        return 0.0
+    before = rows_flops(shape, rows, n_layers - 1, key_counts)
+    n_out = output_key_counts.numel()
+    last = (n_rows * projection_cost(shape) + n_out * (linear_cost(shape) - projection_cost(shape))
+            + shape.pair_cost * float(output_key_counts.double().sum()))
+    return before + last
 
 
 def scoring_flops(shape: LMShape, n_question: int, n_keys: int, n_layers: int) -> float:
@@ -297,6 +325,11 @@ class FlopsModel:
              key_counts: torch.Tensor | None = None) -> float:
         """Language-model FLOPs of computing rows `rows` (see `rows_flops`)."""
         return rows_flops(self.lm, rows, n_layers, key_counts)
+
+    def trimmed(self, rows: torch.Tensor | Sequence[int], n_layers: int,
+                key_counts: torch.Tensor | None, output_key_counts: torch.Tensor) -> float:
+        """Rows whose last layer runs in full only for the outputs (`trimmed_rows_flops`)."""
+        return trimmed_rows_flops(self.lm, rows, n_layers, key_counts, output_key_counts)
 
     def scoring(self, n_question: int, n_keys: int, n_layers: int) -> float:
         """The scoring pass's probabilities and value norms (see `scoring_flops`)."""

@@ -14,7 +14,11 @@ Public API:
   causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
   LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
-               observer=None, layers=None) -> hidden after the last layer run (B, R, hidden)
+               observer=None, layers=None, outputs=None)
+      -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
+      at the last layer run, rows outside `outputs` only project and write their K/V (their
+      attention output and MLP are not needed by anything: a key or value of a later layer
+      does not exist, and no logit is read from them)
   computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
       keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
       causal r + 1 on the plain causal path, the block's limit when blocked, else n_keys
@@ -76,6 +80,7 @@ def forward_rows(
     plain_causal: bool = False,
     observer: LayerObserver | None = None,
     layers: range | None = None,
+    outputs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
     (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`.
@@ -100,6 +105,7 @@ def forward_rows(
     cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
     b, r, _ = hidden.shape
     run = layers if layers is not None else range(len(adapter.layers))
+    last = run[-1] if len(run) else -1
     for li in run:
         layer = adapter.layers[li]
         attn = layer.self_attn
@@ -112,6 +118,9 @@ def forward_rows(
         keys, values = cache.view(li, n_keys)  # (B, kv_heads, n_keys, hd)
         if observer is not None:
             observer(li, q, keys, values)
+        if li == last and outputs is not None and outputs.numel() < r:
+            return _output_rows(adapter, attn, layer, residual, q, keys, values, rows,
+                                outputs.to(adapter.device), n_keys, impl, mask)
         if blocks is not None:
             out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R, heads, hd)
         else:
@@ -123,6 +132,27 @@ def forward_rows(
         residual = hidden
         hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
     return hidden
+
+
+def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Tensor,
+                 q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                 outputs: torch.Tensor, n_keys: int, impl: str,
+                 mask: torch.Tensor | None) -> torch.Tensor:
+    """The last layer's attention and MLP for the rows at positions `outputs` only."""
+    sub = rows[outputs]  # (R_o,) sequence indices
+    q = q[:, :, outputs]  # (B, heads, R_o, hd)
+    b, r_o = q.shape[0], int(sub.numel())
+    if impl == "sdpa" and BLOCKED_ATTENTION:
+        rep = q.shape[1] // keys.shape[1]
+        blocks = row_blocks(sub, n_keys, q.dtype, rep, device=adapter.device)
+        out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R_o, heads, hd)
+    else:
+        sub_mask = (mask[:, :, outputs] if mask is not None
+                    else causal_row_mask(sub, n_keys, q.dtype))  # (1, 1, R_o, n_keys)
+        out, _ = _attention_fn(attn, impl)(attn, q, keys, values, sub_mask, dropout=0.0,
+                                           scaling=attn.scaling, is_causal=False)
+    hidden = residual[:, outputs] + attn.o_proj(out.reshape(b, r_o, -1))  # (B, R_o, hidden)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def logits_of(adapter: VLMAdapter, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ the concatenation. Positions come from the family's own rule over the whole layo
 
 Public API:
   Segment(start, length, page)          a page segment's span in the layout
-  Layout(token_ids, position_ids, segments, question_start)
+  Layout(token_ids, position_ids, segments, question_start, head=0)
     .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask()
   build_layout(adapter, prefix, labels, segments, image_grids, question) -> Layout
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
@@ -43,6 +43,7 @@ class Layout:
     position_ids: torch.Tensor  # (P, N) int64
     segments: list[Segment]
     question_start: int  # first index of the tail (question + generation prompt)
+    head: int = 0  # tokens of the head (template opening + prefix): rows [0, head)
 
     @property
     def n(self) -> int:
@@ -95,7 +96,8 @@ def build_layout(
     pieces.append(tail)
     ids = torch.cat(pieces)  # (N,)
     pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
-    return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor)
+    return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
+                  head=int(pieces[0].shape[0]))
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

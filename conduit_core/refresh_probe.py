@@ -7,7 +7,9 @@ refresh visual choice + all text rows); decoding is left out.
 Public API:
   RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds, computed_rows,
                refresh_flops)
-  probe_refresh(runtime, request) -> RefreshProbe
+  probe_refresh(runtime, request, last_only=False) -> RefreshProbe
+      last_only: as the answer path computes it (logits of the last row only, the last
+      layer trimmed for the others: `ReuseRuntime.refresh`)
   probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question) -> RefreshProbe
 """
 
@@ -39,10 +41,12 @@ class RefreshProbe:
 
 
 @torch.inference_mode()
-def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest) -> RefreshProbe:
+def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
+                  last_only: bool = False) -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
     policy = resolve_policy(request.policy, request.options)
-    assembly = runtime.assemble(request.prefix, request.pages, request.question)
+    assembly = runtime.assemble(request.prefix, request.pages, request.question,
+                                last_only=last_only)
     ctx = runtime.policy_context(assembly, request.budget, request.seed)
     t0 = time.perf_counter()
     visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)

@@ -1,28 +1,41 @@
 """The reuse runtime: page prefill, assembly from cached pages, refresh and decode.
 
 Public API:
-  ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8)
+  ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, never_above_full=True)
+    head_cache: the prompt head (template opening + prefix, rows before the first page label)
+        is computed once per prefix and copied into each assembled cache
+        (`conduit_core.prompt_head`); False computes it with every question.
+    never_above_full: before a policy runs, its LM FLOPs are predicted
+        (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
+        embeddings, that runs instead (`AnswerResult.fallback`).
     .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
         each page prefilled under the canonical page context (template opening + segment),
         with the positions that context gives; pages batched (right padding).
     .answer(request: AnswerRequest, on_token=None) -> AnswerResult
         assemble the cached pages under the new prefix, let `request.policy` choose visual
-        tokens to refresh, recompute them with all text tokens, decode.
+        tokens to refresh, recompute them with all text tokens after the head, decode. Both
+        passes compute the last layer in full only for the row whose logits are read.
     .answer_full_prefill(prefix, pages: list[tuple[str, PIL.Image]], question, *,
         max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
     Lower level (tests, policies, diagnostics):
-    .assemble(prefix, pages: list[PageInput], question, extra_capacity=0) -> Assembly
+    .assemble(prefix, pages: list[PageInput], question, extra_capacity=0, last_only=False)
+        -> Assembly  (the head's K/V copied from the head cache)
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
-        (text rows before the first refreshed visual token are taken from the scoring pass
-        when it ran on this cache and nothing wrote to the cache since: they are exact)
-    .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed)
+        (head rows come from the head cache; text rows before the first refreshed visual
+        token are taken from the scoring pass when it ran on this cache and nothing wrote
+        to the cache since: they are exact)
+    .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed);
+        with `assembly.last_only`, hidden is (1, hidden) of the last row
     .refresh_flops(assembly, computed, resume=None) -> LM FLOPs of that refresh, as computed
     .logits(hidden) -> (R, vocab) float32
     .scoring(assembly, config=ScoreConfig()) -> (StaleScores, flops)
     .policy_context(assembly, budget, seed=None) -> PolicyContext
-  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1)
+    .plan(assembly, ctx, policy) -> RefreshPlan   predicted LM FLOPs of the policy and of
+        the fallback (`conduit_core.cost_model`)
+  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
+           last_only=False)   .exact_rows: rows exact before any pass (the cached head)
 """
 
 from __future__ import annotations
@@ -34,16 +47,18 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
+from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh, refresh_rows
 from conduit_core.decode import Sampler, decode
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
-from conduit_core.layer_forward import computed_key_counts, forward_rows, logits_of
+from conduit_core.layer_forward import forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout, page_context
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.policies import resolve_policy
-from conduit_core.policy_context import PolicyContext, Resume
+from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
+from conduit_core.prompt_head import HeadCache, HeadKV
 from conduit_core.rotation import rerotate, segment_delta
 from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
@@ -59,16 +74,32 @@ class Assembly:
     image_grids: list[torch.Tensor]
     stale: StaleScores | None = None  # the scoring pass run on this cache, if any
     stale_writes: int = -1  # cache.writes right after that pass
+    head: HeadKV | None = None  # the cached head, copied into rows [0, head.n)
+    last_only: bool = False  # passes return the last row's last-layer state only (answers)
+
+    @property
+    def exact_rows(self) -> int:
+        """Leading rows whose K/V are exact before any pass (the cached head)."""
+        return self.head.n if self.head is not None else 0
+
+    def fresh_text_rows(self) -> torch.Tensor:
+        """Text rows a pass computes: those after the cached head, ascending (N_t',)."""
+        text = self.layout.text_rows()
+        return text[text >= self.exact_rows]
 
 
 class ReuseRuntime:
     """Runs one loaded VLM over cached pages; see the module docstring."""
 
-    def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8):
+    def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
+                 never_above_full: bool = True):
         self.vlm = vlm
         self.adapter = vlm.adapter
         self.page_batch_size = page_batch_size
         self.flops = FlopsModel.from_adapter(self.adapter)
+        self.costs = RowCosts(self.adapter, self.flops)
+        self.heads: HeadCache | None = HeadCache() if head_cache else None
+        self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
 
     # ---- pages ----------------------------------------------------------------------
@@ -116,8 +147,9 @@ class ReuseRuntime:
 
     @torch.no_grad()
     def assemble(self, prefix: str, pages: list[PageInput], question: str,
-                 extra_capacity: int = 0) -> Assembly:
-        """Lay out the request and fill the cache with the pages' re-rotated K/V."""
+                 extra_capacity: int = 0, last_only: bool = False) -> Assembly:
+        """Lay out the request and fill the cache with the pages' re-rotated K/V and the
+        cached head's exact K/V."""
         for p in pages:
             p.kv.check_fingerprint(self.vlm.fingerprint)
         grids = [p.kv.image_grid for p in pages]
@@ -130,12 +162,18 @@ class ReuseRuntime:
             rerotate(self.adapter, p.kv.keys.to(dev), delta,
                      out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd) in place
             cache.values[:, 0, :, seg.start:seg.stop] = p.kv.values  # copied to the device
+        head = None
+        if self.heads is not None and layout.head:
+            head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
+                                  layout.position_ids[:, :layout.head])
+            head.copy_into(cache)
         embeds = self._embeds(layout, [p.kv.embeds for p in pages])
-        return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids)
+        return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
+                        head=head, last_only=last_only)
 
     @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
-                       extra_capacity: int = 0) -> Assembly:
+                       extra_capacity: int = 0, last_only: bool = False) -> Assembly:
         """Lay out the request from images (vision tower run now); the cache starts empty."""
         images = [img for _, img in pages]
         prepared = self.adapter.prepare_pages(images) if images else []
@@ -145,7 +183,7 @@ class ReuseRuntime:
                               [p.token_ids for p in prepared], grids, question)
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         return Assembly(layout=layout, cache=cache, embeds=self._embeds(layout, seg_embeds),
-                        image_grids=grids)
+                        image_grids=grids, last_only=last_only)
 
     # ---- passes ---------------------------------------------------------------------
     @torch.no_grad()
@@ -159,46 +197,48 @@ class ReuseRuntime:
                 resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`prefill`, also returning the rows it actually computed (R_c,).
 
-        Text row t's stale-pass result is exact when every key before t is as the refresh
-        will leave it: text rows before t (by induction) and unselected visual rows (stale
-        in both passes). So the text rows before the first refreshed visual row are reused
-        from the scoring pass, provided it ran on this cache and nothing wrote since.
-        With `resume` (a policy already ran every token through the first layers), the rows
-        start from its hidden states at layer `resume.layer`."""
+        Head rows are exact from the head cache. Text row t's stale-pass result is exact when
+        every key before t is as the refresh will leave it: text rows before t (by
+        induction) and unselected visual rows (stale in both passes). So the text rows before
+        the first refreshed visual row are reused from the scoring pass, provided it ran on
+        this cache and nothing wrote since. With `resume` (a policy already ran every token
+        through the first layers), the rows start from its hidden states at layer
+        `resume.layer`. With `assembly.last_only` only the last row's state is returned."""
         layout = assembly.layout
-        visual_rows = visual_rows.to(torch.long).cpu()
-        rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
-        everything = rows.numel() == layout.n
         stale = assembly.stale
-        reuse: torch.Tensor | None = None  # (R_r, hidden) last-layer states of rows[:R_r]
-        if (stale is not None and stale.text_hidden is not None and not everything
-                and assembly.stale_writes == assembly.cache.writes):
-            first = int(visual_rows.min()) if visual_rows.numel() else layout.n
-            n_exact = int((stale.text_rows.cpu() < first).sum())
-            reuse = stale.text_hidden[:n_exact]
-            rows = rows[n_exact:]  # every row before `first` is a text row
+        scored = (stale is not None and stale.text_hidden is not None
+                  and assembly.stale_writes == assembly.cache.writes)
+        rows, skipped = refresh_rows(layout, assembly.exact_rows, visual_rows, scored)
+        everything = rows.numel() == layout.n
+        reused: list[torch.Tensor] = []  # last-layer states of the rows not computed
+        if not assembly.last_only:
+            if assembly.head is not None:
+                reused.append(assembly.head.hidden)
+            if scored and stale is not None and stale.text_hidden is not None:
+                reused.append(stale.text_hidden[:skipped])
         if rows.numel() == 0:
-            assert reuse is not None
-            return reuse, rows
+            if assembly.last_only:
+                assert stale is not None and stale.text_hidden is not None
+                return stale.text_hidden[-1:], rows  # the last row is a text row
+            return torch.cat(reused), rows
         start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
         hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
         pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
         layers = range(0 if resume is None else resume.layer, len(self.adapter.layers))
+        outputs = torch.tensor([rows.numel() - 1]) if assembly.last_only else None
         out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                           plain_causal=everything, layers=layers)[0]  # (R_c, hidden)
-        if reuse is not None and reuse.numel():
-            out = torch.cat([reuse.to(out.dtype), out])  # (R, hidden) in row order
+                           plain_causal=everything, layers=layers,
+                           outputs=outputs)[0]  # (R_c | 1, hidden)
+        if reused:
+            out = torch.cat([*(r.to(out.dtype) for r in reused), out])  # (R, hidden)
         return out, rows
 
     def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
                       resume: Resume | None = None) -> float:
         """Language-model FLOPs of a `refresh` that computed rows `computed`, charged as
         its attention computes them (see `conduit_core.flops`)."""
-        n = assembly.layout.n
-        n_layers = len(self.adapter.layers) - (0 if resume is None else resume.layer)
-        counts = computed_key_counts(self.adapter, computed, n,
-                                     plain_causal=computed.numel() == n)
-        return self.flops.rows(computed, n_layers=n_layers, key_counts=counts)
+        return self.costs.refresh(assembly.layout, computed, assembly.last_only,
+                                  start_layer=0 if resume is None else resume.layer)
 
     @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -212,17 +252,11 @@ class ReuseRuntime:
         as computed, plus the scored rows' float32 probabilities and value norms)."""
         layout = assembly.layout
         config = config or ScoreConfig()
-        text, question = layout.text_rows(), layout.question_rows()
+        text, question = assembly.fresh_text_rows(), layout.question_rows()
         result = stale_pass(self.adapter, assembly.cache, assembly.embeds, layout.position_ids,
-                            text, question, layout.n, config)
+                            text, question, layout.n, config, last_only=assembly.last_only)
         assembly.stale, assembly.stale_writes = result, assembly.cache.writes
-        n_layers = len(self.adapter.layers)
-        scored_layers = len(range(n_layers)[config.layer_slice(n_layers)])
-        window = config.window_rows(question.numel())
-        counts = computed_key_counts(self.adapter, text, layout.n)
-        flops = (self.flops.rows(text, key_counts=counts)
-                 + self.flops.scoring(window.stop - window.start, layout.n, scored_layers))
-        return result, flops
+        return result, self.costs.scoring(layout, text, config, assembly.last_only)
 
     def policy_context(self, assembly: Assembly, budget: float,
                        seed: int | None = None) -> PolicyContext:
@@ -232,11 +266,18 @@ class ReuseRuntime:
                              cache=assembly.cache,
                              embeds=assembly.embeds, adapter=self.adapter)
 
+    def plan(self, assembly: Assembly, ctx: PolicyContext, policy: RefreshPolicy) -> RefreshPlan:
+        """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
+        cached embeddings (`conduit_core.cost_model.plan_refresh`)."""
+        return plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
+                            assembly.last_only, ctx, policy)
+
     # ---- answers --------------------------------------------------------------------
     def _finish(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
                 refreshed: int, flops_used_lm: float, vision_ran: bool, max_new_tokens: int,
                 temperature: float, top_p: float, seed: int | None,
-                on_token: TokenCallback | None) -> AnswerResult:
+                on_token: TokenCallback | None, plan: RefreshPlan | None = None,
+                fallback: bool = False) -> AnswerResult:
         layout = assembly.layout
         first = self.logits(hidden[-1:])[-1]  # (vocab,)
         out = decode(self.adapter, assembly.cache, first, n_keys=layout.n,
@@ -245,30 +286,44 @@ class ReuseRuntime:
                      tokenizer=self.vlm.tokenizer, on_token=on_token, t0=t0)
         n_v = int(layout.visual_rows().numel())
         vision = self.adapter.vision_flops(assembly.image_grids)
+        full_lm = self.costs.refresh(layout, torch.arange(layout.n), assembly.last_only)
         return AnswerResult(
             text=out.text, token_ids=out.token_ids, ttft_s=out.ttft_s,
             total_s=time.perf_counter() - t0, refreshed_visual_tokens=refreshed,
-            visual_tokens=n_v, flops_full_lm=self.flops.full(layout.n), flops_vision=vision,
+            visual_tokens=n_v, flops_full_lm=full_lm, flops_vision=vision,
             flops_used_lm=flops_used_lm, flops_used_vision=vision if vision_ran else 0.0,
-            policy=policy, prompt_tokens=layout.n, stop_reason=out.stop_reason)
+            policy=policy, prompt_tokens=layout.n, stop_reason=out.stop_reason,
+            head_tokens=assembly.exact_rows, fallback=fallback,
+            predicted_flops_lm=plan.predicted_lm if plan else flops_used_lm,
+            fallback_flops_lm=plan.fallback_lm if plan else flops_used_lm)
 
     @torch.no_grad()
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
-        """Answer over cached pages with the request's refresh policy (see module doc)."""
+        """Answer over cached pages with the request's refresh policy (see module doc); where
+        the policy is predicted to cost more than a full prefill from the cached page
+        embeddings, that runs instead (`AnswerResult.fallback`)."""
         t0 = time.perf_counter()
         policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
-                                 extra_capacity=request.max_new_tokens)
+                                 extra_capacity=request.max_new_tokens, last_only=True)
         ctx = self.policy_context(assembly, request.budget, request.seed)
-        visual = policy(ctx).to(torch.long).cpu().unique()
-        hidden, computed = self.refresh(assembly, visual, ctx.resume)
-        used = ctx.extra_flops + self.refresh_flops(assembly, computed, ctx.resume)
+        plan = self.plan(assembly, ctx, policy)
+        fallback = self.never_above_full and plan.fallback
+        if fallback:
+            visual, resume, extra = assembly.layout.visual_rows(), None, 0.0
+            if plan.fallback_whole:  # cheaper on the plain causal path: the head is rewritten
+                assembly.head = None  # with the same values
+        else:
+            visual = plan.visual if plan.visual is not None else policy(ctx)
+            visual = visual.to(torch.long).cpu().unique()
+            resume, extra = ctx.resume, ctx.extra_flops
+        hidden, computed = self.refresh(assembly, visual, resume)
+        used = extra + self.refresh_flops(assembly, computed, resume)
         return self._finish(assembly, hidden, t0=t0, policy=request.policy,
                             refreshed=int(visual.numel()), flops_used_lm=used,
-                            vision_ran=False,
-                            max_new_tokens=request.max_new_tokens,
+                            vision_ran=False, max_new_tokens=request.max_new_tokens,
                             temperature=request.temperature, top_p=request.top_p,
-                            seed=request.seed, on_token=on_token)
+                            seed=request.seed, on_token=on_token, plan=plan, fallback=fallback)
 
     @torch.no_grad()
     def answer_full_prefill(self, prefix: str, pages: list[tuple[str, Image.Image]],
@@ -281,7 +336,8 @@ class ReuseRuntime:
         if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
             raise InvalidRequestError("need max_new_tokens >= 1, temperature >= 0, "
                                       "0 < top_p <= 1")
-        assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens)
+        assembly = self.assemble_fresh(prefix, pages, question, extra_capacity=max_new_tokens,
+                                       last_only=True)
         visual = assembly.layout.visual_rows()
         hidden, computed = self.refresh(assembly, visual)
         return self._finish(assembly, hidden, t0=t0, policy="full_prefill",

@@ -18,10 +18,12 @@ Public API:
                  agg over heads of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values)
     attention    (N,) float32, the same without the value norm (raw attention)
     text_hidden  (N_t, hidden) last-layer hidden states of text_rows (the runtime reuses the
-                 rows before the first refreshed visual token: they are already exact)
+                 rows before the first refreshed visual token: they are already exact), or
+                 (1, hidden) of the last text row only with last_only (the answer path: the
+                 other rows' last-layer attention output and MLP are then never computed)
     probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
   stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
-             config=ScoreConfig(), keep_probs=False) -> StaleScores
+             config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class StaleScores:
     config: ScoreConfig
     question_rows: torch.Tensor  # (n_question,) sequence indices
     text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
-    text_hidden: torch.Tensor | None = None  # (N_t, hidden) their last-layer hidden states
+    text_hidden: torch.Tensor | None = None  # (N_t | 1, hidden) last-layer hidden states
     probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
 
 
@@ -61,6 +63,7 @@ def stale_pass(
     n_keys: int,
     config: ScoreConfig | None = None,
     keep_probs: bool = False,
+    last_only: bool = False,
 ) -> StaleScores:
     """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
     the attention of `question_rows` (a subset of text_rows) layer by layer."""
@@ -107,8 +110,9 @@ def stale_pass(
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
+    outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
     out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
-                       observer=observe)  # (1, N_t, hidden)
+                       observer=observe, outputs=outputs)  # (1, N_t | 1, hidden)
     weighted, attention = acc.result()
     return StaleScores(weighted=weighted, attention=attention, config=config,
                        question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],

@@ -16,7 +16,9 @@ def add_testbed_commands(sub: Any) -> None:
     tr = tsub.add_parser("train", help="train the testbed Qwen2-VL from scratch (resumable)")
     tr.add_argument("--out", type=Path, default=Path("testbed-run"),
                     help="run folder: checkpoints, history.jsonl, model.safetensors")
-    tr.add_argument("--steps", type=int, default=4000)
+    tr.add_argument("--steps", type=int, default=4000, help="learning-rate schedule length")
+    tr.add_argument("--stop-at", type=int, default=None,
+                    help="stop at this step of the schedule (checkpoint and weights written)")
     tr.add_argument("--batch-size", type=int, default=16)
     tr.add_argument("--lr", type=float, default=2e-3)
     tr.add_argument("--seed", type=int, default=0)
@@ -72,8 +74,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from testbed.train import TrainConfig, train
 
-    cfg = TrainConfig(out=args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                      seed=args.seed, device=args.device, threads=args.threads,
+    cfg = TrainConfig(out=args.out, steps=args.steps, stop_at=args.stop_at,
+                      batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                      device=args.device, threads=args.threads,
                       eval_every=args.eval_every, ckpt_every=args.eval_every,
                       glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer)
     last = train(cfg, resume=args.resume)

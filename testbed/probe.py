@@ -74,7 +74,7 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
           budgets: tuple[float, ...] = (0.1,)) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget (gold pages)."""
-    runtime = ReuseRuntime(vlm)
+    runtime = ReuseRuntime(vlm, never_above_full=False)  # each policy's own choice
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     covered: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     for s in gold_samples(n, seed):

@@ -24,7 +24,7 @@ are written atomically every `ckpt_every` steps, with `curve.png`; `model.safete
 the final weights.
 
 Public API:
-  TrainConfig(out, steps, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
+  TrainConfig(out, steps, stop_at, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
               hold_layer, hold_weight, ask_weight, look_weight, look_q_layer, look_p_layer,
               follow_ups, seed, device, threads, eval_every, ckpt_every, heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
@@ -69,7 +69,8 @@ class TrainConfig:
     """Training knobs; the defaults are the recipe of the run in bench/results/testbed/."""
 
     out: Path = Path("testbed-run")
-    steps: int = 4000
+    steps: int = 4000  # length of the learning-rate schedule
+    stop_at: int | None = None  # if set: stop (checkpoint and weights written) at this step
     batch_size: int = 16
     lr: float = 2e-3
     warmup: int = 200
@@ -238,7 +239,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     last: dict[str, float] = {}
     bar = tqdm(total=cfg.steps, initial=step, desc="testbed", dynamic_ncols=True)
     t0 = time.time()
-    while step < cfg.steps:
+    end = min(cfg.steps, cfg.stop_at or cfg.steps)
+    while step < end:
         rng = random.Random(f"{cfg.seed}:{step}")
         batch = make_batch([draw_sample(rng, cfg.follow_ups) for _ in range(cfg.batch_size)],
                            layouts, patches)
@@ -255,14 +257,14 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         record: dict[str, Any] = {"step": step, "loss": round(loss.item(), 4),
                   "answer_loss": round(ans_loss.item(), 4), "aux_loss": round(aux_loss.item(), 4),
                   "elapsed_s": round(time.time() - t0, 1)}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
+        if step % cfg.eval_every == 0 or step == end:
             last = heldout_accuracy(model, layouts, patches, heldout)
             record["heldout_em"] = {k: round(v, 4) for k, v in last.items()}
         history.write(json.dumps(record) + "\n")
         history.flush()
         bar.set_postfix(loss=f"{loss.item():.3f}", em=f"{last.get('all', 0.0):.3f}")
         bar.update(1)
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+        if step % cfg.ckpt_every == 0 or step == end:
             _save_checkpoint(cfg.out, model, opt, step, cfg)
             plot_history(cfg.out / "history.jsonl", cfg.out / "curve.png")
     bar.close()

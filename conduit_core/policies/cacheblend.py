@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from conduit_core.cost_model import PolicyCost
 from conduit_core.flops import LMShape, rows_flops
 from conduit_core.layer_forward import computed_key_counts, forward_rows
 from conduit_core.policy_context import PolicyContext, Resume
@@ -41,6 +42,13 @@ class CacheBlendPolicy:
             raise ValueError(f"check_layer must be >= 0, got {self.check_layer}")
         if self.ratio is not None and not 0.0 <= self.ratio <= 1.0:
             raise ValueError(f"ratio must be in [0, 1] or None, got {self.ratio}")
+
+    def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
+        """The work `__call__` will do (for `conduit_core.cost_model`)."""
+        n_v = int(ctx.visual_rows.numel())
+        k = ctx.k if self.ratio is None else budget_tokens(self.ratio, n_v)
+        return PolicyCost(check_layers=min(self.check_layer, len(ctx.adapter.layers) - 1) + 1,
+                          k=k)
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """Run the check pass (writing fresh K/V at layers <= check) and pick the carried

@@ -10,7 +10,8 @@ pages are refreshed (text tokens are always recomputed and not charged to the bu
 Public API:
   ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False)
   ConduitPolicy(config)            a RefreshPolicy; .explain(ctx) -> ConduitChoice (always
-                                   scores; calling the policy skips scoring when k is 0 or N_v)
+                                   scores; calling the policy skips scoring when k is 0 or N_v);
+                                   .cost_profile(ctx) -> PolicyCost
   ConduitChoice(rows, scores, amplification)
   select = ConduitPolicy()         the registered `conduit`
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from conduit_core.answer_types import PolicyOptions
+from conduit_core.cost_model import PolicyCost
 from conduit_core.errors import InvalidRequestError
 from conduit_core.policy_context import PolicyContext
 from conduit_core.scoring import ScoreConfig
@@ -110,6 +112,12 @@ class ConduitPolicy:
             return ConduitPolicy(replace(cfg, gamma=gamma, score=score))
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
+
+    def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
+        """The work `__call__` will do (for `conduit_core.cost_model`)."""
+        k = self.budget_k(ctx)
+        scores = 0 < k < ctx.visual_rows.numel()
+        return PolicyCost(scoring=self.config.score if scores else None, k=k)
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """Sequence indices of the visual tokens to refresh. With k = 0 or k = N_v the choice

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from conduit_core.cost_model import PolicyCost
 from conduit_core.policy_context import PolicyContext
 from conduit_core.scoring import ScoreConfig
 from conduit_core.selection import pool_within_pages, topk_positions
@@ -30,6 +31,11 @@ class RawAttentionPolicy:
             raise ValueError(f"pool_kernel must be odd and >= 1, got {self.pool_kernel}")
         if self.pool not in ("max", "avg"):
             raise ValueError(f"pool must be 'max' or 'avg', got {self.pool!r}")
+
+    def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
+        """The work `__call__` will do (for `conduit_core.cost_model`)."""
+        scores = 0 < ctx.k < ctx.visual_rows.numel()
+        return PolicyCost(scoring=self.score if scores else None, k=ctx.k)
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """The k visual tokens with the highest (pooled) question attention."""

@@ -35,9 +35,10 @@ def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
     visual = _visual_choice(fast)
     hidden, computed = runtime.refresh(fast, visual)
     ref_hidden, ref_computed = runtime.refresh(slow, visual)
-    text = fast.layout.text_rows()
+    text = fast.fresh_text_rows()  # the head's rows come from the head cache
+    assert text.numel() < fast.layout.text_rows().numel()
     reused = text[text < int(visual.min())]
-    assert reused.numel() > 10  # the prefix, the first label
+    assert reused.numel() >= 3  # the first label
     assert torch.equal(ref_computed, torch.cat([text, visual]).unique())
     assert torch.equal(computed, ref_computed[reused.numel():])
     torch.testing.assert_close(hidden, ref_hidden, rtol=1e-4, atol=1e-4)
@@ -61,4 +62,4 @@ def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> N
     asm.cache.write(0, torch.tensor([0]), k, asm.cache.values[0, :, :, :1].clone())
     visual = _visual_choice(asm)
     _, computed = runtime.refresh(asm, visual)
-    assert torch.equal(computed, torch.cat([asm.layout.text_rows(), visual]).unique())
+    assert torch.equal(computed, torch.cat([asm.fresh_text_rows(), visual]).unique())

@@ -52,6 +52,6 @@ class CachedPages:
 def cached(tmp_path_factory: pytest.TempPathFactory) -> CachedPages:
     """Three text pages prefilled once by the tiny Qwen2-VL."""
     vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("models")))
-    runtime = ReuseRuntime(vlm)
+    runtime = ReuseRuntime(vlm, never_above_full=False)  # each policy's own path
     images = [text_page(i, size) for i, size in enumerate(PAGE_SIZES)]
     return CachedPages(runtime=runtime, images=images, kvs=runtime.prefill_pages(images))

@@ -10,7 +10,7 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.builtin import builtin_names
-from conduit_core.flops import LMShape, full_prefill_flops
+from conduit_core.flops import LMShape, full_prefill_flops, trimmed_rows_flops
 from conduit_core.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
@@ -24,7 +24,9 @@ LABELS = ["One:", "Two:", "Three:"]
 
 @pytest.mark.parametrize("name", [n for n in builtin_names() if n.startswith("builtin:tiny-")])
 def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    rt = ReuseRuntime(load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m"))))
+    # the policies' own paths, also where one costs more than a full prefill (tiny pages)
+    rt = ReuseRuntime(load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m"))),
+                      never_above_full=False)
     images = [text_page(10 + i, size) for i, size in enumerate(PAGE_SIZES)]
     pages = [PageInput(label, kv) for label, kv in zip(LABELS, rt.prefill_pages(images),
                                                        strict=True)]
@@ -40,11 +42,15 @@ def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFact
             req = AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                 policy=policy, budget=0.25, max_new_tokens=2)
             result = rt.answer(req)
-            probe = probe_refresh(rt, req)
+            probe = probe_refresh(rt, req, last_only=True)
             assert result.refreshed_visual_tokens == round(0.25 * n_v), policy
             # the analytic accounting: the policy's own work (scoring pass, check layers)
-            # plus the refresh as computed, over L [N c + 4 H dh N (N + 1) / 2]
-            full_lm = full_prefill_flops(shape, int(ref.rows.numel()))
+            # plus the refresh as computed, over L [N c + 4 H dh N (N + 1) / 2] less the
+            # last layer's attention and MLP of every row but the last (`trimmed`)
+            n = int(ref.rows.numel())
+            full_lm = trimmed_rows_flops(shape, torch.arange(n), shape.layers,
+                                         torch.arange(n) + 1, torch.tensor([n]))
+            assert full_lm < full_prefill_flops(shape, n)
             used = probe.extra_flops + probe.refresh_flops
             assert result.flops_full_lm == pytest.approx(full_lm)
             assert result.flops_used_lm == pytest.approx(used) and used > 0

@@ -62,9 +62,9 @@ def test_small_run_writes_json_table_and_plot(tmp_path: Path) -> None:
         assert exact["kl"] < 1e-8
     stale = rows[("full_reuse", 0.2)]
     assert stale["kl"] > 1e-6  # the new prefix makes reused pages measurably stale
-    # reuse never pays the vision tower: the full_prefill policy over cached pages spends all
-    # of the language model's prefill and none of the tower's
-    assert rows[("full_prefill", 0.2)]["flops_ratio_lm"] == pytest.approx(1.0)
+    # reuse never pays the vision tower: the full_prefill policy over cached pages spends the
+    # language model's prefill but for the cached prompt head, and none of the tower's
+    assert 0.5 < rows[("full_prefill", 0.2)]["flops_ratio_lm"] < 1.0
     assert rows[("full_prefill", 0.2)]["flops_ratio_total"] < 1.0
     # conduit pays scoring + refresh on top of full reuse
     assert stale["flops_ratio_lm"] < rows[("conduit", 0.2)]["flops_ratio_lm"]

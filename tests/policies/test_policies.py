@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.flops import LMShape, full_prefill_flops, rows_flops, vision_flops
+from conduit_core.flops import (
+    LMShape,
+    full_prefill_flops,
+    rows_flops,
+    trimmed_rows_flops,
+    vision_flops,
+)
 from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
@@ -114,29 +120,35 @@ def test_random_is_seeded(cached: CachedPages) -> None:
 def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     rt = cached.runtime
     shape = LMShape.from_config(rt.adapter.text_config)
-    asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION)
-    text, n = asm.layout.text_rows(), asm.layout.n
+    asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION, last_only=True)
+    text, n = asm.fresh_text_rows(), asm.layout.n  # the head comes from the head cache
+    assert asm.exact_rows > 0 and text.numel() < asm.layout.text_rows().numel()
     n_q = asm.layout.question_rows().numel()
-    full_lm = full_prefill_flops(shape, n)
+    last = torch.tensor([n])  # the one row whose last layer runs in full sees every key
+
+    def charged(rows: torch.Tensor) -> float:  # rows through every layer, the last trimmed
+        return trimmed_rows_flops(shape, rows, shape.layers, block_counts(rows, n), last)
+
+    full_lm = trimmed_rows_flops(shape, torch.arange(n), shape.layers, torch.arange(n) + 1,
+                                 last)
     full = full_lm + vision_flops(rt.adapter, asm.image_grids)
     # the scoring pass: its text rows as the blocked attention computes them, plus every
     # layer's float32 QK^T of the question rows over all n keys for every head (2 dh), softmax
     # and norm-weighted reduction (8 per pair and head), and value norms (2 dh per key, KV head)
-    scoring_lm = (rows_flops(shape, text, key_counts=block_counts(text, n))
+    scoring_lm = (charged(text)
                   + shape.layers * (n_q * n * shape.heads * (2 * shape.head_dim + 8)
                                     + 2 * shape.kv_heads * shape.head_dim * n))
     assert block_counts(text, n).sum() > (text + 1).sum()  # charged above the causal pairs
     for name, scoring in [("conduit", True), ("random", False), ("value_norm", False)]:
-        probe = probe_refresh(rt, request(cached, name, 0.1))
+        probe = probe_refresh(rt, request(cached, name, 0.1), last_only=True)
         result = rt.answer(request(cached, name, 0.1))
         computed = probe.computed_rows
-        used = (rows_flops(shape, computed, key_counts=block_counts(computed, n))
-                + (scoring_lm if scoring else 0.0))
+        used = charged(computed) + (scoring_lm if scoring else 0.0)
         assert probe.extra_flops == pytest.approx(scoring_lm if scoring else 0.0)
-        first = int(probe.visual_rows.min())  # text rows before it come from the scoring pass
-        reused = probe.rows[probe.rows < first] if scoring else probe.rows[:0]
-        assert torch.equal(probe.computed_rows, probe.rows[reused.numel():])
-        assert (reused.numel() > 0) == scoring  # the prefix rows are reused after scoring
+        # text rows before the first refreshed visual row come from the scoring pass
+        first = int(probe.visual_rows.min()) if scoring else asm.exact_rows
+        assert torch.equal(computed, probe.rows[probe.rows >= max(first, asm.exact_rows)])
+        assert int((probe.rows < first).sum()) > asm.exact_rows or not scoring
         assert result.flops_full == pytest.approx(full)
         assert result.flops_full_lm == pytest.approx(full_lm)
         assert result.flops_used == result.flops_used_lm == pytest.approx(used)  # no vision
@@ -144,8 +156,7 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
         assert result.flops_ratio_total == pytest.approx(used / full)
         assert result.flops_ratio_total < result.flops_ratio_lm
     reuse = rt.answer(request(cached, "full_reuse", 0.1))
-    assert reuse.flops_used == pytest.approx(rows_flops(shape, text,
-                                                        key_counts=block_counts(text, n)))
+    assert reuse.flops_used == pytest.approx(charged(text))
 
 
 def test_cacheblend_flops_and_check_layer(cached: CachedPages,
@@ -155,25 +166,26 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
     n_layers = len(rt.adapter.layers)
     for check in (0, 1):
         monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=check))
-        probe = probe_refresh(rt, request(cached, "cacheblend_x", 0.1))
+        probe = probe_refresh(rt, request(cached, "cacheblend_x", 0.1), last_only=True)
         n = int(probe.rows.max()) + 1
+        head = int((probe.rows < probe.computed_rows.min()).sum())  # from the head cache
         # every token through layers 0..check (causal), then the carried rows resume from the
         # check layer: through the remaining layers only, not again from layer 0
-        assert torch.equal(probe.computed_rows, probe.rows)
+        assert head > 0 and torch.equal(probe.computed_rows, probe.rows[head:])
         check_pass = rows_flops(shape, torch.arange(n), n_layers=check + 1)
-        carried = rows_flops(shape, probe.rows, n_layers=n_layers - check - 1,
-                             key_counts=block_counts(probe.rows, n))
+        carried = trimmed_rows_flops(shape, probe.computed_rows, n_layers - check - 1,
+                                     block_counts(probe.computed_rows, n), torch.tensor([n]))
         assert probe.extra_flops == pytest.approx(check_pass)
         assert probe.refresh_flops == pytest.approx(carried)
         result = rt.answer(request(cached, "cacheblend_x", 0.1))
         assert result.flops_used_lm == pytest.approx(check_pass + carried)
         assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
-    # a check at the last layer recomputes everything: a full prefill
+    # a check at the last layer recomputes everything: a full prefill (every row through
+    # every layer in full, the last one included)
     monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=n_layers - 1))
     full = rt.answer(request(cached, "cacheblend_x", 0.1))
     ref = rt.answer_full_prefill(PREFIX, cached.fresh(LABELS), QUESTION, max_new_tokens=2)
-    assert full.flops_used == pytest.approx(ref.flops_used - vision_flops(
-        rt.adapter, rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION).image_grids))
+    assert full.flops_used == pytest.approx(full_prefill_flops(shape, full.prompt_tokens))
     assert full.token_ids == ref.token_ids
 
 

@@ -1,0 +1,161 @@
+"""What a prefill will cost before it runs, so that reuse never costs more than full prefill.
+
+The runtime computes, per request, the rows a refresh runs (`refresh_rows`) and charges them
+as computed (`conduit_core.flops`). This module predicts that charge before the policy runs:
+
+  * a policy that selects without a forward pass (random, EPIC, value norm, full reuse,
+    prefix reuse, full prefill, ...) is run first: its choice is cheap and exact, so the
+    prediction is the refresh's exact cost, and the choice is kept for the refresh;
+  * a policy with a forward pass declares it with `cost_profile(ctx) -> PolicyCost` (the
+    scoring pass it runs, CacheBlend's check layers, and its k). Its refreshed tokens are not
+    known before that pass, so the prediction places its k tokens evenly over the pages: the
+    linear part of the cost is exact, the attention part an estimate of their key counts.
+
+The alternative every prediction is compared with is a full prefill from the cached page
+embeddings (vision tower skipped): every row after the cached head recomputed, or every row
+on the plain causal path where that is cheaper (a masked subset computes up to a row block
+of keys more per row, which outweighs the head where attention dominates the cost: tiny
+models). Where the policy's prediction exceeds it, the runtime runs that instead and says so.
+
+Public API:
+  PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
+  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False)
+                                                      .fallback: run the full prefill instead
+  refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
+  even_rows(visual_rows, k) -> (k,) evenly spaced visual rows (the estimate's placement)
+  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy) -> RefreshPlan
+  RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0), .scoring(...),
+                            .check(layout, layers)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.adapters.base import VLMAdapter
+from conduit_core.flops import FlopsModel
+from conduit_core.layer_forward import computed_key_counts
+from conduit_core.layout import Layout
+from conduit_core.policy_context import PolicyContext, RefreshPolicy
+from conduit_core.scoring import ScoreConfig
+
+
+@dataclass(frozen=True)
+class PolicyCost:
+    """The forward work a policy does: its scoring pass (None: none), the layers every row
+    runs before it chooses (CacheBlend's check pass; 0: none), and the tokens it refreshes."""
+
+    scoring: ScoreConfig | None = None
+    check_layers: int = 0
+    k: int = 0
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    """A prediction of the policy's language-model FLOPs and of the fallback's."""
+
+    predicted_lm: float
+    fallback_lm: float
+    visual: torch.Tensor | None  # the choice, when it was made while predicting (cheap policy)
+    fallback_whole: bool = False  # the fallback recomputes the head too (plain causal path)
+
+    @property
+    def fallback(self) -> bool:
+        """The policy would cost more than a full prefill from cached embeddings."""
+        return self.predicted_lm > self.fallback_lm
+
+
+def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
+                 scored: bool) -> tuple[torch.Tensor, int]:
+    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`;
+    after a scoring pass the text rows before the first refreshed visual row are exact already
+    and skipped. Returns (rows, how many text rows were skipped after the head)."""
+    visual_rows = visual_rows.to(torch.long).cpu()
+    rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
+    rows = rows[rows >= exact_rows]
+    if not scored:
+        return rows, 0
+    first = int(visual_rows.min()) if visual_rows.numel() else layout.n
+    skipped = int((rows < first).sum())  # every row before `first` is a text row
+    return rows[skipped:], skipped
+
+
+def even_rows(visual_rows: torch.Tensor, k: int) -> torch.Tensor:
+    """`k` of `visual_rows` spread evenly from the first to the last: (k,)."""
+    n = visual_rows.numel()
+    if k <= 0 or n == 0:
+        return visual_rows[:0]
+    if k >= n:
+        return visual_rows
+    pick = torch.linspace(0, n - 1, k).round().to(torch.long)  # (k,)
+    return visual_rows[pick]
+
+
+@dataclass(frozen=True)
+class RowCosts:
+    """Language-model FLOPs of the runtime's passes, as `forward_rows` computes them."""
+
+    adapter: VLMAdapter
+    flops: FlopsModel
+
+    def refresh(self, layout: Layout, rows: torch.Tensor, last_only: bool,
+                start_layer: int = 0) -> float:
+        """Rows (R,) run from `start_layer` through the last layer over the layout's keys;
+        with `last_only` the last layer runs in full for the last row only."""
+        n = layout.n
+        if rows.numel() == 0:
+            return 0.0
+        n_layers = len(self.adapter.layers) - start_layer
+        plain = rows.numel() == n
+        counts = computed_key_counts(self.adapter, rows, n, plain_causal=plain)
+        if not last_only:
+            return self.flops.rows(rows, n_layers=n_layers, key_counts=counts)
+        out_counts = computed_key_counts(self.adapter, rows[-1:], n)
+        return self.flops.trimmed(rows, n_layers, counts, out_counts)
+
+    def scoring(self, layout: Layout, text_rows: torch.Tensor, config: ScoreConfig,
+                last_only: bool) -> float:
+        """The scoring pass: `text_rows` through every layer, plus the scored question rows'
+        probabilities and the value norms at the scored layers."""
+        n_layers = len(self.adapter.layers)
+        scored_layers = len(range(n_layers)[config.layer_slice(n_layers)])
+        window = config.window_rows(int(layout.question_rows().numel()))
+        extras = self.flops.scoring(window.stop - window.start, layout.n, scored_layers)
+        return self.refresh(layout, text_rows, last_only) + extras
+
+    def check(self, layout: Layout, layers: int) -> float:
+        """Every row through the first `layers` layers on the plain causal path."""
+        everything = torch.arange(layout.n)
+        counts = computed_key_counts(self.adapter, everything, layout.n, plain_causal=True)
+        return self.flops.rows(everything, n_layers=layers, key_counts=counts)
+
+
+def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bool,
+                 ctx: PolicyContext, policy: RefreshPolicy) -> RefreshPlan:
+    """Predict the policy's prefill FLOPs for this layout and the fallback's (see module)."""
+    visual_all = layout.visual_rows()
+    fallback_rows, _ = refresh_rows(layout, exact_rows, visual_all, scored=False)
+    suffix = costs.refresh(layout, fallback_rows, last_only)
+    whole = costs.refresh(layout, torch.arange(layout.n), last_only)
+    fallback, from_start = min(suffix, whole), whole < suffix
+    profile: Callable[[PolicyContext], PolicyCost] | None = getattr(policy, "cost_profile",
+                                                                    None)
+    if profile is None:
+        visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
+        rows, _ = refresh_rows(layout, exact_rows, visual, scored=False)
+        return RefreshPlan(costs.refresh(layout, rows, last_only), fallback, visual, from_start)
+    cost = profile(ctx)
+    guess = even_rows(visual_all, cost.k)  # (k,)
+    predicted = 0.0
+    scored = cost.scoring is not None
+    if cost.scoring is not None:
+        text = layout.text_rows()
+        predicted += costs.scoring(layout, text[text >= exact_rows], cost.scoring, last_only)
+    if cost.check_layers:
+        predicted += costs.check(layout, cost.check_layers)
+    rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored)
+    predicted += costs.refresh(layout, rows, last_only, start_layer=cost.check_layers)
+    return RefreshPlan(predicted, fallback, None, from_start)

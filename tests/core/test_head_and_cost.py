@@ -1,0 +1,141 @@
+"""The cached prompt head, the trimmed last layer and the cost model (issue 26).
+
+* the head's K/V and states equal a full prefill's rows; answers with and without the head
+  cache agree; one entry per prefix, bounded;
+* the answer path computes the last layer in full only for the last row: its first-token
+  logits equal those of the all-rows path;
+* the cost model predicts each policy's LM FLOPs before it runs (within 5% where the choice
+  is made by a scoring pass, exactly otherwise), and where a policy would cost more than a
+  full prefill from cached embeddings, that runs instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from conduit_core import PageInput, ReuseRuntime
+from conduit_core.answer_types import AnswerRequest
+from conduit_core.loader import load_vlm
+from conduit_core.policies import POLICIES
+from conduit_core.prompt_head import HeadCache
+from conduit_core.refresh_probe import probe_refresh
+from tests.core.helpers import IMAGES, page_image
+
+PREFIX = "You answer questions about the document pages shown. Cite pages by their labels."
+QUESTION = "What is the total amount due, and who signed?"
+
+
+def _inputs(rt: ReuseRuntime, images: list[Image.Image]) -> list[PageInput]:
+    return [PageInput(f"[doc.pdf p.{i + 1}]", kv)
+            for i, kv in enumerate(rt.prefill_pages(images))]
+
+
+def test_head_rows_equal_full_prefill(runtime: ReuseRuntime) -> None:
+    pages = [("[a p.1]", IMAGES["a"]), ("[b p.2]", IMAGES["b"])]
+    ref = runtime.assemble_fresh(PREFIX, pages, QUESTION)
+    runtime.prefill(ref, ref.layout.visual_rows())  # every row, plain causal
+    asm = runtime.assemble(PREFIX, _inputs(runtime, [IMAGES["a"], IMAGES["b"]]), QUESTION)
+    head = asm.head
+    assert head is not None and head.n == asm.layout.head > 0
+    assert head.n < asm.layout.segments[0].start  # the first label is not part of it
+    torch.testing.assert_close(asm.cache.keys[:, 0, :, :head.n],
+                               ref.cache.keys[:, 0, :, :head.n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(asm.cache.values[:, 0, :, :head.n],
+                               ref.cache.values[:, 0, :, :head.n], rtol=1e-5, atol=1e-5)
+
+
+def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> None:
+    no_head = ReuseRuntime(runtime.vlm, head_cache=False, never_above_full=False)
+    with_head = ReuseRuntime(runtime.vlm, never_above_full=False)
+    inputs = _inputs(runtime, [IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    for policy in ("conduit", "full_prefill", "random", "cacheblend"):
+        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.3,
+                            max_new_tokens=6)
+        a, b = with_head.answer(req), no_head.answer(req)
+        assert a.token_ids == b.token_ids, policy
+        assert a.head_tokens > 0 and b.head_tokens == 0
+        assert a.flops_used_lm < b.flops_used_lm, policy  # the head is neither run nor charged
+        pa = probe_refresh(with_head, req, last_only=True).logits[-1]
+        pb = probe_refresh(no_head, req, last_only=True).logits[-1]
+        torch.testing.assert_close(pa, pb, rtol=1e-4, atol=1e-4)
+    assert with_head.heads is not None and len(with_head.heads) == 1  # one prefix, one entry
+    with_head.answer(AnswerRequest("Another prefix.", inputs, QUESTION, max_new_tokens=1))
+    assert len(with_head.heads) == 2
+
+
+def test_head_cache_is_bounded(runtime: ReuseRuntime) -> None:
+    cache = HeadCache(max_entries=2)
+    ids = [torch.tensor([3, 4, 5]), torch.tensor([3, 4, 6]), torch.tensor([7])]
+    first = cache.get(runtime.adapter, ids[0], torch.arange(3).expand(3, 3))
+    assert cache.get(runtime.adapter, ids[0], torch.arange(3).expand(3, 3)) is first
+    for t in ids[1:]:
+        cache.get(runtime.adapter, t, torch.arange(t.numel()).expand(3, t.numel()))
+    assert len(cache) == 2  # the least recently used entry went
+    with pytest.raises(ValueError):
+        HeadCache(max_entries=0)
+
+
+def test_last_row_only_matches_all_rows(runtime: ReuseRuntime) -> None:
+    rt = ReuseRuntime(runtime.vlm, never_above_full=False)
+    inputs = _inputs(rt, [IMAGES["a"], IMAGES["c"]])
+    for policy in ("conduit", "random", "full_reuse", "full_prefill", "cacheblend"):
+        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.2)
+        full = probe_refresh(rt, req)
+        last = probe_refresh(rt, req, last_only=True)
+        assert last.logits.shape[0] == 1 and full.logits.shape[0] == full.rows.numel()
+        torch.testing.assert_close(last.logits[-1], full.logits[-1], rtol=1e-4, atol=1e-4)
+        assert last.refresh_flops < full.refresh_flops or policy == "full_reuse", policy
+
+
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory: pytest.TempPathFactory) -> tuple[ReuseRuntime, list[PageInput]]:
+    """Tiny Qwen2-VL with pages of 224 visual tokens (realistic page sizes)."""
+    vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("m")),
+                   max_image_tokens=256)
+    rt = ReuseRuntime(vlm)
+    images = [page_image(10 + i, (448, 392)) for i in range(3)]
+    return rt, _inputs(rt, images)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_prediction_matches_measured(paged: tuple[ReuseRuntime, list[PageInput]],
+                                     policy: str) -> None:
+    rt, inputs = paged
+    assert inputs[0].kv.num_tokens >= 200
+    for budget in (0.05, 0.1, 0.2):
+        result = rt.answer(AnswerRequest(PREFIX, inputs, QUESTION, policy=policy,
+                                         budget=budget, max_new_tokens=1))
+        predicted = result.fallback_flops_lm if result.fallback else result.predicted_flops_lm
+        assert predicted == pytest.approx(result.flops_used_lm, rel=0.05), (policy, budget)
+        if not POLICY_SCORES.get(policy, False):  # chosen before it ran: exact
+            assert predicted == pytest.approx(result.flops_used_lm, rel=1e-9), policy
+        assert result.flops_ratio_lm <= 1.0
+
+
+POLICY_SCORES = {"conduit": True, "conduit_no_amp": True, "conduit_per_page": True,
+                 "raw_attention": True, "cacheblend": True}
+
+
+def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None:
+    """Tiny pages under a long prompt: scoring plus refresh would cost more than computing
+    every row from the cached embeddings, so that runs instead, and says so."""
+    rt = ReuseRuntime(runtime.vlm)
+    inputs = _inputs(rt, [IMAGES["a"]])
+    long_question = " ".join([QUESTION] * 6)
+    req = AnswerRequest(PREFIX, inputs, long_question, policy="conduit", budget=0.5,
+                        max_new_tokens=4)
+    got = rt.answer(req)
+    assert got.fallback and got.predicted_flops_lm > got.fallback_flops_lm
+    assert got.refreshed_visual_tokens == got.visual_tokens
+    assert got.flops_used_lm == pytest.approx(got.fallback_flops_lm)
+    assert got.flops_ratio_lm < 1.0
+    full = rt.answer(AnswerRequest(PREFIX, inputs, long_question, policy="full_prefill",
+                                   max_new_tokens=4))
+    assert got.token_ids == full.token_ids and not full.fallback
+    own = ReuseRuntime(runtime.vlm, never_above_full=False).answer(req)
+    assert not own.fallback and own.flops_used_lm > got.flops_used_lm
+    assert own.refreshed_visual_tokens == round(0.5 * own.visual_tokens)
