@@ -1,17 +1,23 @@
 """`POST /v1/chat/completions`: an OpenAI-compatible chat endpoint over a collection.
 
-`model` names the collection as `conduit:<collection_id>` (or pass `collection_id`); the last
-user message is the question. Non-streaming replies carry conduit's citations and compute in
-extra fields (`citations`, `conduit`: policy, budget, `flops_ratio_lm`, `flops_ratio_total`,
-refreshed and visual token counts); `stream: true` sends `chat.completion.chunk` events (never
-an empty content delta), the last one with `finish_reason` and the same extra fields, then
-`data: [DONE]`.
+`model` names the collection as `conduit:<collection_id>` (or pass `collection_id`; `GET
+/v1/models` lists the caller's); the last user message is the question. Non-streaming replies
+carry `usage` (`prompt_tokens`: the whole prompt the model saw, `completion_tokens`,
+`total_tokens`) and conduit's citations and compute in extra fields (`citations`, `conduit`:
+policy, budget, `flops_ratio_lm`, `flops_ratio_total`, refreshed and visual token counts);
+`stream: true` sends `chat.completion.chunk` events (never an empty content delta), the last
+one with `finish_reason` and the same extra fields, then, when the client sent
+`stream_options: {"include_usage": true}`, a chunk with empty `choices` and the `usage`, then
+`data: [DONE]`. Every string and list of the request is bounded, and every invalid request
+is a 422: a question (the last user message) over 4,000 characters, any message over 32,768
+(earlier turns go unread), more than 256 messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,33 +26,64 @@ from typing import Literal
 
 import anyio
 from fastapi import APIRouter, HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.deps import CtxDep, RunnerDep, TenantDep
+from service.routers import models
 from service.routers.query import build_question, to_query_out
 from service.schemas import QueryIn, QueryOut
+from worker.answer_job import Answer
 
 router = APIRouter(tags=["openai"])
+router.include_router(models.router)  # the OpenAI surface is one router: chat and models
+
+
+# The question (the last user message) has `QueryIn.question`'s bound of 4,000 characters;
+# earlier turns, which front-ends send back (conduit's own answers among them), go unread and
+# may be longer, up to this.
+MAX_MESSAGE_CHARS = 32_768
+MAX_MESSAGES = 256  # a long conversation's whole history
+MAX_ID_CHARS = 64  # conduit's ids (`col_` and 20 hex digits) with room to spare
+ID_PATTERN = re.compile(r"[A-Za-z0-9_\-]+")
 
 
 class ChatMessage(BaseModel):
     """One chat turn (text content only)."""
 
-    role: Literal["system", "user", "assistant"]
-    content: str
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str = Field(..., max_length=MAX_MESSAGE_CHARS)
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`: `include_usage` adds a final chunk with the token usage."""
+
+    include_usage: bool = False
 
 
 class ChatIn(BaseModel):
-    """The subset of the OpenAI chat request conduit understands."""
+    """The subset of the OpenAI chat request conduit understands (other fields are ignored)."""
 
-    model: str = Field(..., description="`conduit:<collection_id>`")
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    model: str = Field(..., max_length=len("conduit:") + MAX_ID_CHARS,
+                       description="`conduit:<collection_id>`")
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int = Field(64, ge=1, le=2048)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2048,
+                                              description="OpenAI's newer name of max_tokens; "
+                                              "wins when both are given.")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     stream: bool = False
-    collection_id: str | None = None
+    stream_options: StreamOptions | None = None
+    collection_id: str | None = Field(None, max_length=MAX_ID_CHARS)
     top_k: int = Field(3, ge=1, le=32)
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 @dataclass(frozen=True)
@@ -65,16 +102,45 @@ class StreamFailure:
 
 
 def _query(body: ChatIn) -> QueryIn:
+    """The query the chat asks: a 422 (never a 500) for anything `QueryIn` refuses, located in
+    the chat request's own terms (the question is `body.messages.<i>.content`)."""
     collection = body.collection_id
     if collection is None and body.model.startswith("conduit:"):
         collection = body.model.removeprefix("conduit:")
-    if not collection:
+    if not collection or not ID_PATTERN.fullmatch(collection):
         raise HTTPException(422, "set model to 'conduit:<collection_id>' or pass collection_id")
-    users = [m.content for m in body.messages if m.role == "user"]
-    if not users or not users[-1].strip():
+    users = [i for i, m in enumerate(body.messages) if m.role == "user"]
+    if not users or not body.messages[users[-1]].content.strip():
         raise HTTPException(422, "the conversation has no user message to answer")
-    return QueryIn(collection_id=collection, question=users[-1], top_k=body.top_k,
-                   max_new_tokens=body.max_tokens, temperature=body.temperature)
+    where = {"question": ("body", "messages", users[-1], "content"),
+             "collection_id": ("body", "model" if body.collection_id is None else
+                               "collection_id"),
+             "max_new_tokens": ("body", "max_tokens")}
+    try:
+        return QueryIn(collection_id=collection, question=body.messages[users[-1]].content,
+                       top_k=body.top_k,
+                       max_new_tokens=body.max_completion_tokens or body.max_tokens,
+                       temperature=body.temperature)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        raise RequestValidationError(
+            [{**e, "loc": where.get(str(e["loc"][0]), ("body", *e["loc"]))} for e in errors]
+        ) from None
+
+
+def usage(answer: Answer) -> dict[str, int]:
+    """OpenAI's `usage` of an answer: the prompt the model saw and the tokens it generated."""
+    return {"prompt_tokens": answer.prompt_tokens,
+            "completion_tokens": answer.completion_tokens,
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens}
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A streamed answer's end: the response fields and the token usage."""
+
+    out: QueryOut
+    usage: dict[str, int]
 
 
 def _extras(out: QueryOut) -> dict[str, object]:
@@ -87,11 +153,10 @@ def _extras(out: QueryOut) -> dict[str, object]:
                         "visual_tokens": out.visual_tokens}}
 
 
-def _chunk(cid: str, model: str, delta: dict[str, str], finish: str | None,
-           extras: dict[str, object] | None = None) -> str:
+def _event(cid: str, model: str, choices: list[dict[str, object]],
+           extras: dict[str, object]) -> str:
     payload = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
-               "model": model, "choices": [{"index": 0, "delta": delta,
-                                            "finish_reason": finish}], **(extras or {})}
+               "model": model, "choices": choices, **extras}
     return f"data: {json.dumps(payload)}\n\n"
 
 
@@ -103,17 +168,18 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
                                               body.stream)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     if not body.stream:
-        out = to_query_out(await anyio.to_thread.run_sync(runner.answer, question))
+        answer = await anyio.to_thread.run_sync(runner.answer, question)
+        out = to_query_out(answer)
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
             "model": body.model,
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": out.answer}}],
-            "usage": {"completion_tokens": None, "prompt_tokens": None, "total_tokens": None},
+            "usage": usage(answer),
             **_extras(out),
         }
     loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue[str | None | QueryOut | StreamFailure] = asyncio.Queue()
+    pieces: asyncio.Queue[str | None | Finished | StreamFailure] = asyncio.Queue()
 
     def on_token(_token_id: int, text: str) -> None:
         if text:
@@ -121,8 +187,9 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
 
     def run() -> None:
         try:
-            out = to_query_out(runner.answer(question, on_token=on_token))
-            loop.call_soon_threadsafe(pieces.put_nowait, out)
+            answer = runner.answer(question, on_token=on_token)
+            done = Finished(to_query_out(answer), usage(answer))
+            loop.call_soon_threadsafe(pieces.put_nowait, done)
         except Exception as exc:  # an error event, never a silently cut stream
             failure = StreamFailure(getattr(exc, "message", None) or
                                     f"internal error while answering: {type(exc).__name__}",
@@ -131,17 +198,27 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
         finally:
             loop.call_soon_threadsafe(pieces.put_nowait, None)
 
+    # with include_usage every chunk has a `usage` field, null but in the last (OpenAI's form)
+    no_usage: dict[str, object] = {"usage": None} if body.include_usage else {}
+
+    def chunk(delta: dict[str, str], finish: str | None = None,
+              extras: dict[str, object] | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return _event(cid, body.model, [choice], {**(extras or {}), **no_usage})
+
     async def stream() -> AsyncIterator[str]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, run)
-            yield _chunk(cid, body.model, {"role": "assistant"}, None)
+            yield chunk({"role": "assistant"})
             while (piece := await pieces.get()) is not None:
-                if isinstance(piece, QueryOut):
-                    yield _chunk(cid, body.model, {}, "stop", _extras(piece))
+                if isinstance(piece, Finished):
+                    yield chunk({}, "stop", _extras(piece.out))
+                    if body.include_usage:
+                        yield _event(cid, body.model, [], {"usage": piece.usage})
                 elif isinstance(piece, StreamFailure):
                     yield piece.event()
                 else:
-                    yield _chunk(cid, body.model, {"content": piece}, None)
+                    yield chunk({"content": piece})
             yield "data: [DONE]\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")
