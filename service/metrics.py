@@ -17,6 +17,9 @@ TTFT = Histogram("conduit_ttft_seconds", "Time to first token inside the runtime
                  buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 ANSWER_SECONDS = Histogram("conduit_answer_seconds", "Whole answer latency (retrieve to last "
                            "token)", buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+FALLBACKS = Counter("conduit_reuse_fallbacks_total", "Answers whose policy was predicted to "
+                    "cost more than a full prefill from cached page embeddings, which ran "
+                    "instead", ["policy"])
 FLOPS_RATIO = Histogram("conduit_flops_ratio_lm", "Language-model prefill FLOPs spent "
                         "relative to a full prefill",
                         buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
@@ -67,6 +67,8 @@ class Answer:
     cache: CacheReport = field(default_factory=CacheReport)
     prompt_tokens: int = 0  # the whole prompt the model saw (head, pages, question)
     completion_tokens: int = 0  # tokens generated (a stop token that ended it not counted)
+    fallback: bool = False  # `policy` was predicted to cost more than a full prefill from the
+    # cached page embeddings, which ran instead (every visual token recomputed)
 
 
 @dataclass(frozen=True)
@@ -109,12 +111,15 @@ def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions
 def effective_options(settings: Settings, policy: str, requested: PolicyOptions
                       ) -> PolicyOptions:
     """The knobs `policy` runs with: the request's over the deployment's. The deployment's
-    CONDUIT knobs apply only to policies that take options, so setting `CONDUIT_GAMMA` does
-    not make `full_prefill` requests invalid; a request that sets a knob for such a policy
-    still is."""
-    takes_options = hasattr(get_policy(policy), "with_options")
-    return merge_options(default_options(settings) if takes_options else PolicyOptions(),
-                         requested)
+    CONDUIT knobs apply only to policies that take options, and never to a knob that defines
+    a variant (`conduit_no_amp` keeps gamma = 0 whatever `CONDUIT_GAMMA` says); a request
+    that sets a knob for a policy without options, or a defining one, is refused."""
+    chosen = get_policy(policy)
+    if not hasattr(chosen, "with_options"):
+        return requested
+    fixed: frozenset[str] = getattr(chosen, "fixed", frozenset())
+    base = replace(default_options(settings), **dict.fromkeys(fixed))
+    return merge_options(base, requested)
 
 
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
@@ -250,7 +255,8 @@ def answer_question(
             "generate_s": t_done - t_loaded,
             "total_s": t_done - t0,
         },
-        cache=loaded.report,
+        cache=replace(loaded.report, head_tokens=result.head_tokens),
+        fallback=result.fallback,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=len(result.token_ids),
     )

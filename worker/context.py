@@ -53,7 +53,8 @@ class WorkerContext:
                     s.model, device=s.device, dtype=s.torch_dtype,
                     cache_dir=s.model_cache_dir, max_image_tokens=s.max_page_tokens,
                 )
-                self._runtime = ReuseRuntime(self._vlm)
+                self._runtime = ReuseRuntime(self._vlm, head_cache=s.head_cache,
+                                             never_above_full=s.never_above_full)
             return self._runtime
 
     @property

@@ -75,6 +75,13 @@ class Settings(BaseSettings):
     # answering
     policy: str = Field("conduit", description="Refresh policy used to answer.")
     budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
+    head_cache: bool = Field(
+        True, description="Compute the prompt head (chat template opening and answer "
+        "instructions, identical for every question) once per model and reuse it exactly.")
+    never_above_full: bool = Field(
+        True, description="Predict each answer's prefill FLOPs before it runs; where the "
+        "policy would cost more than a full prefill from the cached page embeddings, run that "
+        "instead (the answer says so: `fallback`). Off = always the policy's own path.")
     gamma: float | None = Field(
         None, ge=0.0, description="CONDUIT amplification exponent; unset = 1 (0 = off)."
     )

@@ -9,7 +9,9 @@ pages are refreshed (text tokens are always recomputed and not charged to the bu
 
 Public API:
   ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False)
-  ConduitPolicy(config)            a RefreshPolicy; .explain(ctx) -> ConduitChoice (always
+  ConduitPolicy(config, fixed=frozenset())   a RefreshPolicy (`fixed`: option names that
+                                   define the variant, refused in `with_options`);
+                                   .explain(ctx) -> ConduitChoice (always
                                    scores; calling the policy skips scoring when k is 0 or N_v);
                                    .cost_profile(ctx) -> PolicyCost
   ConduitChoice(rows, scores, amplification)
@@ -74,6 +76,7 @@ class ConduitPolicy:
     """The CONDUIT refresh policy under one configuration."""
 
     config: ConduitConfig = field(default_factory=ConduitConfig)
+    fixed: frozenset[str] = frozenset()  # `PolicyOptions` knobs that define this variant
 
     def budget_k(self, ctx: PolicyContext) -> int:
         """Visual tokens to refresh: the config's budget, else the request's."""
@@ -101,6 +104,10 @@ class ConduitPolicy:
         """This policy with the request's knobs applied (unset knobs keep their values)."""
         cfg = self.config
         o = options
+        pinned = sorted(k for k in self.fixed if getattr(o, k) is not None)
+        if pinned:
+            raise InvalidRequestError(
+                f"{', '.join(pinned)} cannot be set for this policy: it is defined by it")
         try:
             score = ScoreConfig(
                 layers=cfg.score.layers if o.score_layers is None else o.score_layers,
@@ -109,7 +116,7 @@ class ConduitPolicy:
                 head_agg=cfg.score.head_agg if o.head_agg is None else o.head_agg,  # type: ignore[arg-type]
             )
             gamma = cfg.gamma if o.gamma is None else o.gamma
-            return ConduitPolicy(replace(cfg, gamma=gamma, score=score))
+            return ConduitPolicy(replace(cfg, gamma=gamma, score=score), self.fixed)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
 

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 
-select = ConduitPolicy(ConduitConfig(gamma=0.0))
+select = ConduitPolicy(ConduitConfig(gamma=0.0), fixed=frozenset({"gamma"}))

@@ -15,7 +15,8 @@ from service.cli import main
 from tests.answer_eval.slice import QUESTIONS, write_slice
 
 ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
-            "agreement_with_full", "flops_ratio_lm", "flops_ratio_total", "ttft_ms_median"}
+            "agreement_with_full", "flops_ratio_lm", "flops_ratio_total", "ttft_ms_median",
+           "fallback_share"}
 
 
 def _conduit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -39,9 +40,14 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.
     args = ["--pdfs", str(pdfs), "--questions", str(questions), "--out", str(out),
             "--policies", "conduit,full_reuse", "--budgets", "0.1,0.5", "--max-new-tokens",
             "4", "--top-k", "2", "--no-progress"]
-    done = _conduit(tmp_path, *args)
+    done = _conduit(tmp_path, *args, "--check-budget-one")
     assert done.returncode == 0, done.stderr
     doc = json.loads(out.read_text())
+    check = doc["meta"]["budget_one_check"]  # budget 1.0 on the masked path, and re-rotation
+    assert check["passed"] and check["mixed_path"] and check["head_tokens"] > 0
+    assert check["rerotation_layer0_rel_diff"] <= check["tolerance"]
+    assert doc["meta"]["policy_options"]["conduit"]["gamma"] == "1.0"
+    assert doc["meta"]["never_above_full"] is True
     assert out.with_suffix(".md").read_text().startswith("# Answer accuracy")
     assert "Random weights answer nothing" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 10_000

@@ -69,3 +69,17 @@ def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
     asked = effective_options(settings, "random", PolicyOptions(gamma=3.0))
     with pytest.raises(InvalidRequestError):  # the request itself set a knob it cannot take
         resolve_policy("random", asked)
+
+
+def test_ablations_keep_their_defining_knobs() -> None:
+    """CONDUIT_GAMMA must not turn `conduit_no_amp` back into CONDUIT."""
+    settings = Settings(gamma=2.0, head_agg="max")
+    no_amp = effective_options(settings, "conduit_no_amp", PolicyOptions())
+    assert no_amp.gamma is None and no_amp.head_agg == "max"  # the other knobs still apply
+    configured = resolve_policy("conduit_no_amp", no_amp)
+    assert configured.config.gamma == 0.0  # type: ignore[attr-defined]
+    with pytest.raises(InvalidRequestError, match="gamma"):
+        resolve_policy("conduit_no_amp", PolicyOptions(gamma=1.0))
+    per_page = resolve_policy("conduit_per_page", effective_options(settings, "conduit_per_page",
+                                                                    PolicyOptions()))
+    assert per_page.config.per_page and per_page.config.gamma == 2.0  # type: ignore[attr-defined]

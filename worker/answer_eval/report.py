@@ -72,24 +72,30 @@ def write_table(doc: dict[str, Any], path: Path) -> None:
     check = meta.get("budget_one_check")
     if check:
         lines += ["", f"Correctness check (CONDUIT at budget 1.0 vs full prefill, first-token "
-                      f"logits): max rel. diff {check['budget_one_rel_diff']:.2e}, top-1 "
-                      f"equal {check['top1_equal']}, passed {check['passed']}."]
+                      f"logits, the rows after the {check.get('head_tokens', 0)}-token cached "
+                      f"head on the masked path): max rel. diff "
+                      f"{check['budget_one_rel_diff']:.2e}, top-1 equal {check['top1_equal']}; "
+                      f"re-rotated layer-0 keys vs full prefill's: max rel. diff "
+                      f"{check.get('rerotation_layer0_rel_diff', float('nan')):.2e}; passed "
+                      f"{check['passed']}."]
     lines += [
         "", "Scoring: MMLongBench-Doc's rules (`worker/answer_eval/scoring.py`). accuracy = "
         "mean score; ratio = accuracy / full prefill's on the same questions; agreement = "
         "same normalised answer as full prefill; FLOPs = prefill FLOPs / a full prefill's "
         "(LM only, and with the vision tower); TTFT = median time to first token (reuse "
-        "rows include loading the page KV).", "",
+        "rows include loading the page KV); fallback = share of answers where the policy was "
+        "predicted to cost more than a full prefill from cached page embeddings, which ran "
+        f"instead (never_above_full: {meta.get('never_above_full', False)}).", "",
         "| policy | budget | n | accuracy | ratio to full | agreement | FLOPs LM | "
-        "FLOPs total | TTFT ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "FLOPs total | TTFT ms | fallback |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in (r for r in rows if r["group"] == "all"):
         lines.append(
             f"| {r['policy']} | {r['budget']:.2f} | {r['n']} | {_fmt(r['accuracy'])} | "
             f"{_fmt(r['accuracy_ratio_to_full'])} | {_fmt(r['agreement_with_full'])} | "
             f"{_fmt(r['flops_ratio_lm'])} | {_fmt(r['flops_ratio_total'])} | "
-            f"{_fmt(r['ttft_ms_median'], 1)} |")
+            f"{_fmt(r['ttft_ms_median'], 1)} | {_fmt(r.get('fallback_share'))} |")
     budgets = meta["budgets"]
     near = min(budgets, key=lambda b: abs(b - 0.1)) if budgets else 1.0
     policies = [p for p in meta["policies"] if p != REFERENCE]

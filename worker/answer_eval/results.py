@@ -145,5 +145,8 @@ def build_rows(items: Sequence[EvalItem], records: Sequence[Record],
                 "flops_ratio_total": _mean([r["flops_ratio_total"] for _, r in pairs]),
                 "ttft_ms_median": round(statistics.median(
                     r["ttft_ms"] + r.get("kv_load_ms", 0.0) for _, r in pairs), 3),
+                # answers where the policy would have cost more than a full prefill from
+                # cached embeddings, which ran instead
+                "fallback_share": _mean([float(r.get("fallback", False)) for _, r in pairs]),
             })
     return rows

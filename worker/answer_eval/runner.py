@@ -37,7 +37,7 @@ import json
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, resolve_policy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from storage.keys import PageHash
 from storage.metadata import Page
@@ -181,7 +181,7 @@ class _Run:
             "flops_ratio_total": round(result.flops_ratio_total, 6),
             "ttft_ms": round(result.ttft_s * 1000, 3),
             "refreshed": result.refreshed_visual_tokens, "visual": result.visual_tokens,
-            **more}
+            "fallback": result.fallback, **more}
 
     def run_question(self, item: EvalItem) -> None:
         cells = [(p, float(b)) for p in self.policies for b in self.cfg.budgets]
@@ -232,24 +232,41 @@ class _Run:
 
     def budget_one(self, labels: list[str], pages: list[Page], inputs: list[PageInput],
                    question: str) -> dict[str, Any]:
-        """First-token logits of CONDUIT at budget 1.0 from the cached pages against full
-        prefill from the images; raises `BudgetOneError` when they differ."""
+        """The run's correctness check on its first question; raises `BudgetOneError`.
+
+        CONDUIT at budget 1.0 from the cached pages against full prefill from the images
+        (first-token logits): with the head cache the refresh computes the rows after the
+        head on the masked (mixed) path, not the plain causal one. And re-rotation: layer-0
+        keys of the reused pages, re-rotated to their new positions, against the keys a full
+        prefill computes there (exact: layer 0 sees only the token and its position)."""
         rt = self.ctx.runtime
         images = [(lab, Image.open(self.ctx.page_image_path(p.image_path)).convert("RGB"))
                   for lab, p in zip(labels, pages, strict=True)]
+        request = AnswerRequest(ANSWER_PREFIX, inputs, question, policy="conduit", budget=1.0,
+                                max_new_tokens=1)
         with self.ctx.model_lock:
             ref = probe_full_prefill(rt, ANSWER_PREFIX, images, question).logits[-1]  # (V,)
-            got = probe_refresh(rt, AnswerRequest(ANSWER_PREFIX, inputs, question,
-                                                  policy="conduit", budget=1.0,
-                                                  max_new_tokens=1)).logits[-1]  # (V,)
+            probe = probe_refresh(rt, request)
+            fresh = rt.assemble_fresh(ANSWER_PREFIX, images, question)
+            rt.prefill(fresh, fresh.layout.visual_rows())
+            reused = rt.assemble(ANSWER_PREFIX, inputs, question)
+        got = probe.logits[-1]  # (V,)
+        vis = reused.layout.visual_rows().to(reused.cache.keys.device)
+        k_reused = reused.cache.keys[0, 0][:, vis].float()  # (G, N_v, hd) re-rotated
+        k_fresh = fresh.cache.keys[0, 0][:, vis].float()  # (G, N_v, hd)
+        rerotation = float((k_reused - k_fresh).abs().max() / k_fresh.abs().max().clamp_min(
+            1e-12))
         dtype = str(rt.adapter.dtype).removeprefix("torch.")
         rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
         top1 = bool(got.argmax() == ref.argmax())
         tolerance = TOLERANCE.get(dtype, 1e-4)
+        mixed = int(probe.computed_rows.numel()) < reused.layout.n  # not the plain causal path
         check = {"budget_one_rel_diff": rel, "top1_equal": top1, "tolerance": tolerance,
-                 "pages": len(pages), "passed": top1 and rel <= tolerance}
+                 "rerotation_layer0_rel_diff": rerotation, "mixed_path": mixed,
+                 "head_tokens": reused.exact_rows, "pages": len(pages),
+                 "passed": top1 and rel <= tolerance and rerotation <= tolerance}
         if not check["passed"]:
-            raise BudgetOneError(f"budget 1.0 differs from full prefill: {check}")
+            raise BudgetOneError(f"budget 1.0 or re-rotation differs from full prefill: {check}")
         return check
 
 
@@ -258,6 +275,18 @@ def _config_key(cfg: AnswerEvalConfig, settings: Settings) -> dict[str, Any]:
             "top_k": cfg.top_k, "max_pages": cfg.max_pages,
             "max_new_tokens": cfg.max_new_tokens, "max_page_tokens": cfg.max_page_tokens,
             "prefix": ANSWER_PREFIX, "seed": cfg.seed}
+
+
+def _knobs(settings: Settings, policy: str) -> dict[str, str]:
+    """The knobs a policy ran with: its configuration after the deployment's options (a
+    plain-function policy has none)."""
+    if policy == REFERENCE:
+        return {}
+    configured = resolve_policy(policy, effective_options(settings, policy, PolicyOptions()))
+    config = getattr(configured, "config", configured)
+    if not is_dataclass(config):
+        return {}
+    return {f.name: repr(getattr(config, f.name)) for f in fields(config)}
 
 
 def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: dict[str, str],
@@ -270,6 +299,8 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
         "dtype": s.torch_dtype, "random_weights": cfg.model.startswith("builtin:tiny-"),
         "pages_mode": cfg.pages, "top_k": cfg.top_k, "max_pages": cfg.max_pages,
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
+        "policy_options": {p: _knobs(s, p) for p in run.policies},
+        "head_cache": s.head_cache, "never_above_full": s.never_above_full,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
         "questions_in_files": len(items), "questions_selected": len(selected),
         "limit": cfg.limit, "docs": cfg.docs,
