@@ -1,6 +1,8 @@
 // Asking: the answer streams in token by token (POST /v1/query/stream), then its cited pages
 // appear as thumbnails with the highlighted snippet, and a details panel shows what the answer
-// cost and where its page KV came from. "Compare" re-asks with full prefill beside it.
+// cost and where its page KV came from. "Compare" re-asks with full prefill beside it, over
+// the same documents. A question goes to the documents ticked in the library (`document_ids`
+// when not all of them are), and its answer names the documents that were searched.
 
 import { pageImage, stream } from "./api.js";
 import { el, fmtPercent, fmtSeconds, say } from "./dom.js";
@@ -8,6 +10,7 @@ import { el, fmtPercent, fmtSeconds, say } from "./dom.js";
 const THUMB_WIDTH = 240;
 const FULL_WIDTH = 1400;
 const TIERS = ["memory", "redis", "disk"];
+const SEARCHED_NAMES = 8; // names listed with an answer; the rest are counted
 
 export class Answers {
   constructor(root, viewer, onAuthError) {
@@ -19,6 +22,8 @@ export class Answers {
     this.list = root.querySelector("#answers");
     this.alert = root.querySelector("#ask-alert");
     this.collectionId = "";
+    this.ready = [];
+    this.chosen = [];
     this.form.addEventListener("submit", (e) => {
       e.preventDefault();
       this.ask();
@@ -31,14 +36,21 @@ export class Answers {
     });
   }
 
-  setScope({ collectionId, ready }) {
+  /** The collection, its ready documents and the ones ticked to ask over. */
+  setScope({ collectionId, ready, chosen = ready }) {
     this.collectionId = collectionId;
+    this.ready = ready;
+    this.chosen = chosen;
     const button = this.form.querySelector("button[type=submit]");
-    button.disabled = !collectionId || ready.length === 0;
+    button.disabled = !collectionId || chosen.length === 0;
+    const n = ready.length;
     this.root.querySelector("#ask-hint").textContent = !collectionId
       ? "Create or pick a collection, then upload a PDF."
-      : ready.length === 0 ? "Upload a PDF; you can ask once it is ready."
-        : `Asking over ${ready.length} ready document${ready.length === 1 ? "" : "s"}.`;
+      : n === 0 ? "Upload a PDF; you can ask once it is ready."
+        : chosen.length === 0 ? "Tick a document to ask over."
+          : chosen.length === n ? `Asking over ${n === 1 ? "1 ready document" :
+            `all ${n} ready documents`}.`
+            : `Asking over ${chosen.length} of ${n} ready documents.`;
   }
 
   async ask() {
@@ -51,8 +63,11 @@ export class Answers {
     say(this.alert, "");
     const body = { collection_id: this.collectionId, question: text,
       top_k: Number(this.root.querySelector("#top-k").value), max_new_tokens: 48 };
+    const searched = this.chosen;
+    // all ticked: the whole collection (as the API does without document_ids)
+    if (searched.length < this.ready.length) body.document_ids = searched.map((d) => d.document_id);
     const card = el("article", { class: "answer-card", "aria-label": `Answer to: ${text}` },
-      el("h3", { class: "asked" }, text));
+      el("h3", { class: "asked" }, text), searchedNode(searched, this.ready.length));
     const runs = el("div", { class: "runs" });
     const citations = el("section", { class: "citations", "aria-label": "Cited pages" });
     card.append(runs, citations);
@@ -143,6 +158,20 @@ export class Answers {
       v.querySelector(".viewer-snippet").append(el("p", { role: "alert" }, err.detail));
     }
   }
+}
+
+/** "Searched 1 of 2 documents: a.pdf" under the question (names as sent, ids as data). */
+function searchedNode(docs, readyCount) {
+  const shown = docs.slice(0, SEARCHED_NAMES);
+  const names = shown.flatMap((d, i) => [i ? ", " : "",
+    el("span", { class: "searched-doc", "data-document-id": d.document_id }, d.filename)]);
+  const rest = docs.length - shown.length;
+  const what = docs.length === readyCount
+    ? `Searched ${readyCount === 1 ? "the only" : `all ${readyCount}`} ready document` +
+      `${readyCount === 1 ? "" : "s"}: `
+    : `Searched ${docs.length} of ${readyCount} ready documents: `;
+  return el("p", { class: "searched small" }, what, names,
+    rest > 0 ? ` and ${rest} more` : "");
 }
 
 export function snippetNode(snippet) {

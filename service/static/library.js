@@ -1,5 +1,6 @@
 // Collections (pick or create), PDF upload (drag and drop or file picker, optional password),
-// and the document list with per-document progress, page facts and delete.
+// and the document list with per-document progress, page facts and delete. Ready documents
+// carry a tick box choosing the ones a question is asked over (all of them by default).
 
 import { api } from "./api.js";
 import { el, say } from "./dom.js";
@@ -19,6 +20,14 @@ export class Library extends EventTarget {
     this.polls = new Map();
     this.collectionId = "";
     this.docs = new Map();
+    // the ready documents to ask over: null means all of them (documents that become ready
+    // later included); otherwise the ids the user ticked
+    this.chosen = null;
+    this.allBox = root.querySelector("#scope-all");
+    this.allBox.addEventListener("change", () => {
+      this.chosen = this.allBox.checked ? null : new Set();
+      this.changed();
+    });
     // failures are shown in the alert region by guard(); nothing is left unhandled
     const quiet = () => {};
     root.querySelector("#collection-form").addEventListener("submit",
@@ -71,6 +80,7 @@ export class Library extends EventTarget {
     for (const timer of this.polls.values()) clearTimeout(timer);
     this.polls.clear();
     this.docs.clear();
+    this.chosen = null;
     this.docList.replaceChildren();
     this.root.querySelector("#upload").toggleAttribute("disabled", !collectionId);
     if (collectionId) {
@@ -81,11 +91,44 @@ export class Library extends EventTarget {
     this.changed();
   }
 
+  isChosen(id) {
+    return this.chosen === null || this.chosen.has(id);
+  }
+
+  /** Tick or untick one ready document. */
+  choose(id, on) {
+    const ready = this.ready().map((d) => d.document_id);
+    if (this.chosen === null) this.chosen = new Set(ready);
+    if (on) this.chosen.add(id);
+    else this.chosen.delete(id);
+    this.changed();
+  }
+
+  ready() {
+    return [...this.docs.values()].filter((d) => d.status === "ready");
+  }
+
   changed() {
-    const ready = [...this.docs.values()].filter((d) => d.status === "ready");
+    const ready = this.ready();
+    if (this.chosen !== null) {
+      const ids = new Set(ready.map((d) => d.document_id));
+      for (const id of this.chosen) if (!ids.has(id)) this.chosen.delete(id);
+      // every one ticked is all again; with fewer than two ready there is nothing to choose
+      if (this.chosen.size === ready.length || ready.length < 2) this.chosen = null;
+    }
+    const chosen = ready.filter((d) => this.isChosen(d.document_id));
+    for (const box of this.docList.querySelectorAll("input.pick")) {
+      box.checked = this.isChosen(box.value);
+    }
+    this.allBox.checked = chosen.length === ready.length;
+    this.allBox.indeterminate = chosen.length > 0 && chosen.length < ready.length;
+    this.root.querySelector("#scope-count").textContent =
+      `${chosen.length} of ${ready.length} ticked`;
+    this.root.querySelector("#scope").hidden = ready.length < 2;
+    this.root.classList.toggle("choosing", ready.length >= 2);
     this.root.querySelector("#empty-docs").hidden = this.docs.size > 0;
     this.dispatchEvent(new CustomEvent("change",
-      { detail: { collectionId: this.collectionId, ready } }));
+      { detail: { collectionId: this.collectionId, ready, chosen } }));
   }
 
   bindUpload(zone, input) {
@@ -184,9 +227,16 @@ export class Library extends EventTarget {
       "aria-label": `Delete ${doc.filename}` }, "Delete");
     del.addEventListener("click", () => this.remove(doc, del));
     const meta = doc.status === "ready" ? `${doc.pages_total} pages` : "";
+    const name = el("span", { class: "doc-name", title: doc.filename }, doc.filename);
+    let head = name;
+    if (doc.status === "ready") {
+      const pick = el("input", { type: "checkbox", class: "pick", value: doc.document_id,
+        checked: this.isChosen(doc.document_id), "aria-label": `Ask over ${doc.filename}` });
+      pick.addEventListener("change", () => this.choose(doc.document_id, pick.checked));
+      head = el("label", { class: "doc-pick" }, pick, name);
+    }
     return el("li", { class: `doc status-${doc.status}`, "data-id": doc.document_id || null },
-      el("div", { class: "doc-head" },
-        el("span", { class: "doc-name", title: doc.filename }, doc.filename),
+      el("div", { class: "doc-head" }, head,
         el("span", { class: `badge ${doc.status}` }, doc.status)),
       busy ? el("div", { class: "progress" },
         el("progress", { max: 100, value: pct, "aria-label": `${doc.filename}: ${label}` }),

@@ -2,8 +2,10 @@
 `chromium-driver`, driven by Selenium) against a real `conduit serve` with the builtin model:
 create a collection, upload a generated PDF (and a bad one), wait for ready, ask, see the answer
 stream in, a citation thumbnail that loads and a highlighted snippet, enlarge it, compare with
-full prefill, delete the document; then the same with API keys on. A screenshot of each step is
-written to the test's output folder (`tmp_path/shots`)."""
+full prefill, delete the document; then the same with API keys on. Then text without spaces
+(a long answer, snippet and file name) must wrap instead of widening the page, and ticking one
+of two documents must ask over that one only. A screenshot of each step is written to the
+test's output folder (`tmp_path/shots`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -89,7 +92,11 @@ class Walk:
 
     def wait(self, what: str, cond, timeout: float = WAIT_S):  # type: ignore[no-untyped-def]
         try:
-            return WebDriverWait(self.d, timeout, poll_frequency=0.2).until(lambda _: cond())
+            # the page replaces elements as it re-renders (an option, a document row): an
+            # element found a moment before may be gone by the time it is read; look again
+            return WebDriverWait(self.d, timeout, poll_frequency=0.2,
+                                 ignored_exceptions=[StaleElementReferenceException]
+                                 ).until(lambda _: cond())
         except TimeoutException:
             self.shot(f"timeout-{what.replace(' ', '-')}")
             raise AssertionError(f"timed out waiting for {what}") from None
@@ -219,6 +226,242 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None
 
 def test_page_walkthrough(browser: WebDriver, open_server: str, tmp_path: Path) -> None:
     _walk(Walk(browser, tmp_path / "shots"), open_server, tmp_path, key=None, password=None)
+
+
+# Wraps the page's fetch: records every query body it sends (window.__sent) and, while
+# window.__longRun is set, hands the page the real streamed answer with its text and its
+# snippets swapped for that run without a space (a model can answer that; the builtin's noise
+# often does).
+WATCH_QUERIES = r"""
+    window.__sent = [];
+    window.__longRun = arguments[0];
+    if (!window.__realFetch) window.__realFetch = window.fetch;
+    const real = window.__realFetch;
+    window.fetch = async (url, init) => {
+      const path = String(url);
+      if (path.startsWith("/v1/query")) window.__sent.push(JSON.parse(init.body));
+      const resp = await real(url, init);
+      const long = window.__longRun;
+      if (!long || path !== "/v1/query/stream" || !resp.ok) return resp;
+      const text = await resp.text();
+      const block = text.split("\n\n").find((b) => b.startsWith("event: done"));
+      if (!block) return new Response(text, {headers: {"Content-Type": "text/event-stream"}});
+      const done = JSON.parse(block.slice(block.indexOf("data:") + 5));
+      done.answer = long;
+      for (const c of done.citations) {
+        c.snippet = {text: long, spans: [[6, 120]], clipped_left: true, clipped_right: true};
+      }
+      const sse = (name, data) => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`;
+      return new Response(sse("token", {text: long.slice(0, 100)}) +
+                          sse("token", {text: long.slice(100)}) + sse("done", done),
+                          {headers: {"Content-Type": "text/event-stream"}});
+    };"""
+
+PAGE_WIDTH = """
+    const root = document.documentElement;
+    const edge = root.clientWidth;
+    const wide = [...document.querySelectorAll("body *")]
+      .filter((e) => e.getClientRects().length && e.getBoundingClientRect().right > edge + 0.5)
+      .slice(0, 6).map((e) => `${e.tagName.toLowerCase()}.${e.className}`);
+    return [root.scrollWidth, edge, wide];"""
+
+
+def _fits(w: Walk, what: str) -> None:
+    """The page is no wider than the window (nothing to scroll sideways)."""
+    scroll, client, wide = w.d.execute_script(PAGE_WIDTH)
+    if scroll > client:
+        w.shot(f"too-wide-{what}")
+    assert scroll <= client, f"{what}: the page is {scroll}px wide in a {client}px window; " \
+        f"sticking out: {wide}"
+
+
+def _no_page_errors(d: WebDriver) -> None:
+    """No uncaught error in the page's scripts and nothing refused by its CSP."""
+    bad = [e["message"] for e in d.get_log("browser")
+           if e.get("source") == "javascript" or "Content Security Policy" in e["message"]]
+    assert not bad, bad
+
+
+def _new_collection(w: Walk, url: str, name: str) -> None:
+    w.d.get(url + "/")
+    w.wait("the page", lambda: w.d.title.startswith("conduit"))
+    w.wait("the collections", lambda: w.all("#collection option"))
+    w.css("#new-collection").send_keys(name, Keys.ENTER)
+    select = Select(w.css("#collection"))
+    w.wait(f"the collection {name}", lambda: select.first_selected_option.text == name)
+
+
+def _upload_ready(w: Walk, files: list[Path]) -> dict[str, str]:
+    """Upload the files and wait until all are ready; their document ids by file name."""
+    for f in files:
+        w.css("#file-input").send_keys(str(f))
+    w.wait("the documents to be done", lambda: len(w.all(".doc .badge.ready, .doc .badge.failed"))
+           == len(files))
+    assert len(w.all(".doc .badge.ready")) == len(files), [e.text for e in w.all(".doc-error")]
+    return {row.find_element(By.CSS_SELECTOR, ".doc-name").get_attribute("title"):
+            row.get_attribute("data-id") for row in w.all(".status-ready")}
+
+
+def _ask(w: Walk, question: str) -> WebElement:
+    """Ask in the page; the newest answer card once its answer is done."""
+    cards = len(w.all(".answer-card"))
+    w.wait("the ask button", w.css("#ask-form button[type=submit]").is_enabled)
+    box = w.css("#question")
+    box.clear()
+    box.send_keys(question, Keys.ENTER)
+    w.wait("the answer card", lambda: len(w.all(".answer-card")) == cards + 1)
+    card = w.all(".answer-card")[0]
+    w.wait("the answer", lambda: card.find_elements(By.CSS_SELECTOR, '.run[data-done="1"]'))
+    w.wait("its citations", lambda: card.find_elements(By.CSS_SELECTOR, ".cite"))
+    return card
+
+
+def test_text_without_spaces_wraps(browser: WebDriver, open_server: str,
+                                   tmp_path: Path) -> None:
+    """A long run without a space in the answer, a snippet or a file name wraps: the page never
+    grows wider than the window (at laptop and phone widths), nor does the page viewer."""
+    w = Walk(browser, tmp_path / "shots")
+    d = w.d
+    d.set_window_size(1366, 900)
+    _new_collection(w, open_server, "wrapping")
+    name = "SafetyManualForThePressureValveOfTheNorthernPlant" * 3 + ".pdf"
+    pdf = tmp_path / name
+    pdf.write_bytes(text_pdf(PAGES))
+    _upload_ready(w, [pdf])
+    _fits(w, "the library")
+    long = "YesYesYes" + "hshshs" * 120 + "7Yes"
+    d.execute_script(WATCH_QUERIES, long)
+    card = _ask(w, QUESTION)
+    assert card.find_element(By.CSS_SELECTOR, ".answer-text").text == long
+    assert long[6:120] in card.find_element(By.CSS_SELECTOR, ".snippet mark").text
+    assert name in card.find_element(By.CSS_SELECTOR, ".cite-name").text
+    w.shot("long-answer")
+    _fits(w, "a long answer")
+    card.find_element(By.CSS_SELECTOR, ".compare").click()
+    w.wait("the full-prefill answer",
+           lambda: len(card.find_elements(By.CSS_SELECTOR, '.run[data-done="1"]')) == 2)
+    w.wait("the comparison", lambda: card.find_elements(By.CSS_SELECTOR, ".comparison"))
+    w.shot("long-compare")
+    _fits(w, "two long answers side by side")
+
+    card.find_element(By.CSS_SELECTOR, "button.thumb").click()
+    viewer = w.css("#viewer")
+    w.wait("the viewer", lambda: d.execute_script("return arguments[0].open", viewer))
+    w.shot("long-enlarged")
+    inner, outer = d.execute_script("return [arguments[0].scrollWidth, arguments[0].clientWidth]",
+                                    viewer)
+    assert inner <= outer, f"the page viewer scrolls sideways: {inner} > {outer}"
+    d.switch_to.active_element.send_keys(Keys.ESCAPE)
+    w.wait("the viewer to close", lambda: not d.execute_script("return arguments[0].open",
+                                                                viewer))
+    try:
+        d.set_window_size(390, 844)  # a phone
+        d.execute_script("document.querySelector('.answer-card').scrollIntoView()")
+        w.shot("long-phone")
+        _fits(w, "a long answer on a phone")
+    finally:
+        d.set_window_size(1366, 900)
+
+    row = w.css(".status-ready")
+    row.find_element(By.CSS_SELECTOR, "button.delete").click()
+    row.find_element(By.CSS_SELECTOR, "button.delete").click()
+    w.wait("the deletion", lambda: "Deleted" in w.css("#library-alert").text)
+    _fits(w, "the deletion message")
+    d.execute_script("window.__longRun = null")
+    _no_page_errors(d)
+
+
+def test_ask_over_chosen_documents(browser: WebDriver, open_server: str,
+                                   tmp_path: Path) -> None:
+    """All ready documents are ticked by default and a question goes to the whole collection;
+    untick one of two and the question (and its comparison) is asked over the other only, the
+    answer names it as searched, and the real service's citations come from it alone."""
+    w = Walk(browser, tmp_path / "shots")
+    d = w.d
+    _new_collection(w, open_server, "two manuals")
+    valves, pumps = tmp_path / "valves.pdf", tmp_path / "pumps.pdf"
+    valves.write_bytes(text_pdf([
+        "Valve manual. The pressure valve must be inspected every fourteen days.",
+        "Valve log. Each pressure valve inspection is written in the valve log.",
+    ]))
+    pumps.write_bytes(text_pdf([
+        "Pump manual. The pump pressure valve must be inspected every month by a technician.",
+        "Pump log. The pump is inspected after every pressure alarm.",
+    ]))
+    ids = _upload_ready(w, [valves, pumps])
+    assert set(ids) == {"valves.pdf", "pumps.pdf"}
+    scope_all = w.css("#scope-all")
+    w.wait("the scope controls", lambda: w.css("#scope").is_displayed())
+    picks = {row.find_element(By.CSS_SELECTOR, ".doc-name").text:
+             row.find_element(By.CSS_SELECTOR, "input.pick") for row in w.all(".status-ready")}
+    assert scope_all.is_selected() and all(p.is_selected() for p in picks.values())
+    assert "all 2 ready documents" in w.css("#ask-hint").text
+    w.shot("two-documents")
+
+    d.execute_script(WATCH_QUERIES, None)
+    card = _ask(w, QUESTION)
+    sent = d.execute_script("return window.__sent")
+    assert len(sent) == 1 and "document_ids" not in sent[0], sent  # the whole collection
+    searched = card.find_elements(By.CSS_SELECTOR, ".searched-doc")
+    assert sorted(e.text for e in searched) == ["pumps.pdf", "valves.pdf"]
+    cited = {e.text for e in card.find_elements(By.CSS_SELECTOR, ".cite-name strong")}
+    assert cited == {"pumps.pdf", "valves.pdf"}, cited  # both hold a matching page
+
+    picks["valves.pdf"].click()  # ask over pumps.pdf only
+    assert not picks["valves.pdf"].is_selected() and picks["pumps.pdf"].is_selected()
+    assert not scope_all.is_selected()
+    assert d.execute_script("return arguments[0].indeterminate", scope_all)
+    assert "1 of 2 ready documents" in w.css("#ask-hint").text
+    card = _ask(w, QUESTION)
+    sent = d.execute_script("return window.__sent")
+    assert sent[-1]["document_ids"] == [ids["pumps.pdf"]], sent[-1]
+    searched = card.find_elements(By.CSS_SELECTOR, ".searched-doc")
+    assert [(e.text, e.get_attribute("data-document-id")) for e in searched] == \
+        [("pumps.pdf", ids["pumps.pdf"])]
+    assert "1 of 2" in card.find_element(By.CSS_SELECTOR, ".searched").text
+    cited = [e.text for e in card.find_elements(By.CSS_SELECTOR, ".cite-name strong")]
+    assert cited and set(cited) == {"pumps.pdf"}, cited
+    w.shot("scoped-answer")
+
+    card.find_element(By.CSS_SELECTOR, ".compare").click()
+    w.wait("the full-prefill answer",
+           lambda: len(card.find_elements(By.CSS_SELECTOR, '.run[data-done="1"]')) == 2)
+    sent = d.execute_script("return window.__sent")
+    assert sent[-1]["policy"] == "full_prefill"
+    assert sent[-1]["document_ids"] == [ids["pumps.pdf"]], sent[-1]  # the same scope
+    w.shot("scoped-compare")
+
+    # the real service, asked what the page sent: pumps.pdf's pages only; without the scope
+    # valves.pdf's best page is among them
+    scoped = {**sent[-2], "max_new_tokens": 2}
+    out = httpx.post(open_server + "/v1/query", json=scoped, timeout=WAIT_S).json()
+    assert out["citations"] and {c["document_id"] for c in out["citations"]} == \
+        {ids["pumps.pdf"]}, out["citations"]
+    whole = {k: v for k, v in scoped.items() if k != "document_ids"}
+    out = httpx.post(open_server + "/v1/query", json=whole, timeout=WAIT_S).json()
+    assert ids["valves.pdf"] in {c["document_id"] for c in out["citations"]}
+
+    scope_all.click()  # all again
+    assert all(p.is_selected() for p in picks.values())
+    assert "all 2 ready documents" in w.css("#ask-hint").text
+    scope_all.click()  # none: nothing to ask over
+    assert not any(p.is_selected() for p in picks.values())
+    assert not w.css("#ask-form button[type=submit]").is_enabled()
+    assert "Tick a document" in w.css("#ask-hint").text
+    picks["valves.pdf"].click()
+    assert w.css("#ask-form button[type=submit]").is_enabled()
+    assert "1 of 2 ready documents" in w.css("#ask-hint").text
+
+    # the ticked one deleted: one document left, nothing to choose, asked over
+    delete = w.css(f'[data-id="{ids["valves.pdf"]}"] button.delete')
+    delete.click()
+    delete.click()
+    w.wait("valves.pdf to go", lambda: not w.all(f'.doc[data-id="{ids["valves.pdf"]}"]'))
+    assert not w.css("#scope").is_displayed()
+    assert not w.css(".status-ready input.pick").is_displayed()
+    assert w.css("#ask-form button[type=submit]").is_enabled()
+    assert w.css("#ask-hint").text == "Asking over 1 ready document."
+    _no_page_errors(d)
 
 
 def test_page_walkthrough_with_api_keys(browser: WebDriver, keyed_server: str,
