@@ -10,6 +10,8 @@ tokens. Methods, each timed to the first generated token:
                                the cached vision features (policy `full_prefill`)
   full_reuse                   loaded KV re-rotated, only text tokens computed (budget 0)
   conduit                      scoring pass + refresh of 10% of the visual tokens
+  conduit_head_off             the same with the prompt head computed every time (no head
+                               cache; every other method takes the head from the cache)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
@@ -76,12 +78,14 @@ class Method:
     name: str
     policy: str | None
     budget: float
+    head_cache: bool = True  # the prompt head from the runtime's head cache
 
 
 METHODS = (Method("full_prefill", None, 1.0),
            Method("full_prefill_cached_vision", "full_prefill", 1.0),
            Method("full_reuse", "full_reuse", 0.0),
            Method("conduit", "conduit", 0.10),
+           Method("conduit_head_off", "conduit", 0.10, head_cache=False),
            Method("cacheblend", "cacheblend", 0.15))
 _BY_NAME = {m.name: m for m in METHODS}
 
@@ -152,6 +156,8 @@ class _Runner:
     def __init__(self, rt: ReuseRuntime, work: Workload, images: list[Image.Image],
                  tiers: BenchTiers, keys: Sequence[Any]) -> None:
         self.rt, self.work, self.images, self.tiers, self.keys = rt, work, images, tiers, keys
+        self.no_head = ReuseRuntime(rt.vlm, head_cache=False,
+                                    never_above_full=rt.never_above_full)
 
     def once(self, method: Method, tier: str, *, memory: bool = False) -> Sample:
         rt, w = self.rt, self.work
@@ -169,7 +175,7 @@ class _Runner:
             with measured:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
-                res = rt.answer(AnswerRequest(w.prefix, pages, w.question, policy=method.policy,
+                res = (rt if method.head_cache else self.no_head).answer(AnswerRequest(w.prefix, pages, w.question, policy=method.policy,
                                               budget=method.budget, max_new_tokens=1))
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s,
                       flops_ratio_lm=res.flops_ratio_lm, flops_ratio_total=res.flops_ratio_total,

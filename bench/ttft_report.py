@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-TARGETS = {"speedup": 3.0, "bound_fraction": 0.60, "flops_ratio_lm": 0.15, "disk_load": 0.20}
+TARGETS = {"speedup": 8.0, "bound_fraction": 0.60, "flops_ratio_lm": 0.15, "disk_load": 0.20}
 
 
 def _row(doc: dict[str, Any], method: str, tier: str) -> dict[str, Any] | None:

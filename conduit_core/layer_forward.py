@@ -36,7 +36,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.kv_cache import KVCache
-from conduit_core.row_attention import ROW_CHUNK, blocked_attention, causal_row_mask, row_blocks
+from conduit_core.row_attention import (
+    block_bounds,
+    blocked_attention,
+    causal_row_mask,
+    row_blocks,
+)
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 BLOCKED_ATTENTION = True
@@ -62,9 +67,8 @@ def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
         return rows + 1
     if impl == "sdpa" and BLOCKED_ATTENTION:
         counts = torch.empty_like(rows)
-        for start in range(0, rows.numel(), ROW_CHUNK):
-            part = rows[start:start + ROW_CHUNK]
-            counts[start:start + ROW_CHUNK] = min(int(part.max()) + 1, n_keys)
+        for start, stop, limit in block_bounds(rows, n_keys):
+            counts[start:stop] = limit
         return counts
     return torch.full_like(rows, n_keys)
 

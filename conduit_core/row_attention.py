@@ -4,9 +4,10 @@ A subset of rows (sequence indices) attends over the cache with the exact causal
 sees keys 0..r". One sdpa call with an (R, N) mask makes every row read all N keys (no
 kernel skips masked blocks given an arbitrary mask), and transformers' GQA handling copies
 K/V to every query head. Here instead:
-  * rows are split into blocks of `ROW_CHUNK` (in the given order); a block reads only the
-    keys up to its largest row, so each row reads about its own key count plus half a block
-    of spacing, instead of N;
+  * rows (ascending) are split into blocks of at most `ROW_CHUNK` rows that span at most
+    `ROW_SPAN` sequence positions; a block reads only the keys up to its largest row, so each
+    row reads its own key count plus at most `ROW_SPAN` more, instead of N (without the span
+    limit, 64 sparse refreshed rows spread over a long prompt all read up to the last one);
   * GQA is folded into the rows: the query heads that share a KV head are stacked along the
     row axis, q (B, G, rep * c, hd) against K/V (B, G, n, hd), so K/V are never repeated;
   * the block masks (additive float, (1, 1, rep * c, n)) are built once per forward and
@@ -15,9 +16,11 @@ The result equals `F.scaled_dot_product_attention` over the full mask up to floa
 (the masked keys contribute exact zeros either way).
 
 Public API:
-  ROW_CHUNK = 64
+  ROW_CHUNK = 64;  ROW_SPAN = 256
   RowBlock(start, stop, n_keys, mask)
-  row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK, device=None) -> list[RowBlock]
+  block_bounds(rows, n_keys, chunk=ROW_CHUNK, span=ROW_SPAN) -> list[(start, stop, n_keys)]
+  row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK, device=None, span=ROW_SPAN)
+      -> list[RowBlock]
   blocked_attention(q, keys, values, blocks, scaling) -> (B, R, heads, hd)
 """
 
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 ROW_CHUNK = 64
+ROW_SPAN = 256
 
 
 @dataclass(frozen=True)
@@ -50,24 +54,44 @@ def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torc
     return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
 
 
+def block_bounds(rows: torch.Tensor, n_keys: int, chunk: int = ROW_CHUNK,
+                 span: int = ROW_SPAN) -> list[tuple[int, int, int]]:
+    """Blocks of consecutive entries of `rows` (R,) on the host: (start, stop, keys read),
+    at most `chunk` entries and, for ascending rows, at most `span` positions apart."""
+    if chunk < 1 or span < 0:
+        raise ValueError("chunk must be >= 1 and span >= 0")
+    host = rows.cpu().tolist()
+    out = []
+    start = 0
+    while start < len(host):
+        stop, low, high = start + 1, host[start], host[start]
+        while stop < len(host) and stop - start < chunk:
+            nxt = host[stop]
+            if max(high, nxt) - min(low, nxt) > span:
+                break
+            low, high = min(low, nxt), max(high, nxt)
+            stop += 1
+        out.append((start, stop, min(high + 1, n_keys)))
+        start = stop
+    return out
+
+
 def row_blocks(rows: torch.Tensor, n_keys: int, dtype: torch.dtype, rep: int,
-               chunk: int = ROW_CHUNK, device: torch.device | None = None) -> list[RowBlock]:
-    """Blocks of `chunk` consecutive entries of `rows` (R,), each with its key range and its
-    additive mask repeated for the `rep` query heads of a KV head, built on `device`
-    (default: the rows' device; key ranges are read on the CPU, no device sync)."""
-    if chunk < 1:
-        raise ValueError("chunk must be >= 1")
+               chunk: int = ROW_CHUNK, device: torch.device | None = None,
+               span: int = ROW_SPAN) -> list[RowBlock]:
+    """`block_bounds` blocks of `rows` (R,), each with its key range and its additive mask
+    repeated for the `rep` query heads of a KV head, built on `device` (default: the rows'
+    device; key ranges are read on the CPU, no device sync)."""
     device = rows.device if device is None else device
     host = rows.cpu()
     out = []
-    for start in range(0, host.numel(), chunk):
-        part = host[start:start + chunk]  # (c,)
-        limit = min(int(part.max()) + 1, n_keys)
+    for start, stop, limit in block_bounds(host, n_keys, chunk, span):
+        part = host[start:stop]  # (c,)
         mask: torch.Tensor | None = None
         if int(part.min()) + 1 < limit:  # some row cannot see every key of the block
             mask = causal_row_mask(part.to(device), limit, dtype).repeat(1, 1, rep, 1)
             # (1, 1, rep*c, limit): row order matches the GQA fold in blocked_attention
-        out.append(RowBlock(start, start + part.numel(), limit, mask))
+        out.append(RowBlock(start, stop, limit, mask))
     return out
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime, layer_forward
 from conduit_core.refresh_probe import probe_refresh
-from conduit_core.row_attention import blocked_attention, causal_row_mask, row_blocks
+from conduit_core.row_attention import block_bounds, blocked_attention, causal_row_mask, row_blocks
 from tests.core.helpers import IMAGES
 
 
@@ -79,3 +79,21 @@ def test_runtime_blocked_and_reference_paths_agree(runtime: ReuseRuntime,
     assert len(calls) == seen  # and the reference path did not
     assert torch.equal(fast.visual_rows, ref.visual_rows)
     torch.testing.assert_close(fast.logits, ref.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_rows_split_by_span_and_still_match_the_reference() -> None:
+    """Refreshed rows spread over a long prompt: a block never spans more than `span`
+    positions, so no row reads far past its own keys; the result is unchanged."""
+    rows = torch.tensor([5, 40, 300, 301, 560, 900, 1000])
+    bounds = block_bounds(rows, 1200, chunk=64, span=256)
+    assert bounds == [(0, 2, 41), (2, 4, 302), (4, 5, 561), (5, 7, 1001)]
+    assert block_bounds(rows, 1200, chunk=64, span=10_000) == [(0, 7, 1001)]
+    gen = torch.Generator().manual_seed(3)
+    n, heads, groups, hd = 1200, 4, 2, 8
+    q = torch.randn(1, heads, rows.numel(), hd, generator=gen)
+    k = torch.randn(1, groups, n, hd, generator=gen)
+    v = torch.randn(1, groups, n, hd, generator=gen)
+    blocks = row_blocks(rows, n, torch.float32, heads // groups, span=256)
+    got = blocked_attention(q, k, v, blocks, scaling=hd ** -0.5)
+    torch.testing.assert_close(got, _reference(q, k, v, rows, hd ** -0.5), rtol=1e-5,
+                               atol=1e-6)

@@ -28,11 +28,17 @@ BUDGETED = ["random", "raw_attention", "value_norm", "cacheblend", "epic", "epic
             "conduit", "conduit_no_amp", "conduit_per_page"]
 
 
-def block_counts(rows: torch.Tensor, n: int, chunk: int = 64) -> torch.Tensor:
-    """Keys the blocked attention computes per row: its 64-row block's last row + 1."""
+def block_counts(rows: torch.Tensor, n: int, chunk: int = 64, span: int = 256) -> torch.Tensor:
+    """Keys the blocked attention computes per row: its block's last row + 1, a block being
+    at most 64 consecutive rows spanning at most 256 positions."""
     out = torch.empty_like(rows)
-    for i in range(0, rows.numel(), chunk):
-        out[i:i + chunk] = min(int(rows[i:i + chunk].max()) + 1, n)
+    i = 0
+    while i < rows.numel():
+        j = i + 1
+        while j < rows.numel() and j - i < chunk and int(rows[j] - rows[i]) <= span:
+            j += 1
+        out[i:j] = min(int(rows[j - 1]) + 1, n)
+        i = j
     return out
 
 
