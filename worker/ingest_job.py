@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import pymupdf
 from PIL import Image
 
 from storage.errors import NotFoundError, UnavailableError
@@ -18,8 +17,7 @@ from worker.context import WorkerContext
 from worker.ingest.deadline import Deadline
 from worker.ingest.errors import IngestError
 from worker.ingest.pages import IngestedPage, check_readable, iter_pages
-from worker.ingest.pdf import looks_truncated, open_pdf
-from worker.ingest.sandbox import ReaderLimits
+from worker.ingest.sandbox import PdfFacts, ReaderLimits
 from worker.recovery import mark_failed
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
@@ -95,16 +93,19 @@ def _ingest(ctx: WorkerContext, doc: Document,
     namespace = None if collection.shared else collection.tenant
     fingerprint = ctx.runtime.vlm.fingerprint
     data = upload_path(ctx.home, doc.id).read_bytes()
-    with open_pdf(data, password=None, max_pages=s.max_pages) as pdf:
-        progress.total = pdf.page_count
-        title = _title(pdf)
-        truncated = looks_truncated(pdf, data)
+    opened: list[PdfFacts] = []
+
+    def on_open(facts: PdfFacts) -> None:
+        opened.append(facts)
+        progress.total = facts.page_count
+
     pages: list[Page] = []
     unreadable: list[IngestedPage] = []
-    # pages are drawn and read in sandboxed reader processes (memory cap, time limit)
+    # the PDF is opened, and its pages drawn and read, only in confined reader processes
     for item in iter_pages(data, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
                            ocr_workers=s.ocr_workers, deadline=deadline,
                            limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s),
+                           max_pages=s.max_pages, on_open=on_open,
                            on_progress=lambda p: progress(p.stage, p.done)):
         if item.error is not None:
             unreadable.append(item)
@@ -119,9 +120,9 @@ def _ingest(ctx: WorkerContext, doc: Document,
         pages.append(Page(document_id=doc.id, number=item.number, page_hash=key,
                           text=item.text.text, text_source=item.text.source,
                           image_path=rel, width=item.width, height=item.height))
-    check_readable(progress.total, unreadable, truncated)
+    check_readable(progress.total, unreadable, opened[0].truncated)
     progress("index", 0)
-    context = document_context(doc.filename, title, pages[0].text if pages else "")
+    context = document_context(doc.filename, opened[0].title, pages[0].text if pages else "")
     for start in range(0, len(pages), EMBED_BATCH):
         batch = pages[start:start + EMBED_BATCH]
         matrices = embed_pages([p.text for p in batch], ctx.embedder,
@@ -134,15 +135,6 @@ def _ingest(ctx: WorkerContext, doc: Document,
     if s.prefill_on_ingest:
         ensure_prefilled(ctx, pages, on_done=lambda n: progress("prefill", n))
     return pages, [SkippedPage(p.number, p.error or "unreadable") for p in unreadable]
-
-
-def _title(pdf: pymupdf.Document) -> str | None:
-    """The PDF's title, or None (also when a damaged Info dictionary cannot be read)."""
-    try:
-        title = (pdf.metadata or {}).get("title")
-    except Exception:  # noqa: BLE001 - a damaged file: index without its title
-        return None
-    return str(title) if title else None
 
 
 def ensure_prefilled(

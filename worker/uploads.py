@@ -1,6 +1,8 @@
 """Accepting an upload: validate the PDF before anything is written, then store it atomically.
 
-An encrypted PDF is stored decrypted (its password is used once, here, and never persisted).
+The PDF is opened in a confined reader process (`worker.ingest.sandbox.inspect_pdf`), never
+in the calling (API) process. An encrypted PDF is stored decrypted (its password is used
+once, in that process, and never persisted).
 """
 
 from __future__ import annotations
@@ -11,10 +13,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pymupdf
-
 from worker.ingest.errors import EmptyFileError, IngestError
-from worker.ingest.pdf import open_pdf
+from worker.ingest.sandbox import ReaderLimits, inspect_pdf
 
 
 class UploadTooLargeError(IngestError):
@@ -37,26 +37,24 @@ def upload_path(home: Path, document_id: str) -> Path:
     return home / "uploads" / f"{document_id}.pdf"
 
 
-def check_upload(data: bytes, *, password: str | None, max_bytes: int,
-                 max_pages: int) -> CheckedUpload:
-    """Validate an upload; raise an `IngestError` with a clear message if it is unusable."""
+def check_upload(data: bytes, *, password: str | None, max_bytes: int, max_pages: int,
+                 limits: ReaderLimits | None = None) -> CheckedUpload:
+    """Validate an upload; raise an `IngestError` with a clear message if it is unusable.
+
+    The file is opened in a reader process under `limits` (its memory, CPU time): one whose
+    open exceeds them raises `OpenLimitError` naming the limit. Nothing is written.
+    """
     if not data:
         raise EmptyFileError()
     if len(data) > max_bytes:
         raise UploadTooLargeError(
             f"the upload is {len(data)} bytes; the limit is {max_bytes} bytes"
         )
-    doc = open_pdf(data, password=password, max_pages=max_pages)
-    try:
-        stored = data
-        # `needs_pass` read after authenticating makes every page read blank: ask
-        # `password` first (an unlocked file) and `is_encrypted` (owner-only files).
-        if password or doc.is_encrypted:
-            stored = doc.tobytes(encryption=pymupdf.mupdf.PDF_ENCRYPT_NONE, garbage=1)
-        return CheckedUpload(data=stored, sha256=hashlib.sha256(data).hexdigest(),
-                             page_count=doc.page_count)
-    finally:
-        doc.close()
+    facts, decrypted = inspect_pdf(data, password=password, max_pages=max_pages,
+                                   decrypt_limit=2 * max_bytes + (1 << 20),
+                                   limits=limits or ReaderLimits())
+    return CheckedUpload(data=data if decrypted is None else decrypted,
+                         sha256=hashlib.sha256(data).hexdigest(), page_count=facts.page_count)
 
 
 def store_upload(home: Path, document_id: str, data: bytes) -> Path:

@@ -20,6 +20,7 @@ from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
+from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import job_is_stale, remove_page_images, settled_job
 from worker.retrieval_index import on_document_deleted
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
@@ -98,7 +99,8 @@ def upload_document(
     s = ctx.settings
     data = _read_capped(file.file, s.max_upload_bytes)
     checked = check_upload(data, password=password or None, max_bytes=s.max_upload_bytes,
-                           max_pages=s.max_pages)
+                           max_pages=s.max_pages,
+                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s))
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
     filename = (file.filename or "document.pdf").replace("/", "_")[-200:]

@@ -2,17 +2,21 @@
 
 Typical use by the pipeline::
 
-    with open_pdf(data, password=pw, max_pages=settings.max_pages) as doc:
-        ...  # page count, title: checks that need no page drawn
+    facts, decrypted = inspect_pdf(data, password=pw, max_pages=settings.max_pages,
+                                   decrypt_limit=..., limits=ReaderLimits(...))
+    ...  # page count, title: checks that need no page drawn (`worker.uploads.check_upload`)
     for page in iter_pages(data, password=pw, dpi=..., max_pixels=..., ocr=settings.ocr,
                            deadline=Deadline(settings.ingest_timeout_s),
                            limits=ReaderLimits(settings.page_memory_mb,
                                                settings.page_timeout_s),
+                           max_pages=settings.max_pages, on_open=remember_facts,
                            on_progress=report):
         ...  # page.error set: unreadable; else store page.image, page.text
 
-Pages are drawn and read only in reader processes under a memory cap and a time limit
-(`worker.ingest.sandbox`), never in the calling process.
+Untrusted PDFs are opened, drawn and read only in confined reader processes (memory, CPU
+time, file size, no secrets, no network, no files; `worker.ingest.sandbox`,
+`worker.ingest.confine`), never in the calling process. `open_pdf` is what those processes
+run; call it directly only on trusted files (benchmarks, evaluation sets).
 
 Every failure is an `IngestError` subclass with a user-facing `.message`.
 """
@@ -25,6 +29,9 @@ from worker.ingest.errors import (
     IngestTimeoutError,
     NoPagesError,
     NotAPdfError,
+    OpenLimitError,
+    OpenMemoryLimitError,
+    OpenTimeLimitError,
     PageLimitError,
     PageMemoryLimitError,
     PageTimeLimitError,
@@ -44,7 +51,7 @@ from worker.ingest.pages import (
 )
 from worker.ingest.pdf import open_pdf
 from worker.ingest.render import render_page
-from worker.ingest.sandbox import ReaderLimits
+from worker.ingest.sandbox import PdfFacts, ReaderLimits, inspect_pdf
 from worker.ingest.text import (
     PageText,
     TextPolicy,
@@ -63,11 +70,15 @@ __all__ = [
     "IngestedPage",
     "NoPagesError",
     "NotAPdfError",
+    "OpenLimitError",
+    "OpenMemoryLimitError",
+    "OpenTimeLimitError",
     "PageLimitError",
     "PageMemoryLimitError",
     "PageTimeLimitError",
     "PageText",
     "PasswordRequiredError",
+    "PdfFacts",
     "Progress",
     "ReaderLimits",
     "ProgressCallback",
@@ -79,6 +90,7 @@ __all__ = [
     "WrongPasswordError",
     "check_readable",
     "extract_text",
+    "inspect_pdf",
     "iter_pages",
     "ocr_available",
     "open_pdf",

@@ -132,3 +132,41 @@ class ReaderStartError(IngestError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"The PDF reader process did not start within {seconds:g} s (the "
                          "server is overloaded); upload the document again later.")
+
+
+class OpenLimitError(IngestError):
+    """Opening the PDF (its structure: cross-reference, object streams, page tree; before
+    any page is drawn) went past a limit of the reader process: an object-stream bomb."""
+
+
+class OpenMemoryLimitError(OpenLimitError):
+    """Opening the PDF needed more memory than a reader process may use."""
+
+    def __init__(self, limit_mb: int, detail: str = "") -> None:
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(
+            f"Opening the PDF needs more than the {limit_mb} MiB memory limit for reading a "
+            f"document (CONDUIT_PAGE_MEMORY_MB){suffix}; the file was not accepted.")
+        self.limit_mb = limit_mb
+
+
+class OpenTimeLimitError(OpenLimitError):
+    """Opening the PDF used more CPU time than a reader process may use for one step."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(
+            f"Opening the PDF took more than the {seconds:g} s CPU-time limit for reading a "
+            "document (CONDUIT_PAGE_TIMEOUT_S); the reader was stopped and the file was not "
+            "accepted.")
+        self.seconds = seconds
+
+
+def rebuild_error(name: str, message: str) -> IngestError:
+    """The `IngestError` a reader process reported by class `name` and `.message` (its own
+    class when it is one of this module's, so callers still tell them apart)."""
+    cls = globals().get(name)
+    if not (isinstance(cls, type) and issubclass(cls, IngestError)):
+        cls = IngestError
+    exc: IngestError = cls.__new__(cls)
+    IngestError.__init__(exc, message)
+    return exc

@@ -46,9 +46,11 @@ def read_frame(stream: IO[bytes]) -> tuple[dict[str, Any], bytes]:
     return header, _read_exact(lambda n: stream.read(n), int(header.get("blob", 0)))
 
 
-def read_frame_fd(fd: int, deadline: float) -> tuple[dict[str, Any], bytes]:
+def read_frame_fd(fd: int, deadline: float,
+                  max_blob: int | None = None) -> tuple[dict[str, Any], bytes]:
     """Read one frame from a pipe's descriptor, giving up (`ReaderTimeout`) at `deadline`
-    (a `time.monotonic()` value)."""
+    (a `time.monotonic()` value). A payload longer than `max_blob` is not read: the other
+    end is treated as broken (`ReaderGone`)."""
 
     def chunk(n: int) -> bytes:
         left = deadline - time.monotonic()
@@ -58,7 +60,10 @@ def read_frame_fd(fd: int, deadline: float) -> tuple[dict[str, Any], bytes]:
 
     head = _read_exact(chunk, _LENGTH.size)
     header: dict[str, Any] = json.loads(_read_exact(chunk, _checked(_LENGTH.unpack(head)[0])))
-    return header, _read_exact(chunk, int(header.get("blob", 0)))
+    size = int(header.get("blob", 0))
+    if max_blob is not None and size > max_blob:
+        raise ReaderGone()
+    return header, _read_exact(chunk, size)
 
 
 def _checked(length: int) -> int:

@@ -18,7 +18,7 @@ from worker.ingest.deadline import Deadline
 from worker.ingest.errors import CorruptPdfError, IngestTimeoutError, UnreadableDocumentError
 from worker.ingest.frames import ReaderGone
 from worker.ingest.render import capped_zoom
-from worker.ingest.sandbox import PageReader, PageResult, ReaderLimits
+from worker.ingest.sandbox import PageReader, PageResult, PdfFacts, ReaderLimits
 from worker.ingest.text import DEFAULT_TEXT_POLICY, PageText, TextPolicy
 
 Stage = Literal["render", "text", "index", "prefill"]
@@ -68,6 +68,8 @@ def iter_pages(
     text_policy: TextPolicy = DEFAULT_TEXT_POLICY,
     ocr_workers: int = 1,
     limits: ReaderLimits | None = None,
+    max_pages: int | None = None,
+    on_open: Callable[[PdfFacts], None] | None = None,
 ) -> Iterator[IngestedPage]:
     """Yield every page of the PDF `data` in order, rendered (if `render`) and with its text.
 
@@ -78,10 +80,14 @@ def iter_pages(
     `on_progress`; the caller reports its own "index" and "prefill" stages with the same
     type. Past the `deadline`, raises `IngestTimeoutError` (and stops the readers at once).
     `width`/`height` are the rendered size, or the size a render would have when not
-    rendering. The PDF must open (check it with `open_pdf` first).
+    rendering. The first reader opens the document (raising what `open_pdf` raises, with
+    `max_pages`, or `OpenLimitError`) and its facts go to `on_open` before any page.
     """
     report = on_progress or (lambda _p: None)
-    with _Readers(data, password, limits or ReaderLimits(), max(1, ocr_workers)) as readers:
+    with _Readers(data, password, limits or ReaderLimits(), max(1, ocr_workers),
+                  max_pages) as readers:
+        if on_open is not None:
+            on_open(readers.facts)
         total = readers.page_count
 
         def read(index: int) -> PageResult:
@@ -155,8 +161,9 @@ class _Readers:
     threads that talk to them. Closing kills every reader, so nothing outlives the walk."""
 
     def __init__(self, data: bytes, password: str | None, limits: ReaderLimits,
-                 workers: int) -> None:
+                 workers: int, max_pages: int | None = None) -> None:
         self._data, self._password, self._limits = data, password, limits
+        self._max_pages = max_pages
         self._idle: queue.Queue[PageReader] = queue.Queue()
         self._all: list[PageReader] = []
         self._lock = threading.Lock()
@@ -164,13 +171,15 @@ class _Readers:
         self._starting = 0
         self._start_error: BaseException | None = None
         first = self._start()  # the page count, and open errors, come from the first one
+        self.facts = first.facts
         self.page_count = first.page_count
         self.workers = max(1, min(workers, self.page_count))
         self._idle.put(first)
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="page-reader")
 
     def _start(self) -> PageReader:
-        reader = PageReader(self._data, password=self._password, limits=self._limits)
+        reader = PageReader(self._data, password=self._password, limits=self._limits,
+                            max_pages=self._max_pages)
         with self._lock:
             self._all.append(reader)
             if self._closed:  # closed while this one started

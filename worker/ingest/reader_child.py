@@ -1,8 +1,12 @@
-"""The page reader process: `main([MEMORY_BYTES])`, run as `python -c` by the sandbox.
+"""The reader process: `main([MEMORY_BYTES, FILE_BYTES, SECONDS])`, run as `python -c`.
 
-Started by `worker.ingest.sandbox.PageReader`. It caps its own address space (RLIMIT_AS),
-receives one PDF, then answers page requests one at a time over stdin/stdout frames
-(`worker.ingest.frames`): each page rendered to raw RGB and its text read (OCR included).
+Started by `worker.ingest.sandbox.PageReader` with a minimal environment. Once its modules
+are imported it confines itself (`worker.ingest.confine`: address space, file size, no
+network, read access to system and Python files only), receives one PDF, opens it with at
+most SECONDS of CPU time and replies with its facts (page count, title, truncation; and its
+decrypted bytes when asked), then answers page requests one at a time over stdin/stdout
+frames (`worker.ingest.frames`), each with SECONDS more of CPU time: each page rendered to
+raw RGB and its text read (OCR included).
 Everything the native libraries (MuPDF, Tesseract, Leptonica) write to file descriptor 2,
 or stray to descriptor 1, goes to a file the parent gave as stderr; each reply carries what
 was written while the request ran, and the parent logs it at debug level.
@@ -11,15 +15,15 @@ was written while the request ran, and the parent logs it at debug level.
 from __future__ import annotations
 
 import os
-import resource
 import sys
 from typing import IO, Any
 
 import pymupdf
 
-from worker.ingest.errors import IngestError
+from worker.ingest.confine import confine, cpu_limit
+from worker.ingest.errors import CorruptPdfError, IngestError
 from worker.ingest.frames import ReaderGone, read_frame, write_frame
-from worker.ingest.pdf import missing_content_pages, open_pdf
+from worker.ingest.pdf import looks_truncated, missing_content_pages, open_pdf
 from worker.ingest.render import render_page
 from worker.ingest.text import PageText, TextPolicy, page_text
 
@@ -29,37 +33,78 @@ _MAX_LOG = 8000
 
 def main(argv: list[str]) -> int:
     """Serve one document; return the exit status."""
-    memory = int(argv[0]) if argv else 0
+    memory, file_bytes, seconds = (int(argv[0]), int(argv[1]), float(argv[2])) \
+        if len(argv) >= 3 else (0, 0, 0.0)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray write to stdout must not corrupt the replies
     requests = sys.stdin.buffer
-    if memory > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     # MuPDF's messages go to the log file too (and stay readable via mupdf_warnings())
     pymupdf.TOOLS.mupdf_display_errors(True)
     pymupdf.TOOLS.mupdf_display_warnings(True)
+    confinement = confine(memory_bytes=memory, file_bytes=file_bytes)
     try:
-        _serve(requests, replies)
+        _serve(requests, replies, seconds, confinement)
     except ReaderGone:  # the parent closed the pipe: done
         return 0
     return 0
 
 
-def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+def _serve(requests: IO[bytes], replies: IO[bytes], seconds: float,
+           confinement: str) -> None:
     header, data = read_frame(requests)
-    try:
-        doc = open_pdf(data, password=header.get("password"), max_pages=2**31 - 1)
-    except IngestError as exc:
-        write_frame(replies, {"ok": False, "kind": "ingest", "reason": exc.message,
-                              "log": _new_log()})
-        return
+    if seconds > 0:
+        cpu_limit(seconds)
+    reply, blob, doc = _open(data, header)
     del data
+    write_frame(replies, {**reply, "confinement": confinement, "log": _new_log()}, blob)
+    if doc is None:
+        return
+    del blob
     missing = missing_content_pages(doc)
-    write_frame(replies, {"ok": True, "pages": doc.page_count, "log": _new_log()})
     while True:
         header, _ = read_frame(requests)
+        if seconds > 0:
+            cpu_limit(seconds)
         reply, pixels = _read_page(doc, header, missing)
         write_frame(replies, {**reply, "log": _new_log()}, pixels)
+
+
+def _open(data: bytes, req: dict[str, Any]
+          ) -> tuple[dict[str, Any], bytes, pymupdf.Document | None]:
+    """Open the document and describe it: (reply, decrypted bytes or b"", document)."""
+    password = req.get("password")
+    try:
+        doc = open_pdf(data, password=password, max_pages=req.get("max_pages") or 2**31 - 1)
+        reply: dict[str, Any] = {"ok": True, "pages": doc.page_count, "title": _title(doc),
+                                 "truncated": looks_truncated(doc, data)}
+        blob = b""
+        limit = int(req.get("decrypt") or 0)
+        # `needs_pass` read after authenticating makes every page read blank: ask for the
+        # password first (an unlocked file), then `is_encrypted` (owner-only files).
+        if limit > 0 and (password or doc.is_encrypted):
+            blob = doc.tobytes(encryption=pymupdf.mupdf.PDF_ENCRYPT_NONE, garbage=1)
+            if len(blob) > limit:
+                raise CorruptPdfError(f"decrypted, it would be {len(blob)} bytes; the limit "
+                                      f"is {limit} bytes")
+            reply["decrypted"] = True
+        return reply, blob, doc
+    except IngestError as exc:
+        return {"ok": False, "kind": "ingest", "error": type(exc).__name__,
+                "reason": exc.message}, b"", None
+    except Exception as exc:  # MemoryError, or a MuPDF error open_pdf let through
+        if _is_memory(exc):
+            return {**_failure(exc), "kind": "memory"}, b"", None
+        return {"ok": False, "kind": "ingest", "error": "CorruptPdfError",
+                "reason": CorruptPdfError().message}, b"", None
+
+
+def _title(doc: pymupdf.Document) -> str | None:
+    """The PDF's title, or None (also when a damaged Info dictionary cannot be read)."""
+    try:
+        title = (doc.metadata or {}).get("title")
+    except Exception:  # noqa: BLE001 - a damaged file: index without its title
+        return None
+    return str(title) if title else None
 
 
 def _read_page(doc: pymupdf.Document, req: dict[str, Any],

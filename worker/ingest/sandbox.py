@@ -1,12 +1,17 @@
-"""Read PDF pages in child processes under a memory cap and a hard time limit.
+"""Parse untrusted PDFs only in confined child processes, under memory, CPU and time limits.
 
-A 2 MB upload can hold a page whose content decompresses to gigabytes, and MuPDF holds a
-page's whole content in memory while drawing it. So pages are never drawn or read in the
-service's (or worker's) own process: a `PageReader` is a child process
-(`worker.ingest.reader_child`) that caps its address space with RLIMIT_AS and answers one
-page at a time; a page that takes longer than the time limit gets the child killed. Either
-way the page's `PageLimitError` names the limit. Children are started with `subprocess`
-(not `multiprocessing`), so a daemonic process such as a prefork Celery child can start them.
+A 2 MB upload can hold a page whose content decompresses to gigabytes, and a 300 KB one an
+object stream (holding the page tree) that MuPDF inflates and holds whole at open: 600 MB.
+So a PDF is never opened, drawn or read in the service's (or worker's) own process: a
+`PageReader` is a child process (`worker.ingest.reader_child`) that gets a minimal
+environment (no key, password or URL; `confine.child_env`), confines itself
+(`confine.confine`: address space, file size, CPU time per request, no network, read access
+to system and Python files only), opens the document it receives over a pipe, reports its
+facts (`PdfFacts`), and answers one page at a time. `inspect_pdf` is the same child used
+for the upload check: it opens, reports and, for an encrypted file, returns the decrypted
+bytes. A page or an open that takes longer than its limit gets the child killed. Either way
+the `IngestError` names the limit. Children are started with `subprocess` (not
+`multiprocessing`), so a daemonic process such as a prefork Celery child can start them.
 """
 
 from __future__ import annotations
@@ -14,23 +19,27 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
+from worker.ingest.confine import child_env
 from worker.ingest.errors import (
-    IngestError,
+    OpenMemoryLimitError,
+    OpenTimeLimitError,
     PageMemoryLimitError,
     PageTimeLimitError,
     ReaderStartError,
+    rebuild_error,
 )
 from worker.ingest.frames import ReaderGone, ReaderTimeout, read_frame_fd, write_frame
+from worker.ingest.ocr import find_tessdata
 from worker.ingest.text import PageText, TextPolicy
 
 log = logging.getLogger(__name__)
@@ -38,7 +47,6 @@ log = logging.getLogger(__name__)
 native_log = logging.getLogger("worker.ingest.native")
 
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # PyMuPDF imports its layout-analysis add-on when installed (2.5 s of a 4 s start here);
 # readers never use it, so it is kept out of them.
 _CHILD = ("import sys; sys.modules['pymupdf.layout'] = None; "
@@ -50,10 +58,24 @@ _START_SECONDS = 300.0
 
 @dataclass(frozen=True)
 class ReaderLimits:
-    """Limits of one page reader process: its address space and the time for one page."""
+    """Limits of one reader process: its address space, the time for one page or for the
+    open (wall clock, and as much CPU time), and the largest file it may write (its log)."""
 
     memory_mb: int = 2048
     page_seconds: float = 300.0
+    file_mb: int = 64
+
+
+@dataclass(frozen=True)
+class PdfFacts:
+    """What a reader found when it opened a document: its page count, title (None when it
+    has none or it cannot be read), whether it looks truncated (`pdf.looks_truncated`), and
+    the confinement the reader applied to itself (`confine.confine`'s report)."""
+
+    page_count: int
+    title: str | None
+    truncated: bool
+    confinement: str
 
 
 @dataclass
@@ -77,35 +99,73 @@ def _widen_pipe(pipe: Any) -> None:
         pass
 
 
-class PageReader:
-    """One reader process holding one document. Not thread-safe: one request at a time."""
+class _Died(Exception):
+    """The reader process ended by itself (a limit, or a crash) with `status`."""
 
-    def __init__(self, data: bytes, *, password: str | None, limits: ReaderLimits) -> None:
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+    @property
+    def how(self) -> str:
+        return f"signal {-self.status}" if self.status < 0 else f"status {self.status}"
+
+    @property
+    def out_of_cpu(self) -> bool:
+        return self.status == -signal.SIGXCPU
+
+
+class PageReader:
+    """One reader process holding one document. Not thread-safe: one request at a time.
+
+    `max_pages` refuses a longer document at open (`TooManyPagesError`). With
+    `decrypt_limit` > 0, the reader also returns the document decrypted (`decrypted`; None
+    when it was not encrypted), refusing one whose decrypted form exceeds that many bytes.
+    `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`).
+    """
+
+    def __init__(self, data: bytes, *, password: str | None, limits: ReaderLimits,
+                 max_pages: int | None = None, decrypt_limit: int = 0,
+                 ocr: bool = True) -> None:
         self.limits = limits
         self._closing = False
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        env = {**os.environ, "OMP_THREAD_LIMIT": "1", "OMP_NUM_THREADS": "1",
-               "MALLOC_ARENA_MAX": "2",
-               "PYTHONPATH": os.pathsep.join(
-                   p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+        tessdata = find_tessdata() if ocr else None
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(limits.memory_mb * 2**20)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            close_fds=True)
+            [sys.executable, "-c", _CHILD, str(limits.memory_mb * 2**20),
+             str(limits.file_mb * 2**20), str(limits.page_seconds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+            env=child_env(str(tessdata) if tessdata else None), close_fds=True)
         _widen_pipe(self._proc.stdout)
+        request = {"op": "open", "password": password, "max_pages": max_pages,
+                   "decrypt": decrypt_limit}
         try:
-            reply, _ = self._call({"op": "open", "password": password}, data, _START_SECONDS,
-                                  page=0)
-        except PageTimeLimitError:
-            self.close()
+            reply, blob = self._call(request, data, _START_SECONDS, max_blob=decrypt_limit)
+        except ReaderTimeout:
             raise ReaderStartError(_START_SECONDS) from None
+        except _Died as died:
+            if died.out_of_cpu:
+                raise OpenTimeLimitError(limits.page_seconds) from None
+            raise OpenMemoryLimitError(limits.memory_mb,
+                                       f"the reader process ended with {died.how}") from None
         except BaseException:
             self.close()
             raise
         if not reply["ok"]:
             self.close()
-            raise IngestError(str(reply["reason"]))
-        self.page_count = int(reply["pages"])
+            if reply.get("kind") == "memory":
+                raise OpenMemoryLimitError(limits.memory_mb)
+            raise rebuild_error(str(reply.get("error", "")), str(reply["reason"]))
+        self.facts = PdfFacts(page_count=int(reply["pages"]), title=reply.get("title"),
+                              truncated=bool(reply.get("truncated")),
+                              confinement=str(reply.get("confinement", "")))
+        self.page_count = self.facts.page_count
+        self.decrypted: bytes | None = blob if reply.get("decrypted") else None
+
+    @property
+    def pid(self) -> int:
+        """The reader process's id."""
+        return self._proc.pid
 
     def read(self, index: int, *, render: bool, dpi: int, max_pixels: int, ocr: bool,
              policy: TextPolicy) -> PageResult:
@@ -114,7 +174,17 @@ class PageReader:
         then dead: close it)."""
         request = {"op": "page", "index": index, "render": render, "dpi": dpi,
                    "max_pixels": max_pixels, "ocr": ocr, "policy": asdict(policy)}
-        reply, pixels = self._call(request, b"", self.limits.page_seconds, page=index + 1)
+        page = index + 1
+        try:
+            reply, pixels = self._call(request, b"", self.limits.page_seconds,
+                                       max_blob=3 * max_pixels + (1 << 20))
+        except ReaderTimeout:
+            raise PageTimeLimitError(page, self.limits.page_seconds) from None
+        except _Died as died:
+            if died.out_of_cpu:
+                raise PageTimeLimitError(page, self.limits.page_seconds) from None
+            raise PageMemoryLimitError(page, self.limits.memory_mb,
+                                       f"the reader process ended with {died.how}") from None
         if not reply["ok"]:
             if reply.get("kind") == "memory":
                 self.close()
@@ -133,26 +203,29 @@ class PageReader:
         return self._proc.poll() is None
 
     def _call(self, header: dict[str, Any], blob: bytes, seconds: float,
-              page: int) -> tuple[dict[str, Any], bytes]:
+              max_blob: int) -> tuple[dict[str, Any], bytes]:
+        """Send one request and wait for its reply. Raises `ReaderTimeout` (the reader is
+        then killed) or `_Died` when the reader ended; either way it is closed."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
         try:
             write_frame(self._proc.stdin, header, blob)
             reply, payload = read_frame_fd(self._proc.stdout.fileno(),
-                                           time.monotonic() + seconds)
+                                           time.monotonic() + seconds, max_blob=max_blob)
         except ReaderTimeout:
             self.close()
-            raise PageTimeLimitError(page, seconds) from None
+            raise
         except ReaderGone:
-            if self._closing:  # stopped by close(): not the page's doing
+            if self._closing:  # stopped by close(): not the request's doing
                 raise
+            if self._proc.poll() is None:  # alive but broke the protocol
+                self._proc.kill()
             status = self._proc.wait()
             self._log_stderr_tail(logging.WARNING)
             self.close()
-            how = f"signal {-status}" if status < 0 else f"status {status}"
-            raise PageMemoryLimitError(page, self.limits.memory_mb,
-                                       f"the reader process ended with {how}") from None
+            raise _Died(status) from None
         if reply.get("log"):
-            native_log.debug("page %d: %s", page, reply["log"].rstrip())
+            native_log.debug("%s: %s", header["op"] if header["op"] == "open"
+                             else f"page {header['index'] + 1}", reply["log"].rstrip())
         return reply, payload
 
     def _log_stderr_tail(self, level: int) -> None:
@@ -185,3 +258,13 @@ class PageReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def inspect_pdf(data: bytes, *, password: str | None, max_pages: int, decrypt_limit: int,
+                limits: ReaderLimits) -> tuple[PdfFacts, bytes | None]:
+    """Open the PDF in a confined reader process and return its facts and, when it was
+    encrypted, its decrypted bytes (at most `decrypt_limit`). Raises the `IngestError` of
+    `open_pdf` (empty, not a PDF, damaged, password, page count) or `OpenLimitError`."""
+    with PageReader(data, password=password, limits=limits, max_pages=max_pages,
+                    decrypt_limit=decrypt_limit, ocr=False) as reader:
+        return reader.facts, reader.decrypted
