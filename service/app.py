@@ -7,18 +7,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.utils import is_body_allowed_for_status_code
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.auth import KeyRing
 from service.guard import GuardMiddleware, validation_error
+from service.hardening import SecurityHeadersMiddleware, private_home
 from service.metrics import UPLOADS, register_kv_collector
 from service.routers import collections, documents, health, openai_chat, pages, query
 from service.routers.documents import ingest_error_status
 from service.routers.ui import mount_ui
+from service.thumbnails import ThumbnailCache
 from storage.errors import ConflictError, NotFoundError, UnavailableError
+from storage.text_safety import safe_text, safe_value
 from worker.context import build_context
 from worker.errors import WorkerError
 from worker.ingest.errors import IngestError
@@ -34,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; stores open at startup and close at shutdown."""
     settings = settings or Settings()
     keyring = KeyRing.from_settings(settings)  # a malformed keys file stops the start here
+    private_home(settings.home.resolve())  # umask 077: everything under it is the service's
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,8 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                          static_url="/docs-static",
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.keyring = keyring
+    app.state.thumbnails = ThumbnailCache()
     app.add_middleware(GuardMiddleware, keyring=keyring,
                        max_upload_bytes=settings.max_upload_bytes)
+    app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
     for router in (collections.router, documents.router, pages.router, query.router,
                    openai_chat.router, health.router):
         app.include_router(router)
@@ -86,20 +96,37 @@ def _build_runner(ctx):  # type: ignore[no-untyped-def]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """Every error reply is JSON `{"detail": ...}` in valid UTF-8 (library messages can carry
+    lone surrogates); a request model built inside a handler that fails validation is a 422."""
     app.add_exception_handler(RequestValidationError, validation_error)
+
+    @app.exception_handler(ValidationError)
+    async def model_error(_: Request, exc: ValidationError) -> JSONResponse:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+                  for e in exc.errors(include_url=False, include_input=False,
+                                      include_context=False)]
+        return JSONResponse({"detail": safe_value(errors)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if not is_body_allowed_for_status_code(exc.status_code):
+            return await http_exception_handler(request, exc)
+        return JSONResponse({"detail": safe_value(exc.detail)}, status_code=exc.status_code,
+                            headers=exc.headers)
 
     @app.exception_handler(IngestError)
     async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
         UPLOADS.labels(type(exc).__name__).inc()
-        return JSONResponse({"detail": exc.message}, status_code=ingest_error_status(exc))
+        return JSONResponse({"detail": safe_text(exc.message)},
+                            status_code=ingest_error_status(exc))
 
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+        return JSONResponse({"detail": safe_text(str(exc))}, status_code=404)
 
     @app.exception_handler(ConflictError)
     async def conflict(_: Request, exc: ConflictError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409)
+        return JSONResponse({"detail": safe_text(str(exc))}, status_code=409)
 
     @app.exception_handler(UnavailableError)
     async def unavailable(_: Request, exc: UnavailableError) -> JSONResponse:
@@ -109,4 +136,4 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WorkerError)
     async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.http_status)
+        return JSONResponse({"detail": safe_text(exc.message)}, status_code=exc.http_status)

@@ -85,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _ingest(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from service.hardening import private_home
     from service.views import skipped_pages_warning
     from storage.metadata import Document, DocumentId, Job, JobId, new_id
     from worker.context import build_context
@@ -93,6 +94,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from worker.uploads import check_upload, store_upload
 
     settings = Settings()
+    private_home(settings.home.resolve())
     ctx = build_context(settings)
     col = ctx.meta.find_collection(args.collection, "default") or \
         ctx.meta.create_collection(args.collection, "default")
@@ -139,11 +141,13 @@ def _ingest(args: argparse.Namespace) -> int:
 
 def _ask(args: argparse.Namespace) -> int:
     from conduit_core.answer_types import PolicyOptions
+    from service.hardening import private_home
     from worker.answer_job import Question, answer_question, parse_layers
     from worker.context import build_context
     from worker.errors import WorkerError
 
     settings = Settings()
+    private_home(settings.home.resolve())  # a prefill writes page KV under it
     ctx = build_context(settings)
     col = ctx.meta.find_collection(args.collection, "default")
     if col is None:

@@ -151,9 +151,12 @@ def _bench_store(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from service.hardening import private_home
     from worker.celery_app import run_worker
     from worker.settings import Settings
 
-    run_worker(Settings(), concurrency=args.concurrency,
+    settings = Settings()
+    private_home(settings.home.resolve())  # uploads, page images, KV: the service's user's only
+    run_worker(settings, concurrency=args.concurrency,
                queues=tuple(q for q in args.queues.split(",") if q))
     return 0

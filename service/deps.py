@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, Header, HTTPException, Path, Request
 
 from service.auth import KeyRing, bearer_token
+from service.thumbnails import ThumbnailCache
 from worker.context import WorkerContext
 from worker.jobs import JobRunner
 
@@ -23,8 +24,15 @@ def get_runner(request: Request) -> JobRunner:
     return runner
 
 
+def get_thumbnails(request: Request) -> ThumbnailCache:
+    """The process-wide cache of page thumbnails."""
+    cache: ThumbnailCache = request.app.state.thumbnails
+    return cache
+
+
 CtxDep = Annotated[WorkerContext, Depends(get_ctx)]
 RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+ThumbnailsDep = Annotated[ThumbnailCache, Depends(get_thumbnails)]
 
 
 def get_tenant(
@@ -46,3 +54,13 @@ def get_tenant(
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]
+
+# Ids in paths: conduit's ids are `col_`, `doc_` or `job_` and 20 hex digits. A path id that
+# could not be one is a 422; any other id that names nothing the caller owns is the same 404,
+# whoever owns it.
+ID_PATTERN = r"^[A-Za-z0-9_\-]+$"
+ID_MAX = 64
+CollectionIdPath = Annotated[str, Path(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)]
+DocumentIdPath = Annotated[str, Path(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)]
+JobIdPath = Annotated[str, Path(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)]
+PageNumberPath = Annotated[int, Path(ge=1, le=1_000_000, description="1-based page number.")]

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth import KeyRing, bearer_token
+from storage.text_safety import safe_value
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})  # probes, and the web page's shell
 OPEN_PREFIXES = ("/static/",)  # its scripts and styles: no data behind them
@@ -131,9 +132,10 @@ class GuardMiddleware:
 async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     """422 for a body that fails validation. FastAPI's own handler echoes the offending input,
     and a NaN or Infinity there (Python's JSON parser accepts them) made the error reply itself
-    fail to encode: a 500. Inputs that JSON cannot carry are left out."""
+    fail to encode: a 500. Inputs that JSON cannot carry are left out, and lone surrogates
+    (`"\\udcc6"` in a JSON string: the reply could not be encoded either) are escaped."""
     assert isinstance(exc, RequestValidationError)
-    errors = jsonable_encoder(exc.errors())
+    errors = safe_value(jsonable_encoder(exc.errors()))
     try:
         json.dumps(errors, allow_nan=False)
     except ValueError:

@@ -1,10 +1,19 @@
-"""Pydantic schemas of every request and response body of the REST API."""
+"""Pydantic schemas of every request and response body of the REST API.
+
+Every string and list a request carries is bounded (length, and for ids a pattern): input past
+a bound is a 422 naming the field, never a 500 and never an unbounded allocation.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# conduit's ids are `col_`, `doc_` or `job_` and 20 hex digits (`storage.metadata.new_id`)
+ApiId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+MAX_SCOPE_DOCUMENTS = 1000
+MAX_LAYER = 1024
 
 
 class ErrorOut(BaseModel):
@@ -87,23 +96,31 @@ class QueryIn(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    collection_id: str
+    collection_id: ApiId
     question: str = Field(..., min_length=1, max_length=4000)
     top_k: int = Field(3, ge=1, le=32)
     max_new_tokens: int = Field(64, ge=1, le=2048)
-    document_ids: list[str] | None = Field(None, description="Restrict to these documents.")
-    policy: str | None = Field(None, description="Refresh policy; default from settings.")
+    document_ids: list[ApiId] | None = Field(
+        None, max_length=MAX_SCOPE_DOCUMENTS,
+        description="Restrict to these documents of the collection (404 naming an id that is "
+        "not one of them).")
+    policy: str | None = Field(None, max_length=64,
+                               description="Refresh policy; default from settings.")
     budget: float | None = Field(None, ge=0.0, le=1.0, description="Refresh budget.")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
-    gamma: float | None = Field(None, ge=0.0, description="CONDUIT amplification exponent.")
-    score_layers: Literal["all"] | tuple[int, int] | None = Field(
+    gamma: float | None = Field(None, ge=0.0, le=100.0,
+                                description="CONDUIT amplification exponent.")
+    score_layers: Literal["all"] | tuple[Annotated[int, Field(ge=0, le=MAX_LAYER)],
+                                         Annotated[int, Field(ge=0, le=MAX_LAYER)]] | None = Field(
         None, description="'all' or a [start, stop) pair of decoder layers CONDUIT scores with."
     )
-    query_window: int | None = Field(None, ge=1, description="Score with the last w question "
-                                     "tokens.")
+    query_window: int | None = Field(None, ge=1, le=65536,
+                                     description="Score with the last w question tokens.")
     head_agg: Literal["mean", "max"] | None = Field(None, description="Head aggregation.")
-    bm25_weight: float | None = Field(None, ge=0.0, description="RRF weight of BM25.")
-    dense_weight: float | None = Field(None, ge=0.0, description="RRF weight of dense.")
+    bm25_weight: float | None = Field(None, ge=0.0, le=1000.0,
+                                      description="RRF weight of BM25.")
+    dense_weight: float | None = Field(None, ge=0.0, le=1000.0,
+                                       description="RRF weight of dense.")
 
 
 class SnippetOut(BaseModel):

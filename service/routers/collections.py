@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from service.deps import CtxDep, TenantDep
+from service.deps import CollectionIdPath, CtxDep, TenantDep
 from service.schemas import CollectionIn, CollectionOut, DocumentOut
 from service.views import collection_out, document_out
 from storage.errors import NotFoundError
@@ -39,20 +39,23 @@ def list_collections(ctx: CtxDep, tenant: TenantDep) -> list[CollectionOut]:
 
 
 @router.get("/{collection_id}", response_model=CollectionOut)
-def get_collection(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> CollectionOut:
+def get_collection(collection_id: CollectionIdPath, ctx: CtxDep,
+                   tenant: TenantDep) -> CollectionOut:
     """One collection."""
     return collection_out(owned_collection(ctx, tenant, collection_id))
 
 
 @router.get("/{collection_id}/documents", response_model=list[DocumentOut])
-def list_documents(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> list[DocumentOut]:
+def list_documents(collection_id: CollectionIdPath, ctx: CtxDep,
+                   tenant: TenantDep) -> list[DocumentOut]:
     """The documents of a collection with their status."""
     col = owned_collection(ctx, tenant, collection_id)
     return [document_out(d) for d in ctx.meta.list_documents(col.id)]
 
 
 @router.delete("/{collection_id}", status_code=204)
-def delete_collection(collection_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
+def delete_collection(collection_id: CollectionIdPath, ctx: CtxDep,
+                      tenant: TenantDep) -> None:
     """Delete an empty collection (409 while it holds documents)."""
     ctx.meta.delete_collection(owned_collection(ctx, tenant, collection_id).id)
     on_collection_deleted(ctx, collection_id)

@@ -10,7 +10,15 @@ from typing import Annotated, BinaryIO
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
 from kombu.exceptions import OperationalError
 
-from service.deps import CtxDep, RunnerDep, TenantDep
+from service.deps import (
+    CollectionIdPath,
+    CtxDep,
+    DocumentIdPath,
+    JobIdPath,
+    RunnerDep,
+    TenantDep,
+    ThumbnailsDep,
+)
 from service.metrics import UPLOADS
 from service.routers.collections import owned_collection
 from service.schemas import DocumentOut, JobOut, UploadOut
@@ -18,6 +26,7 @@ from service.views import document_out, job_out
 from storage.errors import NotFoundError, UnavailableError
 from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
+from storage.text_safety import safe_text
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
 from worker.ingest.sandbox import ReaderLimits
@@ -69,25 +78,35 @@ def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
             log.warning("could not undo upload %s: %s", doc_id, exc)
 
 
+def document_not_found(document_id: str) -> HTTPException:
+    """The one 404 for a document the caller cannot see: made up, deleted, or another
+    tenant's (the reply tells them apart in no byte)."""
+    return HTTPException(404, f"document {document_id} not found")
+
+
 def owned_document(ctx: WorkerContext, tenant: str, document_id: str) -> Document:
-    """The document if the tenant owns its collection; 404 otherwise."""
+    """The document if the tenant owns its collection; the same 404 as a made-up id otherwise
+    (never the owner's collection id)."""
     try:
         doc = ctx.meta.get_document(DocumentId(document_id))
+        col = ctx.meta.get_collection(doc.collection_id)
     except NotFoundError:
-        raise HTTPException(404, f"document {document_id} not found") from None
-    owned_collection(ctx, tenant, doc.collection_id)
+        raise document_not_found(document_id) from None
+    if col.tenant != tenant:
+        raise document_not_found(document_id)
     return doc
 
 
 @router.post("/v1/collections/{collection_id}/documents", status_code=202,
              response_model=UploadOut)
 def upload_document(
-    collection_id: str,
+    collection_id: CollectionIdPath,
     ctx: CtxDep,
     runner: RunnerDep,
     tenant: TenantDep,
     file: Annotated[UploadFile, File(description="A PDF file.")],
-    password: Annotated[str | None, Form(description="Password of an encrypted PDF.")] = None,
+    password: Annotated[str | None, Form(max_length=1024,
+                                         description="Password of an encrypted PDF.")] = None,
 ) -> UploadOut:
     """Accept a PDF: validate it fully before anything is stored, then queue its ingestion.
 
@@ -103,7 +122,7 @@ def upload_document(
                            limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s))
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
-    filename = (file.filename or "document.pdf").replace("/", "_")[-200:]
+    filename = safe_text(file.filename or "document.pdf").replace("/", "_")[-200:]
     try:
         store_upload(ctx.home, doc_id, checked.data)
         ctx.meta.add_job(job)
@@ -125,7 +144,7 @@ def upload_document(
 
 
 @router.get("/v1/documents/{document_id}", response_model=DocumentOut)
-def get_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> DocumentOut:
+def get_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep) -> DocumentOut:
     """Status and progress of a document's ingestion."""
     return document_out(owned_document(ctx, tenant, document_id))
 
@@ -142,7 +161,8 @@ def _held_by_live_worker(ctx: WorkerContext, doc: Document) -> bool:
 
 
 @router.delete("/v1/documents/{document_id}", status_code=204)
-def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
+def delete_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep,
+                    thumbnails: ThumbnailsDep) -> None:
     """Delete a document, its files, and the cached pages no other document uses.
 
     409 only while a live worker ingests it; a queued document, or one whose worker died
@@ -158,6 +178,7 @@ def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
     on_document_deleted(ctx, doc.collection_id, doc.id)
     upload_path(ctx.home, doc.id).unlink(missing_ok=True)
     remove_page_images(ctx, doc.id)
+    thumbnails.drop_document(doc.id)
     if doc.job_id is not None and doc.status in ("queued", "processing"):
         try:
             ctx.meta.update_job(doc.job_id, status="failed", error="the document was deleted")
@@ -166,16 +187,21 @@ def delete_document(document_id: str, ctx: CtxDep, tenant: TenantDep) -> None:
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: str, ctx: CtxDep, tenant: TenantDep) -> JobOut:
-    """A background job's status."""
+def get_job(job_id: JobIdPath, ctx: CtxDep, tenant: TenantDep) -> JobOut:
+    """A background job's status: the caller's if its document is theirs. A made-up id,
+    another tenant's job and the job of a deleted document all get the same 404."""
+    not_found = HTTPException(404, f"job {job_id} not found")
     try:
         job = ctx.meta.get_job(JobId(job_id))
     except NotFoundError:
-        raise HTTPException(404, f"job {job_id} not found") from None
-    if job.document_id is not None:
+        raise not_found from None
+    if job.document_id is None:  # answer jobs are not recorded; none is anyone's to read
+        raise not_found
+    try:
         doc = owned_document(ctx, tenant, job.document_id)
-        job = settled_job(job, doc)
-    return job_out(job)
+    except HTTPException:
+        raise not_found from None
+    return job_out(settled_job(job, doc))
 
 
 def ingest_error_status(exc: IngestError) -> int:

@@ -5,16 +5,15 @@ with `?width=`). Both are tenant-checked like the document itself: another tenan
 
 from __future__ import annotations
 
-import io
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from fastapi.responses import FileResponse
-from PIL import Image
 
-from service.deps import CtxDep, TenantDep
+from service.deps import CtxDep, DocumentIdPath, PageNumberPath, TenantDep, ThumbnailsDep
 from service.routers.documents import owned_document
 from service.schemas import PageOut
+from service.thumbnails import WIDTHS, thumbnail_width
 from storage.keys import PageHash
 from storage.metadata import Page
 from worker.context import WorkerContext
@@ -39,7 +38,7 @@ def _ready_pages(ctx: WorkerContext, tenant: str, document_id: str) -> list[Page
 
 
 @router.get("/v1/documents/{document_id}/pages", response_model=list[PageOut])
-def list_pages(document_id: str, ctx: CtxDep, tenant: TenantDep) -> list[PageOut]:
+def list_pages(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep) -> list[PageOut]:
     """Every page of a ready document: size, text length, whether it was OCRed, and which KV
     tiers hold its cache (409 while the document is being ingested or if it failed)."""
     pages = _ready_pages(ctx, tenant, document_id)
@@ -54,22 +53,27 @@ def list_pages(document_id: str, ctx: CtxDep, tenant: TenantDep) -> list[PageOut
             response_class=Response,
             responses={200: {"content": {"image/png": {}}}, 304: {"description": "unchanged"}})
 def page_image(
-    document_id: str,
-    number: int,
+    document_id: DocumentIdPath,
+    number: PageNumberPath,
     ctx: CtxDep,
     tenant: TenantDep,
-    width: Annotated[int | None, Query(ge=16, le=MAX_THUMB_WIDTH,
-                                       description="Scale to this width (never up).")] = None,
-    if_none_match: Annotated[str | None, Header()] = None,
+    thumbnails: ThumbnailsDep,
+    width: Annotated[int | None, Query(
+        ge=16, le=MAX_THUMB_WIDTH, description="Scale down to about this width: rounded up "
+        f"to the next of {', '.join(map(str, WIDTHS))} (never wider than the page).")] = None,
+    if_none_match: Annotated[str | None, Header(max_length=4096)] = None,
 ) -> Response:
-    """The page as rendered for the model, PNG; `?width=` scales it down for thumbnails.
-    Answers carry an ETag and `Cache-Control`; a matching `If-None-Match` gets a 304."""
+    """The page as rendered for the model, PNG; `?width=` scales it down for thumbnails (a
+    fixed set of widths, kept in a bounded in-memory cache). Answers carry an ETag and
+    `Cache-Control`; a matching `If-None-Match` gets a 304."""
     page = next((p for p in _ready_pages(ctx, tenant, document_id) if p.number == number), None)
     if page is None:
         raise HTTPException(404, f"document {document_id} has no page {number}")
     path = ctx.page_image_path(page.image_path)
     if not path.is_file():
         raise HTTPException(404, f"the image of page {number} is missing on the server")
+    if width is not None:
+        width = thumbnail_width(width)
     scaled = width is not None and width < page.width
     etag = f'"{page.page_hash[:24]}-{width if scaled else "full"}"'
     headers = {"ETag": etag, "Cache-Control": IMAGE_CACHE_CONTROL, "Vary": "Authorization"}
@@ -78,9 +82,5 @@ def page_image(
     if not scaled:
         return FileResponse(path, media_type="image/png", headers=headers)
     assert width is not None
-    with Image.open(path) as img:
-        height = max(1, round(img.height * width / img.width))
-        thumb = img.convert("RGB").resize((width, height), Image.Resampling.LANCZOS)
-    buf = io.BytesIO()
-    thumb.save(buf, format="PNG", optimize=False, compress_level=6)
-    return Response(buf.getvalue(), media_type="image/png", headers=headers)
+    return Response(thumbnails.get(page.document_id, path, width), media_type="image/png",
+                    headers=headers)

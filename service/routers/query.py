@@ -15,9 +15,10 @@ from conduit_core.answer_types import PolicyOptions
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
+from service.routers.documents import document_not_found
 from service.schemas import CacheOut, QueryIn, QueryOut
 from service.views import citation_out
-from storage.metadata import DocumentId
+from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
 
@@ -28,6 +29,8 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
                    check_pages: bool = False) -> Question:
     """Resolve and check a query body into the worker's `Question` (404/409/422 on problems)."""
     col = owned_collection(ctx, tenant, body.collection_id)
+    if body.document_ids is not None:
+        _check_documents(ctx, col.id, body.document_ids)
     question = Question(
         collection_id=col.id, question=body.question, top_k=body.top_k,
         max_new_tokens=body.max_new_tokens,
@@ -40,6 +43,16 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
     )
     check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
     return question
+
+
+def _check_documents(ctx: WorkerContext, collection_id: CollectionId,
+                     document_ids: list[str]) -> None:
+    """404 naming the first id that is not a document of the collection: the same reply for
+    a made-up id, a deleted document and another tenant's (which is in another collection)."""
+    present = {d.id for d in ctx.meta.list_documents(collection_id)}
+    for document_id in document_ids:
+        if document_id not in present:
+            raise document_not_found(document_id)
 
 
 def to_query_out(result: Answer) -> QueryOut:
