@@ -147,18 +147,18 @@ def test_hostile_queries_headers_and_forms(url: str) -> None:
     _check(client.post(upload, files={"nofile": ("a", b"x")}), "no file")
 
 
-def _damaged_page_pdf() -> bytes:
-    """Two pages; page 2's content stream holds an unknown keyword with the bytes 0x19 0xC6,
-    so it draws blank, has no text, and MuPDF's message for it ("syntax error: unknown
-    keyword: '0\\x19\\xc6T'") reaches Python with a lone surrogate (U+DCC6), as the fuzzed
-    pdf.js file poppler-90-0-fuzzed.pdf does."""
+def _damaged_page_pdf(pages: int = 2) -> bytes:
+    """`pages` pages; the last one's content stream holds an unknown keyword with the bytes
+    0x19 0xC6, so it draws blank, has no text, and MuPDF's message for it ("syntax error:
+    unknown keyword: '0\\x19\\xc6T'") reaches Python with a lone surrogate (U+DCC6), as the
+    fuzzed pdf.js file poppler-90-0-fuzzed.pdf does."""
     doc = pymupdf.open()
-    for text in ("Harbour board minutes.", "This text is replaced."):
-        doc.new_page(width=595, height=842).insert_text((72, 72), text, fontsize=14)
+    for _ in range(pages):
+        doc.new_page(width=595, height=842).insert_text((72, 72), "Harbour board minutes.")
     data = doc.tobytes()
     doc.close()
     doc = pymupdf.open("pdf", data)
-    doc.update_stream(doc[1].get_contents()[0], b"0\x19\xc6T BT /F1 12 Tf ET")
+    doc.update_stream(doc[-1].get_contents()[0], b"0\x19\xc6T BT /F1 12 Tf ET")
     out: bytes = doc.tobytes()
     doc.close()
     return out
@@ -186,6 +186,43 @@ def test_a_mupdf_message_with_undecodable_bytes_leaves_everything_readable(url: 
     assert listing.status_code == 200 and listing.json() == [doc]
     _check(listing, "listing")
     _check(client.get(f"/v1/jobs/{up.json()['job_id']}"), "job")
+    # its only page damaged: the document fails, and its message is readable too
+    up = client.post(f"/v1/collections/{col}/documents",
+                     files={"file": ("one.pdf", _damaged_page_pdf(1), "application/pdf")})
+    assert up.status_code == 202, up.text
+    failed = settled(client, up.json()["document_id"], timeout=600)
+    assert failed["status"] == "failed" and "\\xc6" in failed["error"], failed
+    assert client.get(f"/v1/collections/{col}/documents").status_code == 200
+    _check(client.get(f"/v1/jobs/{up.json()['job_id']}"), "failed job")
+
+
+def _surrogate_title_pdf() -> bytes:
+    """A PDF whose Info /Title is UTF-16 with lone surrogates (PyMuPDF hands them back as
+    U+DCxx). A surrogate that reached the embedder would fail the ingest (its tokenizer
+    raises TypeError); `document_context` keeps only the title's word characters."""
+    doc = pymupdf.open()
+    doc.new_page(width=595, height=842).insert_text((72, 72), "Turbine 7 gearbox log.")
+    xref = doc.get_new_xref()
+    doc.update_object(xref, "<< /Title <FEFFD8000041DC00> >>")
+    doc.xref_set_key(-1, "Info", f"{xref} 0 R")
+    out: bytes = doc.tobytes()
+    doc.close()
+    assert "\udc80" in (pymupdf.open("pdf", out).metadata or {})["title"]
+    return out
+
+
+def test_a_title_with_lone_surrogates_is_indexed_and_readable(url: str) -> None:
+    client = httpx.Client(base_url=url, timeout=300, headers=KEY)
+    col = client.post("/v1/collections", json={"name": "titles"}).json()["collection_id"]
+    up = client.post(f"/v1/collections/{col}/documents",
+                     files={"file": ("t.pdf", _surrogate_title_pdf(), "application/pdf")})
+    assert up.status_code == 202, up.text
+    doc = settled(client, up.json()["document_id"], timeout=600)
+    assert doc["status"] == "ready", doc
+    listing = client.get(f"/v1/collections/{col}/documents")
+    assert listing.status_code == 200 and listing.json() == [doc]
+    pages = client.get(f"/v1/documents/{doc['document_id']}/pages")
+    assert pages.status_code == 200 and len(pages.json()) == 1
 
 
 def test_afterwards_every_document_and_listing_answers_200(url: str) -> None:
