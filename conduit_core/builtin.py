@@ -3,9 +3,9 @@
 Public API:
   BUILTIN_SCHEME = "builtin:";  BUILTIN_MODELS: the builtin names without the scheme
   BUILTIN_PAGE_TOKENS: name -> visual tokens per page it was built for
-  `testbed-qwen2-vl` is the trained testbed model (`conduit_core.testbed_model`): its weights
-  are read from `conduit_core/weights/` (see `conduit_core.testbed_model`); the `tiny-*` models
-  have random weights.
+  `small-qwen2-vl` (the service's default: pages up to 320 visual tokens, random weights) and the
+  `tiny-*` test models are built from configs; `testbed-qwen2-vl` is the trained testbed model (`conduit_core.testbed_model`): its weights
+  are read from `conduit_core/weights/` (see `conduit_core.testbed_model`).
   builtin_names() -> list[str]                 e.g. ["builtin:tiny-qwen2-vl", ...]
   is_builtin(name) -> bool
   materialise_builtin(name, cache_dir) -> Path
@@ -28,10 +28,11 @@ from conduit_core.errors import UnsupportedModelError
 
 BUILTIN_SCHEME = "builtin:"
 # the builders live in builtin_models (imported on first build: it loads transformers)
-BUILTIN_MODELS = ("tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl",
-                  "testbed-qwen2-vl")
+BUILTIN_MODELS = ("small-qwen2-vl", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava-onevision",
+                  "tiny-internvl", "testbed-qwen2-vl")
 # visual tokens per page each builtin was built for (the loader's default cap)
-BUILTIN_PAGE_TOKENS = {name: 16 for name in BUILTIN_MODELS} | {"testbed-qwen2-vl": 36}
+BUILTIN_PAGE_TOKENS = ({name: 16 for name in BUILTIN_MODELS}
+                       | {"small-qwen2-vl": 320, "testbed-qwen2-vl": 36})
 _MARKER = "conduit_builtin.json"
 _BUILD_VERSION = 3  # bump when a builder changes: old folders are rebuilt
 

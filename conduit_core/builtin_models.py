@@ -2,10 +2,13 @@
 
 Public API:
   BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, ProcessorMixin]]]
-      keyed by builtin name without the "builtin:" scheme: "tiny-qwen2-vl",
-      "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl".
-  All four share a tiny Qwen2 language model (hidden 64, 2 layers, 4 heads, 2 KV heads,
-  head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template.
+      keyed by builtin name without the "builtin:" scheme: "small-qwen2-vl" (the service's
+      default), "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl".
+  The tiny four share a tiny Qwen2 language model (hidden 64, 4 layers, 4 heads, 2 KV heads,
+  head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template; they
+  keep the tests fast. `small-qwen2-vl` is sized so that a page is at least as many visual
+  tokens as a real checkpoint's (about 300 for an A4 page; real checkpoints cap at 256) and
+  compute, not per-layer overhead, dominates a prefill on a CPU (`small_qwen2_vl`).
   QWEN_SPECIAL_TOKENS; chatml_template(image_markup) -> str   the builtin chat template
 Weights are a pure function of the seed and config; `builtin.py` materialises them once.
 """
@@ -115,6 +118,35 @@ def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
                                             chat_template=tok.chat_template)
 
 
+SMALL_PAGE_TOKENS = 320  # merged visual tokens per page at most: an A4 page at 100 dpi is ~300
+
+
+def small_qwen2_vl() -> tuple[PreTrainedModel, Any]:
+    """The default builtin: Qwen2-VL with a language model of hidden 512, 8 layers, 8 heads
+    of 64 (2 KV heads), MLP 1536, M-RoPE sections (8, 12, 12); a vision tower of depth 4 and
+    width 128; pages up to 320 merged visual tokens (28-pixel cells). Random weights: its
+    answers mean nothing, its costs and speed are those of a model of this shape."""
+    tok = _qwen_tokenizer()
+    text = dict(vocab_size=_vocab(tok), hidden_size=512, intermediate_size=1536,
+                num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                max_position_embeddings=32768, rms_norm_eps=1e-6, initializer_range=0.02,
+                **chatml_text_ids(tok))
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0,
+                               "mrope_section": [8, 12, 12]}
+    cfg = Qwen2VLConfig(
+        text_config=text,
+        vision_config=dict(depth=4, embed_dim=128, hidden_size=512, num_heads=4, mlp_ratio=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                           initializer_range=0.02),
+        **qwen_vision_ids(tok),
+    )
+    model = _seeded(lambda: Qwen2VLForConditionalGeneration(cfg))
+    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28,
+                                  max_pixels=SMALL_PAGE_TOKENS * 28 * 28)
+    return model, ImageOnlyQwen2VLProcessor(image_processor=ip, tokenizer=tok,
+                                            chat_template=tok.chat_template)
+
+
 def _qwen_tokenizer() -> Any:
     return build_tokenizer(QWEN_SPECIAL_TOKENS,
                            chat_template=chatml_template(
@@ -200,6 +232,7 @@ def tiny_internvl() -> tuple[PreTrainedModel, Any]:
 
 
 BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, Any]]] = {
+    "small-qwen2-vl": small_qwen2_vl,
     "tiny-qwen2-vl": tiny_qwen2_vl,
     "tiny-qwen2.5-vl": tiny_qwen2_5_vl,
     "tiny-llava-onevision": tiny_llava_onevision,

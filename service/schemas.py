@@ -150,6 +150,8 @@ class CacheOut(BaseModel):
                                        "redis, disk), by the tier that served them.")
     pages_prefilled_now: int = Field(description="Pages not in any tier, prefilled for this "
                                      "question.")
+    head_tokens: int = Field(0, description="Leading prompt tokens (chat template and answer "
+                             "instructions) reused exactly from the prompt-head cache.")
 
 
 class PageOut(BaseModel):
@@ -179,3 +181,6 @@ class QueryOut(BaseModel):
     visual_tokens: int
     timings: dict[str, float]
     cache: CacheOut
+    fallback: bool = Field(False, description="The policy was predicted to cost more than a "
+                           "full prefill from the cached page embeddings, so that ran instead "
+                           "(every visual token recomputed; the answer is full prefill's).")

@@ -21,8 +21,11 @@ class Settings(BaseSettings):
 
     # model
     model: str = Field(
-        "builtin:tiny-qwen2-vl",
-        description="Local path or hub id of a supported VLM, or a builtin:tiny-* model.",
+        "builtin:small-qwen2-vl",
+        description="Local path or hub id of a supported VLM, or a builtin model: "
+        "builtin:small-qwen2-vl (the default: random weights, pages of up to 320 visual "
+        "tokens, sized so that reuse pays off on a CPU), builtin:tiny-* (test sizes), "
+        "builtin:testbed-qwen2-vl (the trained testbed).",
     )
     device: str = Field("cpu", description="torch device, e.g. cpu or cuda:0.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
@@ -31,7 +34,8 @@ class Settings(BaseSettings):
     max_page_tokens: int | None = Field(
         None, ge=4, le=16384,
         description="Cap on visual tokens per page (bounds KV size); unset = the model's "
-        "default (256 for real checkpoints, 16 for builtin tiny models).",
+        "default (256 for real checkpoints, 320 for builtin:small-qwen2-vl, 16 for the "
+        "builtin tiny models, 36 for the testbed).",
     )
 
     # storage

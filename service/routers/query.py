@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from conduit_core.answer_types import PolicyOptions
 from service.deps import CtxDep, RunnerDep, TenantDep
-from service.metrics import ANSWER_SECONDS, FLOPS_RATIO, QUERIES, TTFT
+from service.metrics import ANSWER_SECONDS, FALLBACKS, FLOPS_RATIO, QUERIES, TTFT
 from service.routers.collections import owned_collection
 from service.routers.documents import document_not_found
 from service.schemas import CacheOut, QueryIn, QueryOut
@@ -61,6 +61,8 @@ def to_query_out(result: Answer) -> QueryOut:
     TTFT.observe(result.timings["ttft_s"])
     ANSWER_SECONDS.observe(result.timings["total_s"])
     FLOPS_RATIO.observe(result.flops_ratio_lm)
+    if result.fallback:
+        FALLBACKS.labels(result.policy).inc()
     return QueryOut(
         answer=result.answer,
         citations=[citation_out(c) for c in result.citations],
@@ -69,7 +71,9 @@ def to_query_out(result: Answer) -> QueryOut:
         refreshed_visual_tokens=result.refreshed_visual_tokens,
         visual_tokens=result.visual_tokens, timings=result.timings,
         cache=CacheOut(pages_from=result.cache.pages_from,
-                       pages_prefilled_now=result.cache.pages_prefilled_now),
+                       pages_prefilled_now=result.cache.pages_prefilled_now,
+                       head_tokens=result.cache.head_tokens),
+        fallback=result.fallback,
     )
 
 

@@ -150,7 +150,7 @@ def test_env_names_are_settings_fields_and_parse(out: Rendered) -> None:
         s = settings_of(env)
         assert str(s.home) == "/data" and s.redis_url == secret["CONDUIT_REDIS_URL"]
         assert s.device == device and not s.embedded
-        assert s.model == "builtin:tiny-qwen2-vl" and s.redis_kv_ttl_s == 604800
+        assert s.model == "builtin:small-qwen2-vl" and s.redis_kv_ttl_s == 604800
         assert s.api_keys == []
 
 

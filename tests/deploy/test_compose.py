@@ -91,7 +91,7 @@ def test_env_names_are_settings_fields_and_parse() -> None:
         for name in ("api", "worker"):
             environment = {k: str(v) for k, v in services[name]["environment"].items()}
             s = settings_of(_image_env() | environment)
-            assert s.model == "builtin:tiny-qwen2-vl" and str(s.home) == "/data"
+            assert s.model == "builtin:small-qwen2-vl" and str(s.home) == "/data"
     # embedded by default; with the env file the api and the worker share one Redis
     api = settings_of(_compose()["services"]["api"]["environment"])
     assert api.embedded and api.api_keys == []

@@ -65,7 +65,11 @@ def test_upload_poll_ask_cites_the_right_page(client: httpx.Client, collection: 
     assert 0 < out["flops_ratio_total"] < out["flops_ratio_lm"]
     assert out["policy"] == "conduit" and out["budget"] == 0.1
     assert out["visual_tokens"] > 0
-    assert out["refreshed_visual_tokens"] == round(0.1 * out["visual_tokens"])
+    # the tiny test model's 16-token pages: scoring and refreshing would cost more than
+    # recomputing every row from the cached page embeddings, so that ran, and says so
+    assert out["fallback"] is True and out["flops_ratio_lm"] <= 1.0
+    assert out["refreshed_visual_tokens"] == out["visual_tokens"]
+    assert out["cache"]["head_tokens"] > 0 or out["flops_ratio_lm"] == pytest.approx(1.0)
 
 
 def test_bad_uploads_get_4xx_and_leave_nothing(
@@ -173,7 +177,7 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
     assert full["refreshed_visual_tokens"] == full["visual_tokens"]
     reuse = client.post("/v1/query", json={**ask, "policy": "full_reuse"}).json()
     assert reuse["refreshed_visual_tokens"] == 0
-    assert reuse["flops_ratio_lm"] < full["flops_ratio_lm"] == pytest.approx(1.0)
+    assert reuse["flops_ratio_lm"] < full["flops_ratio_lm"] <= 1.0 and not full["fallback"]
     r = client.post("/v1/query", json={**ask, "policy": "no-such-policy"})
     assert r.status_code == 422 and "conduit" in r.json()["detail"]
     knobs = {"gamma": 2.0, "score_layers": [0, 1], "query_window": 2, "head_agg": "max"}
@@ -186,6 +190,7 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
 
     metrics = client.get("/metrics").text
     assert 'conduit_queries_total{outcome="ok",policy="conduit"}' in metrics
+    assert 'conduit_reuse_fallbacks_total{policy="conduit"}' in metrics  # tiny pages
     assert "conduit_ttft_seconds_bucket" in metrics
     assert 'conduit_kv_hits_total{tier="disk"}' in metrics or \
         'conduit_kv_hits_total{tier="memory"}' in metrics
