@@ -108,6 +108,22 @@ def test_reading_in_chunks_verifies_every_byte(chunk: int) -> None:
             read_page(io.BytesIO(short).readinto, len(blob), chunk)
 
 
+def test_pages_sharing_a_cached_header_layout_are_each_checked_against_their_own_sum() -> None:
+    a, b = encode_page(make_page(1)).to_bytes(), encode_page(make_page(2)).to_bytes()
+    at = a.index(b'"checksum":"xxh3_128:') + len(b'"checksum":"xxh3_128:')
+    assert a[:at] == b[:at] and a[at:at + 32] != b[at:at + 32]  # one layout, two sums
+    assert_same_page(make_page(1), decode_page(a))  # the layout is now cached
+    _, meta = decode_tensors(b)
+    meta["format"] = "changed by a caller"  # the caller's copy, not the cache's
+    assert_same_page(make_page(2), decode_page(b))
+    swapped = a[:at] + b[at:at + 32] + a[at + 32:]  # a's data under b's sum
+    flipped = bytearray(a)
+    flipped[at + 5] = ord("0") if a[at + 5] != ord("0") else ord("1")
+    for bad in (swapped, bytes(flipped)):
+        with pytest.raises(CorruptEntryError, match="checksum mismatch"):
+            decode_page(bad)
+
+
 def test_foreign_format_or_version_is_rejected() -> None:
     page = make_page(6)
     good = {"embeds": page.embeds, "keys": page.keys}
