@@ -1,8 +1,9 @@
 # conduit: two commands. `make run` serves the embedded default; `make test` runs the suite.
+# The install step installs the product with its dev tools, then the lab (`conduit-lab`).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml lab/pyproject.toml | sha256sum | cut -c1-12)
 
 .PHONY: run test lint install system-deps
 
@@ -14,10 +15,11 @@ DEBIAN_PACKAGES := redis-server tesseract-ocr tesseract-ocr-eng chromium chromiu
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml lab/pyproject.toml
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -e ./lab
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +28,7 @@ run: install
 	$(BIN)/conduit serve --host 127.0.0.1 --port 8000
 
 lint: install
-	$(BIN)/ruff check conduit_core storage worker service tests bench testbed
+	$(BIN)/ruff check conduit_core storage worker service tests bench testbed lab
 	$(BIN)/mypy
 
 system-deps:

@@ -1,37 +1,46 @@
-"""Tool subcommands of `conduit`: `worker`, `eval fidelity|retrieval|answers` and
-`bench store|ttft`."""
+"""`conduit-lab`: the lab's command line, beside the product's `conduit`.
+
+    conduit-lab eval retrieval|fidelity|answers     quality evaluations
+    conduit-lab bench store|ttft|load|retrieval-scale
+    conduit-lab testbed train|export|generate|probe  the trained testbed VLM
+    conduit-lab demo                                  the whole product on the testbed model
+
+Every `--out` default writes into the subject's `results/` folder under `lab/`. The parser is
+built without importing torch; each command imports its subject when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from bench.ttft_args import add_arguments as add_ttft_arguments
+from lab import command_line, results
+from lab.answers.cli import add_answers_command
+from lab.argtypes import floats, ints
+from lab.testbed.cli import add_testbed_commands
+from service.cli import run
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `conduit-lab` console script."""
+    return run(_parser(), argv)
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def add_tool_commands(sub: Any) -> None:
-    """Register the tool subcommands on the top-level subparsers."""
-    work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
-    work.add_argument("--concurrency", type=int, default=2,
-                      help="jobs at once (threads; >= 2 lets answers pass long ingests)")
-    work.add_argument("--queues", default="conduit.answer,conduit.ingest",
-                      help="comma-separated queues to consume")
-    work.set_defaults(func=_worker)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conduit-lab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    sub = p.add_subparsers()
 
     ev = sub.add_parser("eval", help="quality evaluations").add_subparsers()
     retr = ev.add_parser("retrieval", help="page retrieval recall over a folder of PDFs")
     retr.add_argument("--pdfs", type=Path, required=True)
     retr.add_argument("--questions", type=Path, required=True)
     retr.add_argument("--out", type=Path, required=True)
-    retr.add_argument("--k", type=_ints, default=[1, 3, 5, 10])
+    retr.add_argument("--k", type=ints, default=[1, 3, 5, 10])
     retr.add_argument("--within-doc", action="store_true")
     retr.add_argument("--no-ocr", action="store_true")
     retr.add_argument("--bm25-weight", type=float, default=None,
@@ -42,35 +51,33 @@ def add_tool_commands(sub: Any) -> None:
                       help="RRF constant (default: CONDUIT_RRF_K)")
     retr.set_defaults(func=_eval_retrieval)
 
-    from service.cli_eval import add_answers_command
-
     add_answers_command(ev)
 
     fid = ev.add_parser("fidelity", help="refresh policies against full prefill")
     fid.add_argument("--model", default="builtin:tiny-qwen2-vl")
     fid.add_argument("--pages", type=int, default=4)
-    fid.add_argument("--budgets", type=_floats, default=[0.05, 0.1, 0.2])
+    fid.add_argument("--budgets", type=floats, default=[0.05, 0.1, 0.2])
     fid.add_argument("--policies", default="all", help="comma-separated registry names or all")
     fid.add_argument("--samples", type=int, default=8)
     fid.add_argument("--seed", type=int, default=0)
     fid.add_argument("--max-image-tokens", type=int, default=None)
-    fid.add_argument("--out", type=Path, default=Path("bench/results/fidelity.json"))
+    fid.add_argument("--out", type=Path, default=results("fidelity") / "fidelity.json")
     fid.set_defaults(func=_eval_fidelity)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers()
     store = bench.add_parser("store", help="KV store tier throughput vs raw ceilings")
     store.add_argument("--pages", type=int, default=16)
     store.add_argument("--redis-url", default=None)
-    store.add_argument("--out", type=Path, default=Path("bench/results/store.json"))
+    store.add_argument("--out", type=Path, default=results("store") / "store.json")
     store.set_defaults(func=_bench_store)
-    ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
-    from bench.ttft_args import add_arguments
 
-    add_arguments(ttft)
+    ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
+    add_ttft_arguments(ttft)
     ttft.set_defaults(func=_bench_ttft)
+
     load = bench.add_parser("load", help="uploads and questions from C clients: throughput, "
                             "latency percentiles, TTFT, errors, /healthz, peak RSS")
-    load.add_argument("--clients", type=_ints, default=[1, 8, 32],
+    load.add_argument("--clients", type=ints, default=[1, 8, 32],
                       help="comma-separated client counts, one run each")
     load.add_argument("--duration", type=float, default=60.0, help="seconds per run")
     load.add_argument("--url", default=None, help="a running service (default: spawn one)")
@@ -81,11 +88,26 @@ def add_tool_commands(sub: Any) -> None:
     load.add_argument("--key", default=None, help="API key (bearer token)")
     load.add_argument("--upload-every", type=int, default=10,
                       help="every n-th request of a client is an upload (0 = none)")
-    load.add_argument("--out", type=Path, default=Path("bench/results/load.jsonl"))
+    load.add_argument("--out", type=Path, default=results("load") / "load.jsonl")
     load.set_defaults(func=_bench_load)
-    from service.cli_index import add_index_commands
 
-    add_index_commands(sub, bench)
+    scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
+                             "retrieval index vs the scan path over synthetic collections")
+    scale.add_argument("--pages", type=ints, default=[1000, 10000, 100000])
+    scale.add_argument("--store", default="sqlite,redis", help="sqlite, redis or both")
+    scale.add_argument("--questions", type=int, default=30, help="warm questions per row")
+    scale.add_argument("--inserts", type=int, default=3,
+                       help="documents added one at a time, each followed by a question")
+    scale.add_argument("--scan-max-pages", type=int, default=100_000,
+                       help="measure the scan path only up to this many pages")
+    scale.add_argument("--work", type=Path, default=None,
+                       help="scratch folder (default: a temporary one, removed after)")
+    scale.add_argument("--out", type=Path,
+                       default=results("retrieval") / "retrieval_scale.json")
+    scale.set_defaults(func=_bench_scale)
+
+    add_testbed_commands(sub)
+    return p
 
 
 def _bench_load(args: argparse.Namespace) -> int:
@@ -98,12 +120,26 @@ def _bench_load(args: argparse.Namespace) -> int:
 
 
 def _bench_ttft(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
     from bench.ttft import run_from_args
 
-    run_from_args(args, "conduit " + shlex.join(sys.argv[1:]))
+    run_from_args(args, command_line())
+    return 0
+
+
+def _bench_store(args: argparse.Namespace) -> int:
+    from bench.store import run_store_bench
+
+    run_store_bench(pages=args.pages, redis_url=args.redis_url, out=args.out)
+    return 0
+
+
+def _bench_scale(args: argparse.Namespace) -> int:
+    from bench.retrieval_scale import run_retrieval_scale
+
+    stores = [s for s in args.store.split(",") if s]
+    run_retrieval_scale(pages=args.pages, stores=stores, questions=args.questions,
+                        inserts=args.inserts, work=args.work, out=args.out,
+                        scan_max_pages=args.scan_max_pages, command=command_line())
     return 0
 
 
@@ -128,9 +164,6 @@ def _eval_retrieval(args: argparse.Namespace) -> int:
 
 
 def _eval_fidelity(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
     from bench.fidelity import run_fidelity_eval
     from worker.settings import Settings
 
@@ -138,25 +171,9 @@ def _eval_fidelity(args: argparse.Namespace) -> int:
     run_fidelity_eval(model=args.model, pages=args.pages, budgets=args.budgets,
                       policies=policies, samples=args.samples, out=args.out, seed=args.seed,
                       cache_dir=Settings().model_cache_dir,
-                      max_image_tokens=args.max_image_tokens,
-                      command="conduit " + shlex.join(sys.argv[1:]))
+                      max_image_tokens=args.max_image_tokens, command=command_line())
     return 0
 
 
-def _bench_store(args: argparse.Namespace) -> int:
-    from bench.store import run_store_bench
-
-    run_store_bench(pages=args.pages, redis_url=args.redis_url, out=args.out)
-    return 0
-
-
-def _worker(args: argparse.Namespace) -> int:
-    from service.hardening import private_home
-    from worker.celery_app import run_worker
-    from worker.settings import Settings
-
-    settings = Settings()
-    private_home(settings.home.resolve())  # uploads, page images, KV: the service's user's only
-    run_worker(settings, concurrency=args.concurrency,
-               queues=tuple(q for q in args.queues.split(",") if q))
-    return 0
+if __name__ == "__main__":
+    raise SystemExit(main())

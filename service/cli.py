@@ -1,7 +1,8 @@
-"""The `conduit` command line: serve, ingest, ask, worker, eval and bench.
+"""The `conduit` command line: serve, ingest, ask, worker and index.
 
 `ingest` and `ask` run the pipeline in this process against the stores the settings name
-(embedded: the home dir), so they work with no server running.
+(embedded: the home dir), so they work with no server running. Benchmarks, evaluations and
+the testbed are the lab's command, `conduit-lab` (lab/cli.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,17 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from service.cli_index import add_index_commands
 from worker.settings import Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `conduit` console script."""
-    parser = _parser()
+    return run(_parser(), argv)
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` with `parser`, set up logging (`-v`) and run the chosen command."""
     args = parser.parse_args(argv)
     if not args.verbose:  # before transformers is imported: it reads these once
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # "Loading weights" bars
@@ -64,12 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--json", action="store_true", help="print the full answer as JSON")
     ask.set_defaults(func=_ask)
 
-    from service.cli_tools import add_tool_commands
+    work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
+    work.add_argument("--concurrency", type=int, default=2,
+                      help="jobs at once (threads; >= 2 lets answers pass long ingests)")
+    work.add_argument("--queues", default="conduit.answer,conduit.ingest",
+                      help="comma-separated queues to consume")
+    work.set_defaults(func=_worker)
 
-    add_tool_commands(sub)
-    from service.cli_testbed import add_testbed_commands
-
-    add_testbed_commands(sub)
+    add_index_commands(sub)
     return p
 
 
@@ -79,6 +87,17 @@ def _serve(args: argparse.Namespace) -> int:
     from service.app import create_app
 
     uvicorn.run(create_app(Settings()), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from service.hardening import private_home
+    from worker.celery_app import run_worker
+
+    settings = Settings()
+    private_home(settings.home.resolve())  # uploads, page images, KV: the service's user's only
+    run_worker(settings, concurrency=args.concurrency,
+               queues=tuple(q for q in args.queues.split(",") if q))
     return 0
 
 

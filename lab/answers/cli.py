@@ -1,20 +1,14 @@
-"""`conduit eval answers`: answer accuracy of refresh policies against full prefill."""
+"""`conduit-lab eval answers`: answer accuracy of refresh policies against full prefill."""
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}"
-                                         ) from None
+from lab import command_line
+from lab.argtypes import floats
 
 
 def add_answers_command(ev: Any) -> None:
@@ -33,7 +27,7 @@ def add_answers_command(ev: Any) -> None:
     ans.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
                      help="default: CONDUIT_DTYPE")
     ans.add_argument("--policies", default="all", help="comma-separated registry names or all")
-    ans.add_argument("--budgets", type=_floats, default=[0.05, 0.1, 0.2])
+    ans.add_argument("--budgets", type=floats, default=[0.05, 0.1, 0.2])
     ans.add_argument("--pages", choices=["gold", "retrieved"], default="gold")
     ans.add_argument("--top-k", type=int, default=None, help="default: CONDUIT_TOP_K")
     ans.add_argument("--max-pages", type=int, default=8,
@@ -68,7 +62,7 @@ def _eval_answers(args: argparse.Namespace) -> int:
         limit=args.limit, docs=args.docs, max_new_tokens=args.max_new_tokens,
         max_page_tokens=args.max_page_tokens or s.max_page_tokens, work_dir=args.work_dir,
         check_budget_one=args.check_budget_one, progress=not args.no_progress,
-        command="conduit " + shlex.join(sys.argv[1:]))
+        command=command_line())
     try:
         doc = run_answer_eval(cfg)
     except BudgetOneError as exc:

@@ -1,4 +1,5 @@
-"""`conduit testbed train|export|generate|probe` and `conduit demo`: the trained testbed model."""
+"""`conduit-lab testbed train|export|generate|probe` and `conduit-lab demo`: the trained testbed
+model."""
 
 from __future__ import annotations
 
@@ -117,7 +118,7 @@ def _probe(args: argparse.Namespace) -> int:
 
     weights = args.weights or WEIGHTS
     if not weights.is_file():
-        print(f"no weights at {weights}: train with `conduit testbed train` and pass --weights "
+        print(f"no weights at {weights}: train with `conduit-lab testbed train` and pass --weights "
               "RUN/model.safetensors (or copy it there)")
         return 2
     vlm = load_checkpoint_vlm(weights)

@@ -1,4 +1,4 @@
-"""`conduit eval answers` end to end as a user runs it: 2 real PDFs, 4 questions, 2 policies,
+"""`conduit-lab eval answers` end to end as a user runs it: 2 real PDFs, 4 questions, 2 policies,
 the builtin model; the rows, the three outputs, resuming, and bad input."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
+from lab.cli import main
 from tests.answer_eval.slice import QUESTIONS, write_slice
 
 ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
@@ -22,7 +22,7 @@ ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_ful
 def _conduit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CONDUIT_HOME": str(tmp / "home"), "HF_HUB_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "service.cli", "eval", "answers", *args],
+    return subprocess.run([sys.executable, "-m", "lab.cli", "eval", "answers", *args],
                           env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -52,7 +52,7 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.
     assert "Random weights answer nothing" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").stat().st_size > 10_000
     meta, rows = doc["meta"], doc["rows"]
-    assert meta["command"].startswith("conduit eval answers --pdfs")
+    assert meta["command"].startswith("conduit-lab eval answers --pdfs")
     assert meta["questions_answered"] == 4 and meta["documents_ingested"] == 2
     assert meta["questions_on_retrieved_pages_without_evidence"] == 1  # q4
     assert meta["answers_computed_this_run"] == 4 * (1 + 2 * 2)
