@@ -206,12 +206,16 @@ function detailList(a) {
   const rows = [
     ["Policy", a.policy],
     ["Budget", fmtPercent(a.budget)],
+    ["Prefill", a.fallback
+      ? `full prefill from cached page embeddings: ${a.policy} was predicted to cost more here`
+      : `${a.policy} over the cached page KV`],
     ["Time to first token", fmtSeconds(a.timings.ttft_s)],
     ["Total time", fmtSeconds(a.timings.total_s)],
     ...flopsRatios(a),
     ["Refreshed visual tokens", `${a.refreshed_visual_tokens} of ${a.visual_tokens}`],
     ["Pages from KV cache", tiers || "–"],
     ["Pages prefilled now", String(cache.pages_prefilled_now)],
+    ["Prompt head from cache", `${cache.head_tokens || 0} tokens`],
   ];
   return el("dl", {}, rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
 }
