@@ -122,7 +122,7 @@ def run_retrieval_scale(*, pages: list[int], stores: list[str], questions: int, 
                         work: Path | None, out: Path, command: str = "",
                         scan_max_pages: int = 100_000) -> dict[str, Any]:
     """Run the benchmark and write `{"rows": [...], ...}` to `out` (and a plot beside it)."""
-    from bench.redis_server import start_redis
+    from lab.processes import start_redis
 
     scratch = Path(tempfile.mkdtemp(prefix="retrieval-scale-", dir=work))
     stop = None

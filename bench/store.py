@@ -172,7 +172,7 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
     work = Path(tempfile.mkdtemp(prefix="conduit-bench-store-"))
     try:
         if redis_url is None:
-            from bench.redis_server import start_redis
+            from lab.processes import start_redis
 
             redis_url, stop = start_redis(work / "redis")
         with redis.Redis.from_url(redis_url) as probe:

@@ -75,7 +75,7 @@ class BenchTiers:
             return MemoryKVStore(_UNLIMITED)
         if name == "disk":
             return DiskKVStore(self.workdir / "kv", _UNLIMITED)
-        from bench.redis_server import start_redis  # a real server, as the tests use
+        from lab.processes import start_redis  # a real server, as the tests use
 
         url, stop = start_redis(self.workdir)
         self._stops.append(stop)

@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    from bench.load import main
+    from lab.load.bench import main
 
     main(url=args.url, clients=args.clients, duration_s=args.duration,
          distributed=args.distributed, pids=args.pid, key=args.key, out=args.out,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import redis
 
-from bench.redis_server import start_redis
+from lab.processes import start_redis
 from storage.keys import PageHash
 from storage.kv import DiskKVStore, MemoryKVStore, RedisKVStore, TieredKVStore
 from tests.storage.kv_testkit import assert_same_page, make_page

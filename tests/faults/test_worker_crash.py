@@ -15,8 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.load import stop_processes
-from bench.redis_server import start_redis
+from lab.processes import start_redis, stop_processes
 from tests.faults.conftest import (
     FAST,
     job_status,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_server import start_redis
+from lab.processes import start_redis
 from storage.metadata import (
     DocumentId,
     MetadataStore,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from bench.redis_server import start_redis
+from lab.processes import start_redis
 from tests.pdfs import text_pdf
 from tests.service.conftest import start_server, wait_ready
 

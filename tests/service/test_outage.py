@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from bench.redis_server import start_redis
+from lab.processes import start_redis
 from tests.pdfs import text_pdf
 from tests.service.conftest import start_server
 

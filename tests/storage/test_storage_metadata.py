@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.redis_server import start_redis
+from lab.processes import start_redis
 from storage.errors import ConflictError, NotFoundError, UnavailableError
 from storage.metadata import (
     CollectionId,

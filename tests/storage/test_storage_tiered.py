@@ -69,7 +69,7 @@ def test_write_through_and_delete_everywhere(tmp_path: Path, redis_url: str,
 
 
 def test_redis_down_falls_back_to_disk(tmp_path: Path) -> None:
-    from bench.redis_server import start_redis
+    from lab.processes import start_redis
 
     url, stop = start_redis(tmp_path)
     stack = TieredKVStore([("redis", RedisKVStore(url, attempts=1)),

@@ -1,9 +1,10 @@
-"""Start and stop a real local `redis-server` (tests, `conduit bench store`): `start_redis(dir)`.
+"""Local processes the lab's benches and the tests start: a real `redis-server`
+(`start_redis(dir)`), a free loopback port, and stopping spawned services.
 
-The server listens on a free loopback port, keeps no data on disk (`--save ''
---appendonly no`), runs in `tmp_path`, and is stopped by its PID. Reusable by any test suite:
-import this file (e.g. `from bench.redis_server import start_redis` with the repo root on
-`sys.path`) and call `start_redis(tmp_path)`, which returns `(url, stop)`.
+The Redis server listens on a free loopback port, keeps no data on disk (`--save ''
+--appendonly no`), runs in `tmp_path`, and is stopped by its PID. The tests use it too
+(`from lab.processes import start_redis`; tests may import the lab, the product may not):
+`start_redis(tmp_path)` returns `(url, stop)`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import redis
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process still running, then wait (SIGKILL after 30 s)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def free_port() -> int:

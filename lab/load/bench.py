@@ -1,4 +1,4 @@
-"""`conduit bench load`: closed-loop clients drive uploads and questions against a service on
+"""`conduit-lab bench load`: closed-loop clients drive uploads and questions against a service on
 loopback and report throughput, p50/p95/p99 latency and time to first token, errors, `/healthz`
 latency under the load, and peak RSS of the service and its workers.
 
@@ -30,22 +30,10 @@ from typing import Any
 import httpx
 import pymupdf
 
-from bench.redis_server import free_port, start_redis
+from lab.processes import free_port, start_redis, stop_processes
 
 WORDS = ["pump", "valve", "turbine", "invoice", "freight", "ledger", "audit", "reactor",
          "harbour", "pressure", "quarterly", "revenue", "inspection", "maintenance"]
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every process still running, then wait (SIGKILL after 30 s)."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def _pdf(seed: int, pages: int = 2) -> bytes:
