@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers()
     store = bench.add_parser("store", help="KV store tier throughput vs raw ceilings")
     store.add_argument("--pages", type=int, default=16)
+    store.add_argument("--tokens-per-page", type=int, default=256)
     store.add_argument("--redis-url", default=None)
+    store.add_argument("--repeats", type=int, default=7, help="best of this many runs")
     store.add_argument("--out", type=Path, default=results("store") / "store.json")
     store.set_defaults(func=_bench_store)
 
@@ -127,9 +129,10 @@ def _bench_ttft(args: argparse.Namespace) -> int:
 
 
 def _bench_store(args: argparse.Namespace) -> int:
-    from bench.store import run_store_bench
+    from lab.store.bench import run_store_bench
 
-    run_store_bench(pages=args.pages, redis_url=args.redis_url, out=args.out)
+    run_store_bench(pages=args.pages, tokens_per_page=args.tokens_per_page,
+                    redis_url=args.redis_url, out=args.out, repeats=args.repeats)
     return 0
 
 

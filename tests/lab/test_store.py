@@ -1,4 +1,4 @@
-"""The store benchmark runs end to end on tiny pages and writes its JSON rows."""
+"""`conduit-lab bench store` runs end to end on tiny pages and writes its JSON rows."""
 
 from __future__ import annotations
 
@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.store import run_store_bench
+from lab.processes import start_redis
+from lab.store.bench import run_store_bench
 
 
-def test_store_bench_rows(tmp_path: Path, redis_url: str) -> None:
+def test_store_bench_rows(tmp_path: Path) -> None:
+    redis_url, stop = start_redis(tmp_path)
     out = tmp_path / "store.json"
     result = run_store_bench(pages=3, tokens_per_page=16, layers=2, kv_heads=2, head_dim=32,
                              hidden=64, redis_url=redis_url, out=out, repeats=1)
+    stop()
     assert json.loads(out.read_text()) == result
     rows = {(r["tier"], r["op"]): r for r in result["rows"]}
     assert set(rows) == {(t, op) for t in ("memory", "disk", "redis") for op in ("write", "read")}

@@ -10,12 +10,11 @@ go through the plain path underneath the tier:
 MB/s counts the encoded entry bytes on both sides; each figure is the best of `repeats`,
 with the raw and tier runs of an operation back to back in alternating order.
 
-    python -m bench.store --out bench/results/store.json
+    conduit-lab bench store      # writes lab/store/results/store.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -213,19 +212,3 @@ def run_store_bench(*, pages: int = 16, tokens_per_page: int = 256, layers: int 
         out.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
-
-def main() -> None:
-    """`python -m bench.store`: the same as `conduit bench store`."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--pages", type=int, default=16)
-    ap.add_argument("--tokens-per-page", type=int, default=256)
-    ap.add_argument("--redis-url", default=None)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=Path("bench/results/store.json"))
-    args = ap.parse_args()
-    run_store_bench(pages=args.pages, tokens_per_page=args.tokens_per_page,
-                    redis_url=args.redis_url, out=args.out, repeats=args.repeats)
-
-
-if __name__ == "__main__":
-    main()
