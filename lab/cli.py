@@ -60,7 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     fid.add_argument("--policies", default="all", help="comma-separated registry names or all")
     fid.add_argument("--samples", type=int, default=8)
     fid.add_argument("--seed", type=int, default=0)
-    fid.add_argument("--max-image-tokens", type=int, default=None)
+    fid.add_argument("--max-new-tokens", type=int, default=16)
+    fid.add_argument("--max-image-tokens", type=int, default=None,
+                     help="visual tokens per page cap (default: the loader's)")
     fid.add_argument("--out", type=Path, default=results("fidelity") / "fidelity.json")
     fid.set_defaults(func=_eval_fidelity)
 
@@ -167,14 +169,16 @@ def _eval_retrieval(args: argparse.Namespace) -> int:
 
 
 def _eval_fidelity(args: argparse.Namespace) -> int:
-    from bench.fidelity import run_fidelity_eval
+    from lab.fidelity.evaluate import out_path_summary, run_fidelity_eval
     from worker.settings import Settings
 
     policies = "all" if args.policies == "all" else args.policies.split(",")
-    run_fidelity_eval(model=args.model, pages=args.pages, budgets=args.budgets,
-                      policies=policies, samples=args.samples, out=args.out, seed=args.seed,
-                      cache_dir=Settings().model_cache_dir,
-                      max_image_tokens=args.max_image_tokens, command=command_line())
+    doc = run_fidelity_eval(model=args.model, pages=args.pages, budgets=args.budgets,
+                            policies=policies, samples=args.samples, out=args.out,
+                            seed=args.seed, cache_dir=Settings().model_cache_dir,
+                            max_new_tokens=args.max_new_tokens,
+                            max_image_tokens=args.max_image_tokens, command=command_line())
+    print(out_path_summary(doc, args.out))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The fidelity evaluation: its metrics by hand, and a small end-to-end run."""
+"""The fidelity evaluation (`conduit-lab eval fidelity`): its metrics by hand, and a small
+end-to-end run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.fidelity import continuation_match, kl_divergence, run_fidelity_eval
-from bench.fidelity_data import make_cases
 from conduit_core.answer_types import AnswerResult
+from lab.fidelity.data import make_cases
+from lab.fidelity.evaluate import continuation_match, kl_divergence, run_fidelity_eval
 
 
 def result(tokens: list[int], stop: bool) -> AnswerResult:

@@ -1,4 +1,4 @@
-"""Markdown table and PNG plot of a fidelity evaluation document (`bench.fidelity`).
+"""Markdown table and PNG plot of a fidelity evaluation document (`lab.fidelity.evaluate`).
 
 Public API:
   write_table(doc, path) -> None     markdown: command, setup, one row per policy and budget

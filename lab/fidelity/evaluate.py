@@ -1,7 +1,7 @@
 """Fidelity of every refresh policy against a full prefill, over synthetic multi-page requests.
 
 For each request (pages prefilled once in their canonical page context, then reused under a
-new system prefix with labels, `bench.fidelity_data`), the reference is a full prefill from
+new system prefix with labels, `lab.fidelity.data`), the reference is a full prefill from
 the images (vision tower included). Every policy at every budget is compared with it on:
   top1_agreement     first generated token equal to the reference's (fraction of samples)
   kl                 KL(reference || policy) of the first-token distributions (nats)
@@ -21,12 +21,11 @@ Public API:
                     out, seed=0, cache_dir, max_new_tokens=16, max_image_tokens=None,
                     command=None) -> dict
   kl_divergence(ref_logits, logits) -> float; continuation_match(ref, got) -> float
-  main(argv=None) -> int        `python -m bench.fidelity --help`
+Command line: `conduit-lab eval fidelity` (lab/cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import shlex
@@ -40,13 +39,13 @@ from typing import Any
 
 import torch
 
-from bench.fidelity_data import FidelityCase, make_cases
-from bench.fidelity_report import write_plot, write_table
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.runtime import ReuseRuntime
+from lab.fidelity.data import FidelityCase, make_cases
+from lab.fidelity.report import write_plot, write_table
 
 DEFAULT_BUDGETS = (0.05, 0.1, 0.2)
 
@@ -182,40 +181,8 @@ def run_fidelity_eval(
     return doc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m bench.fidelity --model builtin:tiny-qwen2-vl --out X.json`."""
-    p = argparse.ArgumentParser(prog="python -m bench.fidelity", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="builtin:tiny-qwen2-vl")
-    p.add_argument("--pages", type=int, default=4)
-    p.add_argument("--budgets", default=",".join(str(b) for b in DEFAULT_BUDGETS))
-    p.add_argument("--policies", default="all", help="'all' or a comma-separated list")
-    p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--max-image-tokens", type=int, default=None,
-                   help="visual tokens per page cap (default: the loader's, 16 for builtins)")
-    p.add_argument("--cache-dir", type=Path, default=Path(".conduit/models"))
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    policies = "all" if args.policies == "all" else args.policies.split(",")
-    doc = run_fidelity_eval(model=args.model, pages=args.pages,
-                            budgets=[float(b) for b in args.budgets.split(",")],
-                            policies=policies, samples=args.samples, out=args.out,
-                            seed=args.seed, cache_dir=args.cache_dir,
-                            max_new_tokens=args.max_new_tokens,
-                            max_image_tokens=args.max_image_tokens,
-                            command=shlex.join(["python", "-m", "bench.fidelity", *argv_list]))
-    print(out_path_summary(doc, args.out))
-    return 0
-
-
 def out_path_summary(doc: dict[str, Any], out: Path) -> str:
     """One line saying what was written."""
     return (f"{len(doc['rows'])} rows in {doc['wall_seconds']:.1f}s -> {out}, "
             f"{Path(out).with_suffix('.md')}, {Path(out).with_suffix('.png')}")
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
