@@ -16,11 +16,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.ttft_args import add_arguments as add_ttft_arguments
 from lab import command_line, results
 from lab.answers.cli import add_answers_command
 from lab.argtypes import floats, ints
 from lab.testbed.cli import add_testbed_commands
+from lab.ttft.args import add_arguments as add_ttft_arguments
 from service.cli import run
 
 
@@ -124,7 +124,7 @@ def _bench_load(args: argparse.Namespace) -> int:
 
 
 def _bench_ttft(args: argparse.Namespace) -> int:
-    from bench.ttft import run_from_args
+    from lab.ttft.bench import run_from_args
 
     run_from_args(args, command_line())
     return 0

@@ -14,7 +14,7 @@ Public API:
   VARIANTS
   run_ab(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32, repeats=5,
          warmup=1, threads=1, out=None) -> dict
-  main(argv=None) -> int          `python -m bench.ttft_ab --help`
+  main(argv=None) -> int          `python -m lab.ttft.ab --help`
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from bench.ttft_model import bench_pages, build_bench_vlm, make_workload
 from conduit_core import layer_forward
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.runtime import Assembly, ReuseRuntime
 from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores
+from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 
 VARIANTS = {"optimised": (True, True), "no_blocked_attn": (False, True),
             "no_stale_reuse": (True, False), "neither": (False, False)}
@@ -114,8 +114,8 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m bench.ttft_ab [--repeats 5] [--out FILE]`."""
-    p = argparse.ArgumentParser(prog="python -m bench.ttft_ab", description=__doc__,
+    """Command line: `python -m lab.ttft.ab [--repeats 5] [--out FILE]`."""
+    p = argparse.ArgumentParser(prog="python -m lab.ttft.ab", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-shape", default="cpu")
     p.add_argument("--pages", type=int, default=8)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu_ttft import main as gpu_main
-from bench.ttft import METHODS, check_budget_one, run_ttft_bench
-from bench.ttft_ab import run_ab
-from bench.ttft_model import bench_pages, build_bench_vlm, make_workload, page_grid
 from conduit_core import layer_forward
 from conduit_core.runtime import ReuseRuntime
+from lab.gpu.ttft import main as gpu_main
+from lab.ttft.ab import run_ab
+from lab.ttft.bench import METHODS, check_budget_one, run_ttft_bench
+from lab.ttft.model import bench_pages, build_bench_vlm, make_workload, page_grid
 
 TINY = dict(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=8)
 ROW_KEYS = {"method", "tier", "ttft_ms_median", "speedup", "speedup_vs_cached_vision",

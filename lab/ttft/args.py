@@ -1,17 +1,17 @@
-"""Options of the TTFT benchmark, importable without torch (the `conduit` CLI builds its parser
-from them on every start; `bench.ttft` checks the names against its shapes and dtypes)."""
+"""Options of the TTFT benchmark, importable without torch (`conduit-lab` builds its parser
+from them on every start; `lab.ttft.bench` checks the names against its shapes and dtypes)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-SHAPE_NAMES = ["7b", "cpu", "tiny"]  # bench.ttft_model.SHAPES
-DTYPE_NAMES = ["bfloat16", "float16", "float32"]  # bench.ttft.DTYPES
+SHAPE_NAMES = ["7b", "cpu", "tiny"]  # lab.ttft.model.SHAPES
+DTYPE_NAMES = ["bfloat16", "float16", "float32"]  # lab.ttft.bench.DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The benchmark's options (shared by `python -m bench.ttft` and `conduit bench ttft`)."""
+    """The options of `conduit-lab bench ttft`."""
     p.add_argument("--model-shape", default="cpu", choices=SHAPE_NAMES)
     p.add_argument("--pages", default="8",
                    help="pages per request; a list such as 1,2,4,8,16,32 also sweeps them")

@@ -1,19 +1,19 @@
 """The TTFT benchmark at real model shapes in bfloat16 on one CUDA GPU, in under 10 minutes.
 
 Run on a GPU machine (CUDA torch, this repository's dependencies installed):
-    bash bench/gpu_ttft.sh            # or: python -m bench.gpu_ttft [--model-shape 7b]
+    bash lab/gpu/ttft.sh            # or: python -m lab.gpu.ttft [--model-shape 7b]
 Steps, each printed with its wall time:
   1. environment: GPU name and memory, torch/CUDA versions (no GPU: exit 2 unless --device
      is given explicitly, as the CPU test of this script does);
-  2. the model: Qwen2.5-VL-7B's shapes (`bench.ttft_model`, "7b") with random weights,
+  2. the model: Qwen2.5-VL-7B's shapes (`lab.ttft.model`, "7b") with random weights,
      initialised directly on the GPU in bfloat16 (no download);
   3. correctness first: CONDUIT at budget 1.0 from cached pages must give the full
      prefill's first-token logits within bf16 tolerance (and the same top-1); otherwise the
      script stops with exit code 1 before timing anything;
-  4. the benchmark (`bench.ttft.run_ttft_bench`): 8 pages x 256 visual tokens, 32-token
+  4. the benchmark (`lab.ttft.bench.run_ttft_bench`): 8 pages x 256 visual tokens, 32-token
      question, memory / disk / redis tiers (redis only where `redis-server` is installed),
      then a page sweep 1..32 for the refresh path with peak GPU memory;
-  5. outputs: bench/results/ttft_<shape>_cuda.json, .md and .png (`--out` to change).
+  5. outputs: lab/gpu/results/ttft_<shape>_cuda.json, .md and .png (`--out` to change).
 The step budget is sized for an H100/H200-class GPU (model init ~1 min, each timed round a
 few seconds); `--repeats`, `--sweep` and `--sweep-repeats` shrink it on slower parts.
 
@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from bench.ttft import RESULTS, BudgetCheckError, run_ttft_bench
-from bench.ttft_args import DTYPE_NAMES, SHAPE_NAMES
-from bench.ttft_report import summary_lines
+from lab import results
+from lab.ttft.args import DTYPE_NAMES, SHAPE_NAMES
+from lab.ttft.bench import BudgetCheckError, run_ttft_bench
+from lab.ttft.report import summary_lines
 
 
 def _environment(device: str) -> str:
@@ -49,7 +50,7 @@ def _environment(device: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, check the GPU, run the correctness check and the benchmark."""
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_ttft", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lab.gpu.ttft", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-shape", default="7b", choices=SHAPE_NAMES)
     p.add_argument("--device", default=None, help="default: cuda (required)")
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tiers.remove("redis")
     t0 = time.perf_counter()
     print(f"[{time.perf_counter() - t0:6.1f}s] device: {_environment(device)}", flush=True)
-    out = args.out or RESULTS / f"ttft_{args.model_shape}_{device.split(':')[0]}.json"
+    out = args.out or results("gpu") / f"ttft_{args.model_shape}_{device.split(':')[0]}.json"
     try:
         doc = run_ttft_bench(
             model_shape=args.model_shape, pages=args.pages,
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pages_sweep=[int(x) for x in args.sweep.split(",")] if args.sweep else None,
             sweep_repeats=args.sweep_repeats, out=out, device=device, dtype=args.dtype,
             threads=None if device.startswith("cuda") else 1, check=True,
-            command=shlex.join(["python", "-m", "bench.gpu_ttft", *argv_list]))
+            command=shlex.join(["python", "-m", "lab.gpu.ttft", *argv_list]))
     except BudgetCheckError as exc:
         print(f"[{time.perf_counter() - t0:6.1f}s] CORRECTNESS CHECK FAILED: {exc}")
         return 1

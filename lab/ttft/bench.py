@@ -1,8 +1,8 @@
 """Time to first token and FLOPs of page-KV reuse against full prefill, side by side (issue 7).
 
-Workload: a random-weight Qwen2.5-VL (`bench.ttft_model`, shape "cpu" by default, "7b" for
+Workload: a random-weight Qwen2.5-VL (`lab.ttft.model`, shape "cpu" by default, "7b" for
 GPUs), P pages of T visual tokens (default 8 x 256) prefilled beforehand in their canonical
-page context and stored in each tier (`bench.ttft_tiers`), then asked about under a NEW
+page context and stored in each tier (`lab.ttft.tiers`), then asked about under a NEW
 prefix (system prompt + a label before each page) with a question of `question_tokens`
 tokens. Methods, each timed to the first generated token:
   full_prefill                 images -> processor -> vision tower -> every token (no tier)
@@ -35,7 +35,7 @@ Public API:
                  out=None, device="cpu", dtype="float32", threads=1, sweep_repeats=None,
                  check=True, command=None, workdir=None) -> dict
   check_budget_one(rt, work, images, kvs) -> dict   budget 1.0 against full prefill
-  main(argv=None) -> int                            `python -m bench.ttft --help`
+Command line: `conduit-lab bench ttft` (options in `lab.ttft.args`).
 """
 
 from __future__ import annotations
@@ -57,15 +57,14 @@ from typing import Any
 import torch
 from PIL import Image
 
-from bench.ttft_args import add_arguments
-from bench.ttft_model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
-from bench.ttft_report import write_outputs
-from bench.ttft_tiers import TIER_NOTES, BenchTiers, sync
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.loader import DTYPES
 from conduit_core.page_kv import PageKV
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.runtime import ReuseRuntime
+from lab.ttft.model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
+from lab.ttft.report import write_outputs
+from lab.ttft.tiers import TIER_NOTES, BenchTiers, sync
 
 RESULTS = Path(__file__).parent / "results"
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # max |diff| / max |logit|
@@ -175,8 +174,10 @@ class _Runner:
             with measured:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
-                res = (rt if method.head_cache else self.no_head).answer(AnswerRequest(w.prefix, pages, w.question, policy=method.policy,
-                                              budget=method.budget, max_new_tokens=1))
+                runtime = rt if method.head_cache else self.no_head
+                res = runtime.answer(AnswerRequest(w.prefix, pages, w.question,
+                                                   policy=method.policy, budget=method.budget,
+                                                   max_new_tokens=1))
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s,
                       flops_ratio_lm=res.flops_ratio_lm, flops_ratio_total=res.flops_ratio_total,
                       flops_used=res.flops_used, flops_full=res.flops_full,
@@ -292,7 +293,7 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
                    sweep_repeats: int | None = None, check: bool = True,
                    command: str | None = None, workdir: Path | None = None) -> dict[str, Any]:
     """Run the benchmark described in the module docstring; write JSON (`out`, default
-    `bench/results/ttft_<shape>.json`), a markdown table and, with a sweep, a PNG beside it.
+    `lab/ttft/results/ttft_<shape>.json`), a markdown table and, with a sweep, a PNG beside it.
     `threads` pins torch's CPU threads for the run (None leaves them)."""
     if pages < 1 or tokens_per_page < 1 or question_tokens < 1 or repeats < 1 or warmup < 0:
         raise ValueError("pages, tokens_per_page, question_tokens, repeats must be >= 1")
@@ -366,22 +367,8 @@ def run_from_args(args: argparse.Namespace, command: str) -> dict[str, Any]:
         repeats=args.repeats, warmup=args.warmup, pages_sweep=sweep,
         sweep_repeats=args.sweep_repeats, out=args.out, device=args.device, dtype=args.dtype,
         threads=args.threads, check=not args.no_check, command=command)
-    from bench.ttft_report import summary_lines
+    from lab.ttft.report import summary_lines
 
     print("\n".join(summary_lines(doc)))
     return doc
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m bench.ttft [--pages 8] [--sweep 1,2,4,8,16,32] [--out F]`."""
-    p = argparse.ArgumentParser(prog="python -m bench.ttft", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    argv_list = list(sys.argv[1:] if argv is None else argv)
-    run_from_args(args, shlex.join(["python", "-m", "bench.ttft", *argv_list]))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,16 +7,16 @@ over layer counts, page counts and question lengths, and the decode loop's time 
 before those changes, so the same file runs on the old commit for the "before" column
 (`git worktree add /tmp/old <commit>`, copy this file there, run it from there).
 
-Model: the TTFT bench's "cpu" shape (`bench.ttft_model`: hidden 512, 8/2 heads, d_ff 2752)
+Model: the TTFT bench's "cpu" shape (`lab.ttft.model`: hidden 512, 8/2 heads, d_ff 2752)
 with its layer count overridden; pages of `tokens_per_page` visual tokens reused under a new
 prefix with a question of `question_tokens` tokens. Memory: CPU peak RSS above the RSS before
-the call (`bench.ttft.PeakMemory`); time per token: (total - time to first token) / (tokens
+the call (`lab.ttft.bench.PeakMemory`); time per token: (total - time to first token) / (tokens
 - 1) of a greedy answer with stop tokens disabled, full_reuse policy, median of `repeats`.
 
 Public API:
   run_core_costs(*, layers=(8, 32), pages=(4, 16), questions=(32, 256), tokens_per_page=256,
                  decode_tokens=128, repeats=3, label="", out=None) -> dict
-  main(argv=None) -> int        `python -m bench.core_costs --help`
+  main(argv=None) -> int        `python -m lab.ttft.core_costs --help`
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from bench.ttft import PeakMemory
-from bench.ttft_model import SHAPES, bench_pages, build_bench_vlm, make_workload
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.runtime import ReuseRuntime
+from lab.ttft.bench import PeakMemory
+from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload
 
 
 def _runtime(layers: int, tokens_per_page: int) -> ReuseRuntime:
@@ -109,7 +109,7 @@ def run_core_costs(*, layers: Sequence[int] = (8, 32), pages: Sequence[int] = (4
     doc = {"label": label, "commit": commit, "tokens_per_page": tokens_per_page,
            "machine": f"{platform.machine()} {platform.system()}, torch {torch.__version__}, "
                       "1 thread",
-           "command": " ".join(["python -m bench.core_costs", *sys.argv[1:]]),
+           "command": " ".join(["python -m lab.ttft.core_costs", *sys.argv[1:]]),
            "wall_seconds": time.perf_counter() - t0, "scoring": rows, "decode": decode}
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +118,8 @@ def run_core_costs(*, layers: Sequence[int] = (8, 32), pages: Sequence[int] = (4
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: `python -m bench.core_costs [--layers 8,32] [--out FILE]`."""
-    p = argparse.ArgumentParser(prog="python -m bench.core_costs", description=__doc__,
+    """Command line: `python -m lab.ttft.core_costs [--layers 8,32] [--out FILE]`."""
+    p = argparse.ArgumentParser(prog="python -m lab.ttft.core_costs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", default="8,32")
     p.add_argument("--pages", default="4,16")

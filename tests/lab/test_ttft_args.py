@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from bench.ttft_args import DTYPE_NAMES, SHAPE_NAMES
-from bench.ttft_model import SHAPES
 from conduit_core.loader import DTYPES
+from lab.ttft.args import DTYPE_NAMES, SHAPE_NAMES
+from lab.ttft.model import SHAPES
 
 
 def test_option_names_match_the_benchmark() -> None:

@@ -1,4 +1,4 @@
-"""Outputs of the TTFT benchmark (`bench.ttft`): JSON, markdown table, sweep plot, summary.
+"""Outputs of the TTFT benchmark (`lab.ttft.bench`): JSON, markdown table, sweep plot, summary.
 
 Public API:
   write_outputs(doc, out) -> None      JSON at `out`; markdown at out.md; PNG at out.png when
