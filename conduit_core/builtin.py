@@ -3,9 +3,10 @@
 Public API:
   BUILTIN_SCHEME = "builtin:";  BUILTIN_MODELS: the builtin names without the scheme
   BUILTIN_PAGE_TOKENS: name -> visual tokens per page it was built for
-  `small-qwen2-vl` (the service's default: pages up to 320 visual tokens, random weights) and the
-  `tiny-*` test models are built from configs; `testbed-qwen2-vl` is the trained testbed model (`conduit_core.testbed_model`): its weights
-  are read from `conduit_core/weights/` (see `conduit_core.testbed_model`).
+  `small-qwen2-vl` (the service's default: pages up to 320 visual tokens, random weights)
+  and the `tiny-*` test models are built from configs; `testbed-qwen2-vl` is the trained
+  testbed model: its weights are read from `conduit_core/weights/` (see
+  `conduit_core.testbed_model`).
   builtin_names() -> list[str]                 e.g. ["builtin:tiny-qwen2-vl", ...]
   is_builtin(name) -> bool
   materialise_builtin(name, cache_dir) -> Path

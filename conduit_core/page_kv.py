@@ -1,14 +1,31 @@
 """What one page's prefill leaves behind, and the fingerprint that guards its reuse.
 
 `PageKV` is the seam between the runtime (which produces and consumes it) and the storage
-layer (which serialises it with safetensors). It holds only tensors and plain metadata.
+layer (which serialises it with safetensors). It holds only tensors and plain metadata, on
+the host (`PageKV.to_host`: the runtime returns host pages, the memory tier keeps them so).
+
+A page comes in one of two forms. Float: `keys`/`values` as computed. Int8 (from an int8
+tier): `keys`/`values` are symmetric int8 with float32 scales, keys per channel
+(`key_scale` (L, kv, 1, hd)), values per token (`value_scale` (L, kv, T, 1)); `kv_dtype` is
+the dtype they dequantise to (`dequantize_int8`: `(q.float() * scale).to(kv_dtype)`). The
+runtime copies int8 pages as they are (half the bytes of bf16) and dequantises on the device.
+
+Public API:
+  ModelFingerprint(name, revision, dtype, config_hash, template_version)
+  PageKV(embeds, keys, values, position_ids, token_ids, image_grid, fingerprint,
+         key_scale=None, value_scale=None, kv_dtype=None)
+    .quantized, .compute_dtype, .num_tokens, .nbytes, .tensors()
+    .dequantized() -> PageKV (float form)   .to_host(pin=None) -> PageKV (host, pinned
+    where CUDA is available)   .check_fingerprint(expected)
+  dequantize_int8(q, scale, dtype) -> Tensor
+  pin_host_memory() -> bool   whether host pages are pinned here (CUDA available)
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -40,6 +57,28 @@ class ModelFingerprint:
         return cls(**json.loads(text))
 
 
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Symmetric int8 `q` times its float32 `scale` (broadcast), cast to `dtype`; the one
+    formula every tier and the runtime use (on whatever device `q` is)."""
+    return (q.float() * scale).to(dtype)
+
+
+def pin_host_memory() -> bool:
+    """Whether host copies of page KV are pinned (page-locked) here: when CUDA is available,
+    so that host-to-device copies can run asynchronously."""
+    return torch.cuda.is_available()
+
+
+def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    """`t` on the host (pinned if `pin`); the same tensor when it already is."""
+    if t.device.type == "cpu" and (not pin or t.is_pinned()):
+        return t
+    if pin:
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return out.copy_(t)
+    return t.cpu()
+
+
 @dataclass
 class PageKV:
     """One page segment's cached state from its canonical prefill.
@@ -47,9 +86,13 @@ class PageKV:
     Shapes (T = tokens in the page segment, L = decoder layers):
       embeds:        (T, hidden)                      layer-0 input embeddings
       keys, values:  (L, kv_heads, T, head_dim)       keys after RoPE at `position_ids`
+                                                      (int8 in the int8 form)
       position_ids:  (P, T) int64, P = 3 for M-RoPE models, 1 otherwise
       token_ids:     (T,) int64
       image_grid:    (3,) int64, (t, h, w) patch grid of the page image (model family specific)
+      key_scale:     (L, kv_heads, 1, head_dim) float32, int8 form only
+      value_scale:   (L, kv_heads, T, 1) float32, int8 form only
+      kv_dtype:      the dtype int8 keys/values dequantise to (int8 form only)
     """
 
     embeds: torch.Tensor
@@ -59,18 +102,62 @@ class PageKV:
     token_ids: torch.Tensor
     image_grid: torch.Tensor
     fingerprint: ModelFingerprint
+    key_scale: torch.Tensor | None = None
+    value_scale: torch.Tensor | None = None
+    kv_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        parts = (self.key_scale is None, self.value_scale is None, self.kv_dtype is None)
+        if len(set(parts)) != 1 or (self.quantized and (self.keys.dtype != torch.int8
+                                                        or self.values.dtype != torch.int8)):
+            raise ValueError("an int8 page needs int8 keys and values, both scales and kv_dtype")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether keys and values are in the int8 form."""
+        return self.key_scale is not None
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the keys and values as computed (after dequantisation)."""
+        return self.kv_dtype if self.kv_dtype is not None else self.keys.dtype
 
     @property
     def num_tokens(self) -> int:
         """Tokens in the page segment."""
         return int(self.token_ids.shape[0])
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the page holds (scales included in the int8 form)."""
+        out: tuple[torch.Tensor, ...] = (self.embeds, self.keys, self.values,
+                                         self.position_ids, self.token_ids, self.image_grid)
+        if self.key_scale is not None and self.value_scale is not None:
+            out += (self.key_scale, self.value_scale)
+        return out
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the tensors."""
-        tensors = (self.embeds, self.keys, self.values, self.position_ids, self.token_ids,
-                   self.image_grid)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def dequantized(self) -> PageKV:
+        """The float form (itself when it is one): keys and values dequantised where they
+        are (`dequantize_int8`)."""
+        if self.key_scale is None or self.value_scale is None or self.kv_dtype is None:
+            return self
+        return replace(self, keys=dequantize_int8(self.keys, self.key_scale, self.kv_dtype),
+                       values=dequantize_int8(self.values, self.value_scale, self.kv_dtype),
+                       key_scale=None, value_scale=None, kv_dtype=None)
+
+    def to_host(self, pin: bool | None = None) -> PageKV:
+        """The page with every tensor on the host, page-locked when `pin` (default:
+        `pin_host_memory()`); itself when nothing has to move."""
+        pin = pin_host_memory() if pin is None else pin
+        moved = {name: _host(getattr(self, name), pin) for name in _TENSOR_FIELDS
+                 if getattr(self, name) is not None}
+        if all(moved[n] is getattr(self, n) for n in moved):
+            return self
+        return replace(self, **moved)  # type: ignore[arg-type]
 
     def check_fingerprint(self, expected: ModelFingerprint) -> None:
         """Raise `FingerprintMismatch` unless this page was prefilled by `expected`."""
@@ -79,3 +166,7 @@ class PageKV:
                 f"cached page was prefilled by {self.fingerprint} but the runtime is {expected}; "
                 "it cannot be reused"
             )
+
+
+_TENSOR_FIELDS = ("embeds", "keys", "values", "position_ids", "token_ids", "image_grid",
+                  "key_scale", "value_scale")

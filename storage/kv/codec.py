@@ -25,7 +25,7 @@ import xxhash
 
 from conduit_core.page_kv import ModelFingerprint, PageKV
 from storage.errors import CorruptEntryError
-from storage.kv.quant import dequantize, quantize_keys, quantize_values
+from storage.kv.quant import int8_parts
 
 FORMAT = "conduit.pagekv"
 VERSION = "1"
@@ -287,20 +287,22 @@ def check_metadata(meta: Mapping[str, str]) -> None:
 
 
 def encode_page(page: PageKV, *, quantize: bool = False) -> Encoded:
-    """Serialise a whole page (keys and values as computed, or int8 with scales)."""
+    """Serialise a whole page (keys and values as computed, or int8 with scales; a page in
+    the int8 form is written as it is, or dequantised for a float entry)."""
     tensors = {"embeds": page.embeds, "position_ids": page.position_ids,
                "token_ids": page.token_ids, "image_grid": page.image_grid}
     if quantize:
-        tensors["keys.q"], tensors["keys.scale"] = quantize_keys(page.keys)
-        tensors["values.q"], tensors["values.scale"] = quantize_values(page.values)
+        (tensors["keys.q"], tensors["keys.scale"], tensors["values.q"],
+         tensors["values.scale"]) = int8_parts(page)
     else:
+        page = page.dequantized()
         tensors["keys"], tensors["values"] = page.keys, page.values
-    meta = page_metadata(page, "int8" if quantize else "none", page.keys.dtype)
+    meta = page_metadata(page, "int8" if quantize else "none", page.compute_dtype)
     return encode_tensors(tensors, meta)
 
 
 def decode_page(buf: bytes | bytearray | memoryview) -> PageKV:
-    """Verify and deserialise an `encode_page` entry (dequantising int8 to the stored dtype)."""
+    """Verify and deserialise an `encode_page` entry (an int8 entry as an int8 page)."""
     return page_from_tensors(*decode_tensors(buf))
 
 
@@ -314,31 +316,37 @@ def page_from_tensors(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, st
     check_metadata(meta)
     try:
         if meta["quant"] == "int8":
-            kv_dtype = torch_dtype(meta["kv_dtype"])
-            keys = dequantize(tensors["keys.q"], tensors["keys.scale"], kv_dtype)
-            values = dequantize(tensors["values.q"], tensors["values.scale"], kv_dtype)
-        else:
-            keys, values = tensors["keys"], tensors["values"]
-        return assemble_page(tensors, keys, values, meta)
+            return assemble_page(tensors, tensors["keys.q"], tensors["values.q"], meta,
+                                 scales=(tensors["keys.scale"], tensors["values.scale"]))
+        return assemble_page(tensors, tensors["keys"], tensors["values"], meta)
     except KeyError as exc:
         raise CorruptEntryError(f"entry lacks tensor {exc}") from exc
 
 
 def assemble_page(tensors: Mapping[str, torch.Tensor], keys: torch.Tensor,
-                  values: torch.Tensor, meta: Mapping[str, str]) -> PageKV:
-    """Build a `PageKV` from decoded parts, checking the shapes agree."""
+                  values: torch.Tensor, meta: Mapping[str, str],
+                  scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> PageKV:
+    """Build a `PageKV` from decoded parts, checking the shapes agree; with `scales` (keys',
+    values') the int8 form, dequantising to the entry's `kv_dtype`."""
     try:
         fingerprint = _fingerprint(meta["fingerprint"])
+        kv_dtype = torch_dtype(meta["kv_dtype"]) if scales is not None else None
+        page = PageKV(embeds=tensors["embeds"], keys=keys, values=values,
+                      position_ids=tensors["position_ids"], token_ids=tensors["token_ids"],
+                      image_grid=tensors["image_grid"], fingerprint=fingerprint,
+                      key_scale=scales[0] if scales else None,
+                      value_scale=scales[1] if scales else None, kv_dtype=kv_dtype)
     except (KeyError, ValueError, TypeError) as exc:
-        raise CorruptEntryError(f"bad fingerprint: {exc}") from exc
-    page = PageKV(embeds=tensors["embeds"], keys=keys, values=values,
-                  position_ids=tensors["position_ids"], token_ids=tensors["token_ids"],
-                  image_grid=tensors["image_grid"], fingerprint=fingerprint)
+        raise CorruptEntryError(f"bad page entry: {exc}") from exc
     t = page.num_tokens
     if (keys.shape != values.shape or keys.dim() != 4 or keys.shape[2] != t
             or page.embeds.shape[0] != t or page.position_ids.shape[-1] != t
             or str(keys.shape[0]) != meta.get("layers")):
         raise CorruptEntryError("tensor shapes disagree")
+    if scales is not None and (
+            scales[0].shape != (*keys.shape[:2], 1, keys.shape[3])
+            or scales[1].shape != (*keys.shape[:3], 1)):
+        raise CorruptEntryError("int8 scale shapes disagree with the keys and values")
     return page
 
 

@@ -1,4 +1,4 @@
-"""In-process LRU tier with a byte budget."""
+"""In-process LRU tier with a byte budget, holding host memory only."""
 
 from __future__ import annotations
 
@@ -18,9 +18,13 @@ log = logging.getLogger(__name__)
 class MemoryKVStore:
     """Thread-safe LRU of `PageKV` objects, evicting least recently used past `max_bytes`.
 
-    Entries are held and returned by reference (no copy). With `quantize=True` each page is
-    stored as an int8 tier would return it, so every tier of a quantised stack serves identical
-    tensors. An entry larger than the whole budget is not cached.
+    Entries are held and returned by reference (no copy) once they are on the host: a page
+    with tensors on an accelerator (a page prefilled in this process) is copied to host
+    memory first, page-locked where CUDA is available (`PageKV.to_host`), so `max_bytes` is
+    host memory whatever the device, and every page reaches the runtime the same way. With
+    `quantize=True` each page is stored as an int8 tier would return it (int8 keys and
+    values plus scales), so every tier of a quantised stack serves identical tensors. An
+    entry larger than the whole budget is not cached.
     """
 
     def __init__(self, max_bytes: int, *, quantize: bool = False) -> None:
@@ -49,8 +53,9 @@ class MemoryKVStore:
         """Insert or replace entries, then evict down to the budget."""
         evicted = 0
         for key, page in items.items():
-            if self.quantize:
-                page = quantize_roundtrip(page)
+            page = page.to_host()
+            if self.quantize and not page.quantized:
+                page = quantize_roundtrip(page).to_host()
             size = page.nbytes
             if size > self.max_bytes:
                 log.debug("page %s (%d bytes) exceeds the memory budget; not cached", key, size)

@@ -5,11 +5,22 @@ tokens), values per token (one scale per layer, head and token, over the head di
 symmetric with round-to-nearest. Dequantised error is at most half a step: for every element
 `|x - dequant(quant(x))| <= scale / 2` with `scale = amax / 127` over its group, plus the
 rounding of the output dtype (bf16 keeps 8 significant bits).
+
+Int8 tiers return pages in `PageKV`'s int8 form (int8 keys/values plus these scales): the
+runtime copies them as they are and dequantises on its device with the same formula
+(`conduit_core.page_kv.dequantize_int8`), so no tier dequantises on the host.
+
+Public API:
+  quantize_keys(keys) -> (int8, scale (L, H, 1, D));  quantize_values(values) -> (int8,
+  scale (L, H, T, 1));  dequantize(q, scale, dtype);  int8_parts(page) -> (keys.q,
+  keys.scale, values.q, values.scale) of a page in either form (an int8 page as it is)
 """
 
 from __future__ import annotations
 
 import torch
+
+from conduit_core.page_kv import PageKV, dequantize_int8
 
 QMAX = 127
 _MIN_SCALE = 1e-30
@@ -33,5 +44,15 @@ def quantize_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of the quantisers above, cast to `dtype`."""
-    return (q.float() * scale).to(dtype)
+    """Inverse of the quantisers above, cast to `dtype` (`dequantize_int8`)."""
+    return dequantize_int8(q, scale, dtype)
+
+
+def int8_parts(page: PageKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Int8 keys, key scales, int8 values, value scales of `page`: its own in the int8 form
+    (never quantised twice), else quantised now."""
+    if page.key_scale is not None and page.value_scale is not None:
+        return page.keys, page.key_scale, page.values, page.value_scale
+    kq, ks = quantize_keys(page.keys)
+    vq, vs = quantize_values(page.values)
+    return kq, ks, vq, vs

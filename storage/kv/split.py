@@ -29,9 +29,8 @@ from storage.kv.codec import (
     encode_tensors,
     page_metadata,
     tensor_bytes,
-    torch_dtype,
 )
-from storage.kv.quant import dequantize, quantize_keys, quantize_values
+from storage.kv.quant import int8_parts
 
 
 @dataclass(frozen=True)
@@ -52,16 +51,17 @@ def encode_split(page: PageKV, *, quantize: bool = False) -> SplitEncoded:
     tensors = {"embeds": page.embeds, "position_ids": page.position_ids,
                "token_ids": page.token_ids, "image_grid": page.image_grid}
     if quantize:
-        keys, tensors["keys.scale"] = quantize_keys(page.keys)
-        values, tensors["values.scale"] = quantize_values(page.values)
+        keys, tensors["keys.scale"], values, tensors["values.scale"] = int8_parts(page)
     else:
-        keys = page.keys.detach().cpu().contiguous()
-        values = page.values.detach().cpu().contiguous()
+        page = page.dequantized()
+        keys, values = page.keys, page.values
+    keys = keys.detach().cpu().contiguous()
+    values = values.detach().cpu().contiguous()
     layers: list[memoryview] = []
     for layer in range(keys.shape[0]):
         layers.append(tensor_bytes(keys[layer]))
         layers.append(tensor_bytes(values[layer]))
-    meta = page_metadata(page, "int8" if quantize else "none", page.keys.dtype)
+    meta = page_metadata(page, "int8" if quantize else "none", page.compute_dtype)
     meta["split"] = "1"
     meta["layer_shape"] = json.dumps(list(keys.shape[1:]))
     meta["layer_dtype"] = DTYPE_NAMES[keys.dtype]
@@ -119,14 +119,9 @@ def decode_split(header: SplitHeader,
         if src.nbytes != dst.nbytes or checksum(part) != sums[i]:
             raise CorruptEntryError(f"layer value {i} does not belong to this header")
         dst[:] = src
-    if meta["quant"] == "int8":
-        kv_dtype = torch_dtype(meta["kv_dtype"])
-        try:
-            keys = dequantize(keys, tensors["keys.scale"], kv_dtype)
-            values = dequantize(values, tensors["values.scale"], kv_dtype)
-        except KeyError as exc:
-            raise CorruptEntryError(f"entry lacks tensor {exc}") from exc
     try:
-        return assemble_page(tensors, keys, values, meta)
+        scales = ((tensors["keys.scale"], tensors["values.scale"])
+                  if meta["quant"] == "int8" else None)  # int8 stays int8 (int8 form)
+        return assemble_page(tensors, keys, values, meta, scales=scales)
     except KeyError as exc:
         raise CorruptEntryError(f"entry lacks tensor {exc}") from exc

@@ -17,8 +17,9 @@ from tests.core.conftest import FAMILIES, load_builtin
 def test_builtin_names() -> None:
     from conduit_core.builtin_models import BUILDERS
 
-    assert sorted(builtin_names()) == sorted([*FAMILIES, "builtin:testbed-qwen2-vl"])
-    assert sorted("builtin:" + n for n in BUILDERS) == sorted(FAMILIES)  # the random ones
+    randoms = [*FAMILIES, "builtin:small-qwen2-vl"]  # the service's default is random too
+    assert sorted(builtin_names()) == sorted([*randoms, "builtin:testbed-qwen2-vl"])
+    assert sorted("builtin:" + n for n in BUILDERS) == sorted(randoms)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

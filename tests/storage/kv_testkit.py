@@ -37,9 +37,11 @@ def make_page(seed: int = 0, shape: tuple[int, int, int, int, int] = SMALL,
 
 
 def assert_same_page(a: PageKV, b: PageKV) -> None:
-    """Bit-exact equality of every tensor, dtype and the fingerprint."""
+    """Bit-exact equality of every tensor (int8 scales included), dtype and the fingerprint."""
     assert a.fingerprint == b.fingerprint
-    for name in ("embeds", "keys", "values", "position_ids", "token_ids", "image_grid"):
+    assert a.quantized == b.quantized and a.compute_dtype == b.compute_dtype
+    names = ("embeds", "keys", "values", "position_ids", "token_ids", "image_grid")
+    for name in names + (("key_scale", "value_scale") if a.quantized else ()):
         x, y = getattr(a, name), getattr(b, name)
         assert x.dtype == y.dtype and x.shape == y.shape, name
         x, y = x.contiguous(), y.contiguous()

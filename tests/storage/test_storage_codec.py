@@ -62,7 +62,11 @@ def test_int8_round_trip_within_half_a_step(dtype: torch.dtype) -> None:
     page = make_page(4, QWEN2VL_2B, dtype)
     enc = encode_page(page, quantize=True)
     assert enc.nbytes < 0.6 * encode_page(page).nbytes * (2 if dtype == torch.float32 else 1)
-    back = decode_page(bytearray(enc.to_bytes()))
+    stored = decode_page(bytearray(enc.to_bytes()))
+    # served in the int8 form (int8 plus scales: the runtime dequantises on its device)
+    assert stored.quantized and stored.keys.dtype == torch.int8
+    assert stored.compute_dtype == dtype and stored.nbytes < page.nbytes
+    back = stored.dequantized()
     assert back.keys.dtype == dtype and back.values.dtype == dtype
     assert torch.equal(back.embeds, page.embeds)  # only keys/values are quantised
     rel = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-6  # rounding of the output dtype
@@ -147,6 +151,9 @@ def test_split_round_trip(quantize: bool) -> None:
         1 if quantize else 2)
     back = decode_split(read_header(enc.header), [bytes(v) for v in enc.layers])
     if quantize:
+        assert back.quantized and back.compute_dtype == page.keys.dtype
+        assert_same_page(back, decode_page(encode_page(page, quantize=True).to_bytes()))
+        back = back.dequantized()
         assert torch.allclose(back.keys.float(), page.keys.float(), atol=0.1, rtol=0.02)
     else:
         assert_same_page(page, back)
