@@ -1,0 +1,106 @@
+"""Page loads: the batched path (one staged buffer, one copy, re-rotation of all pages in a few
+operations, int8 dequantised on the device) fills the cache exactly as the per-page path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conduit_core import PageInput, PageKV, ReuseRuntime
+from conduit_core.rotation import rerotate, rerotate_rows, shift_tables
+from conduit_core.staging import stage
+from storage.kv.codec import quantize_roundtrip
+from tests.core.helpers import IMAGES
+from tests.device import TEST_DEVICE
+
+PREFIX = "You answer questions about the pages below."
+QUESTION = "What is on the second page?"
+
+
+def _assemble(rt: ReuseRuntime, kvs: list[PageKV], loads: str) -> tuple[torch.Tensor, ...]:
+    rt.page_loads = loads
+    try:
+        asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+                          QUESTION)
+    finally:
+        rt.page_loads = "batched"
+    rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
+    dev = asm.cache.keys.device
+    return (asm.cache.keys[:, 0, :, rows.to(dev)], asm.cache.values[:, 0, :, rows.to(dev)],
+            asm.embeds)
+
+
+def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def test_batched_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
+    kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    _same(_assemble(runtime, kvs, "batched"), _assemble(runtime, kvs, "per_page"))
+    _same(_assemble(runtime, kvs[::-1], "batched"), _assemble(runtime, kvs[::-1], "per_page"))
+
+
+def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRuntime) -> None:
+    """Int8 pages are staged as int8 plus scales and dequantised where the cache is; the cache
+    holds exactly what the host-dequantised page would put there (and a mixed question
+    too)."""
+    floats = runtime.prefill_pages([IMAGES["a"], IMAGES["c"]])
+    int8 = [quantize_roundtrip(kv) for kv in floats]
+    assert all(kv.quantized and kv.keys.dtype == torch.int8 for kv in int8)
+    host = [kv.dequantized() for kv in int8]
+    _same(_assemble(runtime, int8, "batched"), _assemble(runtime, host, "per_page"))
+    _same(_assemble(runtime, [int8[0], floats[1]], "batched"),
+          _assemble(runtime, [host[0], floats[1]], "per_page"))
+
+
+def test_int8_staging_copies_int8_bytes() -> None:
+    """What crosses to the device for an int8 page is int8 plus float32 scales."""
+    q = torch.randint(-127, 128, (2, 2, 5, 8), dtype=torch.int8)
+    scale = torch.rand(2, 2, 1, 8)
+    staged_q, staged_scale = stage([([q, q], 2), ([scale, scale], 2)], torch.device("cpu"))
+    assert staged_q.dtype == torch.int8 and staged_q.shape == (2, 2, 10, 8)
+    assert torch.equal(staged_q, torch.cat([q, q], dim=2))
+    assert torch.equal(staged_scale, torch.cat([scale, scale], dim=2))
+
+
+def test_stage_makes_one_buffer_of_every_group() -> None:
+    a = [torch.randn(3, 2, 4, 8), torch.randn(3, 2, 5, 8)]
+    e = [torch.randn(4, 6).to(torch.bfloat16), torch.randn(5, 6).to(torch.bfloat16)]
+    ids = [torch.arange(4), torch.arange(5)]
+    out = stage([(a, 2), (e, 0), (ids, 0)], torch.device(TEST_DEVICE))
+    for got, parts, dim in zip(out, (a, e, ids), (2, 0, 0), strict=True):
+        assert got.device.type == torch.device(TEST_DEVICE).type
+        assert torch.equal(got.cpu(), torch.cat(parts, dim=dim))
+    storages = {t.untyped_storage().data_ptr() for t in out}
+    assert len(storages) == 1  # one buffer, so one host-to-device copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_rerotation_equals_per_page_rerotation(runtime: ReuseRuntime,
+                                                       dtype: torch.dtype) -> None:
+    """`rerotate_rows` over several pages, each by its own shift (zero, small, negative,
+    very large), writes exactly what `rerotate` page by page and layer by layer writes."""
+    g = torch.Generator().manual_seed(0)
+    adapter = runtime.adapter
+    n_layers = len(adapter.layers)
+    kv, hd = adapter.text_config.num_key_value_heads, adapter.layers[0].self_attn.head_dim
+    lengths, deltas = [7, 1, 12, 5], [0, 3, -40, 1_000_003]
+    pages = [(torch.randn(n_layers, kv, t, hd, generator=g) * 4).to(dtype) for t in lengths]
+    starts = [2, 11, 14, 30]  # page rows inside a 40-row cache, gaps between them
+    want = torch.zeros(n_layers, kv, 40, hd, dtype=dtype)
+    for keys, start, delta in zip(pages, starts, deltas, strict=True):
+        rerotate(adapter, keys, delta, out=want[:, :, start:start + keys.shape[2]])
+    rows = torch.cat([torch.arange(s, s + t) for s, t in zip(starts, lengths, strict=True)])
+    cos, sin = shift_tables(adapter, deltas, lengths, torch.device("cpu"))
+    for chunk in (None, 1, kv * sum(lengths) * hd):  # all layers at once / a layer per step
+        got = torch.zeros_like(want)
+        rerotate_rows(torch.cat(pages, dim=2), cos, sin, got, rows, chunk_elements=chunk)
+        assert torch.equal(got, want), chunk
+
+
+def test_runtime_returns_host_pages(runtime: ReuseRuntime) -> None:
+    (kv,) = runtime.prefill_pages([IMAGES["a"]])
+    pinned = torch.cuda.is_available()
+    for t in kv.tensors():
+        assert t.device.type == "cpu" and t.is_pinned() == pinned
