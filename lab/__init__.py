@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parent
+# The MMLongBench-Doc dev set, read where it lies: ../shared beside the repository.
+DEVSET = LAB.parent.parent / "shared" / "devsets" / "mmlongbench-dev"
 
 
 def results(subject: str) -> Path:

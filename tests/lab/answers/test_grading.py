@@ -4,19 +4,17 @@ it lies, ../shared/devsets/mmlongbench-dev): matches and near-misses for every f
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from worker.answer_eval.scoring import (
+from lab import DEVSET
+from lab.answers.grading import (
     NOT_ANSWERABLE,
     agreement,
     clean,
     extract_answer,
     score_answer,
 )
-
-DEVSET = Path(__file__).resolve().parents[2].parent / "shared" / "devsets" / "mmlongbench-dev"
 
 
 def _key() -> dict[str, dict[str, str]]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.answer_eval.slice import QUESTIONS
-from worker.answer_eval.questions import QuestionsError, load_items
-from worker.answer_eval.results import Records, RecordsMismatchError
+from lab.answers.questions import QuestionsError, load_items
+from lab.answers.results import Records, RecordsMismatchError
+from tests.lab.answers.slice import QUESTIONS
 
 
 def _write(path: Path, rows: list[object]) -> Path:

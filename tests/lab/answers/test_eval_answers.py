@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab.cli import main
-from tests.answer_eval.slice import QUESTIONS, write_slice
+from tests.lab.answers.slice import QUESTIONS, write_slice
 
 ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
             "agreement_with_full", "flops_ratio_lm", "flops_ratio_total", "ttft_ms_median",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.answer_eval.scoring import FORMATS
+from lab.answers.grading import FORMATS
 
 
 class QuestionsError(ValueError):

@@ -1,4 +1,4 @@
-"""Answer scoring the way MMLongBench-Doc scores, implemented here (no judge model).
+"""Answer grading the way MMLongBench-Doc scores answers, implemented here (no judge model).
 
 MMLongBench-Doc scores in two steps: a judge model first *extracts* a short answer from the
 free-form response, then fixed rules compare it with the key by the question's

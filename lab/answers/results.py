@@ -33,8 +33,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from worker.answer_eval.questions import EvalItem
-from worker.answer_eval.scoring import agreement, score_answer
+from lab.answers.grading import agreement, score_answer
+from lab.answers.questions import EvalItem
 
 REFERENCE = "full_prefill"
 Record = dict[str, Any]

@@ -2,17 +2,17 @@
 
 Run on a GPU machine (CUDA torch, this repository's dependencies installed, the dev set at
 ../shared/devsets/mmlongbench-dev beside the repository):
-    bash bench/gpu_answers.sh /models/Qwen2.5-VL-7B-Instruct     # or a Qwen2-VL-2B folder
+    bash lab/gpu/answers.sh /models/Qwen2.5-VL-7B-Instruct     # or a Qwen2-VL-2B folder
 Steps, each printed with its wall time:
   1. environment: GPU name and memory (no GPU: exit 2 unless --device is given explicitly,
      as the CPU test of this script does);
-  2. `conduit eval answers` in the paper's setting (`worker.answer_eval`): gold evidence
+  2. `conduit-lab eval answers` in the paper's setting (`lab.answers`): gold evidence
      pages (at most --max-pages), policies conduit, cacheblend, epic, vlcache, random and
      full_reuse at budgets 0.05 / 0.1 / 0.2, the first --limit questions (100) of the dev
      set, bfloat16; the correctness check runs first, on the first question (CONDUIT at
      budget 1.0 from cached pages must give full prefill's first-token logits within bf16
      tolerance and the same top-1), and a failure stops the script with exit code 1;
-  3. outputs: bench/results/answers_<model>_gold_<device>.json, .md and .png (--out to
+  3. outputs: lab/gpu/results/answers_<model>_gold_<device>.json, .md and .png (--out to
      change) and the records file beside them (a rerun resumes).
 Only the documents the selected questions name are ingested, without OCR, and only the
 pages they use are prefilled, so the GPU time goes to answers.
@@ -33,10 +33,9 @@ from pathlib import Path
 import torch
 
 from conduit_core.policies import POLICIES
-from worker.answer_eval import AnswerEvalConfig, BudgetOneError, run_answer_eval
+from lab import DEVSET, results
+from lab.answers import AnswerEvalConfig, BudgetOneError, run_answer_eval
 
-ROOT = Path(__file__).resolve().parent.parent
-DEVSET = ROOT.parent / "shared" / "devsets" / "mmlongbench-dev"
 # the issue's set; VLCache's rule (first floor(rho * T_m) tokens of each page) is registered as
 # `vlcache` or, after its rename, `epic_proportional`: whichever this checkout has
 PAPER_POLICIES = ",".join(p for p in ("conduit", "cacheblend", "epic", "vlcache",
@@ -54,7 +53,7 @@ def _environment(device: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, check the GPU, run the evaluation (correctness check first)."""
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_answers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lab.gpu.answers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="local checkpoint folder (or a builtin:tiny-* model)")
     p.add_argument("--device", default=None, help="default: cuda (required)")
@@ -80,14 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[{time.perf_counter() - t0:6.1f}s] device: {_environment(device)}", flush=True)
     name = Path(args.model.removeprefix("builtin:")).name
     kind = device.split(":")[0]
-    out = args.out or ROOT / "bench" / "results" / f"answers_{name}_gold_{kind}.json"
+    out = args.out or results("gpu") / f"answers_{name}_gold_{kind}.json"
     cfg = AnswerEvalConfig(
         pdfs=args.pdfs, questions=args.questions, out=out, model=args.model, device=device,
         dtype=args.dtype, policies=args.policies,
         budgets=[float(b) for b in args.budgets.split(",") if b.strip()], pages="gold",
         max_pages=args.max_pages, limit=args.limit, max_new_tokens=args.max_new_tokens,
         max_page_tokens=args.max_page_tokens, work_dir=args.work_dir, check_budget_one=True,
-        command=shlex.join(["bash", "bench/gpu_answers.sh", *argv_list]),
+        command=shlex.join(["bash", "lab/gpu/answers.sh", *argv_list]),
         extra={"environment": _environment(device)})
     try:
         doc = run_answer_eval(cfg)

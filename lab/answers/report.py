@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from worker.answer_eval.results import REFERENCE  # noqa: E402
+from lab.answers.results import REFERENCE  # noqa: E402
 
 RANDOM_WEIGHTS_NOTE = (
     "**Random weights answer nothing.** `{model}` is a tiny model with random weights: its "
@@ -24,7 +24,7 @@ RANDOM_WEIGHTS_NOTE = (
     "prefill are undefined or meaningless. This run exercises the machinery (ingest, page "
     "KV, assembly, every refresh policy, scoring, resumable records, the FLOPs accounting) "
     "on real documents; answer accuracy needs a trained checkpoint (`--model` a local "
-    "Qwen2-VL / Qwen2.5-VL folder, see `bench/gpu_answers.sh`). Its pages are a few dozen "
+    "Qwen2-VL / Qwen2.5-VL folder, see `lab/gpu/answers.sh`). Its pages are a few dozen "
     "visual tokens, so text dominates each prompt and the scoring pass of the CONDUIT family "
     "can make its LM FLOPs exceed a full prefill's; with real pages of hundreds of visual "
     "tokens they are the small fraction the method is for."
@@ -79,7 +79,7 @@ def write_table(doc: dict[str, Any], path: Path) -> None:
                       f"{check.get('rerotation_layer0_rel_diff', float('nan')):.2e}; passed "
                       f"{check['passed']}."]
     lines += [
-        "", "Scoring: MMLongBench-Doc's rules (`worker/answer_eval/scoring.py`). accuracy = "
+        "", "Scoring: MMLongBench-Doc's rules (`lab/answers/grading.py`). accuracy = "
         "mean score; ratio = accuracy / full prefill's on the same questions; agreement = "
         "same normalised answer as full prefill; FLOPs = prefill FLOPs / a full prefill's "
         "(LM only, and with the vision tower); TTFT = median time to first token (reuse "

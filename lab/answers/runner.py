@@ -1,4 +1,5 @@
-"""`conduit eval answers`: answer accuracy of every refresh policy x budget against full prefill.
+"""`conduit-lab eval answers`: answer accuracy of every refresh policy x budget against full
+prefill.
 
 Steps:
   1. the documents the questions name are ingested once through the normal pipeline into
@@ -14,7 +15,7 @@ Steps:
   3. the reference: full prefill from the page images (`answer_full_prefill`, vision tower
      included), then every policy x budget from the cached page KV, all under the service's
      `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`;
-  4. scores (`scoring`), records (`results.Records`: a rerun with the same out skips what
+  4. grades (`grading`), records (`results.Records`: a rerun with the same out skips what
      is done) and the outputs: OUT (JSON `{"meta", "rows"}`), OUT.md and OUT.png.
 
 `full_reuse` and `prefix_reuse` ignore the budget: each runs once per question and its
@@ -48,13 +49,13 @@ from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
 from conduit_core.policies import POLICIES, resolve_policy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from lab.answers.corpus import EvalCorpus, ingest_documents
+from lab.answers.grading import agreement, score_answer
+from lab.answers.questions import EvalItem, load_items
+from lab.answers.report import write_plot, write_table
+from lab.answers.results import REFERENCE, Record, Records, build_rows
 from storage.keys import PageHash
 from storage.metadata import Page
-from worker.answer_eval.corpus import EvalCorpus, ingest_documents
-from worker.answer_eval.questions import EvalItem, load_items
-from worker.answer_eval.report import write_plot, write_table
-from worker.answer_eval.results import REFERENCE, Record, Records, build_rows
-from worker.answer_eval.scoring import agreement, score_answer
 from worker.answer_job import (
     ANSWER_PREFIX,
     Question,
@@ -68,7 +69,7 @@ from worker.ingest_job import ensure_prefilled
 from worker.settings import Settings
 
 BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})
-TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as bench.ttft's check
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check
 CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
 
 
