@@ -139,7 +139,7 @@ def _bench_store(args: argparse.Namespace) -> int:
 
 
 def _bench_scale(args: argparse.Namespace) -> int:
-    from bench.retrieval_scale import run_retrieval_scale
+    from lab.retrieval.scale import run_retrieval_scale
 
     stores = [s for s in args.store.split(",") if s]
     run_retrieval_scale(pages=args.pages, stores=stores, questions=args.questions,
@@ -150,7 +150,7 @@ def _bench_scale(args: argparse.Namespace) -> int:
 
 def _eval_retrieval(args: argparse.Namespace) -> int:
     """Rank with the deployment's retrieval settings unless flags override them."""
-    from worker.retrieval.evaluate import run_retrieval_eval
+    from lab.retrieval.evaluate import run_retrieval_eval
     from worker.settings import Settings
 
     s = Settings()

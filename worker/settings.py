@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     bm25_weight: float = Field(1.0, ge=0.0, description="RRF weight of the BM25 ranking.")
     dense_weight: float = Field(
         0.6, ge=0.0, description="RRF weight of the dense ranking (0.6 with rrf_k 10 measured "
-        "best over both dev sets; see bench/retrieval/RESULTS.md).",
+        "best over both dev sets; see lab/retrieval/NOTES.md).",
     )
     retrieval_index: bool = Field(
         True, description="Answer from the persistent per-collection retrieval index under "

@@ -6,7 +6,7 @@ on page 41's table. `document_context` builds a short line of title words (PDF t
 opening words of the first page, the file name) that ingestion stores with every page;
 BM25 indexes it with the page text and the dense model embeds it in front of every
 passage. On the dev sets it is the largest single gain after OCR
-(bench/retrieval/RESULTS.md).
+(lab/retrieval/NOTES.md).
 """
 
 from __future__ import annotations

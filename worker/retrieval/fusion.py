@@ -9,7 +9,7 @@ import numpy as np
 
 # Cormack et al. use k = 60. On our two dev sets k = 10 keeps a page that only BM25 ranks
 # first (a fault code, a part number) above pages both rankings place in the middle, and
-# ties or beats k = 60 at every depth (bench/retrieval/RESULTS.md, "Fusion").
+# ties or beats k = 60 at every depth (lab/retrieval/NOTES.md, "Fusion").
 DEFAULT_RRF_K = 10.0
 
 

@@ -5,7 +5,7 @@ page is cut into overlapping word windows and every window is embedded. `Passage
 what is stored per page: their renormalised mean ("mean", the default: one 384-float vector,
 1,536 bytes), every passage vector ("max": the page scores as its best passage; the blob
 holds one row per passage), or only the first window ("first"). On the dev set
-(`bench/retrieval/RESULTS.md`) mean and max tie within noise and both beat truncating the
+(`lab/retrieval/NOTES.md`) mean and max tie within noise and both beat truncating the
 page to the model's 256 word pieces; mean is the default because it keeps one vector per page.
 """
 

@@ -7,7 +7,7 @@ order, e.g., ["A","B"]", "Round your answer to two decimal places.", "Answer 'ye
 "decimal", "answer") match pages that merely contain them and move the question's dense
 vector away from its topic. `retrieval_query` drops them before ranking; the question
 itself (what the model reads) is unchanged. On the real dev set this raised page recall@10
-by 0.013 and recall@5 by 0.021 (bench/retrieval/RESULTS.md, "The real dev set").
+by 0.013 and recall@5 by 0.021 (lab/retrieval/NOTES.md, "The real dev set").
 
 What is dropped, and only that:
 

@@ -1,11 +1,11 @@
 """Generate the retrieval dev set: PDFs written with PyMuPDF and a questions JSONL.
 
-    python -m bench.retrieval.make_devset --out /tmp/devset [--seed 7]
+    python -m lab.retrieval.devsets.make_devset --out /tmp/devset [--seed 7]
 
 writes `OUT/pdfs/*.pdf` (38 documents, 232 pages: two-column prose, tables, slides, scanned
 pages whose words exist only as pixels, slide screenshots) and `OUT/questions.jsonl`
 (`id`, `question`, `doc`, `evidence_pages`, plus `style`, `page_kind`, `family` for
-breakdowns). See bench/retrieval/RESULTS.md for how it was made and what it measures.
+breakdowns). See lab/retrieval/NOTES.md for how it was made and what it measures.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import pymupdf
 from PIL import Image, ImageFilter
 
-from bench.retrieval.devset_families import FAMILIES
-from bench.retrieval.devset_specs import DocSpec, PageSpec, QuestionSpec
+from lab.retrieval.devsets.devset_families import FAMILIES
+from lab.retrieval.devsets.devset_specs import DocSpec, PageSpec, QuestionSpec
 
 A4 = (595.0, 842.0)
 SLIDE = (842.0, 474.0)

@@ -1,12 +1,12 @@
 """Measure page retrieval on a dev set: BM25 vs dense vs hybrid, OCR on/off, document
 context on/off, passage modes, fusion weights.
 
-    python -m bench.retrieval.make_devset --out /tmp/devset
-    python -m bench.retrieval.run_bench --devset /tmp/devset \
-        --json bench/results/retrieval_devset.json
-    python -m bench.retrieval.hard_devset --out /tmp/hardset
-    python -m bench.retrieval.run_bench --devset /tmp/hardset --preset hard \
-        --json bench/results/retrieval_hardset.json
+    python -m lab.retrieval.devsets.make_devset --out /tmp/devset
+    python -m lab.retrieval.run_bench --devset /tmp/devset \
+        --json lab/retrieval/results/retrieval_devset.json
+    python -m lab.retrieval.devsets.hard_devset --out /tmp/hardset
+    python -m lab.retrieval.run_bench --devset /tmp/hardset --preset hard \
+        --json lab/retrieval/results/retrieval_hardset.json
 
 Ingests the PDFs once with OCR and once without (text layers only; cached as JSON in the
 dev set folder), embeds every page once per (OCR, passage mode, context) it needs (cached
@@ -27,9 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from worker.retrieval.document_context import document_context
-from worker.retrieval.embedder import EMBEDDING_DIM, Embedder
-from worker.retrieval.evaluate import (
+from lab.retrieval.evaluate import (
     Corpus,
     CorpusPage,
     EvalQuestion,
@@ -38,6 +36,8 @@ from worker.retrieval.evaluate import (
     rank_questions,
     score_rankings,
 )
+from worker.retrieval.document_context import document_context
+from worker.retrieval.embedder import EMBEDDING_DIM, Embedder
 from worker.retrieval.fusion import DEFAULT_RRF_K
 from worker.retrieval.passages import DEFAULT_PASSAGES, PassageMode, embed_pages
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench.retrieval.headroom import document_rank, headroom
-from worker.retrieval.evaluate import EvalQuestion
+from lab.retrieval.evaluate import EvalQuestion
+from lab.retrieval.headroom import document_rank, headroom
 
 
 def question(qid: str, doc: str, *pages: int) -> EvalQuestion:

@@ -1,7 +1,7 @@
 """Where collection-wide page recall is lost: the document choice or the ranking within it.
 
-    python -m bench.retrieval.headroom --devset /work/shared/devsets/mmlongbench-dev \
-        --cache /tmp/devset-cache --json bench/results/retrieval_headroom_mmlongbench.json
+    python -m lab.retrieval.headroom --devset /work/shared/devsets/mmlongbench-dev \
+        --cache /tmp/devset-cache --json lab/retrieval/results/retrieval_headroom_mmlongbench.json
 
 Ranks every answerable question twice with the service's default weights: over the whole
 collection, and within its own document only (what `document_ids` scoping gives, i.e. the
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.retrieval.real_devset import DEFAULT, load_corpus, with_vectors
+from lab.retrieval.evaluate import EvalQuestion, PageRef, load_questions, rank_questions
+from lab.retrieval.real_devset import DEFAULT, load_corpus, with_vectors
 from worker.retrieval.embedder import Embedder
-from worker.retrieval.evaluate import EvalQuestion, PageRef, load_questions, rank_questions
 
 BOUND_KS = (1, 2, 3, 5, 10)
 DEPTH = 10

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import random
 
-from bench.retrieval.devset_families import slug
-from bench.retrieval.devset_specs import CITIES, MONTHS
-from bench.retrieval.hard_specs import Builder, Chart, HardDoc, unique_code, unique_person
-from bench.retrieval.hard_text import (
+from lab.retrieval.devsets.devset_families import slug
+from lab.retrieval.devsets.devset_specs import CITIES, MONTHS
+from lab.retrieval.devsets.hard_specs import Builder, Chart, HardDoc, unique_code, unique_person
+from lab.retrieval.devsets.hard_text import (
     COMPANIES,
     FILING,
     REPORT,

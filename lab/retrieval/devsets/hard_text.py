@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from bench.retrieval.devset_specs import CITIES, MONTHS
+from lab.retrieval.devsets.devset_specs import CITIES, MONTHS
 
 FIRST = ["Ingrid", "Marco", "Aisha", "Tomasz", "Claire", "Henrik", "Priya", "Jonas", "Elena",
          "Samuel", "Lucia", "Rafael", "Mei", "Oliver", "Fatima", "Anders", "Sofia", "Daniel",

@@ -1,8 +1,8 @@
 """Recall of the persistent retrieval index vs the scan path on the same ingested corpus.
 
-    python -m bench.retrieval.index_recall --pdfs /tmp/devset/pdfs \
+    python -m lab.retrieval.index_recall --pdfs /tmp/devset/pdfs \
         --questions /tmp/devset/questions.jsonl --cache /tmp/devset --json OUT
-    python -m bench.retrieval.index_recall --real /work/shared/devsets/mmlongbench-dev \
+    python -m lab.retrieval.index_recall --real /work/shared/devsets/mmlongbench-dev \
         --cache /tmp/devset-cache --json OUT
 
 Ingests once (cached as in run_bench; `--real`: the MMLongBench-Doc dev set as
@@ -28,10 +28,7 @@ from typing import Any
 
 import torch
 
-from bench.retrieval.real_devset import load_corpus, with_vectors
-from bench.retrieval.run_bench import KS, Embeddings, cached_corpus, with_context_kind
-from worker.retrieval.embedder import Embedder
-from worker.retrieval.evaluate import (
+from lab.retrieval.evaluate import (
     Corpus,
     EvalQuestion,
     PageRef,
@@ -39,6 +36,9 @@ from worker.retrieval.evaluate import (
     rank_questions,
     score_rankings,
 )
+from lab.retrieval.real_devset import load_corpus, with_vectors
+from lab.retrieval.run_bench import KS, Embeddings, cached_corpus, with_context_kind
+from worker.retrieval.embedder import Embedder
 from worker.retrieval.index import ivf
 from worker.retrieval.index.files import set_current
 from worker.retrieval.index.reader import IndexReader

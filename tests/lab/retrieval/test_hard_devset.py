@@ -9,7 +9,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from bench.retrieval.hard_devset import build
+from lab.retrieval.devsets.hard_devset import build
 
 FIELDS = {"id": str, "question": str, "doc": str, "evidence_pages": list, "family": str,
           "page_kind": str, "style": str, "image_only": bool, "multi_page": bool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from bench.retrieval.devset_specs import (
+from lab.retrieval.devsets.devset_specs import (
     CITIES,
     MANUAL_FILLER,
     MINUTES_FILLER,

@@ -1,11 +1,11 @@
 """Generate the HARD retrieval dev set: long documents, scans, charts, multi-page evidence.
 
-    python -m bench.retrieval.hard_devset --out /tmp/hardset [--seed 11] [--docs-per-family N]
+    python -m lab.retrieval.devsets.hard_devset --out /tmp/hardset [--seed 11] [--docs-per-family N]
 
 writes `OUT/pdfs/*.pdf` (about 52 documents and 2,000 pages: annual reports, manuals,
 papers, slide decks, scanned filings) and `OUT/questions.jsonl` (`id`, `question`, `doc`,
 `evidence_pages`, plus `family`, `page_kind`, `style`, `image_only`, `multi_page`, `named`
-and `answer`). See "The hard dev set" in bench/retrieval/RESULTS.md.
+and `answer`). See "The hard dev set" in lab/retrieval/NOTES.md.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 import pymupdf
 from PIL import Image, ImageDraw, ImageFont
 
-from bench.retrieval.hard_docs import manual, paper, slide_deck
-from bench.retrieval.hard_families import annual_report, filing
-from bench.retrieval.hard_specs import Builder, Chart, HardDoc, HardPage, HardQuestion
-from bench.retrieval.make_devset import A4, MARGIN, SLIDE, as_scan, layout_page
+from lab.retrieval.devsets.hard_docs import manual, paper, slide_deck
+from lab.retrieval.devsets.hard_families import annual_report, filing
+from lab.retrieval.devsets.hard_specs import Builder, Chart, HardDoc, HardPage, HardQuestion
+from lab.retrieval.devsets.make_devset import A4, MARGIN, SLIDE, as_scan, layout_page
 
 Family = Callable[[random.Random, int, set[str]], Builder]
 FAMILIES: list[tuple[Family, int]] = [(annual_report, 10), (manual, 10), (paper, 12),

@@ -8,16 +8,16 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
-from worker.ingest import ocr_available
-from worker.retrieval import Embedder
-from worker.retrieval.document_context import document_context
-from worker.retrieval.evaluate import (
+from lab.retrieval.evaluate import (
     format_summary,
     ingest_corpus,
     load_questions,
     run_retrieval_eval,
 )
+from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
+from worker.ingest import ocr_available
+from worker.retrieval import Embedder
+from worker.retrieval.document_context import document_context
 
 HARBOUR = [
     "Harbour authority annual review. Ferry traffic and cargo volumes for the year.",
@@ -26,6 +26,12 @@ HARBOUR = [
 ]
 SCAN = ["Maintenance log of the Vindeby wind farm", "Turbine 7 gearbox replaced in March",
         "Blade inspection found erosion on turbine 3"]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    """all-MiniLM-L6-v2 from the pip package, offline."""
+    return Embedder()
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from bench.retrieval.devset_specs import DocSpec, PageKind, PageSpec, paragraphs, plant
-from bench.retrieval.hard_text import LABELS, fill
+from lab.retrieval.devsets.devset_specs import DocSpec, PageKind, PageSpec, paragraphs, plant
+from lab.retrieval.devsets.hard_text import LABELS, fill
 
 LEXICAL_SHARE = 0.25
 

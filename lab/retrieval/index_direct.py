@@ -1,7 +1,7 @@
 """The index path alone at a given size, built straight from synthetic pages (no metadata
-store), for machines too slow to run `conduit bench retrieval-scale` at 100k pages:
+store), for machines too slow to run `conduit-lab bench retrieval-scale` at 100k pages:
 
-    python -m bench.retrieval_index_direct --pages 100000 --out FILE
+    python -m lab.retrieval.index_direct --pages 100000 --out FILE
 
 Query embeddings are computed once up front (the embedder caches them), so the timings are the
 index's own: BM25, dense scoring, fusion and reopening after a commit. Prints and writes one
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.retrieval_scale import PAGES_PER_DOC, PageMaker
-from bench.retrieval_scale_probe import current_rss_mb
+from lab.retrieval.scale import PAGES_PER_DOC, PageMaker
+from lab.retrieval.scale_probe import current_rss_mb
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.index.files import set_current
 from worker.retrieval.index.maintain import index_document

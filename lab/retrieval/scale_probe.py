@@ -1,4 +1,4 @@
-"""One measuring process of `bench.retrieval_scale` (run by it; prints one JSON line).
+"""One measuring process of `lab.retrieval.scale` (run by it; prints one JSON line).
 
 Argument: a JSON object with store, home, redis_url, prefix, collection, path ("index" or
 "scan"), questions, inserts and seed.
@@ -27,7 +27,7 @@ def current_rss_mb() -> float:
 
 def main(args: dict[str, Any]) -> dict[str, Any]:
     """Measure one path in this fresh process."""
-    from bench.retrieval_scale import PageMaker, add_ready_document
+    from lab.retrieval.scale import PageMaker, add_ready_document
     from storage.metadata import CollectionId
     from worker.answer_job import Question, retrieve
     from worker.context import build_context

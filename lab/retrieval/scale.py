@@ -1,10 +1,10 @@
-"""`conduit bench retrieval-scale`: question latency of the persistent retrieval index vs the
+"""`conduit-lab bench retrieval-scale`: question latency of the persistent retrieval index vs the
 scan path over synthetic collections of 1k-100k pages, in SQLite and Redis.
 
 Pages are written as the ingest job writes them (about 1,500 characters of Zipf-distributed
 words, a document context line, one 384-d unit embedding as float32 bytes; 20 pages per
 document). Per store and size the parent builds the collection and the index (build time per
-page); then each path is measured in a fresh process (`bench.retrieval_scale_probe`): its
+page); then each path is measured in a fresh process (`lab.retrieval.scale_probe`): its
 first question is the first question after a restart, then warm questions (p50), then
 documents added one at a time (ready + index hook, timed per page) each followed by a
 question (cold after insert), and the peak RSS above the process's baseline after imports
@@ -110,7 +110,7 @@ def _folder_mb(path: Path) -> float:
 
 def _probe(args: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path.cwd())}
-    out = subprocess.run([sys.executable, "-m", "bench.retrieval_scale_probe", json.dumps(args)],
+    out = subprocess.run([sys.executable, "-m", "lab.retrieval.scale_probe", json.dumps(args)],
                          capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"probe failed: {out.stderr[-3000:]}")

@@ -1,8 +1,8 @@
 """Page retrieval on a real dev set (MMLongBench-Doc documents): today's default, ablations,
 recall per evidence type, weights chosen with documents held out, and latency.
 
-    python -m bench.retrieval.real_devset --devset /work/shared/devsets/mmlongbench-dev \
-        --cache /tmp/devset-cache --json bench/results/retrieval_mmlongbench_dev.json
+    python -m lab.retrieval.real_devset --devset /work/shared/devsets/mmlongbench-dev \
+        --cache /tmp/devset-cache --json lab/retrieval/results/retrieval_mmlongbench_dev.json
 
 The documents are ingested once (text layer, Tesseract OCR, every 120-word passage vector)
 into `--cache`, which must lie outside the repository (the documents' license forbids
@@ -19,13 +19,12 @@ import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from bench.retrieval.run_bench import KS
-from worker.retrieval.embedder import Embedder
-from worker.retrieval.evaluate import (
+from lab.retrieval.evaluate import (
     Corpus,
     CorpusPage,
     EvalQuestion,
@@ -34,6 +33,8 @@ from worker.retrieval.evaluate import (
     rank_questions,
     score_rankings,
 )
+from lab.retrieval.run_bench import KS
+from worker.retrieval.embedder import Embedder
 from worker.retrieval.passages import DEFAULT_PASSAGES, embed_pages
 
 EVIDENCE_TYPES = {"figure": ("Figure", "Chart"), "table": ("Table",),
@@ -130,7 +131,7 @@ def run(corpora: dict[str, Corpus], questions: list[EvalQuestion], config: Confi
     return rankings, (time.perf_counter() - started) / max(len(questions), 1)
 
 
-DEFAULT = {"bm25_weight": 1.0, "dense_weight": 0.6, "rrf_k": 10.0}
+DEFAULT: dict[str, Any] = {"bm25_weight": 1.0, "dense_weight": 0.6, "rrf_k": 10.0}
 RAW = "issue 17's start (hybrid 1:0.6, mean passage, k 10, whole question)"
 NEW = "default now: + query cleaning"
 CONFIGS = [
