@@ -1,7 +1,7 @@
-"""The testbed VLM: a small Qwen2-VL trained in this project (see `testbed/`), and its config.
+"""The testbed VLM: a small Qwen2-VL trained in this project (see `lab/testbed/`), and its config.
 
 The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin tokenizer;
-trained from scratch on pages of glyph records (`conduit testbed train`) so that stale page
+trained from scratch on pages of glyph records (`conduit-lab testbed train`) so that stale page
 KV costs answers that refreshing the right tokens recovers. The trained weights are loaded
 from `weights/testbed-qwen2-vl.safetensors` beside this module as `builtin:testbed-qwen2-vl`;
 they are not in git (model weights stay out of the repository): docs/TESTBED.md gives the
@@ -65,7 +65,7 @@ def build_testbed(weights: Path | None = WEIGHTS,
     if weights is not None:
         if not Path(weights).is_file():
             raise ModelLoadError(f"testbed weights not found at {weights}; train them with "
-                                 "`conduit testbed train`")
+                                 "`conduit-lab testbed train`")
         state = load_file(str(weights))
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [m for m in missing if m != "lm_head.weight"]  # tied to the embeddings

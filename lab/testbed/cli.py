@@ -66,14 +66,14 @@ def add_testbed_commands(sub: Any) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from testbed.demo import run_demo
+    from lab.testbed.demo import run_demo
 
     run_demo(url=args.url, n_docs=args.docs, seed=args.seed, budget=args.budget)
     return 0
 
 
 def _train(args: argparse.Namespace) -> int:
-    from testbed.train import TrainConfig, train
+    from lab.testbed.train import TrainConfig, train
 
     cfg = TrainConfig(out=args.out, steps=args.steps, stop_at=args.stop_at,
                       batch_size=args.batch_size, lr=args.lr, seed=args.seed,
@@ -89,7 +89,7 @@ def _export(args: argparse.Namespace) -> int:
     import torch
 
     from conduit_core.testbed_model import WEIGHTS
-    from testbed.train import export_weights
+    from lab.testbed.train import export_weights
 
     if not args.source.is_file():
         print(f"no checkpoint at {args.source}")
@@ -101,7 +101,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from testbed.generate import generate
+    from lab.testbed.generate import generate
 
     try:
         rows = generate(args.out, args.n, args.seed)
@@ -114,7 +114,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     from conduit_core.testbed_model import WEIGHTS
-    from testbed.probe import load_checkpoint_vlm, probe
+    from lab.testbed.probe import load_checkpoint_vlm, probe
 
     weights = args.weights or WEIGHTS
     if not weights.is_file():

@@ -12,10 +12,10 @@ import torch
 from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
 from conduit_core.layout import build_layout
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
-from testbed.batches import GlyphPatches, Layouts, draw_sample, make_batch, page_image
-from testbed.generate import RENDER_DPI, generate
-from testbed.glyphs import ALPHABET, draw_grid
-from testbed.task import COLS, FAMILIES, ROWS, make_document
+from lab.testbed.batches import GlyphPatches, Layouts, draw_sample, make_batch, page_image
+from lab.testbed.generate import RENDER_DPI, generate
+from lab.testbed.glyphs import ALPHABET, draw_grid
+from lab.testbed.task import COLS, FAMILIES, ROWS, make_document
 from worker.answer_job import ANSWER_PREFIX
 from worker.ingest.render import render_page
 from worker.settings import Settings

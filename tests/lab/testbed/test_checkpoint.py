@@ -8,8 +8,8 @@ import pytest
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
-from testbed.generate import RENDER_DPI, generate
-from testbed.probe import load_checkpoint_vlm, probe
+from lab.testbed.generate import RENDER_DPI, generate
+from lab.testbed.probe import load_checkpoint_vlm, probe
 from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.ingest.render import render_page
 

@@ -1,4 +1,4 @@
-"""`conduit testbed train`: train the testbed Qwen2-VL from scratch, resumably.
+"""`conduit-lab testbed train`: train the testbed Qwen2-VL from scratch, resumably.
 
 Loss per step (docs/TESTBED.md has the table and the runs that led to it): cross-entropy of
 the answer digit and the end-of-turn token after it, plus, weighted by `aux_weight`, every
@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
-from testbed.batches import (
+from lab.testbed.batches import (
     Batch,
     GlyphPatches,
     Layouts,
@@ -60,13 +60,13 @@ from testbed.batches import (
     draw_sample,
     make_batch,
 )
-from testbed.curve import plot_history
-from testbed.task import FAMILIES
+from lab.testbed.curve import plot_history
+from lab.testbed.task import FAMILIES
 
 
 @dataclass
 class TrainConfig:
-    """Training knobs; the defaults are the recipe of the run in bench/results/testbed/."""
+    """Training knobs; the defaults are the recipe of the run in lab/testbed/results/."""
 
     out: Path = Path("testbed-run")
     steps: int = 4000  # length of the learning-rate schedule

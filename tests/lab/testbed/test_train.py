@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file
 
 from conduit_core.testbed_model import build_testbed
-from testbed.probe import load_checkpoint_vlm
-from testbed.train import TrainConfig, export_weights, model_tensors, train
+from lab.testbed.probe import load_checkpoint_vlm
+from lab.testbed.train import TrainConfig, export_weights, model_tensors, train
 
 
 def _cfg(out, steps):

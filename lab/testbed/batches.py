@@ -27,8 +27,8 @@ from PIL import Image
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.layout import build_layout
-from testbed.glyphs import ALPHABET, draw_grid
-from testbed.task import COLS, FAMILIES, ROWS, Document, Record, make_document, question_text
+from lab.testbed.glyphs import ALPHABET, draw_grid
+from lab.testbed.task import COLS, FAMILIES, ROWS, Document, Record, make_document, question_text
 from worker.answer_job import ANSWER_PREFIX
 
 

@@ -1,10 +1,10 @@
-"""`conduit demo` end to end: a real service on the testbed model, uploads and questions over
+"""`conduit-lab demo` end to end: a real service on the testbed model, uploads and questions over
 real HTTP, CONDUIT and full reuse side by side."""
 
 import pytest
 
 from conduit_core.testbed_model import WEIGHTS
-from testbed.demo import POLICIES, run_demo
+from lab.testbed.demo import POLICIES, run_demo
 
 pytestmark = pytest.mark.skipif(
     not WEIGHTS.is_file(),

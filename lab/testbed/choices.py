@@ -1,7 +1,7 @@
 """Which page tokens a policy refreshes on the testbed, against the token that matters (the
-asked record's key cell), per family: `python -m bench.testbed_choices --n 300 --out FILE`.
+asked record's key cell), per family: `python -m lab.testbed.choices --n 300 --out FILE`.
 
-Over the probe's samples (`testbed.probe.gold_samples`), each policy's refreshed set at
+Over the probe's samples (`lab.testbed.probe.gold_samples`), each policy's refreshed set at
 `--budget` is split by where its tokens sit: the asked key cell, other key cells (the results
 of other records), cells on the asked record's page, cells on the other page(s), blank cells,
 page delimiters.
@@ -19,9 +19,9 @@ import torch
 from conduit_core.answer_types import PageInput
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
-from testbed.batches import Sample, page_image
-from testbed.probe import gold_samples, load_checkpoint_vlm, refreshed_cells
-from testbed.task import COLS
+from lab.testbed.batches import Sample, page_image
+from lab.testbed.probe import gold_samples, load_checkpoint_vlm, refreshed_cells
+from lab.testbed.task import COLS
 from worker.answer_job import ANSWER_PREFIX, page_label
 
 
@@ -65,7 +65,7 @@ def main() -> None:
             t.update(f"tokens: {_where(s, at, keys)}" for at in chosen)
     rows = [{"family": fam, "policy": pol, "budget": args.budget, **dict(c)}
             for (fam, pol), c in sorted(tally.items())]
-    args.out.write_text(json.dumps({"command": f"python -m bench.testbed_choices --n {args.n}"
+    args.out.write_text(json.dumps({"command": f"python -m lab.testbed.choices --n {args.n}"
                                     f" --budget {args.budget} --policies {args.policies}",
                                     "rows": rows}, indent=1))
     for r in rows:

@@ -1,6 +1,6 @@
 """In-process accuracy of the testbed model per family and policy, with no PDFs or stores.
 
-The fast loop used while training (`conduit testbed probe`): pages are drawn as images (the
+The fast loop used while training (`conduit-lab testbed probe`): pages are drawn as images (the
 same pixels the ingest path renders), prefilled once under the canonical page context by the
 runtime, and every question is answered by full prefill and by each policy over the gold
 pages, with the service's answer prefix and page labels. It also reports, per policy, how often
@@ -30,9 +30,9 @@ from conduit_core.page_kv import ModelFingerprint
 from conduit_core.policies import get_policy
 from conduit_core.runtime import Assembly, ReuseRuntime
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
-from testbed.batches import Sample, draw_sample, page_image
-from testbed.task import COLS
-from testbed.train import model_tensors
+from lab.testbed.batches import Sample, draw_sample, page_image
+from lab.testbed.task import COLS
+from lab.testbed.train import model_tensors
 from worker.answer_job import ANSWER_PREFIX, page_label
 
 

@@ -1,4 +1,4 @@
-"""`conduit demo`: the whole product on the trained testbed model, over real HTTP.
+"""`conduit-lab demo`: the whole product on the trained testbed model, over real HTTP.
 
 Starts the embedded service on `builtin:testbed-qwen2-vl` (in a throwaway home, on a free
 loopback port) unless one serving that model already answers at `--url`, generates a small
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from testbed.generate import generate
+from lab.testbed.generate import generate
 
 MODEL = "builtin:testbed-qwen2-vl"
 POLICIES = ("conduit", "full_reuse", "full_prefill")

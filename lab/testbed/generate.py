@@ -1,7 +1,7 @@
-"""`conduit testbed generate`: real PDFs of testbed documents and their questions.
+"""`conduit-lab testbed generate`: real PDFs of testbed documents and their questions.
 
 Each document becomes a PDF whose pages are 1-bit images of the glyph grid (the bitmap font
-of `testbed.glyphs`), one image pixel per rendered pixel at the service's default 100 dpi, so
+of `lab.testbed.glyphs`), one image pixel per rendered pixel at the service's default 100 dpi, so
 that the ingest path renders exactly the pixels the model was trained on, plus an invisible
 text layer with the same records (for retrieval and snippets). Questions go to
 `questions.jsonl` in the form `conduit eval answers` reads: `id`, `doc`, `question`,
@@ -24,8 +24,8 @@ from pathlib import Path
 import pymupdf
 from PIL import Image
 
-from testbed.glyphs import CELL, draw_grid
-from testbed.task import COLS, FAMILIES, ROWS, make_document, question_text
+from lab.testbed.glyphs import CELL, draw_grid
+from lab.testbed.task import COLS, FAMILIES, ROWS, make_document, question_text
 
 RENDER_DPI = 100
 MAX_DOCUMENTS = 1000  # file names t000.pdf ... t999.pdf, as in training
