@@ -5,13 +5,20 @@ Public API:
   Detokenizer(tokenizer)   incremental text: .step(token_id) -> str (complete characters only)
   printable(text) -> str   text without U+FFFD and control characters (newline, tab kept)
   DecodeOutput(token_ids, text, stop_reason, ttft_s)
+  DecodeState.start(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens,
+                    sampler, stop_ids, tokenizer, on_token=None, t0=None) -> DecodeState
+      one answer between its prefill and its last token (.done, .error, .output(),
+      .kv_tokens)
+  decode_step(adapter, states: list[DecodeState]) -> None   every unfinished state one token
+      further, the forwards of all of them in one batch (`conduit_core.batch_forward`)
   decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
          stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
+      one answer alone: `decode_step` with a batch of one until done
 The first token is picked from the prefill logits; each further token is one row through the
-shared layer loop, its K/V appended at the next cache index, its position one past the last.
-Row indices and positions of all steps are made on the device once, and the picked token
-stays there for its embedding: a step copies one scalar to the host (the token id, for stop
-tokens and text) and nothing to the device.
+batched step, its K/V appended at the next cache index of its own cache, its position one past
+the last. Row indices and positions of all steps are made on the device once, and the picked
+token stays there for its embedding: a step copies one scalar per sequence to the host (the
+token id, for stop tokens and text) and nothing to the device.
 
 Text is detokenized incrementally by the tokenizers library's `DecodeStream` (constant work
 per token). A piece is emitted only once it holds complete characters: a multi-byte
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -34,8 +41,8 @@ from tokenizers.decoders import DecodeStream
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.answer_types import TokenCallback, TokenId
+from conduit_core.batch_forward import StepRow, forward_step
 from conduit_core.kv_cache import KVCache
-from conduit_core.layer_forward import forward_rows, logits_of
 
 
 class Sampler:
@@ -108,6 +115,113 @@ class DecodeOutput:
     ttft_s: float
 
 
+@dataclass
+class DecodeState:
+    """One answer being generated: its own cache, where its next token goes, how it picks.
+
+    Made by `DecodeState.start` after a prefill; `decode_step` advances any number of them by
+    one token each in one forward. `done` once a stop token is picked, `max_new_tokens` are
+    out, or its `on_token` raised (then `error` holds what it raised: a client that went
+    away leaves the batch, the others go on).
+    """
+
+    cache: KVCache  # (L, 1, kv_heads, capacity, hd); room for max_new_tokens - 1 more rows
+    n_keys: int  # rows in the cache after the prefill (the first new token's index)
+    logits: torch.Tensor  # (V,) float32: the next token is picked from these
+    sampler: Sampler
+    stops: frozenset[int]
+    max_new_tokens: int
+    detok: Detokenizer
+    rows: torch.Tensor  # (max_new_tokens,) cache indices on the device
+    positions: torch.Tensor  # (P, max_new_tokens) position ids on the device
+    t0: float
+    on_token: TokenCallback | None = None
+    tokens: list[TokenId] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+    picked: int = 0  # tokens picked so far (stop token included)
+    ttft_s: float = 0.0
+    stop_reason: str = "length"
+    done: bool = False
+    error: BaseException | None = None
+
+    @classmethod
+    def start(cls, adapter: VLMAdapter, cache: KVCache, first_logits: torch.Tensor, *,
+              n_keys: int, next_position: int, max_new_tokens: int, sampler: Sampler,
+              stop_ids: list[int], tokenizer: Any, on_token: TokenCallback | None = None,
+              t0: float | None = None) -> DecodeState:
+        """The state right after a prefill whose last-row logits are `first_logits` (V,)."""
+        dev = adapter.device
+        rows = torch.arange(n_keys, n_keys + max_new_tokens, device=dev)  # (T,)
+        positions = torch.arange(next_position, next_position + max_new_tokens,
+                                 device=dev).expand(adapter.rope_axes, -1)  # (P, T)
+        return cls(cache=cache, n_keys=n_keys, logits=first_logits, sampler=sampler,
+                   stops=frozenset(stop_ids), max_new_tokens=max_new_tokens,
+                   detok=Detokenizer(tokenizer), rows=rows, positions=positions,
+                   t0=time.perf_counter() if t0 is None else t0, on_token=on_token)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions this answer's cache holds (its share of the KV memory in flight)."""
+        return self.cache.capacity
+
+    def pick(self) -> torch.Tensor | None:
+        """Pick the next token from `logits` and report it; returns it (0-d, on the device)
+        when it needs a forward for the token after it, else None (and `done` is set)."""
+        picked = self.sampler.pick(self.logits)  # 0-d, on the device
+        tok = TokenId(int(picked.item()))  # the step's one device-to-host copy
+        if self.picked == 0:
+            self.ttft_s = time.perf_counter() - self.t0
+        self.picked += 1
+        if tok in self.stops:
+            self.stop_reason, self.done = "stop", True
+            return None
+        self.tokens.append(tok)
+        piece = self.detok.step(tok)
+        self.pieces.append(piece)
+        if self.on_token is not None:
+            try:
+                self.on_token(tok, piece)
+            except BaseException as exc:  # noqa: BLE001 - this answer ends; the batch goes on
+                self.error, self.done = exc, True
+                return None
+        if self.picked == self.max_new_tokens:
+            self.done = True
+            return None
+        return picked
+
+    def step_row(self) -> StepRow:
+        """This sequence's part of the next forward (after a `pick` that returned a token)."""
+        i = self.picked - 1
+        return StepRow(cache=self.cache, row=self.rows[i:i + 1],
+                       position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked)
+
+    def output(self) -> DecodeOutput:
+        """What was generated (so far, or in all once `done`)."""
+        return DecodeOutput(token_ids=list(self.tokens), text="".join(self.pieces),
+                            stop_reason=self.stop_reason, ttft_s=self.ttft_s)
+
+
+def decode_step(adapter: VLMAdapter, states: list[DecodeState]) -> None:
+    """Advance every unfinished state by one token: each picks (and reports) its token, and
+    those that go on run one batched forward (`batch_forward.forward_step`) for their next
+    logits. A batch of one is the single-answer path."""
+    going: list[DecodeState] = []
+    picked: list[torch.Tensor] = []
+    for state in states:
+        if state.done:
+            continue
+        token = state.pick()
+        if token is not None:
+            going.append(state)
+            picked.append(token)
+    if not going:
+        return
+    logits = forward_step(adapter, [s.step_row() for s in going],
+                          torch.stack(picked))  # (B, V)
+    for i, state in enumerate(going):
+        state.logits = logits[i]  # (V,)
+
+
 def decode(
     adapter: VLMAdapter,
     cache: KVCache,
@@ -126,38 +240,15 @@ def decode(
 
     `n_keys` tokens are in the cache; it must have room for max_new_tokens - 1 more.
     Stop tokens end generation and are not part of the output. `on_token(id, piece)` is
-    called once per generated token with the characters it completed (see `Detokenizer`).
+    called once per generated token with the characters it completed (see `Detokenizer`);
+    what it raises is raised here. The same `decode_step` as a batch, with a batch of one.
     """
-    t0 = time.perf_counter() if t0 is None else t0
-    dev = adapter.device
-    tokens: list[TokenId] = []
-    pieces: list[str] = []
-    ttft, reason = 0.0, "length"
-    logits = first_logits
-    stops = set(stop_ids)
-    detok = Detokenizer(tokenizer)
-    rows = torch.arange(n_keys, n_keys + max_new_tokens, device=dev)  # (T,) cache indices
-    positions = torch.arange(next_position, next_position + max_new_tokens,
-                             device=dev).expand(adapter.rope_axes, -1)  # (P, T)
-    for step in range(max_new_tokens):
-        picked = sampler.pick(logits)  # 0-d, on the device
-        tok = TokenId(int(picked.item()))  # the step's one device-to-host copy
-        if step == 0:
-            ttft = time.perf_counter() - t0
-        if tok in stops:
-            reason = "stop"
-            break
-        tokens.append(tok)
-        piece = detok.step(tok)
-        pieces.append(piece)
-        if on_token is not None:
-            on_token(tok, piece)
-        if step == max_new_tokens - 1:
-            break
-        emb = adapter.embed_tokens(picked.view(1, 1))  # (1, 1, hidden)
-        pos = positions[:, step:step + 1].unsqueeze(1)  # (P, 1, 1)
-        hidden = forward_rows(adapter, cache, emb, rows[step:step + 1], pos,
-                              n_keys=n_keys + step + 1, plain_causal=True)  # (1, 1, hidden)
-        logits = logits_of(adapter, hidden)[0, -1]  # (V,)
-    return DecodeOutput(token_ids=tokens, text="".join(pieces), stop_reason=reason,
-                        ttft_s=ttft)
+    state = DecodeState.start(adapter, cache, first_logits, n_keys=n_keys,
+                              next_position=next_position, max_new_tokens=max_new_tokens,
+                              sampler=sampler, stop_ids=stop_ids, tokenizer=tokenizer,
+                              on_token=on_token, t0=t0)
+    while not state.done:
+        decode_step(adapter, [state])
+    if state.error is not None:
+        raise state.error
+    return state.output()

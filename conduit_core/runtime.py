@@ -23,6 +23,13 @@ Public API:
         assemble the cached pages under the new prefix, let `request.policy` choose visual
         tokens to refresh, recompute them with all text tokens after the head, decode. Both
         passes compute the last layer in full only for the row whose logits are read.
+        = .finish(.start_answer(request, on_token)), the two halves below:
+    .start_answer(request, on_token=None, t0=None) -> AnswerState   the prefill half: its
+        own cache, first-token logits, sampler, stop ids, timing (`conduit_core.answer_state`)
+    .step(states: list[AnswerState]) -> None   one decode step of many answers: one token
+        each, one batched forward (`conduit_core.decode.decode_step`); a batch of one is the
+        single-answer path
+    .result(state) -> AnswerResult;  .finish(state) -> AnswerResult (step alone until done)
     .answer_full_prefill(prefix, pages: list[tuple[str, PIL.Image]], question, *,
         max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
     Lower level (tests, policies, diagnostics):
@@ -54,9 +61,10 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
+from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
 from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh, refresh_rows
-from conduit_core.decode import Sampler, decode
+from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
@@ -346,36 +354,55 @@ class ReuseRuntime:
                             assembly.last_only, ctx, policy)
 
     # ---- answers --------------------------------------------------------------------
-    def _finish(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
-                refreshed: int, flops_used_lm: float, vision_ran: bool, max_new_tokens: int,
-                temperature: float, top_p: float, seed: int | None,
-                on_token: TokenCallback | None, plan: RefreshPlan | None = None,
-                fallback: bool = False) -> AnswerResult:
+    def _start(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
+               refreshed: int, flops_used_lm: float, vision_ran: bool, max_new_tokens: int,
+               temperature: float, top_p: float, seed: int | None,
+               on_token: TokenCallback | None, plan: RefreshPlan | None = None,
+               fallback: bool = False) -> AnswerState:
+        """The end of a prefill: first-token logits and the decode state after them."""
         layout = assembly.layout
         first = self.logits(hidden[-1:])[-1]  # (vocab,)
-        out = decode(self.adapter, assembly.cache, first, n_keys=layout.n,
-                     next_position=layout.next_position(), max_new_tokens=max_new_tokens,
-                     sampler=Sampler(temperature, top_p, seed), stop_ids=self._stop_ids,
-                     tokenizer=self.vlm.tokenizer, on_token=on_token, t0=t0)
-        n_v = int(layout.visual_rows().numel())
-        vision = self.adapter.vision_flops(assembly.image_grids)
-        full_lm = self.costs.refresh(layout, torch.arange(layout.n), assembly.last_only)
-        return AnswerResult(
-            text=out.text, token_ids=out.token_ids, ttft_s=out.ttft_s,
-            total_s=time.perf_counter() - t0, refreshed_visual_tokens=refreshed,
-            visual_tokens=n_v, flops_full_lm=full_lm, flops_vision=vision,
-            flops_used_lm=flops_used_lm, flops_used_vision=vision if vision_ran else 0.0,
-            policy=policy, prompt_tokens=layout.n, stop_reason=out.stop_reason,
-            head_tokens=assembly.exact_rows, fallback=fallback,
-            predicted_flops_lm=plan.predicted_lm if plan else flops_used_lm,
-            fallback_flops_lm=plan.fallback_lm if plan else flops_used_lm)
+        state = DecodeState.start(
+            self.adapter, assembly.cache, first, n_keys=layout.n,
+            next_position=layout.next_position(), max_new_tokens=max_new_tokens,
+            sampler=Sampler(temperature, top_p, seed), stop_ids=self._stop_ids,
+            tokenizer=self.vlm.tokenizer, on_token=on_token, t0=t0)
+        return AnswerState(decode=state, layout=layout, image_grids=assembly.image_grids,
+                           last_only=assembly.last_only, exact_rows=assembly.exact_rows,
+                           policy=policy, refreshed=refreshed, flops_used_lm=flops_used_lm,
+                           vision_ran=vision_ran, plan=plan, fallback=fallback,
+                           prefill_s=time.perf_counter() - t0)
+
+    def step(self, states: list[AnswerState]) -> None:
+        """One decode step of every unfinished answer in `states`: one token each, their
+        forwards batched (`conduit_core.decode.decode_step`)."""
+        decode_step(self.adapter, [s.decode for s in states])
+
+    def result(self, state: AnswerState) -> AnswerResult:
+        """The result of a finished (or abandoned) answer."""
+        return answer_result(state, self.costs, self.adapter)
+
+    def finish(self, state: AnswerState) -> AnswerResult:
+        """Decode one answer alone to its end (`step` with a batch of one); what its token
+        callback raised is raised here."""
+        while not state.done:
+            self.step([state])
+        if state.error is not None:
+            raise state.error
+        return self.result(state)
 
     @torch.no_grad()
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None) -> AnswerResult:
         """Answer over cached pages with the request's refresh policy (see module doc); where
         the policy is predicted to cost more than a full prefill from the cached page
-        embeddings, that runs instead (`AnswerResult.fallback`)."""
-        t0 = time.perf_counter()
+        embeddings, that runs instead (`AnswerResult.fallback`). `start_answer` + `finish`."""
+        return self.finish(self.start_answer(request, on_token))
+
+    @torch.no_grad()
+    def start_answer(self, request: AnswerRequest, on_token: TokenCallback | None = None,
+                     t0: float | None = None) -> AnswerState:
+        """The prefill half of `answer`: assemble, choose, refresh, first-token logits."""
+        t0 = time.perf_counter() if t0 is None else t0
         policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens, last_only=True)
@@ -392,11 +419,11 @@ class ReuseRuntime:
             resume, extra = ctx.resume, ctx.extra_flops
         hidden, computed = self.refresh(assembly, visual, resume)
         used = extra + self.refresh_flops(assembly, computed, resume)
-        return self._finish(assembly, hidden, t0=t0, policy=request.policy,
-                            refreshed=int(visual.numel()), flops_used_lm=used,
-                            vision_ran=False, max_new_tokens=request.max_new_tokens,
-                            temperature=request.temperature, top_p=request.top_p,
-                            seed=request.seed, on_token=on_token, plan=plan, fallback=fallback)
+        return self._start(assembly, hidden, t0=t0, policy=request.policy,
+                           refreshed=int(visual.numel()), flops_used_lm=used,
+                           vision_ran=False, max_new_tokens=request.max_new_tokens,
+                           temperature=request.temperature, top_p=request.top_p,
+                           seed=request.seed, on_token=on_token, plan=plan, fallback=fallback)
 
     @torch.no_grad()
     def answer_full_prefill(self, prefix: str, pages: list[tuple[str, Image.Image]],
@@ -413,9 +440,8 @@ class ReuseRuntime:
                                        last_only=True)
         visual = assembly.layout.visual_rows()
         hidden, computed = self.refresh(assembly, visual)
-        return self._finish(assembly, hidden, t0=t0, policy="full_prefill",
-                            refreshed=int(visual.numel()),
-                            flops_used_lm=self.refresh_flops(assembly, computed),
-                            vision_ran=True,
-                            max_new_tokens=max_new_tokens, temperature=temperature,
-                            top_p=top_p, seed=seed, on_token=on_token)
+        return self.finish(self._start(
+            assembly, hidden, t0=t0, policy="full_prefill", refreshed=int(visual.numel()),
+            flops_used_lm=self.refresh_flops(assembly, computed), vision_ran=True,
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+            on_token=on_token))
