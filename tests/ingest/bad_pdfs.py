@@ -75,14 +75,18 @@ BOMB_KINDS = {
     "string": (b"BT /F1 12 Tf 72 72 Td (", b"A" * 64, b") Tj ET\n"),
     # blank space: streamed, so only a time bomb (about 6 s per GiB here)
     "spaces": (b"", b" " * 64, b""),
-    # line segments: slow to draw (about half a second per MiB here)
+    # tiny line segments: about 0.08 s of CPU per MiB at 100 dpi here and 3.5 MB of memory
+    # per MiB (a 64 MiB page reads in 5 s of CPU), so not a reliable time bomb
     "paths": (b"", b"0 0 m 1 1 l S\n" * 4 + b" " * 8, b""),
+    # page-sized filled rectangles: every fill paints every pixel of the page, about 23 s of
+    # CPU per MiB at 100 dpi (6 s at 50 dpi) here, in flat memory: a time bomb for any limit
+    "fills": (b"", b"0 0 612 792 re f\n" * 3 + b" " * 13, b""),
 }
 
 
 def content_bomb_pdf(mib: int, *, kind: str = "string", pages_before: int = 1) -> bytes:
     """`pages_before` ordinary pages, then one page whose content stream inflates to about
-    `mib` MiB (see `BOMB_KINDS`). The file is about 1 KiB per MiB of content, built in
+    `mib` MiB (see `BOMB_KINDS`). The file is 1 to 4 KiB per MiB of content, built in
     well under a second: the MiB chunk is compressed once and its bytes repeated."""
     head, unit, tail = BOMB_KINDS[kind]
     chunk = unit * ((1 << 20) // len(unit))

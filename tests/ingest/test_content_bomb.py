@@ -46,7 +46,9 @@ def test_a_page_past_the_memory_cap_fails_naming_the_limit() -> None:
 
 
 def test_a_page_past_the_time_limit_fails_naming_the_limit() -> None:
-    data = content_bomb_pdf(128, kind="paths")  # 128 MiB of line segments: a minute to draw
+    # 16 MiB of page-sized fills: about 90 s of CPU at 50 dpi here, far past the 5 s limit on
+    # any machine (128 MiB of "paths" took only 10 s here: a fast or idle machine read it)
+    data = content_bomb_pdf(16, kind="fills")
     with open_pdf(data, max_pages=10) as doc:  # opening reads no content
         assert doc.page_count == 2
     seen: list[int] = []

@@ -83,7 +83,9 @@ def test_an_r6_file_opens_with_its_unicode_password_as_typed(
 
 def test_a_content_bomb_fails_naming_the_limit_and_can_be_deleted(
         client: httpx.Client, collection: str) -> None:
-    doc = _ingest(client, collection, content_bomb_pdf(64, kind="paths"), "bomb.pdf")
+    # 8 MiB of page-sized fills: about 3 minutes of CPU at 100 dpi here, so never read within
+    # the 8 s limit (64 MiB of "paths" reads in 5 s of CPU: ready whenever a core was free)
+    doc = _ingest(client, collection, content_bomb_pdf(8, kind="fills"), "bomb.pdf")
     assert doc["status"] == "failed"
     assert doc["error"] == ("Page 2 took longer than the 8 s time limit for reading one page "
                             "(CONDUIT_PAGE_TIMEOUT_S); the reader was stopped.")
