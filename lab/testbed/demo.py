@@ -5,7 +5,10 @@ loopback port) unless one serving that model already answers at `--url`, generat
 set of testbed PDFs, uploads them through the REST API, waits for ingestion, and asks one
 question of each family with CONDUIT and with full reuse (nothing refreshed), printing the
 answer, the expected answer, the cited pages, TTFT and the language-model FLOPs against a
-full prefill side by side.
+full prefill side by side. The service it starts runs every policy on its own path
+(`CONDUIT_NEVER_ABOVE_FULL=false`): the testbed's pages are 36 visual tokens, so small that
+the product would otherwise answer CONDUIT's questions with a full prefill from the cached
+embeddings (cheaper here) and the demo would show nothing of the method.
 
 Public API:
   run_demo(url=None, n_docs=2, seed=5, budget=0.1, out=print) -> list[dict]
@@ -53,7 +56,7 @@ def _service(url: str | None, home: Path) -> Iterator[str]:
         return
     port = _free_port()
     env = dict(os.environ, CONDUIT_MODEL=MODEL, CONDUIT_HOME=str(home / "home"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+               CONDUIT_NEVER_ABOVE_FULL="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env.pop("CONDUIT_REDIS_URL", None)
     log = (home / "service.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
