@@ -28,7 +28,7 @@ run: install
 	$(BIN)/conduit serve --host 127.0.0.1 --port 8000
 
 lint: install
-	$(BIN)/ruff check conduit_core storage worker service tests bench testbed lab
+	$(BIN)/ruff check conduit_core storage worker service lab tests
 	$(BIN)/mypy
 
 system-deps:

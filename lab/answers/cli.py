@@ -50,7 +50,7 @@ def add_answers_command(ev: Any) -> None:
 
 
 def _eval_answers(args: argparse.Namespace) -> int:
-    from lab.answers import AnswerEvalConfig, BudgetOneError, run_answer_eval
+    from lab.answers.runner import AnswerEvalConfig, BudgetOneError, run_answer_eval
     from worker.settings import Settings
 
     s = Settings()

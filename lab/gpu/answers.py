@@ -34,7 +34,7 @@ import torch
 
 from conduit_core.policies import POLICIES
 from lab import DEVSET, results
-from lab.answers import AnswerEvalConfig, BudgetOneError, run_answer_eval
+from lab.answers.runner import AnswerEvalConfig, BudgetOneError, run_answer_eval
 
 # the set; VLCache's rule (first floor(rho * T_m) tokens of each page) is registered as
 # `vlcache` or, after its rename, `epic_proportional`: whichever this checkout has

@@ -1,6 +1,6 @@
 """Fuzz the upload path with mutated real PDFs (issue 30): no crash, no stuck job, bounded memory.
 
-    python -m bench.fuzz_uploads --count 60 --json bench/results/fuzz_uploads.json
+    python -m lab.fuzz.uploads --count 60 --json lab/fuzz/results/fuzz_uploads.json
 
 Sources: the smallest PDFs of the real dev set (`--devset`, read where they lie, never
 copied) and PDFs built by `tests/ingest/builders.py`. Each mutant (byte flips anywhere or
@@ -33,7 +33,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEVSET = Path(__file__).resolve().parents[2] / "shared/devsets/mmlongbench-dev/pdfs"
+from lab import DEVSET as LAB_DEVSET
+from lab import LAB
+
+DEVSET = LAB_DEVSET / "pdfs"
 MUTATIONS = ("flip", "flip_structure", "truncate", "splice", "zero_range", "delete_range",
              "repeat_range")
 STRUCTURE = (b" obj", b"endobj", b"stream", b"xref", b"trailer", b"startxref", b"/Type",
@@ -261,10 +264,10 @@ def _supervise(args: argparse.Namespace, start: int, rows: list[dict[str, Any]],
                baseline: list[int]) -> tuple[int, str]:
     """Run one driver from mutant `start`; return (where to go on, "done"/"crash"/"stuck").
     The mutant a driver died or stuck on gets a row of its own."""
-    argv = [sys.executable, "-m", "bench.fuzz_uploads", "--driver", "--start", str(start)]
+    argv = [sys.executable, "-m", "lab.fuzz.uploads", "--driver", "--start", str(start)]
     argv += _passed_args(args)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True,
-                            cwd=Path(__file__).resolve().parents[1])
+                            cwd=LAB.parent)
     assert proc.stdout is not None
     expected, buffer, ready = start, b"", False
     last = time.monotonic()
@@ -316,7 +319,7 @@ def _figures(args: argparse.Namespace, rows: list[dict[str, Any]], crashes: int,
     accepted = [r for r in done if r["outcome"] == "accepted"]
     messages = [r.get("message", "") for r in done]
     return {
-        "command": f"python -m bench.fuzz_uploads --count {args.count} --seed {args.seed} "
+        "command": f"python -m lab.fuzz.uploads --count {args.count} --seed {args.seed} "
                    f"--devset-files {args.devset_files}"
                    + (f" --json {args.json}" if args.json else ""),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",

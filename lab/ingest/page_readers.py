@@ -1,6 +1,6 @@
 """Cost of reading pages in sandboxed reader processes, and what content bombs do to them.
 
-    python -m bench.page_readers --json bench/results/page_readers.json
+    python -m lab.ingest.page_readers --json lab/ingest/results/page_readers.json
 
 Measures, side by side in one run: the start of one reader; a 20-page text PDF read in this
 process (the path before the sandbox: render + text layer) vs by 1 and 2 readers; and three
@@ -16,7 +16,6 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -69,7 +68,6 @@ def _start(data: bytes) -> float:
 
 
 def _bomb(kind: str, mib: int, limits: ReaderLimits) -> dict[str, object]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.ingest.bad_pdfs import content_bomb_pdf
 
     data = content_bomb_pdf(mib, kind=kind)

@@ -1,4 +1,4 @@
-"""A small run of the upload fuzz (bench/fuzz_uploads.py, issue 30): 20 mutants of the test
+"""A small run of the upload fuzz (lab/fuzz/uploads.py, issue 30): 20 mutants of the test
 builders' PDFs through `check_upload` and the readers: no crash of the API process, no stuck
 job, no unexpected error, the API process's memory flat, and a crashing driver is counted."""
 
@@ -8,7 +8,7 @@ import json
 import random
 from pathlib import Path
 
-from bench.fuzz_uploads import MUTATIONS, builder_sources, main, mutate
+from lab.fuzz.uploads import MUTATIONS, builder_sources, main, mutate
 
 
 def test_mutations_are_deterministic_and_change_the_file() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pymupdf
 import pytest
 
-from bench import ocr_workers
+from lab.ingest import ocr_workers
 from tests.ingest.builders import image_only_page, pdf_bytes
 from worker.ingest import ocr_available
 

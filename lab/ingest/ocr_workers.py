@@ -1,9 +1,9 @@
 """Ingest time of a scanned document with its OCR in 1 vs N worker processes, side by side.
 
-    python -m bench.retrieval.hard_devset --out /tmp/hardset
-    python -m bench.ocr_workers \
+    python -m lab.retrieval.devsets.hard_devset --out /tmp/hardset
+    python -m lab.ingest.ocr_workers \
         --pdf /tmp/hardset/pdfs/lumen_retail_group_annual_return_0977041.pdf \
-        --workers 1,2 --json bench/results/ocr_workers.json
+        --workers 1,2 --json lab/ingest/results/ocr_workers.json
 
 Runs `iter_pages` (render at the service's default dpi and pixel cap, text, OCR) over the
 document once per setting, alternating settings for `--rounds` rounds, checks that every

@@ -1,0 +1,98 @@
+"""The house's layering, read from the code's imports (top-level and inside functions alike):
+
+    service -> worker -> storage -> conduit_core
+
+A layer imports only the layers below it; no product module imports the lab (`lab/`, its
+own distribution) or the tests; conduit_core imports only torch, transformers, tokenizers,
+PIL, numpy, safetensors and the standard library (no web, queue, storage or PDF code); the
+product's modules import each other without circles."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import conduit_core
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["conduit_core", "storage", "worker", "service"]  # bottom to top
+OUTSIDE = {"lab", "tests"}
+CORE_ALLOWED = {"torch", "transformers", "tokenizers", "PIL", "numpy", "safetensors",
+                "conduit_core"}
+
+
+def _modules(layer: str) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of one layer."""
+    root = ROOT / layer
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _imports(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Absolute module names a file imports (`from a.b import c` gives a.b and a.b.c)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    names: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+PRODUCT = {name: path for layer in LAYERS for name, path in _modules(layer).items()}
+
+
+def test_every_layer_imports_only_the_layers_below_it() -> None:
+    assert len(PRODUCT) > 100
+    for name, path in PRODUCT.items():
+        rank = LAYERS.index(name.split(".")[0])
+        for imported in _imports(path):
+            top = imported.split(".")[0]
+            assert top not in OUTSIDE, f"{name} imports {imported}: the product never imports " \
+                "the lab or the tests"
+            if top in LAYERS:
+                assert LAYERS.index(top) <= rank, f"{name} imports {imported}: up a layer"
+
+
+def test_conduit_core_imports_only_allowed_packages() -> None:
+    for name, path in PRODUCT.items():
+        if name.split(".")[0] != "conduit_core":
+            continue
+        bad = {m.split(".")[0] for m in _imports(path)} - CORE_ALLOWED
+        bad = {m for m in bad if m not in sys.stdlib_module_names}
+        assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_no_import_circles_between_product_modules() -> None:
+    """Module-level imports form no loop (a module's import of another runs at its import)."""
+    edges = {name: {m for m in _imports(path, top_level_only=True) if m in PRODUCT} - {name}
+             for name, path in PRODUCT.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1 and not node.startswith(nxt + "."):  # a package's face
+                loop = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import circle: " + " -> ".join(loop))
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(edges):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_public_api_reexports_resolve() -> None:
+    assert sorted(conduit_core.__all__) == sorted(conduit_core._EXPORTS)
+    for name in conduit_core.__all__:
+        assert getattr(conduit_core, name).__name__ == name
