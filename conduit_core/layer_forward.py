@@ -5,8 +5,11 @@ layer's own modules (norms, projections, rotary embedding, attention kernel, MLP
 k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
 the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
 both `sdpa` and `eager`. Under `sdpa` a masked subset runs blocked (`row_attention`: row
-blocks read only the keys they can see, GQA folded into rows, block masks built once); other
-implementations get the model's own attention function with one (1, 1, R, n_keys) mask.
+blocks read only the keys they can see, GQA folded into rows, block masks built once, the
+block shape chosen per device by `row_attention.block_shape`); `eager` gets the model's own
+attention function with one (1, 1, R, n_keys) mask. Other attention implementations
+(flash_attention_2, flex_attention, ...) are refused (`UnsupportedModelError`): they would
+get a dense additive mask they do not honour, or a wrong one.
 
 Public API:
   BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
@@ -34,10 +37,11 @@ from typing import Any
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from conduit_core.adapters.base import VLMAdapter
+from conduit_core.adapters.base import VLMAdapter, check_attention
 from conduit_core.kv_cache import KVCache
 from conduit_core.row_attention import (
     block_bounds,
+    block_shape,
     blocked_attention,
     causal_row_mask,
     row_blocks,
@@ -55,7 +59,9 @@ def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, obj
 
 
 def _attn_impl(adapter: VLMAdapter) -> str:
-    return adapter.model.config._attn_implementation or "sdpa"  # type: ignore[no-any-return]
+    impl = adapter.attn_implementation
+    check_attention(impl, adapter.family)  # also after a model.set_attn_implementation()
+    return impl
 
 
 def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
@@ -67,7 +73,8 @@ def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
         return rows + 1
     if impl == "sdpa" and BLOCKED_ATTENTION:
         counts = torch.empty_like(rows)
-        for start, stop, limit in block_bounds(rows, n_keys):
+        chunk, span = block_shape(adapter.device)
+        for start, stop, limit in block_bounds(rows, n_keys, chunk, span):
             counts[start:stop] = limit
         return counts
     return torch.full_like(rows, n_keys)
@@ -102,7 +109,8 @@ def forward_rows(
     if needs_mask and impl == "sdpa" and BLOCKED_ATTENTION:
         cfg = adapter.text_config
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        blocks = row_blocks(rows, n_keys, hidden.dtype, rep, device=adapter.device)
+        chunk, span = block_shape(adapter.device)
+        blocks = row_blocks(rows, n_keys, hidden.dtype, rep, chunk, adapter.device, span)
     rows = rows.to(adapter.device)
     if needs_mask and blocks is None:
         mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
@@ -148,7 +156,8 @@ def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Ten
     b, r_o = q.shape[0], int(sub.numel())
     if impl == "sdpa" and BLOCKED_ATTENTION:
         rep = q.shape[1] // keys.shape[1]
-        blocks = row_blocks(sub, n_keys, q.dtype, rep, device=adapter.device)
+        chunk, span = block_shape(adapter.device)
+        blocks = row_blocks(sub, n_keys, q.dtype, rep, chunk, adapter.device, span)
         out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R_o, heads, hd)
     else:
         sub_mask = (mask[:, :, outputs] if mask is not None

@@ -7,16 +7,24 @@ Public API:
   DTYPES: dict[str, torch.dtype]
 Builtins (`builtin:tiny-qwen2-vl`, ...) are materialised once under `cache_dir/<name>`; a
 local path or hub id loads with its family's transformers class (dtype and device honoured).
-Unsupported architectures raise `UnsupportedModelError`; an unreadable source (missing
-folder, hub id not cached while offline) raises `ModelLoadError`. The fingerprint's revision
-is the hub commit when known, else a sha256 of the weight files (memoised in cache_dir); its
-template version includes `max_image_tokens`.
+Unsupported architectures and attention implementations other than sdpa and eager raise
+`UnsupportedModelError` (before any weight is read); an unreadable source (missing folder, hub
+id not cached while offline) raises `ModelLoadError`. Weights are placed on `device` as they
+load (`device_map`, with `accelerate` installed; without it they load on the CPU and move,
+with a warning). The fingerprint's revision is the hub commit when known, else a sha256 of
+the weight files, memoised in cache_dir by file path, size and mtime and, on a first load,
+computed in a thread while the weights load (the hash and the load read the same files):
+a worker that loads its model at startup (`WorkerContext.preload_model`) never hashes on a
+question's path. Its template version includes `max_image_tokens`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +33,7 @@ import torch
 from transformers import AutoConfig, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from conduit_core.adapters.base import VLMAdapter
+from conduit_core.adapters.base import SUPPORTED_ATTENTION, VLMAdapter, check_attention
 from conduit_core.builtin import (
     BUILTIN_PAGE_TOKENS,
     BUILTIN_SCHEME,
@@ -35,6 +43,8 @@ from conduit_core.builtin import (
 from conduit_core.errors import ConduitCoreError, ModelLoadError
 from conduit_core.families import family_for
 from conduit_core.page_kv import ModelFingerprint
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _BUILTIN_MAX_IMAGE_TOKENS = 16
@@ -82,6 +92,16 @@ def _weights_digest(folder: Path, cache_dir: Path) -> str:
     return memo[key]
 
 
+def _placement(device: str) -> dict[str, Any]:
+    """`from_pretrained` keywords that put every weight on `device` as it is read."""
+    if importlib.util.find_spec("accelerate") is not None:
+        return {"device_map": {"": torch.device(device)}}
+    if torch.device(device).type != "cpu":
+        log.warning("accelerate is not installed: the weights load on the CPU and then move "
+                    "to %s (peak host memory: the whole model)", device)
+    return {}
+
+
 def _config_hash(config: Any) -> str:
     blob = json.dumps(config.to_diff_dict(), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -104,6 +124,8 @@ def load_vlm(
     """
     if dtype not in DTYPES:
         raise ConduitCoreError(f"dtype {dtype!r} not in {sorted(DTYPES)}")
+    if attn_implementation not in SUPPORTED_ATTENTION:
+        check_attention(attn_implementation, name_or_path)  # raises, naming what is supported
     cache_dir = Path(cache_dir)
     builtin = is_builtin(name_or_path)
     source = str(materialise_builtin(name_or_path, cache_dir)) if builtin else name_or_path
@@ -118,17 +140,20 @@ def load_vlm(
             f"cannot read a model config from {name_or_path!r}: {exc}") from exc
     family = family_for(config.model_type)
     hf_logging.disable_progress_bar()
-    model = family.model_class.from_pretrained(
-        source, dtype=DTYPES[dtype], attn_implementation=attn_implementation
-    ).to(device).eval()
+    revision = getattr(config, "_commit_hash", None)
+    with ThreadPoolExecutor(1, thread_name_prefix="conduit-digest") as pool:
+        digest = (pool.submit(_weights_digest, Path(source), cache_dir)
+                  if not revision or builtin else None)  # hashed while the weights load
+        model = family.model_class.from_pretrained(
+            source, dtype=DTYPES[dtype], attn_implementation=attn_implementation,
+            **_placement(device)).to(device).eval()
+        if digest is not None:
+            revision = digest.result()
     processor = family.processor_class.from_pretrained(source)
     adapter = family.adapter_class(model, processor, processor.tokenizer, max_image_tokens)
-    revision = getattr(config, "_commit_hash", None)
-    if not revision or builtin:
-        revision = _weights_digest(Path(source), cache_dir)
     fingerprint = ModelFingerprint(
         name=name_or_path,
-        revision=revision,
+        revision=str(revision),
         dtype=dtype,
         config_hash=_config_hash(config),
         template_version=f"{adapter.template_version}/max_image_tokens={max_image_tokens}",

@@ -4,19 +4,26 @@ Used by the policy tests and the fidelity evaluation: they compare logits, not o
 The steps are those of `ReuseRuntime.answer` (assemble, policy over a `PolicyContext`,
 refresh visual choice + all text rows); decoding is left out.
 
+Only the logits a caller uses are formed: by default those of the last row (what predicts
+the first answer token); `logits="all"` gives every recomputed row's (the fidelity tests
+compare whole prompts), which at a 152k vocabulary is 0.6 MB per row (2.2k rows: 1.3 GB).
+
 Public API:
   RefreshProbe(visual_rows, rows, logits, extra_flops, choice_seconds, computed_rows,
                refresh_flops)
-  probe_refresh(runtime, request, last_only=False) -> RefreshProbe
-      last_only: as the answer path computes it (logits of the last row only, the last
-      layer trimmed for the others: `ReuseRuntime.refresh`)
-  probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question) -> RefreshProbe
+  probe_refresh(runtime, request, last_only=False, logits="last") -> RefreshProbe
+      last_only: as the answer path computes it (the last row's state only, the last
+      layer trimmed for the others: `ReuseRuntime.refresh`; implies logits="last")
+      logits: "last" -> (1, vocab) of the last row; "all" -> (R, vocab) of every row
+  probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question,
+                     logits="last") -> RefreshProbe
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from PIL import Image
@@ -32,7 +39,7 @@ class RefreshProbe:
 
     visual_rows: torch.Tensor  # (k,) refreshed visual sequence indices, ascending
     rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual), ascending
-    logits: torch.Tensor  # (R, vocab) float32, row order of `rows`; [-1] predicts token 1
+    logits: torch.Tensor  # (R | 1, vocab) float32, row order of `rows`; [-1] predicts token 1
     extra_flops: float  # FLOPs the policy itself spent (scoring pass, check layers)
     choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
     computed_rows: torch.Tensor  # (R_c,) the rows the refresh computed (the rest of `rows`
@@ -40,9 +47,19 @@ class RefreshProbe:
     refresh_flops: float = 0.0  # FLOPs of the refresh itself (extra_flops + this = the answer's)
 
 
+Rows = Literal["last", "all"]
+
+
+def _logits(runtime: ReuseRuntime, hidden: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """Logits (R | 1, vocab) of hidden states (R, hidden): every row, or the last only."""
+    if rows not in ("last", "all"):
+        raise ValueError(f"logits must be 'last' or 'all', got {rows!r}")
+    return runtime.logits(hidden if rows == "all" else hidden[-1:])
+
+
 @torch.inference_mode()
 def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
-                  last_only: bool = False) -> RefreshProbe:
+                  last_only: bool = False, logits: Rows = "last") -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
     policy = resolve_policy(request.policy, request.options)
     assembly = runtime.assemble(request.prefix, request.pages, request.question,
@@ -53,7 +70,7 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
     seconds = time.perf_counter() - t0
     hidden, computed = runtime.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
     rows = torch.cat([assembly.layout.text_rows(), visual]).unique()  # (R,)
-    return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
+    return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=ctx.extra_flops, choice_seconds=seconds,
                         computed_rows=computed,
                         refresh_flops=runtime.refresh_flops(assembly, computed, ctx.resume))
@@ -61,11 +78,12 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
 
 @torch.inference_mode()
 def probe_full_prefill(runtime: ReuseRuntime, prefix: str,
-                       pages: list[tuple[str, Image.Image]], question: str) -> RefreshProbe:
+                       pages: list[tuple[str, Image.Image]], question: str,
+                       logits: Rows = "last") -> RefreshProbe:
     """The reference: every token computed now from the images (vision tower included)."""
     assembly = runtime.assemble_fresh(prefix, pages, question)
     visual = assembly.layout.visual_rows()
     hidden = runtime.prefill(assembly, visual)  # (N, hidden)
     rows = torch.arange(assembly.layout.n)  # (N,)
-    return RefreshProbe(visual_rows=visual, rows=rows, logits=runtime.logits(hidden),
+    return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=0.0, choice_seconds=0.0, computed_rows=rows)

@@ -15,8 +15,16 @@ K/V to every query head. Here instead:
 The result equals `F.scaled_dot_product_attention` over the full mask up to float rounding
 (the masked keys contribute exact zeros either way).
 
+The block shape is chosen per device (`block_shape`): on the CPU, blocks of 64 rows spanning
+at most 256 positions keep the wasted keys and the masks small; on an accelerator, where a
+call costs a launch and a few microseconds whatever its size, blocks of up to 1,024 rows
+spanning up to 8,192 positions make a refresh one or a few masked calls per layer (each row
+then reads up to its block's last row; `layer_forward.computed_key_counts` charges that).
+
 Public API:
-  ROW_CHUNK = 64;  ROW_SPAN = 256
+  ROW_CHUNK = 64;  ROW_SPAN = 256          the CPU block shape
+  BLOCK_SHAPES = {"cpu": (64, 256)};  DEFAULT_BLOCK_SHAPE = (1024, 8192)  (rows, span)
+  block_shape(device) -> (chunk, span)
   RowBlock(start, stop, n_keys, mask)
   block_bounds(rows, n_keys, chunk=ROW_CHUNK, span=ROW_SPAN) -> list[(start, stop, n_keys)]
   row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK, device=None, span=ROW_SPAN)
@@ -33,6 +41,13 @@ import torch.nn.functional as F
 
 ROW_CHUNK = 64
 ROW_SPAN = 256
+BLOCK_SHAPES = {"cpu": (ROW_CHUNK, ROW_SPAN)}  # (rows per block, positions spanned) per device
+DEFAULT_BLOCK_SHAPE = (1024, 8192)  # accelerators: few launches, a bounded mask per block
+
+
+def block_shape(device: torch.device | str) -> tuple[int, int]:
+    """(rows per block, positions a block may span) for attention on `device`."""
+    return BLOCK_SHAPES.get(torch.device(device).type, DEFAULT_BLOCK_SHAPE)
 
 
 @dataclass(frozen=True)

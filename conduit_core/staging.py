@@ -54,7 +54,8 @@ def stage(groups: Sequence[tuple[Sequence[torch.Tensor], int]], device: torch.de
         total += -(-nbytes // ALIGN) * ALIGN
     host = torch.empty(total, dtype=torch.uint8, pin_memory=pin)  # (bytes,)
     for (tensors, dim), (offset, dtype, shape) in zip(groups, layout, strict=True):
-        torch.cat([t.to(dtype) for t in tensors], dim=dim, out=_view(host, offset, dtype, shape))
+        torch.cat([t.to("cpu", dtype) for t in tensors], dim=dim,
+                  out=_view(host, offset, dtype, shape))  # host parts: no copy but this one
     buf = host if on_cpu else host.to(device, non_blocking=pin)  # one copy for the question
     return [_view(buf, offset, dtype, shape) for offset, dtype, shape in layout]
 

@@ -23,7 +23,7 @@ from storage.errors import UnavailableError
 from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext, build_context
-from worker.errors import WorkerError
+from worker.errors import AnswerCancelledError, WorkerError
 from worker.jobs import TokenSink, execute_ingest_job
 from worker.recovery import mark_failed
 from worker.settings import Settings
@@ -113,8 +113,12 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     assert ctx.settings.redis_url
     bus = redis.Redis.from_url(ctx.settings.redis_url)
 
-    def send(message: dict[str, Any]) -> None:
-        bus.publish(channel, json.dumps(message))
+    def send(message: dict[str, Any]) -> int:
+        return int(bus.publish(channel, json.dumps(message)))
+
+    def token(tid: int, text: str) -> None:  # nobody listening: the client went away
+        if send({"token": [tid, text]}) == 0:
+            raise AnswerCancelledError("nobody listens to this answer any more")
 
     stop = threading.Event()
 
@@ -129,8 +133,7 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     try:
         send({"started": 1})
         beat.start()
-        answer = answer_question(ctx, question_from_json(question),
-                                 on_token=lambda tid, text: send({"token": [tid, text]}))
+        answer = answer_question(ctx, question_from_json(question), on_token=token)
         send({"done": answer_to_json(answer)})
     except WorkerError as exc:
         send({"error": exc.message, "status": exc.http_status})
@@ -166,13 +169,15 @@ class CeleryRunner:
         """None: the broker holds the queue (and keeps unacknowledged messages)."""
         return None
 
-    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
-        """Send the question to a worker and relay its tokens until the answer arrives."""
+    def answer(self, question: Question, on_token: TokenSink | None = None,
+               cancel: threading.Event | None = None) -> Answer:
+        """Send the question to a worker and relay its tokens until the answer arrives.
+        `cancel` set: stop listening (the worker sees nobody subscribed and drops it)."""
         channel = CHANNEL_PREFIX + uuid.uuid4().hex
         sub = self._bus.pubsub(ignore_subscribe_messages=True)
         try:
             sub.subscribe(channel)
-            return self._relay(sub, channel, question, on_token)
+            return self._relay(sub, channel, question, on_token, cancel)
         except (redis.RedisError, OSError, OperationalError) as exc:
             raise RemoteAnswerError(f"the message broker is unavailable ({type(exc).__name__}); "
                                     "retry shortly", 503) from exc
@@ -185,11 +190,13 @@ class CeleryRunner:
                             expires=self._queue_wait)
 
     def _relay(self, sub: Any, channel: str, question: Question,
-               on_token: TokenSink | None) -> Answer:
+               on_token: TokenSink | None, cancel: threading.Event | None = None) -> Answer:
         self._send(question, channel)
         now = time.monotonic()
         deadline, heard, started, sends, relayed = now + self._timeout, now, False, 1, False
         while (now := time.monotonic()) < deadline:
+            if cancel is not None and cancel.is_set():
+                raise AnswerCancelledError("the client went away")
             if not started and now - heard > self._queue_wait:
                 raise RemoteAnswerError(f"no worker took the question within "
                                         f"{self._queue_wait:.0f} s; retry later", 503)
@@ -222,16 +229,30 @@ class CeleryRunner:
         self._bus.close()
 
 
+def worker_threads(settings: Settings, concurrency: int) -> int:
+    """Task threads of a worker process: one per answer slot of its engine (a question
+    waits on its thread while the engine batches it), plus `concurrency - 1` so that ingests
+    (whose page batches the same engine interleaves) can run beside a full batch."""
+    return settings.max_active_answers + max(0, concurrency - 1)
+
+
 def run_worker(settings: Settings, concurrency: int = 2,
                queues: tuple[str, ...] = (ANSWER_QUEUE, INGEST_QUEUE)) -> None:
     """Run a Celery worker in this process (the `conduit worker` command).
 
-    With concurrency >= 2 (threads) an answer can run between an ingest's prefill batches:
-    both share one model, and the model lock is held per batch, not per document.
+    The process runs one answer engine; it takes `worker_threads` tasks at once (threads
+    pool; prefetch multiplier 1, acknowledged late, so a crash leaves at most that many
+    messages to the broker's redelivery), and its answers are decoded together.
     """
     if not settings.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
     app = make_celery(settings.redis_url, settings)
-    app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={concurrency}",
-                     "--pool=threads" if concurrency > 1 else "--pool=solo",
+    _context().preload_model()  # the model loads (and is fingerprinted) before any task
+    if settings.worker_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.worker_metrics_port)  # the engine's series
+    threads = worker_threads(settings, concurrency)
+    app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={threads}",
+                     "--pool=threads" if threads > 1 else "--pool=solo",
                      f"--queues={','.join(queues)}"])

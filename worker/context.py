@@ -16,6 +16,7 @@ from storage.keys import RenderSettings
 from storage.kv import build_kv_store
 from storage.kv.tiered import TieredKVStore
 from storage.metadata import MetadataStore, SQLiteMetadataStore
+from worker.engine import AnswerEngine
 from worker.retrieval.embedder import Embedder
 from worker.settings import Settings
 
@@ -35,6 +36,7 @@ class WorkerContext:
     _runtime: ReuseRuntime | None = None
     model_lock: threading.Lock = field(default_factory=threading.Lock)
     _load_lock: threading.Lock = field(default_factory=threading.Lock)
+    _engine: AnswerEngine | None = None
 
     @property
     def render(self) -> RenderSettings:
@@ -57,6 +59,34 @@ class WorkerContext:
                                              never_above_full=s.never_above_full)
             return self._runtime
 
+    def preload_model(self) -> threading.Thread:
+        """Load the model in a background thread now (a worker's startup), so that the first
+        task, a question included, pays neither the load nor the hash of a local checkpoint's
+        weights (`load_vlm`); a failure is logged here and raised again by the first task."""
+
+        def load() -> None:
+            try:
+                _ = self.runtime
+            except Exception:  # noqa: BLE001 - the first task reports it to its caller
+                log.exception("model preload failed; the first task will try again")
+
+        thread = threading.Thread(target=load, name="conduit-model-preload", daemon=True)
+        thread.start()
+        return thread
+
+    @property
+    def engine(self) -> AnswerEngine:
+        """This process's answer engine (started on first use; the model loads on its first
+        question or job): every answer and ingest prefill of the process runs through it."""
+        with self._load_lock:
+            if self._engine is None:
+                s = self.settings
+                self._engine = AnswerEngine(
+                    lambda: self.runtime, max_active=s.max_active_answers,
+                    max_kv_tokens=s.max_kv_tokens_in_flight,
+                    queue_wait_s=s.answer_queue_wait_s, model_lock=self.model_lock)
+            return self._engine
+
     @property
     def model_loaded(self) -> bool:
         """Whether this process has loaded the model (an API process in the distributed form
@@ -68,7 +98,9 @@ class WorkerContext:
         return self.home / relative
 
     def close(self) -> None:
-        """Release store connections."""
+        """Stop the answer engine and release store connections."""
+        if self._engine is not None:
+            self._engine.close()
         self.meta.close()
 
 

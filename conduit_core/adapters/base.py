@@ -6,6 +6,8 @@ Public API:
   SUPPORTED_TEXT_MODELS   language model types the shared layer loop reproduces exactly
   SHIFT_EXACT_ROPE_TYPES  RoPE types whose frequencies do not depend on sequence length
   check_rope(text_config, family) -> None   UnsupportedModelError for any other RoPE type
+  SUPPORTED_ATTENTION = ("sdpa", "eager")   attention implementations the runtime drives
+  check_attention(impl, family) -> None     UnsupportedModelError for any other
   VLMAdapter          base class (refuses other language models: UnsupportedModelError);
                       a family subclass supplies the page segment layout and its
                       image tokens (`prepare_pages`), the segment's layer-0 input embeddings
@@ -38,6 +40,22 @@ SUPPORTED_TEXT_MODELS = frozenset({"qwen2", "qwen3", "qwen2_vl_text", "qwen2_5_v
 # `longrope` recompute them from the sequence length, so a page's cached keys would have been
 # rotated with other frequencies than the request's.
 SHIFT_EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn", "mrope"})
+
+
+# The runtime runs row subsets with exact causal masks: additive float masks under `eager`,
+# blocked calls with per-block masks under `sdpa`. Other implementations (flash_attention_2,
+# flex_attention, paged variants) would get a dense 4-D additive mask that they ignore or
+# reject: the masked refresh would break or go silently wrong.
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def check_attention(impl: str | None, family: str) -> None:
+    """Refuse an attention implementation the runtime does not drive exactly."""
+    if (impl or "sdpa") not in SUPPORTED_ATTENTION:
+        raise UnsupportedModelError(
+            f"{family}: attn_implementation {impl!r} is not supported: the runtime runs row "
+            "subsets of the prompt under exact causal masks, which it drives for "
+            f"{' and '.join(SUPPORTED_ATTENTION)} only (use attn_implementation='sdpa')")
 
 
 def _rope_settings(cfg: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -99,6 +117,7 @@ class VLMAdapter(ABC):
             raise UnsupportedModelError(
                 f"{self.family}: sliding-window attention layers are not supported")
         check_rope(cfg, self.family)
+        check_attention(self.attn_implementation, self.family)
 
     # ---- structure -------------------------------------------------------------------
     @property
@@ -115,6 +134,12 @@ class VLMAdapter(ABC):
     def lm_head(self) -> Any:
         """Output projection to vocabulary logits."""
         return self.model.lm_head
+
+    @property
+    def attn_implementation(self) -> str:
+        """The language model's attention implementation ("sdpa" or "eager")."""
+        impl = self.model.config._attn_implementation or "sdpa"
+        return str(impl)
 
     @property
     def text_config(self) -> Any:
