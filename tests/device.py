@@ -34,9 +34,9 @@ LOW_PRECISION = TORCH_DTYPE != torch.float32
 _TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     "float32": {"logits": (1e-4, 1e-4), "hidden": (1e-4, 1e-4), "keys": (1e-5, 1e-5),
                 "scores": (1e-4, 1e-6)},
-    "bfloat16": {"logits": (5e-2, 5e-2), "hidden": (5e-2, 5e-2), "keys": (2e-2, 2e-2),
+    "bfloat16": {"logits": (5e-2, 5e-2), "hidden": (5e-2, 5e-2), "keys": (2e-2, 5e-2),
                  "scores": (5e-2, 1e-3)},
-    "float16": {"logits": (1e-2, 1e-2), "hidden": (1e-2, 1e-2), "keys": (5e-3, 5e-3),
+    "float16": {"logits": (1e-2, 1e-2), "hidden": (1e-2, 1e-2), "keys": (5e-3, 1e-2),
                 "scores": (1e-2, 1e-4)},
 }
 
@@ -56,3 +56,15 @@ def to_device(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return type(x)(to_device(v) for v in x)
     return x
+
+
+def atol(kind: str) -> float:
+    """The absolute tolerance of `kind` (for max-abs-error checks)."""
+    return tol(kind)["atol"]
+
+
+def same_answer(a: list[int], b: list[int]) -> bool:
+    """Whether two greedy answers of paths that differ only by rounding agree: token for
+    token in float32; in a lower precision, on the first token (later tokens may part after
+    a near-tie, each path rounding its sums differently, and then diverge for good)."""
+    return a == b if not LOW_PRECISION else a[:1] == b[:1]

@@ -1,4 +1,5 @@
-"""Shared fixtures for conduit_core tests: builtin tiny models materialised once per session."""
+"""Shared fixtures for conduit_core tests: builtin tiny models materialised once per session,
+loaded on `CONDUIT_TEST_DEVICE` in `CONDUIT_TEST_DTYPE` (default cpu, float32; `tests.device`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from conduit_core.loader import LoadedVLM, load_vlm
 from conduit_core.runtime import ReuseRuntime
+from tests.device import TEST_DEVICE, TEST_DTYPE
 
 torch.set_num_threads(1)
 
@@ -16,7 +18,7 @@ FAMILIES = ["builtin:tiny-qwen2-vl", "builtin:tiny-qwen2.5-vl", "builtin:tiny-ll
             "builtin:tiny-internvl"]
 MROPE = {"builtin:tiny-qwen2-vl", "builtin:tiny-qwen2.5-vl"}
 
-_LOADED: dict[tuple[str, str, str], LoadedVLM] = {}
+_LOADED: dict[tuple[str, str, str, str], LoadedVLM] = {}
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +27,14 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("conduit-models")
 
 
-def load_builtin(name: str, cache: Path, *, attn: str = "sdpa",
-                 dtype: str = "float32") -> LoadedVLM:
-    """Load (once per session) a builtin model on CPU."""
-    key = (name, attn, dtype)
+def load_builtin(name: str, cache: Path, *, attn: str = "sdpa", dtype: str | None = None,
+                 device: str | None = None) -> LoadedVLM:
+    """Load (once per session) a builtin model, by default on the test device and dtype."""
+    dtype, device = dtype or TEST_DTYPE, device or TEST_DEVICE
+    key = (name, attn, dtype, device)
     if key not in _LOADED:
-        _LOADED[key] = load_vlm(name, cache_dir=cache, attn_implementation=attn, dtype=dtype)
+        _LOADED[key] = load_vlm(name, cache_dir=cache, attn_implementation=attn, dtype=dtype,
+                                device=device)
     return _LOADED[key]
 
 
@@ -43,7 +47,7 @@ def family(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def vlm(family: str, model_cache: Path) -> LoadedVLM:
-    """The family's tiny model (float32, sdpa)."""
+    """The family's tiny model (sdpa, on the test device and dtype)."""
     return load_builtin(family, model_cache)
 
 

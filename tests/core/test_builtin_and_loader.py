@@ -39,7 +39,7 @@ def test_tokenizer_matches_config(name: str, model_cache: Path) -> None:
 
 def test_builtin_is_materialised_once_and_deterministic(model_cache: Path,
                                                         tmp_path: Path) -> None:
-    a = load_builtin("builtin:tiny-qwen2-vl", model_cache)
+    a = load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="float32", device="cpu")
     folder = model_cache / "tiny-qwen2-vl"
     mtime = (folder / "model.safetensors").stat().st_mtime_ns
     again = load_vlm("builtin:tiny-qwen2-vl", cache_dir=model_cache)
@@ -55,7 +55,7 @@ def test_max_image_tokens_bounds_pages_and_enters_the_fingerprint(model_cache: P
     from tests.core.helpers import IMAGES
 
     small = load_vlm("builtin:tiny-qwen2-vl", cache_dir=model_cache, max_image_tokens=8)
-    big = load_builtin("builtin:tiny-qwen2-vl", model_cache)
+    big = load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="float32", device="cpu")
     assert small.fingerprint != big.fingerprint
     (page,) = small.adapter.prepare_pages([IMAGES["a"]])
     assert int((page.token_ids == small.model.config.image_token_id).sum()) <= 8
@@ -74,7 +74,8 @@ def test_unknown_builtin_and_unsupported_architecture(model_cache: Path, tmp_pat
 
 
 def test_local_folder_loads_like_a_checkpoint(model_cache: Path) -> None:
-    builtin = load_builtin("builtin:tiny-llava-onevision", model_cache)
+    builtin = load_builtin("builtin:tiny-llava-onevision", model_cache, dtype="float32",
+                           device="cpu")
     folder = str(model_cache / "tiny-llava-onevision")
     local = load_vlm(folder, cache_dir=model_cache, max_image_tokens=16)
     assert local.fingerprint.name == folder

@@ -24,7 +24,7 @@ def test_page_from_another_model_is_refused(model_cache: Path) -> None:
 
 
 def test_page_of_another_dtype_is_refused(model_cache: Path) -> None:
-    f32 = ReuseRuntime(load_builtin("builtin:tiny-internvl", model_cache))
+    f32 = ReuseRuntime(load_builtin("builtin:tiny-internvl", model_cache, dtype="float32"))
     bf16 = ReuseRuntime(load_builtin("builtin:tiny-internvl", model_cache, dtype="bfloat16"))
     (page,) = bf16.prefill_pages([IMAGES["b"]])
     assert page.keys.dtype.is_floating_point and page.fingerprint.dtype == "bfloat16"

@@ -20,6 +20,7 @@ import torch
 from conduit_core import PageInput, ReuseRuntime, layer_forward
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, full_logits, page_from_assembly, reference_logits
+from tests.device import atol
 
 PREFIX = "You answer questions about the annual report."
 LABELS = ["Page 1:\n", "Page 2 shows the table:\n"]
@@ -69,7 +70,7 @@ def test_reuse_in_the_same_layout_gives_the_models_logits(name: str, blocked: bo
                 assert computed.numel() < rows.numel()  # the prefix rows were reused
             got = rt.logits(hidden)  # (R, vocab)
             err = float((got - ref[rows]).abs().max())
-            assert err <= 1e-4, (fraction, scored, err)
+            assert err <= atol("logits"), (fraction, scored, err)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -91,5 +92,5 @@ def test_stale_pages_approach_full_prefill_as_the_budget_grows(name: str,
         rows = torch.cat([asm.layout.text_rows(), chosen]).unique()
         errors.append(float((rt.logits(hidden)[-1] - ref[rows[-1]]).abs().max()))
     assert errors[0] > 1e-4  # a new prefix makes the pages measurably stale
-    assert errors[-1] <= 1e-4  # everything refreshed: the full prefill
+    assert errors[-1] <= atol("logits")  # everything refreshed: the full prefill
     assert errors[0] > errors[1] > errors[2] > errors[3], errors

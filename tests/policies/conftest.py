@@ -1,5 +1,6 @@
 """Fixtures for the policy tests: one builtin tiny Qwen2-VL runtime and three cached pages of
-different sizes (16, 15 and 8 visual tokens) rendered from text."""
+different sizes (16, 15 and 8 visual tokens) rendered from text, on `CONDUIT_TEST_DEVICE` in
+`CONDUIT_TEST_DTYPE` (default cpu, float32; `tests.device`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from conduit_core.answer_types import PageInput
 from conduit_core.loader import load_vlm
 from conduit_core.page_kv import PageKV
 from conduit_core.runtime import ReuseRuntime
+from tests.device import TEST_DEVICE, TEST_DTYPE
 
 torch.set_num_threads(1)
 
@@ -51,7 +53,8 @@ class CachedPages:
 @pytest.fixture(scope="session")
 def cached(tmp_path_factory: pytest.TempPathFactory) -> CachedPages:
     """Three text pages prefilled once by the tiny Qwen2-VL."""
-    vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("models")))
+    vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=Path(tmp_path_factory.mktemp("models")),
+                   device=TEST_DEVICE, dtype=TEST_DTYPE)
     runtime = ReuseRuntime(vlm, never_above_full=False)  # each policy's own path
     images = [text_page(i, size) for i, size in enumerate(PAGE_SIZES)]
     return CachedPages(runtime=runtime, images=images, kvs=runtime.prefill_pages(images))

@@ -15,6 +15,7 @@ from conduit_core.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.runtime import ReuseRuntime
+from tests.device import TEST_DEVICE, TEST_DTYPE, tol
 
 from .conftest import PAGE_SIZES, text_page
 
@@ -25,19 +26,21 @@ LABELS = ["One:", "Two:", "Three:"]
 @pytest.mark.parametrize("name", [n for n in builtin_names() if n.startswith("builtin:tiny-")])
 def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     # the policies' own paths, also where one costs more than a full prefill (tiny pages)
-    rt = ReuseRuntime(load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m"))),
-                      never_above_full=False)
+    rt = ReuseRuntime(load_vlm(name, cache_dir=Path(tmp_path_factory.mktemp("m")),
+                               device=TEST_DEVICE, dtype=TEST_DTYPE), never_above_full=False)
     images = [text_page(10 + i, size) for i, size in enumerate(PAGE_SIZES)]
     pages = [PageInput(label, kv) for label, kv in zip(LABELS, rt.prefill_pages(images),
                                                        strict=True)]
-    ref = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
+    ref = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION,
+                             logits="all")
     n_v = sum(p.kv.num_tokens for p in pages)
     shape = LMShape.from_config(rt.adapter.text_config)
     for policy in POLICIES:
         if policy != "full_reuse":
             got = probe_refresh(rt, AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                                  policy=policy, budget=1.0))
-            assert torch.allclose(got.logits, ref.logits, atol=1e-4, rtol=0), policy
+                                                  policy=policy, budget=1.0), logits="all")
+            assert got.logits.shape == ref.logits.shape, policy
+            torch.testing.assert_close(got.logits, ref.logits, **tol("logits"), msg=policy)
         if policy in ("conduit", "cacheblend", "random", "epic"):
             req = AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                 policy=policy, budget=0.25, max_new_tokens=2)

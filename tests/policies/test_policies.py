@@ -17,7 +17,9 @@ from conduit_core.flops import (
 from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from conduit_core.row_attention import block_shape
 from conduit_core.selection import budget_tokens
+from tests.device import TEST_DEVICE, same_answer, tol
 
 from .conftest import CachedPages
 
@@ -28,9 +30,11 @@ BUDGETED = ["random", "raw_attention", "value_norm", "cacheblend", "epic", "epic
             "conduit", "conduit_no_amp", "conduit_per_page"]
 
 
-def block_counts(rows: torch.Tensor, n: int, chunk: int = 64, span: int = 256) -> torch.Tensor:
+def block_counts(rows: torch.Tensor, n: int) -> torch.Tensor:
     """Keys the blocked attention computes per row: its block's last row + 1, a block being
-    at most 64 consecutive rows spanning at most 256 positions."""
+    at most `chunk` consecutive rows spanning at most `span` positions (64 and 256 on the
+    CPU: `row_attention.block_shape` of the test device)."""
+    chunk, span = block_shape(TEST_DEVICE)
     out = torch.empty_like(rows)
     i = 0
     while i < rows.numel():
@@ -94,10 +98,11 @@ def test_first_token_policies_pick_page_heads(cached: CachedPages) -> None:
 
 @pytest.mark.parametrize("name", sorted(set(POLICIES) - {"full_reuse"}))
 def test_budget_one_equals_full_prefill(cached: CachedPages, name: str) -> None:
-    ref = probe_full_prefill(cached.runtime, PREFIX, cached.fresh(LABELS), QUESTION)
-    got = probe_refresh(cached.runtime, request(cached, name, 1.0))
-    assert torch.equal(got.rows, ref.rows)
-    assert torch.allclose(got.logits, ref.logits, atol=1e-4, rtol=0)
+    ref = probe_full_prefill(cached.runtime, PREFIX, cached.fresh(LABELS), QUESTION,
+                             logits="all")
+    got = probe_refresh(cached.runtime, request(cached, name, 1.0), logits="all")
+    assert torch.equal(got.rows, ref.rows) and got.logits.shape == ref.logits.shape
+    torch.testing.assert_close(got.logits, ref.logits, **tol("logits"))
 
 
 def test_prefix_reuse_reuses_an_identical_leading_page(cached: CachedPages) -> None:
@@ -110,7 +115,7 @@ def test_prefix_reuse_reuses_an_identical_leading_page(cached: CachedPages) -> N
     assert probe.visual_rows.tolist() == [r for s in layout.segments[1:]
                                           for r in range(s.start, s.stop)]
     ref = probe_full_prefill(cached.runtime, "", cached.fresh(labels), QUESTION)
-    assert torch.allclose(probe.logits[-1], ref.logits[-1], atol=1e-4, rtol=0)
+    torch.testing.assert_close(probe.logits[-1], ref.logits[-1], **tol("logits"))
 
 
 def test_random_is_seeded(cached: CachedPages) -> None:
@@ -192,7 +197,7 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
     full = rt.answer(request(cached, "cacheblend_x", 0.1))
     ref = rt.answer_full_prefill(PREFIX, cached.fresh(LABELS), QUESTION, max_new_tokens=2)
     assert full.flops_used == pytest.approx(full_prefill_flops(shape, full.prompt_tokens))
-    assert full.token_ids == ref.token_ids
+    assert same_answer(full.token_ids, ref.token_ids)
 
 
 def test_score_based_policies_skip_scoring_at_trivial_budgets(cached: CachedPages) -> None:
@@ -203,3 +208,19 @@ def test_score_based_policies_skip_scoring_at_trivial_budgets(cached: CachedPage
         assert rt.answer(request(cached, name, 0.0)).flops_used == reuse.flops_used
         assert rt.answer(request(cached, name, 1.0)).flops_used == everything.flops_used
     assert rt.answer(request(cached, "conduit", 0.1)).flops_used > reuse.flops_used
+
+
+def test_probes_form_only_the_logits_asked_for(cached: CachedPages) -> None:
+    """By default a probe forms the last row's logits only (what the callers read; every
+    row's at a 152k vocabulary is 0.6 MB a row); `logits="all"` keeps every row's."""
+    rt = cached.runtime
+    vocab = rt.adapter.lm_head.out_features
+    req = request(cached, "conduit", 0.2)
+    last, every = probe_refresh(rt, req), probe_refresh(rt, req, logits="all")
+    assert last.logits.shape == (1, vocab)
+    assert every.logits.shape == (every.rows.numel(), vocab) and every.rows.numel() > 1
+    torch.testing.assert_close(last.logits[-1], every.logits[-1], **tol("logits"))
+    ref = probe_full_prefill(rt, PREFIX, cached.fresh(LABELS), QUESTION)
+    assert ref.logits.shape == (1, vocab)
+    with pytest.raises(ValueError, match="last"):
+        probe_refresh(rt, req, logits="some")  # type: ignore[arg-type]
