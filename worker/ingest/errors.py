@@ -1,4 +1,5 @@
-"""The ingestion exception tree: every failure to read a document is an `IngestError`.
+"""The ingestion branch of the worker's exception tree: every failure to read a document is an
+`IngestError`, a `WorkerError` (`worker/errors.py`).
 
 Each subclass carries a user-facing `.message` (safe to show in an API response: it never
 contains paths or library internals) and an `http_status` hint for the service layer
@@ -7,15 +8,13 @@ contains paths or library internals) and an `http_status` hint for the service l
 
 from __future__ import annotations
 
+from worker.errors import WorkerError
 
-class IngestError(Exception):
+
+class IngestError(WorkerError):
     """Base class: a document could not be ingested. `.message` is shown to the user."""
 
     http_status: int = 422
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 class EmptyFileError(IngestError):
