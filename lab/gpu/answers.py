@@ -35,20 +35,13 @@ import torch
 from conduit_core.policies import POLICIES
 from lab import DEVSET, results
 from lab.answers.runner import AnswerEvalConfig, BudgetOneError, run_answer_eval
+from lab.gpu import environment
 
 # the set; VLCache's rule (first floor(rho * T_m) tokens of each page) is registered as
 # `vlcache` or, after its rename, `epic_proportional`: whichever this checkout has
 PAPER_POLICIES = ",".join(p for p in ("conduit", "cacheblend", "epic", "vlcache",
                                       "epic_proportional", "random", "full_reuse")
                           if p in POLICIES)
-
-
-def _environment(device: str) -> str:
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
-                f"CUDA {torch.version.cuda}")
-    return f"CPU, torch {torch.__version__}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no CUDA device: this script evaluates on a GPU (pass --device cpu to dry-run it)")
         return 2
     t0 = time.perf_counter()
-    print(f"[{time.perf_counter() - t0:6.1f}s] device: {_environment(device)}", flush=True)
+    print(f"[{time.perf_counter() - t0:6.1f}s] device: {environment(device)}", flush=True)
     name = Path(args.model.removeprefix("builtin:")).name
     kind = device.split(":")[0]
     out = args.out or results("gpu") / f"answers_{name}_gold_{kind}.json"
@@ -87,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_pages=args.max_pages, limit=args.limit, max_new_tokens=args.max_new_tokens,
         max_page_tokens=args.max_page_tokens, work_dir=args.work_dir, check_budget_one=True,
         command=shlex.join(["bash", "lab/gpu/answers.sh", *argv_list]),
-        extra={"environment": _environment(device)})
+        extra={"environment": environment(device)})
     try:
         doc = run_answer_eval(cfg)
     except BudgetOneError as exc:

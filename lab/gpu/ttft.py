@@ -34,18 +34,10 @@ from pathlib import Path
 import torch
 
 from lab import results
+from lab.gpu import environment
 from lab.ttft.args import DTYPE_NAMES, SHAPE_NAMES
 from lab.ttft.bench import BudgetCheckError, run_ttft_bench
 from lab.ttft.report import summary_lines
-
-
-def _environment(device: str) -> str:
-    """One line describing the accelerator (or the CPU) the run uses."""
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        return (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, torch {torch.__version__}, "
-                f"CUDA {torch.version.cuda}")
-    return f"CPU, torch {torch.__version__}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("redis-server not installed: the redis tier is skipped")
         tiers.remove("redis")
     t0 = time.perf_counter()
-    print(f"[{time.perf_counter() - t0:6.1f}s] device: {_environment(device)}", flush=True)
+    print(f"[{time.perf_counter() - t0:6.1f}s] device: {environment(device)}", flush=True)
     out = args.out or results("gpu") / f"ttft_{args.model_shape}_{device.split(':')[0]}.json"
     try:
         doc = run_ttft_bench(
