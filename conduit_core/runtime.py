@@ -11,10 +11,10 @@ Public API:
         embeddings, that runs instead (`AnswerResult.fallback`).
     page_loads: "batched" stages all of a question's page tensors in one host buffer
         (pinned where CUDA is available), copies it to the device in one non-blocking copy
-        (`conduit_core.staging`; int8 pages as int8 plus scales, dequantised there) and
-        re-rotates every page in a few operations (`rotation.rerotate_rows`); "per_page"
-        is the path before it (a blocking copy per page and tensor, one rotation per page
-        and layer), kept for A/B measurements. Both fill the cache with the same values.
+        (int8 pages as int8 plus scales, dequantised there) and re-rotates every page in a
+        few operations; "per_page" is the path before it (a blocking copy per page and
+        tensor, one rotation per page and layer), kept for A/B measurements. Both fill the
+        cache with the same values (`conduit_core.page_loads`).
     .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
         each page prefilled under the canonical page context (template opening + segment),
         with the positions that context gives; pages batched (right padding); returned on
@@ -71,19 +71,12 @@ from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout, page_context
 from conduit_core.loader import LoadedVLM
-from conduit_core.page_kv import PageKV, dequantize_int8
+from conduit_core.page_kv import PageKV
+from conduit_core.page_loads import load_pages, load_per_page
 from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.prompt_head import HeadCache, HeadKV
-from conduit_core.rotation import (
-    rerotate,
-    rerotate_rows,
-    rotate_chunk_elements,
-    segment_delta,
-    shift_tables,
-)
 from conduit_core.scoring import ScoreConfig
-from conduit_core.staging import stage
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
@@ -184,11 +177,9 @@ class ReuseRuntime:
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
                               [p.kv.token_ids for p in pages], grids, question)
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
-        if self.page_loads == "per_page":
-            embeds = self._load_per_page(layout, pages, cache)
-        else:
-            embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
-            self._load_pages(layout, [p.kv for p in pages], cache, embeds)
+        embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
+        load = load_per_page if self.page_loads == "per_page" else load_pages
+        load(self.adapter, layout, [p.kv for p in pages], cache, embeds)
         head = None
         if self.heads is not None and layout.head:
             head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
@@ -196,61 +187,6 @@ class ReuseRuntime:
             head.copy_into(cache)
         return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
                         head=head, last_only=last_only)
-
-    def _load_pages(self, layout: Layout, kvs: list[PageKV], cache: KVCache,
-                    embeds: torch.Tensor) -> None:
-        """Stage the pages' tensors in one host buffer, copy it to the device at once, and
-        write re-rotated keys, values and embeddings into their rows (a few operations for
-        the whole question; int8 pages dequantised on the device)."""
-        if not kvs:
-            return
-        dev = self.adapter.device
-        if not all(kv.quantized for kv in kvs):  # a mixed question: the float form throughout
-            kvs = [kv.dequantized() for kv in kvs]
-        deltas, lengths = [], []
-        for seg, kv in zip(layout.segments, kvs, strict=True):
-            deltas.append(segment_delta(kv.position_ids,
-                                        layout.position_ids[:, seg.start:seg.stop]))
-            lengths.append(seg.stop - seg.start)
-        rows = torch.cat([torch.arange(seg.start, seg.stop)
-                          for seg in layout.segments]).to(dev)  # (T,) page rows, in order
-        groups = [([kv.keys for kv in kvs], 2), ([kv.values for kv in kvs], 2),
-                  ([kv.embeds for kv in kvs], 0)]
-        if kvs[0].quantized:
-            groups += [([kv.key_scale for kv in kvs if kv.key_scale is not None], 2),
-                       ([kv.value_scale for kv in kvs if kv.value_scale is not None], 2)]
-        staged = stage(groups, dev)  # keys, values (L, kv, T, hd), embeds (T, hidden), ...
-        keys, values, page_embeds = staged[:3]
-        cos, sin = shift_tables(self.adapter, deltas, lengths, dev)  # (T, hd) each
-        kv_dtype = kvs[0].kv_dtype
-        if kv_dtype is not None:  # int8: (L, kv, pages, hd) key scales, (L, kv, T, 1) values'
-            key_scale, value_scale = staged[3:]
-            page_of = torch.repeat_interleave(torch.arange(len(kvs)),
-                                              torch.tensor(lengths)).to(dev)  # (T,)
-            rerotate_rows(keys, cos, sin, cache.keys[:, 0], rows, key_scale=key_scale,
-                          page_of=page_of, kv_dtype=kv_dtype)
-            step = max(1, rotate_chunk_elements(dev) // max(1, values[0].numel()))
-            for lo in range(0, values.shape[0], step):  # layers per dequantisation
-                cache.values[lo:lo + step, 0].index_copy_(
-                    2, rows, dequantize_int8(values[lo:lo + step], value_scale[lo:lo + step],
-                                             cache.values.dtype))  # (l, kv, T, hd)
-        else:
-            rerotate_rows(keys, cos, sin, cache.keys[:, 0], rows)  # (L, kv, cap, hd) in place
-            cache.values[:, 0].index_copy_(2, rows, values.to(cache.values.dtype))
-        embeds.index_copy_(0, rows, page_embeds.to(embeds.dtype))  # (N, hidden)
-
-    def _load_per_page(self, layout: Layout, pages: list[PageInput],
-                       cache: KVCache) -> torch.Tensor:
-        """The per-page load (`page_loads="per_page"`): a blocking copy per page and tensor,
-        one rotation per page and layer; returns the layout's embeddings (N, hidden)."""
-        dev = self.adapter.device
-        kvs = [p.kv.dequantized() for p in pages]
-        for seg, kv in zip(layout.segments, kvs, strict=True):
-            delta = segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
-            rerotate(self.adapter, kv.keys.to(dev), delta,
-                     out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd) in place
-            cache.values[:, 0, :, seg.start:seg.stop] = kv.values  # copied to the device
-        return self._embeds(layout, [kv.embeds for kv in kvs])
 
     @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
