@@ -136,4 +136,6 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WorkerError)
     async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
-        return JSONResponse({"detail": safe_text(exc.message)}, status_code=exc.http_status)
+        retry = {"Retry-After": "5"} if exc.http_status == 503 else None  # queue full, ...
+        return JSONResponse({"detail": safe_text(exc.message)}, status_code=exc.http_status,
+                            headers=retry)

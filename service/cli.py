@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
 
     work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
     work.add_argument("--concurrency", type=int, default=2,
-                      help="jobs at once (threads; >= 2 lets answers pass long ingests)")
+                      help="ingest jobs at once beside a full answer batch: the worker runs "
+                      "CONDUIT_MAX_ACTIVE_ANSWERS + concurrency - 1 task threads")
     work.add_argument("--queues", default="conduit.answer,conduit.ingest",
                       help="comma-separated queues to consume")
     work.set_defaults(func=_worker)

@@ -4,6 +4,7 @@ under the question's prefix, refresh with the configured policy, decode, and cit
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -202,9 +203,13 @@ def reading_order(hits: list[tuple[Page, float]]) -> list[Page]:
 
 
 def answer_question(
-    ctx: WorkerContext, q: Question, on_token: Callable[[int, str], None] | None = None
+    ctx: WorkerContext, q: Question, on_token: Callable[[int, str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Answer:
-    """Answer one question over the retrieved pages' cached KV."""
+    """Answer one question over the retrieved pages' cached KV: retrieval and the KV read
+    run on the caller's thread, the model work in the process's answer engine (batched with
+    the other questions in flight; `cancel` set, or `on_token` raising, takes it out of the
+    batch at the next step)."""
     check_scope(ctx, q)
     t0 = time.perf_counter()
     hits = retrieve(ctx, q)
@@ -227,8 +232,7 @@ def answer_question(
             temperature=q.temperature,
             options=effective_options(ctx.settings, policy, q.options),
         )
-        with ctx.model_lock:
-            result = ctx.runtime.answer(request, on_token=on_token)
+        result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel)
     finally:
         # a document deleted during the question (even one that made it fail): drop the KV
         # its pages got again, so that no orphan entries stay behind
@@ -251,6 +255,7 @@ def answer_question(
             "retrieve_s": t_retrieved - t0,
             "prefill_missing_s": loaded.prefill_s,
             "kv_load_s": loaded.load_s,
+            "queue_s": queue_s,
             "ttft_s": result.ttft_s,
             "generate_s": t_done - t_loaded,
             "total_s": t_done - t0,

@@ -25,3 +25,22 @@ class InvalidOptionsError(WorkerError):
     """The request's policy knobs are out of bounds or not taken by its policy."""
 
     http_status = 422
+
+
+class AnswerQueueFullError(WorkerError):
+    """No answer slot freed within the queue wait (or the engine is stopping): retry later."""
+
+    http_status = 503
+    retry_after_s = 5
+
+
+class AnswerTooLargeError(WorkerError):
+    """One question needs more KV cache positions than the engine holds at once."""
+
+    http_status = 422
+
+
+class AnswerCancelledError(WorkerError):
+    """The question's client went away; its answer left the batch."""
+
+    http_status = 499

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from PIL import Image
 
+from conduit_core.page_kv import PageKV
 from storage.errors import NotFoundError, UnavailableError
 from storage.keys import PageHash, page_hash
 from storage.metadata import Document, DocumentId, Page, SkippedPage
@@ -137,6 +139,11 @@ def _ingest(ctx: WorkerContext, doc: Document,
     return pages, [SkippedPage(p.number, p.error or "unreadable") for p in unreadable]
 
 
+def _prefill(ctx: WorkerContext, images: list[Image.Image]) -> list[PageKV]:
+    """One page batch's prefill (run on the answer engine's thread)."""
+    return ctx.runtime.prefill_pages(images)
+
+
 def ensure_prefilled(
     ctx: WorkerContext, pages: Sequence[Page], on_done: Callable[[int], None] | None = None
 ) -> int:
@@ -156,8 +163,7 @@ def ensure_prefilled(
     for start in range(0, len(missing), PREFILL_BATCH):
         batch = missing[start:start + PREFILL_BATCH]
         images = [Image.open(ctx.page_image_path(p.image_path)).convert("RGB") for p in batch]
-        with ctx.model_lock:
-            kvs = ctx.runtime.prefill_pages(images)
+        kvs = ctx.engine.run(partial(_prefill, ctx, images))  # between decode steps
         ctx.kv.put_many({PageHash(p.page_hash): kv for p, kv in zip(batch, kvs, strict=True)})
         done += len(batch)
         if on_done:

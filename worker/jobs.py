@@ -1,5 +1,7 @@
 """Job runners: where an ingest job executes. In-process (embedded) runs jobs on one background
-thread of the serving process; the Celery runner (distributed) sends them to GPU workers."""
+thread of the serving process (its prefill page batches go through the process's answer engine,
+between decode steps) and answers on the request threads through the same engine; the Celery
+runner (distributed) sends them to GPU workers."""
 
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ class JobRunner(Protocol):
         """Queue the ingestion of an uploaded document."""
         ...
 
-    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
-        """Answer a question where the model lives; blocks until the answer is complete."""
+    def answer(self, question: Question, on_token: TokenSink | None = None,
+               cancel: threading.Event | None = None) -> Answer:
+        """Answer a question where the model lives; blocks until the answer is complete.
+        `cancel` set (its client went away) ends it early with `AnswerCancelledError`."""
         ...
 
     def shutdown(self) -> None:
@@ -125,9 +129,11 @@ class InProcessRunner:
         with self._lock:
             return set(self._queued)
 
-    def answer(self, question: Question, on_token: TokenSink | None = None) -> Answer:
-        """Answer in this process (the model is loaded here)."""
-        return answer_question(self._ctx, question, on_token=on_token)
+    def answer(self, question: Question, on_token: TokenSink | None = None,
+               cancel: threading.Event | None = None) -> Answer:
+        """Answer in this process (the model is loaded here), in its answer engine: many
+        request threads wait here at once and their questions are decoded together."""
+        return answer_question(self._ctx, question, on_token=on_token, cancel=cancel)
 
     def shutdown(self) -> None:
         """Stop accepting jobs and wait for the running one. Jobs still queued stay `queued`

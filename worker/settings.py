@@ -150,6 +150,22 @@ class Settings(BaseSettings):
     top_k: int = Field(3, ge=1, le=32, description="Pages retrieved per question.")
     max_new_tokens: int = Field(64, ge=1, le=4096, description="Default answer length cap.")
 
+    max_active_answers: int = Field(
+        16, ge=1, le=256, description="Answers one process's engine decodes together (one "
+        "batched forward per token for all of them); further questions wait first come first "
+        "served. 1 = one answer at a time (the serial engine). Each holds its own KV cache.",
+    )
+    max_kv_tokens_in_flight: int = Field(
+        65536, ge=1024, le=16_777_216, description="KV cache positions (prompt + answer) one "
+        "process's active answers may hold together; a question waits until its cache fits, "
+        "and one that alone needs more is refused (422). 65536 positions are about 3.7 GB for "
+        "a 7B Qwen2 model in bfloat16 (57 KB a position), 0.5 GB for the builtin default "
+        "(float32, 8 KB a position).",
+    )
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Distributed: a Celery worker process serves its "
+        "engine's Prometheus series (batch size, queue length, time in queue) on this port.",
+    )
     max_question_tokens: int = Field(
         1024, ge=1, le=32768, description="Longest accepted question in model tokens (422 "
         "above it).",
@@ -169,8 +185,10 @@ class Settings(BaseSettings):
         "once at startup).",
     )
     answer_queue_wait_s: float = Field(
-        60.0, gt=0, description="Distributed: 503 when no worker starts a question within "
-        "this; a worker silent this long mid-answer is presumed dead (resent once).",
+        60.0, gt=0, description="503 (with Retry-After) when a question waits this long "
+        "for an answer slot in its process's engine; distributed, also when no worker starts "
+        "it within this, and a worker silent this long mid-answer is presumed dead (resent "
+        "once).",
     )
     answer_timeout_s: float = Field(
         600.0, gt=0, description="Distributed: 504 when an answer is not complete in this.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 
 import anyio
@@ -21,6 +22,7 @@ from service.views import citation_out
 from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
+from worker.errors import AnswerCancelledError
 
 router = APIRouter(tags=["query"])
 
@@ -91,14 +93,17 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
     question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant, True)
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    gone = threading.Event()  # the client disconnected: the answer leaves the batch
 
     def on_token(_token_id: int, text: str) -> None:
+        if gone.is_set():
+            raise AnswerCancelledError("the client went away")
         if text:  # a token that completes no character yet sends nothing
             loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
 
     def run() -> None:
         try:
-            out = to_query_out(runner.answer(question, on_token=on_token))
+            out = to_query_out(runner.answer(question, on_token=on_token, cancel=gone))
             event = ("done", out.model_dump_json())
         except Exception as exc:  # reported to the client as an event, never a dropped stream
             QUERIES.labels(question.policy or ctx.settings.policy, "error").inc()
@@ -108,11 +113,14 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
     async def stream() -> AsyncIterator[str]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, run)
-            while True:
-                kind, data = await events.get()
-                yield f"event: {kind}\ndata: {data}\n\n"
-                if kind in ("done", "error"):
-                    break
+            try:
+                while True:
+                    kind, data = await events.get()
+                    yield f"event: {kind}\ndata: {data}\n\n"
+                    if kind in ("done", "error"):
+                        break
+            finally:  # a disconnect cancels this generator: the answer leaves the batch at
+                gone.set()  # its next step, and the task group stops waiting for it
 
     return StreamingResponse(stream(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})

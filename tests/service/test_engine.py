@@ -1,0 +1,191 @@
+"""The answer engine (`worker.engine`): concurrent questions are decoded together and give
+the answers they give alone; slots, KV in flight and the queue wait bound what it holds;
+a cancelled question or a raising token callback leaves the batch; model jobs (ingest page
+batches) run between decode steps. Real tiny model, real threads."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime
+from conduit_core.answer_types import AnswerResult
+from tests.core.conftest import load_builtin
+from tests.core.helpers import IMAGES
+from worker.engine import AnswerEngine, kv_tokens_needed
+from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> ReuseRuntime:
+    runtime = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl",
+                                        tmp_path_factory.mktemp("models")))
+    runtime._stop_ids = []  # every answer runs to its max_new_tokens
+    return runtime
+
+
+@pytest.fixture(scope="module")
+def requests(rt: ReuseRuntime) -> list[AnswerRequest]:
+    kvs = rt.prefill_pages([IMAGES[k] for k in "abc"])
+    return [AnswerRequest("Be brief.", [PageInput(f"P{j}:", kvs[j]) for j in range(1 + i % 3)],
+                          f"Question number {i}: " + "why? " * i, max_new_tokens=6 + i)
+            for i in range(6)]
+
+
+def _batch_steps() -> tuple[float, float]:
+    """(decode steps so far, answers advanced by them)."""
+    count = REGISTRY.get_sample_value("conduit_engine_batch_size_count") or 0.0
+    total = REGISTRY.get_sample_value("conduit_engine_batch_size_sum") or 0.0
+    return count, total
+
+
+def _concurrently(engine: AnswerEngine, reqs: list[AnswerRequest]
+                  ) -> list[tuple[AnswerResult, float] | BaseException]:
+    out: list[tuple[AnswerResult, float] | BaseException] = [RuntimeError("unset")] * len(reqs)
+    start = threading.Barrier(len(reqs))
+
+    def ask(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = engine.answer(reqs[i])
+        except BaseException as exc:  # noqa: BLE001 - checked by the test
+            out[i] = exc
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_concurrent_questions_are_batched_and_answer_as_alone(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    alone = [rt.answer(r).token_ids for r in requests]
+    engine = AnswerEngine(lambda: rt, max_active=8)
+    try:
+        before = _batch_steps()
+        got = _concurrently(engine, requests)
+        after = _batch_steps()
+    finally:
+        engine.close()
+    for i, item in enumerate(got):
+        assert not isinstance(item, BaseException), item
+        assert item[0].token_ids == alone[i] and item[1] >= 0
+    steps, advanced = after[0] - before[0], after[1] - before[1]
+    assert advanced == sum(len(t) for t in alone)  # every token picked in some step
+    assert steps < advanced  # several answers per forward: they were batched
+
+
+def test_one_slot_is_serial_and_first_come_first_served(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    engine = AnswerEngine(lambda: rt, max_active=1)
+    order: list[int] = []
+    try:
+        got = _concurrently(engine, requests[:3])
+        assert all(not isinstance(g, BaseException) for g in got)
+        queued = sorted(g[1] for g in got if not isinstance(g, BaseException))
+        assert queued[0] < 0.05 and queued[-1] > queued[0]  # the later ones waited
+        before = _batch_steps()
+        for i in range(3):  # sequential submissions come back in order
+            engine.answer(requests[i], on_token=lambda _t, _p, i=i: order.append(i))  # type: ignore[misc]
+        steps, advanced = (a - b for a, b in zip(_batch_steps(), before, strict=True))
+        assert steps == advanced  # a batch of one every step
+    finally:
+        engine.close()
+    assert order == sorted(order)
+
+
+def test_kv_in_flight_bounds_the_batch(rt: ReuseRuntime,
+                                       requests: list[AnswerRequest]) -> None:
+    need = max(kv_tokens_needed(r) for r in requests[:4])
+    engine = AnswerEngine(lambda: rt, max_active=8, max_kv_tokens=need + need // 2)
+    widest: list[int] = []
+    real = rt.step
+
+    def watch(states: list) -> None:  # type: ignore[type-arg]
+        widest.append(engine.stats().kv_tokens)
+        real(states)
+    rt.step = watch  # type: ignore[method-assign]
+    try:
+        got = _concurrently(engine, requests[:4])
+    finally:
+        rt.step = real  # type: ignore[method-assign]
+        engine.close()
+    assert all(not isinstance(g, BaseException) for g in got)
+    assert max(widest) <= need + need // 2
+    with pytest.raises(AnswerTooLargeError):
+        AnswerEngine(lambda: rt, max_kv_tokens=16).answer(requests[0])
+
+
+def test_queue_wait_refuses_with_503(rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    engine = AnswerEngine(lambda: rt, max_active=1, queue_wait_s=0.05)
+    slow = threading.Event()
+
+    def hold(_t: int, _p: str) -> None:
+        slow.wait(2)  # the running answer keeps the only slot for a while
+    try:
+        first = threading.Thread(target=engine.answer, args=(requests[5], hold))
+        first.start()
+        with pytest.raises(AnswerQueueFullError) as info:
+            engine.answer(requests[0])
+        assert info.value.http_status == 503
+        slow.set()
+        first.join(30)
+    finally:
+        engine.close()
+
+
+def test_cancelled_and_gone_questions_leave_the_batch(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    engine = AnswerEngine(lambda: rt, max_active=4)
+    try:
+        cancel = threading.Event()
+        cancel.set()
+        with pytest.raises(AnswerCancelledError):
+            engine.answer(requests[1], cancel=cancel)
+        seen: list[int] = []
+
+        def gone(tok: int, _p: str) -> None:
+            seen.append(tok)
+            raise AnswerCancelledError("client went away")
+        with pytest.raises(AnswerCancelledError):
+            engine.answer(requests[2], on_token=gone)
+        assert len(seen) == 1
+        assert engine.stats().active == 0  # its slot and cache are free
+        # the engine goes on serving
+        assert engine.answer(requests[0])[0].token_ids == rt.answer(requests[0]).token_ids
+    finally:
+        engine.close()
+
+
+def test_model_jobs_run_between_decode_steps(rt: ReuseRuntime,
+                                             requests: list[AnswerRequest]) -> None:
+    engine = AnswerEngine(lambda: rt, max_active=4)
+    steps_seen: list[float] = []
+
+    def job() -> int:
+        steps_seen.append(_batch_steps()[0])
+        return 7
+    try:
+        runner = threading.Thread(target=engine.answer, args=(requests[5],))
+        runner.start()
+        assert engine.run(job) == 7
+        with pytest.raises(ZeroDivisionError):
+            engine.run(lambda: 1 // 0)
+        runner.join(30)
+        pages = engine.run(lambda: rt.prefill_pages([IMAGES["a"]]))
+        assert pages[0].num_tokens > 0
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError):
+        engine.run(job)
+
+
+def test_close_refuses_what_waits(rt: ReuseRuntime, tmp_path: Path) -> None:
+    engine = AnswerEngine(lambda: rt)
+    engine.close()
+    with pytest.raises(AnswerQueueFullError):
+        engine.answer(AnswerRequest("", [], "q?", max_new_tokens=1))

@@ -1,0 +1,25 @@
+"""Prometheus series of the answer engine (`worker.engine`), on the default registry: the
+service's `/metrics` exports them in the embedded form; a Celery worker process exports its
+own when `CONDUIT_WORKER_METRICS_PORT` is set.
+
+Public API:
+  BATCH_SIZE      histogram: answers in each batched decode step
+  QUEUE_LENGTH    gauge: questions waiting for an answer slot
+  QUEUE_SECONDS   histogram: time a question waited for its slot
+  ACTIVE          gauge: answers in the running batch
+  CANCELLED       counter: questions whose client went away (queue or batch)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+BATCH_SIZE = Histogram("conduit_engine_batch_size", "Answers advanced by one batched decode "
+                       "step", buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256))
+QUEUE_LENGTH = Gauge("conduit_engine_queue_length", "Questions waiting for an answer slot")
+QUEUE_SECONDS = Histogram("conduit_engine_queue_seconds", "Time a question waited for an "
+                          "answer slot", buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                                  10, 30, 60))
+ACTIVE = Gauge("conduit_engine_active_answers", "Answers in the running batch")
+CANCELLED = Counter("conduit_engine_cancelled_total", "Questions that left the engine because "
+                    "their client went away (in the queue or mid-answer)")
