@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from service.routers import models
 from service.routers.query import build_question, to_query_out
 from service.schemas import QueryIn, QueryOut
 from worker.answer_job import Answer
+from worker.errors import AnswerCancelledError
 
 router = APIRouter(tags=["openai"])
 router.include_router(models.router)  # the OpenAI surface is one router: chat and models
@@ -181,13 +183,17 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str | None | Finished | StreamFailure] = asyncio.Queue()
 
+    gone = threading.Event()  # the client disconnected: the answer leaves the batch
+
     def on_token(_token_id: int, text: str) -> None:
+        if gone.is_set():
+            raise AnswerCancelledError("the client went away")
         if text:
             loop.call_soon_threadsafe(pieces.put_nowait, text)
 
     def run() -> None:
         try:
-            answer = runner.answer(question, on_token=on_token)
+            answer = runner.answer(question, on_token=on_token, cancel=gone)
             done = Finished(to_query_out(answer), usage(answer))
             loop.call_soon_threadsafe(pieces.put_nowait, done)
         except Exception as exc:  # an error event, never a silently cut stream
@@ -209,16 +215,19 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
     async def stream() -> AsyncIterator[str]:
         async with anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, run)
-            yield chunk({"role": "assistant"})
-            while (piece := await pieces.get()) is not None:
-                if isinstance(piece, Finished):
-                    yield chunk({}, "stop", _extras(piece.out))
-                    if body.include_usage:
-                        yield _event(cid, body.model, [], {"usage": piece.usage})
-                elif isinstance(piece, StreamFailure):
-                    yield piece.event()
-                else:
-                    yield chunk({"content": piece})
-            yield "data: [DONE]\n\n"
+            try:
+                yield chunk({"role": "assistant"})
+                while (piece := await pieces.get()) is not None:
+                    if isinstance(piece, Finished):
+                        yield chunk({}, "stop", _extras(piece.out))
+                        if body.include_usage:
+                            yield _event(cid, body.model, [], {"usage": piece.usage})
+                    elif isinstance(piece, StreamFailure):
+                        yield piece.event()
+                    else:
+                        yield chunk({"content": piece})
+                yield "data: [DONE]\n\n"
+            finally:  # a disconnect: the answer leaves the batch at its next step
+                gone.set()
 
     return StreamingResponse(stream(), media_type="text/event-stream")

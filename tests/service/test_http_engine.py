@@ -66,18 +66,27 @@ def test_concurrent_streams_are_batched(served: tuple[httpx.Client, str]) -> Non
     assert "conduit_engine_queue_length" in metrics
 
 
-def test_a_dropped_stream_leaves_the_batch(served: tuple[httpx.Client, str]) -> None:
+@pytest.mark.parametrize("route", ["/v1/query/stream", "/v1/chat/completions"])
+def test_a_dropped_stream_leaves_the_batch(served: tuple[httpx.Client, str],
+                                           route: str) -> None:
     client, col = served
     before = _metric(client.get("/metrics").text, "conduit_engine_cancelled_total")
-    body = {"collection_id": col, "question": "Tell me everything about the reactor audit.",
-            "top_k": 3, "max_new_tokens": 2048}
+    question = "Tell me everything about the reactor audit."
+    body: dict[str, object] = {"collection_id": col, "question": question, "top_k": 3,
+                               "max_new_tokens": 2048}
+    if route.startswith("/v1/chat"):
+        body = {"model": f"conduit:{col}", "max_tokens": 2048, "stream": True,
+                "messages": [{"role": "user", "content": question}]}
+    ended_by_itself = False
     with httpx.Client(base_url=str(client.base_url), timeout=60) as own, \
-            own.stream("POST", "/v1/query/stream", json=body) as r:
+            own.stream("POST", route, json=body) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
-            if line.startswith("event: token") or line.startswith("event: done"):
-                break  # the first event: hang up
-        ended_by_itself = line.startswith("event: done")
+            if "event: done" in line or "[DONE]" in line or '"finish_reason": "stop"' in line:
+                ended_by_itself = True
+                break
+            if line.startswith("event: token") or '"content"' in line:
+                break  # the first piece of the answer: hang up
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         metrics = client.get("/metrics").text
@@ -85,5 +94,5 @@ def test_a_dropped_stream_leaves_the_batch(served: tuple[httpx.Client, str]) -> 
             break
         time.sleep(0.1)
     assert _metric(metrics, "conduit_engine_active_answers") == 0
-    if not ended_by_itself:  # a stop token before the first event would end it at once
+    if not ended_by_itself:  # a stop token before the first piece would end it at once
         assert _metric(metrics, "conduit_engine_cancelled_total") == before + 1
