@@ -29,9 +29,9 @@ from storage.text_safety import safe_text, safe_value
 from worker.context import build_context
 from worker.errors import WorkerError
 from worker.ingest.errors import IngestError
-from worker.jobs import InProcessRunner
 from worker.recovery import Reaper
-from worker.retrieval_index import start_index_check
+from worker.retrieval.index.pipeline import start_index_check
+from worker.runners import InProcessRunner
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -110,7 +110,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from storage.metadata import Document, DocumentId, Job, JobId, new_id
     from worker.context import build_context
     from worker.ingest.errors import IngestError
-    from worker.jobs import execute_ingest_job
+    from worker.runners import execute_ingest_job
     from worker.uploads import check_upload, store_upload
 
     settings = Settings()

@@ -21,7 +21,7 @@ def add_index_commands(sub: Any) -> None:
 
 def _collections(args: argparse.Namespace) -> tuple[Any, list[str]]:
     from worker.context import build_context
-    from worker.retrieval_index import retrieval_indexes
+    from worker.retrieval.index.pipeline import retrieval_indexes
     from worker.settings import Settings
 
     ctx = build_context(Settings())
@@ -33,7 +33,7 @@ def _collections(args: argparse.Namespace) -> tuple[Any, list[str]]:
 def _rebuild(args: argparse.Namespace) -> int:
     import time
 
-    from worker.retrieval_index import retrieval_indexes
+    from worker.retrieval.index.pipeline import retrieval_indexes
 
     ctx, ids = _collections(args)
     for collection_id in ids:
@@ -47,7 +47,7 @@ def _rebuild(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from worker.retrieval_index import retrieval_indexes
+    from worker.retrieval.index.pipeline import retrieval_indexes
 
     ctx, ids = _collections(args)
     checks = [retrieval_indexes(ctx).check(ctx.meta, c) for c in ids]

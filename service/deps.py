@@ -9,7 +9,7 @@ from fastapi import Depends, Header, HTTPException, Path, Request
 from service.auth import KeyRing, bearer_token
 from service.thumbnails import ThumbnailCache
 from worker.context import WorkerContext
-from worker.jobs import JobRunner
+from worker.runners import JobRunner
 
 
 def get_ctx(request: Request) -> WorkerContext:

@@ -23,9 +23,9 @@ from worker.page_cache import CacheReport, load_pages
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
+from worker.retrieval.index.pipeline import index_hits
 from worker.retrieval.query_clean import retrieval_query
 from worker.retrieval.snippet import Snippet, best_snippet
-from worker.retrieval_index import index_hits
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext, build_context
 from worker.errors import AnswerCancelledError, WorkerError
-from worker.jobs import TokenSink, execute_ingest_job
 from worker.recovery import mark_failed
+from worker.runners import TokenSink, execute_ingest_job
 from worker.settings import Settings
 from worker.wire import answer_from_json, answer_to_json, question_from_json, question_to_json
 

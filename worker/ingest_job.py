@@ -23,8 +23,8 @@ from worker.ingest.sandbox import PdfFacts, ReaderLimits
 from worker.recovery import mark_failed
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
+from worker.retrieval.index.pipeline import on_document_ready
 from worker.retrieval.passages import embed_pages
-from worker.retrieval_index import on_document_ready
 from worker.uploads import upload_path
 
 log = logging.getLogger(__name__)

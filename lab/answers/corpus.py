@@ -23,7 +23,7 @@ from tqdm import tqdm
 from storage.metadata import CollectionId, Document, DocumentId, Job, JobId, new_id
 from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
-from worker.jobs import execute_ingest_job
+from worker.runners import execute_ingest_job
 from worker.uploads import check_upload, store_upload
 
 log = logging.getLogger(__name__)

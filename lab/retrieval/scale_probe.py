@@ -31,7 +31,7 @@ def main(args: dict[str, Any]) -> dict[str, Any]:
     from storage.metadata import CollectionId
     from worker.answer_job import Question, retrieve
     from worker.context import build_context
-    from worker.retrieval_index import on_document_ready
+    from worker.retrieval.index.pipeline import on_document_ready
     from worker.settings import Settings
 
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ from service.views import collection_out, document_out
 from storage.errors import NotFoundError
 from storage.metadata import Collection, CollectionId
 from worker.context import WorkerContext
-from worker.retrieval_index import on_collection_deleted
+from worker.retrieval.index.pipeline import on_collection_deleted
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 

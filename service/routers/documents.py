@@ -31,7 +31,7 @@ from worker.context import WorkerContext
 from worker.ingest.errors import IngestError
 from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import job_is_stale, remove_page_images, settled_job
-from worker.retrieval_index import on_document_deleted
+from worker.retrieval.index.pipeline import on_document_deleted
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from service.auth import KeyRing, read_keys_file, tenant_of_key
-from worker.jobs import _log_crash
+from worker.runners import _log_crash
 from worker.settings import Settings
 
 

@@ -13,7 +13,7 @@ from tests.retrieval.index_corpus import make_documents, store_document
 from worker.answer_job import Question, retrieve
 from worker.context import build_context
 from worker.retrieval import Embedder
-from worker.retrieval_index import (
+from worker.retrieval.index.pipeline import (
     on_document_deleted,
     on_document_ready,
     retrieval_indexes,
