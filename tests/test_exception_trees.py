@@ -1,6 +1,7 @@
 """One exception tree per layer: every exception class a product module defines derives from
 its layer's root (ConduitCoreError, StorageError, WorkerError; the service defines none), but
-for the ingest readers' private pipe signals, which never leave their module pair."""
+for the ingest readers' private pipe signals, which never leave their module pair; and no two
+exception classes share a name."""
 
 from __future__ import annotations
 
@@ -41,3 +42,8 @@ def test_every_exception_derives_from_its_layers_root() -> None:
         layer = qualified.split(".")[0]
         assert layer in ROOTS, f"{qualified}: the {layer} layer defines no exceptions"
         assert issubclass(cls, ROOTS[layer]), f"{qualified} is outside {ROOTS[layer].__name__}"
+
+
+def test_no_two_exceptions_share_a_name() -> None:
+    names = [qualified.rsplit(".", 1)[1] for qualified, _ in _exception_classes()]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

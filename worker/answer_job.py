@@ -17,7 +17,7 @@ from conduit_core.scoring import ScoreConfig
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
-from worker.errors import InvalidOptionsError, NoPagesToAnswerError, UnknownPolicyError
+from worker.errors import InvalidOptionsError, NoPagesToAnswerError
 from worker.limits import check_question_length
 from worker.page_cache import CacheReport, load_pages
 from worker.recovery import release_unreferenced
@@ -134,7 +134,8 @@ def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
     """
     name = q.policy or ctx.settings.policy
     if name not in POLICIES:
-        raise UnknownPolicyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+        raise InvalidOptionsError(f"unknown policy {name!r}; known: "
+                                  f"{', '.join(sorted(POLICIES))}")
     options = effective_options(ctx.settings, name, q.options)
     try:
         resolve_policy(name, options)

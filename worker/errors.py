@@ -15,14 +15,10 @@ class NoPagesToAnswerError(WorkerError):
     """The scope of a question holds no ready pages."""
 
 
-class UnknownPolicyError(WorkerError):
-    """The request names a refresh policy the registry does not hold."""
-
-    http_status = 422
-
-
 class InvalidOptionsError(WorkerError):
-    """The request's policy knobs are out of bounds or not taken by its policy."""
+    """The request's refresh policy or its knobs: a policy the registry does not hold
+    (conduit_core's `UnknownPolicyError` is the core's name for it), or knobs out of bounds or
+    not taken by the policy."""
 
     http_status = 422
 
