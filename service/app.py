@@ -20,8 +20,7 @@ from service.auth import KeyRing
 from service.guard import GuardMiddleware, validation_error
 from service.hardening import SecurityHeadersMiddleware, private_home
 from service.metrics import UPLOADS, register_kv_collector
-from service.routers import collections, documents, health, openai_chat, pages, query
-from service.routers.documents import ingest_error_status
+from service.routers import collections, documents, health, models, openai_chat, pages, query
 from service.routers.ui import mount_ui
 from service.thumbnails import ThumbnailCache
 from storage.errors import ConflictError, NotFoundError, UnavailableError
@@ -75,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
     for router in (collections.router, documents.router, pages.router, query.router,
-                   openai_chat.router, health.router):
+                   models.router, openai_chat.router, health.router):
         app.include_router(router)
     mount_ui(app)
     _install_error_handlers(app)
@@ -118,7 +117,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
         UPLOADS.labels(type(exc).__name__).inc()
         return JSONResponse({"detail": safe_text(exc.message)},
-                            status_code=ingest_error_status(exc))
+                            status_code=exc.http_status)
 
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:

@@ -5,7 +5,7 @@
 A layer imports only the layers below it; no product module imports the lab (`lab/`, its
 own distribution) or the tests; conduit_core imports only torch, transformers, tokenizers,
 PIL, numpy, safetensors and the standard library (no web, queue, storage or PDF code); the
-product's modules import each other without circles."""
+product's modules import each other without circles; routers import no other router."""
 
 from __future__ import annotations
 
@@ -90,6 +90,15 @@ def test_no_import_circles_between_product_modules() -> None:
     for name in sorted(edges):
         if name not in state:
             visit(name, [name])
+
+
+def test_routers_do_not_import_routers() -> None:
+    routers = {n: p for n, p in PRODUCT.items() if n.startswith("service.routers.")}
+    assert len(routers) >= 5
+    for name, path in routers.items():
+        others = {m for m in _imports(path) if m.startswith("service.routers")}
+        assert not others, f"{name} imports {sorted(others)}: shared helpers live outside " \
+            "the routers (service/access.py, service/answers.py)"
 
 
 def test_public_api_reexports_resolve() -> None:

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 
+from service.access import owned_collection
 from service.deps import CollectionIdPath, CtxDep, TenantDep
 from service.schemas import CollectionIn, CollectionOut, DocumentOut
 from service.views import collection_out, document_out
-from storage.errors import NotFoundError
-from storage.metadata import Collection, CollectionId
-from worker.context import WorkerContext
 from worker.retrieval.index.pipeline import on_collection_deleted
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
-
-
-def owned_collection(ctx: WorkerContext, tenant: str, collection_id: str) -> Collection:
-    """The collection if the tenant owns it; 404 otherwise (no existence leak)."""
-    try:
-        col = ctx.meta.get_collection(CollectionId(collection_id))
-    except NotFoundError:
-        col = None
-    if col is None or col.tenant != tenant:
-        raise HTTPException(404, f"collection {collection_id} not found")
-    return col
 
 
 @router.post("", status_code=201, response_model=CollectionOut)

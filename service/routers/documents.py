@@ -10,6 +10,7 @@ from typing import Annotated, BinaryIO
 from fastapi import APIRouter, File, Form, HTTPException, UploadFile
 from kombu.exceptions import OperationalError
 
+from service.access import owned_collection, owned_document
 from service.deps import (
     CollectionIdPath,
     CtxDep,
@@ -20,7 +21,6 @@ from service.deps import (
     ThumbnailsDep,
 )
 from service.metrics import UPLOADS
-from service.routers.collections import owned_collection
 from service.schemas import DocumentOut, JobOut, UploadOut
 from service.views import document_out, job_out
 from storage.errors import NotFoundError, UnavailableError
@@ -28,7 +28,6 @@ from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from storage.text_safety import safe_text
 from worker.context import WorkerContext
-from worker.ingest.errors import IngestError
 from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import job_is_stale, remove_page_images, settled_job
 from worker.retrieval.index.pipeline import on_document_deleted
@@ -76,25 +75,6 @@ def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
             pass
         except Exception as exc:  # storage is down: the reaper settles the records later
             log.warning("could not undo upload %s: %s", doc_id, exc)
-
-
-def document_not_found(document_id: str) -> HTTPException:
-    """The one 404 for a document the caller cannot see: made up, deleted, or another
-    tenant's (the reply tells them apart in no byte)."""
-    return HTTPException(404, f"document {document_id} not found")
-
-
-def owned_document(ctx: WorkerContext, tenant: str, document_id: str) -> Document:
-    """The document if the tenant owns its collection; the same 404 as a made-up id otherwise
-    (never the owner's collection id)."""
-    try:
-        doc = ctx.meta.get_document(DocumentId(document_id))
-        col = ctx.meta.get_collection(doc.collection_id)
-    except NotFoundError:
-        raise document_not_found(document_id) from None
-    if col.tenant != tenant:
-        raise document_not_found(document_id)
-    return doc
 
 
 @router.post("/v1/collections/{collection_id}/documents", status_code=202,
@@ -203,7 +183,3 @@ def get_job(job_id: JobIdPath, ctx: CtxDep, tenant: TenantDep) -> JobOut:
         raise not_found from None
     return job_out(settled_job(job, doc))
 
-
-def ingest_error_status(exc: IngestError) -> int:
-    """HTTP status of an ingest error (each error class carries its own)."""
-    return exc.http_status

@@ -31,15 +31,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from service.answers import build_question, to_query_out
 from service.deps import CtxDep, RunnerDep, TenantDep
-from service.routers import models
-from service.routers.query import build_question, to_query_out
 from service.schemas import QueryIn, QueryOut
 from worker.answer_job import Answer
 from worker.errors import AnswerCancelledError
 
 router = APIRouter(tags=["openai"])
-router.include_router(models.router)  # the OpenAI surface is one router: chat and models
 
 
 # The question (the last user message) has `QueryIn.question`'s bound of 4,000 characters;

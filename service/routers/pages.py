@@ -10,8 +10,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Response
 from fastapi.responses import FileResponse
 
+from service.access import owned_document
 from service.deps import CtxDep, DocumentIdPath, PageNumberPath, TenantDep, ThumbnailsDep
-from service.routers.documents import owned_document
 from service.schemas import PageOut
 from service.thumbnails import WIDTHS, thumbnail_width
 from storage.keys import PageHash
