@@ -92,7 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--key", default=None, help="API key (bearer token)")
     load.add_argument("--upload-every", type=int, default=10,
                       help="every n-th request of a client is an upload (0 = none)")
+    load.add_argument("--engine", default="batched",
+                      help="comma-separated answer engines to run side by side: serial "
+                      "(one answer at a time), batched (the default engine)")
     load.add_argument("--out", type=Path, default=results("load") / "load.jsonl")
+    load.add_argument("--report", type=Path, default=None,
+                      help="also write a markdown table and a plot (PNG) of --out's rows "
+                      "under this path stem")
     load.set_defaults(func=_bench_load)
 
     scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
@@ -117,9 +123,17 @@ def _parser() -> argparse.ArgumentParser:
 def _bench_load(args: argparse.Namespace) -> int:
     from lab.load.bench import main
 
+    engines = [e for e in args.engine.split(",") if e]
+    unknown = set(engines) - {"serial", "batched"}
+    if unknown:
+        raise SystemExit(f"unknown --engine {', '.join(sorted(unknown))}: serial or batched")
     main(url=args.url, clients=args.clients, duration_s=args.duration,
          distributed=args.distributed, pids=args.pid, key=args.key, out=args.out,
-         upload_every=args.upload_every)
+         upload_every=args.upload_every, engines=engines)
+    if args.report is not None:
+        from lab.load.report import write_report
+
+        print("wrote", *write_report(args.out, args.report))
     return 0
 
 

@@ -6,7 +6,10 @@ Either against a running service (`--url`, `--pid` for RSS) or spawning one itse
 (`--spawn`: embedded, or `--distributed`: Redis, two Celery workers and the API) on a
 temporary home. Each client loops: every `--upload-every`-th request uploads a small PDF, the
 others ask a streamed question (TTFT = the first token event). A prober thread GETs
-`/healthz` every 0.2 s. Results append to `--out` as one JSON object per run.
+`/healthz` every 0.2 s. Results append to `--out` as one JSON object per run. `--engine
+serial,batched` runs each load level against a service with each answer engine in turn
+(serial: `CONDUIT_MAX_ACTIVE_ANSWERS=1`, one answer at a time; batched: the default), and
+`lab.load.report` turns the rows into a markdown table and a plot.
 """
 
 from __future__ import annotations
@@ -221,15 +224,21 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 900)
     raise TimeoutError("the service did not start")
 
 
+# the answer engine a spawned service runs: one answer at a time, or the batched default
+ENGINES: dict[str, dict[str, str]] = {"serial": {"CONDUIT_MAX_ACTIVE_ANSWERS": "1"},
+                                      "batched": {}}
+
+
 @contextmanager
-def spawned(distributed: bool, workers: int = 2) -> Iterator[tuple[str, dict[str, list[int]]]]:
-    """A service on a temporary home: embedded, or Redis + `workers` Celery workers + API.
-    Yields (URL, pids by role)."""
+def spawned(distributed: bool, workers: int = 2, engine: str = "batched"
+            ) -> Iterator[tuple[str, dict[str, list[int]]]]:
+    """A service on a temporary home: embedded, or Redis + `workers` Celery workers + API,
+    with the `engine` of `ENGINES`. Yields (URL, pids by role)."""
     with tempfile.TemporaryDirectory(prefix="conduit-load-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
         env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
-               "CONDUIT_OCR": "false"}
+               "CONDUIT_OCR": "false", **ENGINES[engine]}
         procs: list[subprocess.Popen[bytes]] = []
         stop_redis = None
         try:
@@ -261,16 +270,19 @@ def spawned(distributed: bool, workers: int = 2) -> Iterator[tuple[str, dict[str
 
 
 def main(*, url: str | None, clients: list[int], duration_s: float, distributed: bool,
-         pids: list[int], key: str | None, out: Path, upload_every: int) -> list[dict[str, Any]]:
-    """Run one load level per entry of `clients`; append each result to `out` (JSON lines)."""
+         pids: list[int], key: str | None, out: Path, upload_every: int,
+         engines: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run one load level per entry of `clients` (per engine of `engines`, side by side, on
+    services spawned one after the other); append each result to `out` (JSON lines)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     results: list[dict[str, Any]] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop spawned processes too
 
-    def levels(base: str, roles: dict[str, list[int]], form: str) -> None:
+    def levels(base: str, roles: dict[str, list[int]], form: str, engine: str) -> None:
         collection = prepare(base, headers)
         for c in clients:
-            row = {"form": form, "command": " ".join(sys.argv),
+            row = {"form": form, "engine": engine, "upload_every": upload_every,
+                   "command": " ".join(sys.argv),
                    **run_load(base, clients=c, duration_s=duration_s, pids=roles,
                               collection=collection, headers=headers,
                               upload_every=upload_every)}
@@ -281,8 +293,10 @@ def main(*, url: str | None, clients: list[int], duration_s: float, distributed:
                 f.write(json.dumps(row) + "\n")
 
     if url:
-        levels(url, {"service": pids}, "external")
+        levels(url, {"service": pids}, "external", "external")
     else:
-        with spawned(distributed) as (base, roles):
-            levels(base, roles, "distributed (2 workers)" if distributed else "embedded")
+        for engine in engines or ["batched"]:
+            with spawned(distributed, engine=engine) as (base, roles):
+                levels(base, roles, "distributed (2 workers)" if distributed else "embedded",
+                       engine)
     return results
