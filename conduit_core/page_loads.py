@@ -1,16 +1,25 @@
 """Filling an assembled cache from cached pages: the batched load and the per-page one.
 
-`load_pages` (the runtime's default) stages every page tensor a question needs in one host
-buffer, pinned where CUDA is available, and copies it to the device in one non-blocking copy
-(`conduit_core.staging`; int8 pages as int8 plus scales, dequantised on the device), then
-re-rotates every page's keys by its own shift in a few operations (`rotation.rerotate_rows`)
-and writes keys, values and layer-0 embeddings into their rows with one indexed copy each.
+`load_pages` (the runtime's default), on an accelerator: every page tensor a question needs
+is laid out in one host buffer, pinned where CUDA is available (all pages' keys and values at
+their places in the span of the prompt from the first page to the last, the embeddings and
+int8 scales after them; `conduit_core.staging.HostStage`), and the buffer crosses to the
+device in one non-blocking copy; int8 pages cross as int8 plus scales and are dequantised
+there. Then the keys of all pages turn into the cache in a few operations, each row by its
+own page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label rows
+between pages are written too, with whatever the buffer held there: like every text row,
+they are computed before anything reads them), the values go in with one copy and the
+embeddings with one indexed copy.
+On the CPU the pages already are where the cache is: each page turns straight from its own
+tensors into its rows, all layers at once in steps that fit the core's cache; the staged
+path (`stage_on_cpu=True`) gives the same values, and is what the tests run on a CPU.
 `load_per_page` is the path before it (a blocking copy per page and tensor, one rotation per
-page and layer), kept for A/B measurements (`ReuseRuntime(page_loads="per_page")`). Both
-leave exactly the same values in the cache (tests/core/test_page_loads.py).
+page and layer), kept for A/B measurements (`ReuseRuntime(page_loads="per_page")`). All
+leave exactly the same values in the page rows (tests/core/test_page_loads.py).
 
 Public API:
-  load_pages(adapter, layout, kvs, cache, embeds) -> None   embeds (N, hidden) filled in place
+  load_pages(adapter, layout, kvs, cache, embeds, stage_on_cpu=False) -> None
+      embeds (N, hidden) filled in place
   load_per_page(adapter, layout, kvs, cache, embeds) -> None
 """
 
@@ -24,53 +33,92 @@ from conduit_core.layout import Layout
 from conduit_core.page_kv import PageKV, dequantize_int8
 from conduit_core.rotation import (
     rerotate,
-    rerotate_rows,
+    rerotate_into,
     rotate_chunk_elements,
     segment_delta,
+    shift_cos_sin,
     shift_tables,
 )
-from conduit_core.staging import stage
+from conduit_core.staging import HostStage
 
 
 def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,
-               embeds: torch.Tensor) -> None:
-    """Stage the pages' tensors in one host buffer, copy it to the device at once, and write
-    re-rotated keys, values and embeddings (N, hidden) into their rows of a batch-1 cache."""
+               embeds: torch.Tensor, stage_on_cpu: bool = False) -> None:
+    """Write the pages' re-rotated keys, values and embeddings (N, hidden) into their rows
+    of the batch-1 cache (module docstring)."""
     if not kvs:
         return
-    dev = adapter.device
     if not all(kv.quantized for kv in kvs):  # a mixed question: the float form throughout
         kvs = [kv.dequantized() for kv in kvs]
-    deltas, lengths = [], []
-    for seg, kv in zip(layout.segments, kvs, strict=True):
-        deltas.append(segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop]))
-        lengths.append(seg.stop - seg.start)
-    rows = torch.cat([torch.arange(seg.start, seg.stop)
-                      for seg in layout.segments]).to(dev)  # (T,) page rows, in order
-    groups = [([kv.keys for kv in kvs], 2), ([kv.values for kv in kvs], 2),
-              ([kv.embeds for kv in kvs], 0)]
-    if kvs[0].quantized:
-        groups += [([kv.key_scale for kv in kvs if kv.key_scale is not None], 2),
-                   ([kv.value_scale for kv in kvs if kv.value_scale is not None], 2)]
-    staged = stage(groups, dev)  # keys, values (L, kv, T, hd), embeds (T, hidden), scales
-    keys, values, page_embeds = staged[:3]
-    cos, sin = shift_tables(adapter, deltas, lengths, dev)  # (T, hd) each
-    kv_dtype = kvs[0].kv_dtype
-    if kv_dtype is not None:  # int8: key scales (L, kv, pages, hd), value scales (L, kv, T, 1)
-        key_scale, value_scale = staged[3:]
-        page_of = torch.repeat_interleave(torch.arange(len(kvs)),
-                                          torch.tensor(lengths)).to(dev)  # (T,)
-        rerotate_rows(keys, cos, sin, cache.keys[:, 0], rows, key_scale=key_scale,
-                      page_of=page_of, kv_dtype=kv_dtype)
-        step = max(1, rotate_chunk_elements(dev) // max(1, values[0].numel()))
-        for lo in range(0, values.shape[0], step):  # a few layers per dequantisation
-            cache.values[lo:lo + step, 0].index_copy_(
-                2, rows, dequantize_int8(values[lo:lo + step], value_scale[lo:lo + step],
-                                         cache.values.dtype))  # (l, kv, T, hd)
+    deltas = [segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
+              for seg, kv in zip(layout.segments, kvs, strict=True)]
+    if adapter.device.type == "cpu" and not stage_on_cpu:
+        _load_in_place(adapter, layout, kvs, deltas, cache, embeds)
     else:
-        rerotate_rows(keys, cos, sin, cache.keys[:, 0], rows)  # (L, kv, cap, hd) in place
-        cache.values[:, 0].index_copy_(2, rows, values.to(cache.values.dtype))
-    embeds.index_copy_(0, rows, page_embeds.to(embeds.dtype))  # (N, hidden)
+        _load_staged(adapter, layout, kvs, deltas, cache, embeds)
+
+
+def _load_in_place(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
+                   cache: KVCache, embeds: torch.Tensor) -> None:
+    """The CPU: each page's own tensors turned and copied straight into its rows."""
+    for seg, kv, delta in zip(layout.segments, kvs, deltas, strict=True):
+        rows = slice(seg.start, seg.stop)
+        keys, values = kv.keys, kv.values  # (L, kv, T, hd)
+        if kv.key_scale is not None and kv.value_scale is not None and kv.kv_dtype:
+            keys = dequantize_int8(keys, kv.key_scale, kv.kv_dtype)
+            values = dequantize_int8(values, kv.value_scale, kv.kv_dtype)
+        cos, sin = shift_cos_sin(adapter, delta, keys.device)  # (hd,) each
+        rerotate_into(keys, cos.view(1, -1), sin.view(1, -1), cache.keys[:, 0, :, rows])
+        cache.values[:, 0, :, rows] = values
+        embeds[rows] = kv.embeds  # (T, hidden)
+
+
+def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
+                 cache: KVCache, embeds: torch.Tensor) -> None:
+    """An accelerator: one host buffer, one copy, then a few operations for all pages."""
+    dev = adapter.device
+    first, last = layout.segments[0].start, layout.segments[-1].stop
+    n_layers, heads, _, hd = kvs[0].keys.shape
+    span, tokens = last - first, sum(kv.num_tokens for kv in kvs)
+    kv_dtype = kvs[0].kv_dtype  # int8 pages: the dtype they dequantise to
+    specs = [((n_layers, heads, span, hd), kvs[0].keys.dtype),
+             ((n_layers, heads, span, hd), kvs[0].values.dtype),
+             ((tokens, kvs[0].embeds.shape[-1]), kvs[0].embeds.dtype)]
+    if kv_dtype is not None:  # key scales per page and channel, value scales per row
+        specs += [((n_layers, heads, len(kvs), hd), torch.float32),
+                  ((n_layers, heads, span, 1), torch.float32)]
+    staged = HostStage(specs, dev)
+    deltas_at, lengths, at, done = [], [], first, 0
+    for i, (seg, kv, delta) in enumerate(zip(layout.segments, kvs, deltas, strict=True)):
+        rows, t = slice(seg.start - first, seg.stop - first), kv.num_tokens
+        staged.host[0][:, :, rows] = kv.keys  # (L, kv, T, hd) at its place in the span
+        staged.host[1][:, :, rows] = kv.values
+        staged.host[2][done:done + t] = kv.embeds  # (T, hidden)
+        if kv.key_scale is not None and kv.value_scale is not None:
+            staged.host[3][:, :, i:i + 1] = kv.key_scale  # (L, kv, 1, hd)
+            staged.host[4][:, :, rows] = kv.value_scale  # (L, kv, T, 1)
+        deltas_at += [0, delta]  # the label rows before the page: any values, not turned
+        lengths += [seg.start - at, t]
+        at, done = seg.stop, done + t
+    keys, values, page_embeds, *scales = staged.to_device()  # the one copy
+    cos, sin = shift_tables(adapter, deltas_at, lengths, dev)  # (span, hd) each
+    dst_k, dst_v = cache.keys[:, 0, :, first:last], cache.values[:, 0, :, first:last]
+    if kv_dtype is None:
+        rerotate_into(keys, cos, sin, dst_k)  # (L, kv, span, hd), a few operations
+        dst_v.copy_(values)
+    else:
+        page_of = torch.repeat_interleave(
+            torch.arange(len(kvs)).repeat_interleave(2),  # a gap and a page per page
+            torch.tensor(lengths)).to(dev)  # (span,) the page of each row
+        step = max(1, rotate_chunk_elements(dev) // (heads * span * hd))  # layers per step
+        for lo in range(0, n_layers, step):
+            hi = lo + step
+            k = dequantize_int8(keys[lo:hi], scales[0][lo:hi].index_select(2, page_of),
+                                kv_dtype)  # (l, kv, span, hd)
+            rerotate_into(k, cos, sin, dst_k[lo:hi])
+            dst_v[lo:hi] = dequantize_int8(values[lo:hi], scales[1][lo:hi], kv_dtype)
+    rows_all = torch.cat([torch.arange(s.start, s.stop) for s in layout.segments])  # (T,)
+    embeds.index_copy_(0, rows_all.to(dev), page_embeds.to(embeds.dtype))  # (N, hidden)
 
 
 def load_per_page(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,

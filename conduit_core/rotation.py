@@ -9,10 +9,12 @@ itself is float32 math written straight into the destination (the assembled cach
 
 Two forms, equal element for element (the same float32 operations on the same values):
 `rerotate` turns one page by one shift, one decoder layer at a time (the per-page path);
-`rerotate_rows` turns all pages of a question at once, each token by its own page's shift
-(a (T, head_dim) table), a few layers per operation: its float32 temporaries are bounded by
-`rotate_chunk_elements(device)` elements (a few layers on the CPU, all of them on a GPU for
-typical prompts), so a question costs a handful of launches, not about 5 per page and layer.
+`rerotate_into` turns keys into a destination, each row by its own shift (a (T, head_dim)
+table, or one (1, head_dim) row for a single shift) in steps of at most
+`rotate_chunk_elements(device)` float32 elements: on a GPU all pages of a question staged as
+one span (`page_loads`) turn in a handful of launches for all layers, not about 5 per page
+and layer; on the CPU a step stays in the core's cache (a part of a layer), which is where
+the per-page loop's speed came from (larger steps stream from memory and are slower).
 
 Public API:
   segment_delta(old_positions, new_positions) -> int
@@ -20,17 +22,14 @@ Public API:
       raises ConduitCoreError unless every token on every axis moved by the same amount.
   shift_cos_sin(adapter, delta, device) -> (cos, sin) (head_dim,) float32, unit scale
   shift_tables(adapter, deltas, lengths, device) -> (cos, sin) (T, head_dim) float32,
-      segment i's `lengths[i]` rows turned by `deltas[i]`
+      segment i's `lengths[i]` rows turned by `deltas[i]` (0: the identity)
   rerotate(adapter, keys, delta, out=None) -> keys rotated by `delta` positions
       keys (L, kv_heads, T, head_dim) (rotated layer by layer) or any (..., T, head_dim);
       `out` (same shape, any float dtype, any strides) receives the result when given.
-  rerotate_rows(keys, cos, sin, out, rows, *, key_scale=None, page_of=None, kv_dtype=None,
-                chunk_elements=None) -> None
-      keys (L, kv, T, hd) of several segments (or int8 with per-page, per-channel scales
-      `key_scale` (L, kv, pages, hd) and `page_of` (T,): dequantised to `kv_dtype` first, as
-      `PageKV.dequantized` does) turned by the tables and written to out[:, :, rows]
-      (out (L, kv, capacity, hd), rows (T,)).
-  ROTATE_CHUNK_ELEMENTS = {"cpu": 2**22}, DEFAULT 2**26;  rotate_chunk_elements(device)
+  rerotate_into(src, cos, sin, dst, chunk_elements=None) -> None
+      src (L, kv, T, hd) turned row t by cos[t], sin[t] ((T, hd) or (1, hd) float32) into
+      dst (same shape, any float dtype and strides: a span of the cache)
+  ROTATE_CHUNK_ELEMENTS = {"cpu": 2**16}, DEFAULT 2**26;  rotate_chunk_elements(device)
 """
 
 from __future__ import annotations
@@ -41,9 +40,11 @@ import torch
 
 from conduit_core.adapters.base import VLMAdapter
 from conduit_core.errors import ConduitCoreError
-from conduit_core.page_kv import dequantize_int8
 
-ROTATE_CHUNK_ELEMENTS = {"cpu": 1 << 22}  # float32 elements of one rotation op, per device
+# float32 elements of one rotation step, per device: on the CPU a step that stays in the
+# core's cache (about 256 KiB an operand; larger steps stream from memory and are slower than
+# the per-page loop), on an accelerator a few launches for the whole question
+ROTATE_CHUNK_ELEMENTS = {"cpu": 1 << 16}
 DEFAULT_ROTATE_CHUNK_ELEMENTS = 1 << 26  # accelerators: 256 MiB of float32
 
 
@@ -100,32 +101,32 @@ def shift_tables(adapter: VLMAdapter, deltas: Sequence[int], lengths: Sequence[i
     d = torch.tensor(list(deltas), dtype=torch.float64, device=device)  # (S,)
     angles = d.view(-1, 1) * inv_freq.view(1, -1)  # (S, hd/2)
     emb = torch.cat((angles, angles), dim=-1)  # (S, hd) the rotate-half layout
-    reps = torch.tensor(list(lengths), device=device)  # (S,)
-    cos = emb.cos().float().repeat_interleave(reps, dim=0)  # (T, hd)
-    sin = emb.sin().float().repeat_interleave(reps, dim=0)  # (T, hd)
-    return cos, sin
+    cos, sin = emb.cos().float(), emb.sin().float()  # (S, hd) each
+    hd = emb.shape[-1]
+    return (torch.cat([c.expand(n, hd) for c, n in zip(cos, lengths, strict=True)]),
+            torch.cat([s.expand(n, hd) for s, n in zip(sin, lengths, strict=True)]))  # (T, hd)
 
 
-def rerotate_rows(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor,
-                  rows: torch.Tensor, *, key_scale: torch.Tensor | None = None,
-                  page_of: torch.Tensor | None = None, kv_dtype: torch.dtype | None = None,
+def rerotate_into(src: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dst: torch.Tensor,
                   chunk_elements: int | None = None) -> None:
-    """Turn keys (L, kv, T, hd) by per-row tables cos/sin (T, hd) and write them to
-    out[:, :, rows] (out (L, kv, capacity, hd)); see the module docstring."""
-    n_layers, kv, t, hd = keys.shape
+    """Turn keys src (L, kv, T, hd), row t by cos[t], sin[t] ((T, hd), or (1, hd) for one
+    shift), and write them to dst (L, kv, T, hd; any float dtype, any strides). A few layers
+    (or, on the CPU, a part of one) per step, as `rotate_chunk_elements` allows."""
+    n_layers, kv, t, hd = src.shape
     if t == 0:
         return
     half = hd // 2
-    budget = chunk_elements or rotate_chunk_elements(keys.device)
-    step = max(1, budget // max(1, kv * t * hd))  # layers per operation
+    budget = chunk_elements or rotate_chunk_elements(src.device)
+    step = max(1, budget // max(1, kv * t * hd))  # layers per step
+    parts = 1 if step > 1 else -(-kv * t * hd // budget)  # row blocks of one layer
+    rows = -(-t // parts)  # rows per step, the blocks of a layer as even as can be
+    one = cos.shape[0] == 1
     for lo in range(0, n_layers, step):
-        hi = min(n_layers, lo + step)
-        if key_scale is not None and page_of is not None and kv_dtype is not None:
-            scale = key_scale[lo:hi].index_select(2, page_of)  # (l, kv, T, hd) per-page scales
-            k = dequantize_int8(keys[lo:hi], scale, kv_dtype).float()  # (l, kv, T, hd)
-        else:
-            k = keys[lo:hi].float()  # (l, kv, T, hd)
-        rotated = k * cos  # (l, kv, T, hd)
-        rotated[..., :half].addcmul_(k[..., half:], sin[:, :half], value=-1.0)
-        rotated[..., half:].addcmul_(k[..., :half], sin[:, half:])
-        out[lo:hi].index_copy_(2, rows, rotated.to(out.dtype))  # (l, kv, cap, hd)
+        for r0 in range(0, t, rows):
+            c = cos if one else cos[r0:r0 + rows]  # (r | 1, hd)
+            s = sin if one else sin[r0:r0 + rows]
+            k = src[lo:lo + step, :, r0:r0 + rows].float()  # (l, kv, r, hd)
+            rotated = k * c  # (l, kv, r, hd)
+            rotated[..., :half].addcmul_(k[..., half:], s[:, :half], value=-1.0)
+            rotated[..., half:].addcmul_(k[..., :half], s[:, half:])
+            dst[lo:lo + step, :, r0:r0 + rows].copy_(rotated)

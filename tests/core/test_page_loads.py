@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
-from conduit_core.rotation import rerotate, rerotate_rows, shift_tables
+from conduit_core.kv_cache import KVCache
+from conduit_core.page_loads import load_pages
+from conduit_core.rotation import rerotate, rerotate_into, shift_tables
 from conduit_core.staging import stage
 from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES
@@ -54,24 +56,39 @@ def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRunt
           _assemble(runtime, [host[0], floats[1]], "per_page"))
 
 
+def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
+    """The path an accelerator takes (one packed buffer, one copy, views of it), run on the
+    CPU too: the same cache as the per-page load, float and int8 pages alike."""
+    floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    for kvs in (floats, [quantize_roundtrip(kv) for kv in floats]):
+        want = _assemble(runtime, kvs, "per_page")
+        asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv)
+                                        for i, kv in enumerate(kvs)], QUESTION)
+        cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
+        embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
+        load_pages(runtime.adapter, asm.layout, kvs, cache, embeds, stage_on_cpu=True)
+        rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
+        dev = cache.keys.device
+        _same((cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds),
+              want)
+
+
 def test_int8_staging_copies_int8_bytes() -> None:
     """What crosses to the device for an int8 page is int8 plus float32 scales."""
     q = torch.randint(-127, 128, (2, 2, 5, 8), dtype=torch.int8)
     scale = torch.rand(2, 2, 1, 8)
-    staged_q, staged_scale = stage([([q, q], 2), ([scale, scale], 2)], torch.device("cpu"))
-    assert staged_q.dtype == torch.int8 and staged_q.shape == (2, 2, 10, 8)
-    assert torch.equal(staged_q, torch.cat([q, q], dim=2))
-    assert torch.equal(staged_scale, torch.cat([scale, scale], dim=2))
+    staged_q, staged_scale = stage([q, scale], torch.device(TEST_DEVICE))
+    assert staged_q.dtype == torch.int8 and torch.equal(staged_q.cpu(), q)
+    assert torch.equal(staged_scale.cpu(), scale)
 
 
-def test_stage_makes_one_buffer_of_every_group() -> None:
-    a = [torch.randn(3, 2, 4, 8), torch.randn(3, 2, 5, 8)]
-    e = [torch.randn(4, 6).to(torch.bfloat16), torch.randn(5, 6).to(torch.bfloat16)]
-    ids = [torch.arange(4), torch.arange(5)]
-    out = stage([(a, 2), (e, 0), (ids, 0)], torch.device(TEST_DEVICE))
-    for got, parts, dim in zip(out, (a, e, ids), (2, 0, 0), strict=True):
-        assert got.device.type == torch.device(TEST_DEVICE).type
-        assert torch.equal(got.cpu(), torch.cat(parts, dim=dim))
+def test_stage_makes_one_buffer_of_every_tensor() -> None:
+    parts = [torch.randn(3, 2, 4, 8), torch.randn(5, 6).to(torch.bfloat16), torch.arange(5),
+             torch.randn(3, 2, 4, 8)[:, :, 1:]]  # a strided one too
+    out = stage(parts, torch.device(TEST_DEVICE))
+    for got, want in zip(out, parts, strict=True):
+        assert got.device.type == torch.device(TEST_DEVICE).type and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want)
     storages = {t.untyped_storage().data_ptr() for t in out}
     assert len(storages) == 1  # one buffer, so one host-to-device copy
 
@@ -79,8 +96,9 @@ def test_stage_makes_one_buffer_of_every_group() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batched_rerotation_equals_per_page_rerotation(runtime: ReuseRuntime,
                                                        dtype: torch.dtype) -> None:
-    """`rerotate_rows` over several pages, each by its own shift (zero, small, negative,
-    very large), writes exactly what `rerotate` page by page and layer by layer writes."""
+    """`rerotate_into` over several pages laid out in one span, each by its own shift (zero,
+    small, negative, very large), writes exactly what `rerotate` writes page by page and
+    layer by layer, in one step or in many."""
     g = torch.Generator().manual_seed(0)
     adapter = runtime.adapter
     n_layers = len(adapter.layers)
@@ -89,13 +107,20 @@ def test_batched_rerotation_equals_per_page_rerotation(runtime: ReuseRuntime,
     pages = [(torch.randn(n_layers, kv, t, hd, generator=g) * 4).to(dtype) for t in lengths]
     starts = [2, 11, 14, 30]  # page rows inside a 40-row cache, gaps between them
     want = torch.zeros(n_layers, kv, 40, hd, dtype=dtype)
+    span = torch.zeros_like(want)
     for keys, start, delta in zip(pages, starts, deltas, strict=True):
         rerotate(adapter, keys, delta, out=want[:, :, start:start + keys.shape[2]])
-    rows = torch.cat([torch.arange(s, s + t) for s, t in zip(starts, lengths, strict=True)])
-    cos, sin = shift_tables(adapter, deltas, lengths, torch.device("cpu"))
-    for chunk in (None, 1, kv * sum(lengths) * hd):  # all layers at once / a layer per step
+        span[:, :, start:start + keys.shape[2]] = keys
+    span_d, span_n, last = [], [], starts[0]
+    for start, t, delta in zip(starts, lengths, deltas, strict=True):
+        span_d += [0, delta]
+        span_n += [start - last, t]
+        last = start + t
+    cos, sin = shift_tables(adapter, span_d, span_n, torch.device("cpu"))
+    for chunk in (None, 1, kv * 3 * hd, kv * (last - starts[0]) * hd):
         got = torch.zeros_like(want)
-        rerotate_rows(torch.cat(pages, dim=2), cos, sin, got, rows, chunk_elements=chunk)
+        rerotate_into(span[:, :, starts[0]:last], cos, sin, got[:, :, starts[0]:last],
+                      chunk_elements=chunk)
         assert torch.equal(got, want), chunk
 
 
