@@ -3,7 +3,7 @@
 Public API:
   BUILTIN_SCHEME = "builtin:";  BUILTIN_MODELS: the builtin names without the scheme
   BUILTIN_PAGE_TOKENS: name -> visual tokens per page it was built for
-  `small-qwen2-vl` (the service's default: pages up to 320 visual tokens, random weights)
+  `small-qwen2-vl` (the service's default: pages up to 512 visual tokens, random weights)
   and the `tiny-*` test models are built from configs; `testbed-qwen2-vl` is the trained
   testbed model: its weights are read from `conduit_core/weights/` (see
   `conduit_core.testbed_model`).
@@ -33,7 +33,7 @@ BUILTIN_MODELS = ("small-qwen2-vl", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-ll
                   "tiny-internvl", "testbed-qwen2-vl")
 # visual tokens per page each builtin was built for (the loader's default cap)
 BUILTIN_PAGE_TOKENS = ({name: 16 for name in BUILTIN_MODELS}
-                       | {"small-qwen2-vl": 320, "testbed-qwen2-vl": 36})
+                       | {"small-qwen2-vl": 512, "testbed-qwen2-vl": 36})
 _MARKER = "conduit_builtin.json"
 _BUILD_VERSION = 3  # bump when a builder changes: old folders are rebuilt
 

@@ -7,7 +7,7 @@ Public API:
   The tiny four share a tiny Qwen2 language model (hidden 64, 4 layers, 4 heads, 2 KV heads,
   head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template; they
   keep the tests fast. `small-qwen2-vl` is sized so that a page is at least as many visual
-  tokens as a real checkpoint's (about 300 for an A4 page; real checkpoints cap at 256) and
+  tokens as a real checkpoint's (about 500 for an A4 page; real checkpoints cap at 256 here) and
   compute, not per-layer overhead, dominates a prefill on a CPU (`small_qwen2_vl`).
   QWEN_SPECIAL_TOKENS; chatml_template(image_markup) -> str   the builtin chat template
 Weights are a pure function of the seed and config; `builtin.py` materialises them once.
@@ -118,13 +118,13 @@ def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
                                             chat_template=tok.chat_template)
 
 
-SMALL_PAGE_TOKENS = 320  # merged visual tokens per page at most: an A4 page at 100 dpi is ~300
+SMALL_PAGE_TOKENS = 512  # merged visual tokens per page at most: an A4 page at 100 dpi is ~500
 
 
 def small_qwen2_vl() -> tuple[PreTrainedModel, Any]:
     """The default builtin: Qwen2-VL with a language model of hidden 512, 8 layers, 8 heads
     of 64 (2 KV heads), MLP 1536, M-RoPE sections (8, 12, 12); a vision tower of depth 4 and
-    width 128; pages up to 320 merged visual tokens (28-pixel cells). Random weights: its
+    width 128; pages up to 512 merged visual tokens (28-pixel cells). Random weights: its
     answers mean nothing, its costs and speed are those of a model of this shape."""
     tok = _qwen_tokenizer()
     text = dict(vocab_size=_vocab(tok), hidden_size=512, intermediate_size=1536,

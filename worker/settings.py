@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     model: str = Field(
         "builtin:small-qwen2-vl",
         description="Local path or hub id of a supported VLM, or a builtin model: "
-        "builtin:small-qwen2-vl (the default: random weights, pages of up to 320 visual "
+        "builtin:small-qwen2-vl (the default: random weights, pages of up to 512 visual "
         "tokens, sized so that reuse pays off on a CPU), builtin:tiny-* (test sizes), "
         "builtin:testbed-qwen2-vl (the trained testbed).",
     )
@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     max_page_tokens: int | None = Field(
         None, ge=4, le=16384,
         description="Cap on visual tokens per page (bounds KV size); unset = the model's "
-        "default (256 for real checkpoints, 320 for builtin:small-qwen2-vl, 16 for the "
+        "default (256 for real checkpoints, 512 for builtin:small-qwen2-vl, 16 for the "
         "builtin tiny models, 36 for the testbed).",
     )
 

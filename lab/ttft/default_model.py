@@ -1,7 +1,7 @@
 """What a newcomer meets: the default builtin model answering a 3-page question, timed.
 
 `python -m lab.ttft.default_model` loads `builtin:small-qwen2-vl` (the service's default),
-prefills three A4 text pages at the service's 100 dpi (about 300 visual tokens each), and
+prefills three A4 text pages at the service's 100 dpi (about 500 visual tokens each), and
 answers one question with a 64-token answer over them, side by side in rotated rounds:
   conduit                      CONDUIT at 10% over the cached page KV (the service's default)
   full_reuse                   cached page KV, nothing refreshed
