@@ -11,6 +11,12 @@ as computed (`conduit_core.flops`). This module predicts that charge before the 
     known before that pass, so the prediction places its k tokens evenly over the pages: the
     linear part of the cost is exact, the attention part an estimate of their key counts.
 
+Where the choice is not known, the decision uses an upper bound instead of the estimate (every
+refreshed row reading every key, every text row recomputed), so that no answer costs more than
+its fallback; the estimate is what the answer reports (`AnswerResult.predicted_flops_lm`).
+A scoring policy whose choice gathers late in a long prompt costs more than the estimate: on
+the default builtin model (3 pages of ~500 tokens) CONDUIT's measured cost was 7% above it.
+
 The alternative every prediction is compared with is a full prefill from the cached page
 embeddings (vision tower skipped): every row after the cached head recomputed, or every row
 on the plain causal path where that is cheaper (a masked subset computes up to a row block
@@ -19,8 +25,9 @@ models). Where the policy's prediction exceeds it, the runtime runs that instead
 
 Public API:
   PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
-  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False)
+  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None)
                                                       .fallback: run the full prefill instead
+                                                      (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
   even_rows(visual_rows, k) -> (k,) evenly spaced visual rows (the estimate's placement)
   plan_refresh(costs, layout, exact_rows, last_only, ctx, policy) -> RefreshPlan
@@ -61,11 +68,14 @@ class RefreshPlan:
     fallback_lm: float
     visual: torch.Tensor | None  # the choice, when it was made while predicting (cheap policy)
     fallback_whole: bool = False  # the fallback recomputes the head too (plain causal path)
+    bound_lm: float | None = None  # the most the policy can cost (None: predicted_lm is exact)
 
     @property
     def fallback(self) -> bool:
-        """The policy would cost more than a full prefill from cached embeddings."""
-        return self.predicted_lm > self.fallback_lm
+        """The policy could cost more than a full prefill from cached embeddings: decided on
+        the upper bound, so that an answer never costs more than the fallback."""
+        bound = self.predicted_lm if self.bound_lm is None else self.bound_lm
+        return bound > self.fallback_lm
 
 
 def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
@@ -126,6 +136,17 @@ class RowCosts:
         extras = self.flops.scoring(window.stop - window.start, layout.n, scored_layers)
         return self.refresh(layout, text_rows, last_only) + extras
 
+    def bound(self, layout: Layout, rows: torch.Tensor, last_only: bool,
+              start_layer: int = 0) -> float:
+        """The most `refresh` of this many rows can cost: every row charged every key."""
+        if rows.numel() == 0:
+            return 0.0
+        n, n_layers = layout.n, len(self.adapter.layers) - start_layer
+        every = torch.full((rows.numel(),), n, dtype=torch.long)
+        if not last_only:
+            return self.flops.rows(rows, n_layers=n_layers, key_counts=every)
+        return self.flops.trimmed(rows, n_layers, every, every[-1:])
+
     def check(self, layout: Layout, layers: int) -> float:
         """Every row through the first `layers` layers on the plain causal path."""
         everything = torch.arange(layout.n)
@@ -157,5 +178,9 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     if cost.check_layers:
         predicted += costs.check(layout, cost.check_layers)
     rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored)
-    predicted += costs.refresh(layout, rows, last_only, start_layer=cost.check_layers)
-    return RefreshPlan(predicted, fallback, None, from_start)
+    refresh = costs.refresh(layout, rows, last_only, start_layer=cost.check_layers)
+    # the bound: every text row after the head recomputed, every row reading every key
+    most, _ = refresh_rows(layout, exact_rows, visual_all[-cost.k:] if cost.k else guess,
+                           scored=False)
+    bound = predicted + costs.bound(layout, most, last_only, start_layer=cost.check_layers)
+    return RefreshPlan(predicted + refresh, fallback, None, from_start, bound)

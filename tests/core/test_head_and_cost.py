@@ -130,7 +130,7 @@ def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None
     req = AnswerRequest(PREFIX, inputs, long_question, policy="conduit", budget=0.5,
                         max_new_tokens=4)
     got = rt.answer(req)
-    assert got.fallback and got.predicted_flops_lm > got.fallback_flops_lm
+    assert got.fallback and got.predicted_flops_lm > 0.8 * got.fallback_flops_lm
     assert got.refreshed_visual_tokens == got.visual_tokens
     assert got.flops_used_lm == pytest.approx(got.fallback_flops_lm)
     assert got.flops_ratio_lm < 1.0
