@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU check in one command: everything a short GPU loan should validate, in under 10
+# minutes on one CUDA GPU, into one results folder (lab/gpu/NOTES.md, README "On a GPU").
+# Usage: bash lab/gpu/gpu_check.sh [MODEL_DIR]
+# Steps (each under its own time limit, all under one 570 s deadline; a step that would not
+# fit is skipped and says so):
+#   check_bf16   python -m lab.gpu.gpu_check in bfloat16: correctness against the model's own
+#                forward, timings with host copies, peak memory, decode speed, profiler trace
+#   tests_bf16   the core and policy suites on the GPU in bfloat16 (CONDUIT_TEST_DEVICE=cuda)
+#   check_fp32   the same correctness checks in float32 (no timings)
+#   ttft         the TTFT bench at Qwen2.5-VL-7B shapes (lab/gpu/ttft.sh's, shortened)
+#   tests_fp32   the core and policy suites on the GPU in float32
+#   answers      with MODEL_DIR only: the answer evaluation on 10 dev-set questions
+# Results: lab/gpu/results/run-<UTC time>/ (CONDUIT_GPU_RESULTS to choose), steps.txt lists
+# every step's exit code and seconds; the exit code is the first failing step's.
+# CONDUIT_GPU_CHECK_DEVICE=cpu runs the same steps on the CPU at tiny shapes (a dry run of
+# the script itself; the checks and suites it runs are those of the GPU run).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+DEVICE="${CONDUIT_GPU_CHECK_DEVICE:-cuda}"
+if [[ "$DEVICE" != cpu ]] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"
+then
+  echo "no CUDA device: CONDUIT_GPU_CHECK_DEVICE=cpu runs this script's CPU form" >&2
+  exit 2
+fi
+OUT="${CONDUIT_GPU_RESULTS:-lab/gpu/results/run-$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+DEADLINE=$(( $(date +%s) + 570 ))
+STATUS=0
+
+step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log to OUT/NAME.log
+  local name=$1 limit=$2 left t0 rc
+  shift 2
+  left=$(( DEADLINE - $(date +%s) ))
+  (( left < limit )) && limit=$left
+  if (( limit < 30 )); then
+    echo "$name skipped: ${left}s left" | tee -a "$OUT/steps.txt"
+    return
+  fi
+  t0=$(date +%s)
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(( $(date +%s) - t0 ))s (limit ${limit}s)" | tee -a "$OUT/steps.txt"
+  if (( rc != 0 && STATUS == 0 )); then STATUS=$rc; fi
+}
+
+"$PY" -c "import lab.gpu as g; print(g.environment('$DEVICE'))" | tee "$OUT/environment.txt"
+SHAPE=(--model-shape 7b)
+if [[ "$DEVICE" == cpu ]]; then SHAPE=(--model-shape tiny --pages 2 --tokens-per-page 16); fi
+TESTS=(tests/core tests/policies tests/storage/test_storage_memory_host.py)
+step check_bf16 240 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype bfloat16 \
+  --out "$OUT/check_bf16"
+step tests_bf16 150 env CONDUIT_TEST_DEVICE="$DEVICE" CONDUIT_TEST_DTYPE=bfloat16 \
+  "$PY" -m pytest -q "${TESTS[@]}" --junitxml "$OUT/tests_bf16.xml"
+step check_fp32 60 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype float32 \
+  --skip-timings --out "$OUT/check_fp32"
+step ttft 150 "$PY" -m lab.gpu.ttft --device "$DEVICE" "${SHAPE[@]}" --tier memory,disk \
+  --repeats 3 --warmup 1 --sweep 1,8,32 --sweep-repeats 1 --out "$OUT/ttft/ttft.json"
+step tests_fp32 120 env CONDUIT_TEST_DEVICE="$DEVICE" CONDUIT_TEST_DTYPE=float32 \
+  "$PY" -m pytest -q "${TESTS[@]}" --junitxml "$OUT/tests_fp32.xml"
+if [[ $# -ge 1 ]]; then
+  step answers 120 "$PY" -m lab.gpu.answers "$1" --device "$DEVICE" --limit 10 \
+    --out "$OUT/answers/answers.json"
+fi
+echo "results: $OUT (exit $STATUS)" | tee -a "$OUT/steps.txt"
+exit "$STATUS"

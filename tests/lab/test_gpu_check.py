@@ -1,0 +1,109 @@
+"""The GPU check (lab/gpu/gpu_check.sh runs the same main) on the CPU, in float32 and in
+bfloat16, and proof that it catches a wrong answer from the reuse path: a wrong re-rotation
+and a refresh that lets rows see later keys both fail it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conduit_core import page_loads
+from conduit_core.loader import load_vlm
+from conduit_core.row_attention import RowBlock
+from conduit_core.runtime import ReuseRuntime
+from lab.gpu import check_parts as parts
+from lab.gpu.gpu_check import PREFIX, QUESTION, _page, main
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = [_page(1, (224, 280)), _page(2, (300, 200)), _page(3, (180, 360))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_check_passes_on_cpu(dtype: str, tmp_path: Path) -> None:
+    assert main(["--device", "cpu", "--dtype", dtype, "--repeats", "1",
+                 "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "check.json").read_text())
+    assert doc["passed"] and doc["dtype"] == dtype
+    assert doc["tolerances"] == parts.TOLERANCES[dtype]
+    for model, checks in doc["correctness"].items():
+        assert set(checks) == {"full_prefill", "rerotation", "same_layout", "one_layer",
+                               "stale_quality"}, model
+        assert checks["rerotation"]["rel_err"] <= checks["rerotation"]["tolerance"]
+        assert any(s != 0 for s in checks["rerotation"]["shifts"])
+        for name in ("same_layout", "one_layer"):
+            for row in checks[name]["budgets"]:
+                assert row["rel_err"] <= checks[name]["tolerance"], (model, name, row)
+                if row["budget"] == 0.99:  # the scoring pass ran, some rows stayed stale
+                    assert row["scored"] and row["scores_finite"]
+                    assert 0 < row["refreshed"] < row["visual"]
+    timings = doc["timings"]
+    methods = {r["method"]: r for r in timings["rows"]}
+    assert set(methods) == {"full_prefill", "conduit_0.1", "conduit_0.1_per_page_loads",
+                            "full_reuse"}
+    assert all(r["ttft_ms_median"] > 0 and r["peak_mb"] > 0 for r in methods.values())
+    assert methods["conduit_0.1"]["flops_ratio_lm"] == \
+        methods["conduit_0.1_per_page_loads"]["flops_ratio_lm"] < 1.0
+    assert timings["decode"]["tokens_per_s"] > 0
+    trace = json.loads((tmp_path / doc["profile"]["trace"]).read_text())
+    assert trace["traceEvents"]
+    assert "aten::" in (tmp_path / "trace_ops.txt").read_text()
+    assert "| conduit_0.1 |" in (tmp_path / "check.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def rt(tmp_path_factory: pytest.TempPathFactory) -> ReuseRuntime:
+    vlm = load_vlm("builtin:tiny-qwen2-vl", cache_dir=tmp_path_factory.mktemp("m"),
+                   max_image_tokens=64)
+    return ReuseRuntime(vlm, never_above_full=False)
+
+
+def test_a_wrong_rerotation_fails_the_check(rt: ReuseRuntime,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    real = page_loads.shift_cos_sin
+
+    def off_by_one(adapter: Any, delta: int, device: torch.device) -> Any:
+        return real(adapter, delta + 1, device)
+
+    monkeypatch.setattr(page_loads, "shift_cos_sin", off_by_one)
+    assert parts.check_full_prefill(rt, IMAGES, PREFIX, QUESTION)["passed"]  # no reuse there
+    assert not parts.check_rerotation(rt, IMAGES, PREFIX, QUESTION)["passed"]
+    assert not parts.check_one_layer(rt.vlm, IMAGES, PREFIX, QUESTION, [0.0, 0.1])["passed"]
+
+
+def test_a_refresh_that_sees_later_keys_fails_the_check(
+        rt: ReuseRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Row blocks without their causal masks (rows read keys after their own)."""
+    from conduit_core import layer_forward
+
+    real = layer_forward.row_blocks
+
+    def unmasked(*args: Any, **kwargs: Any) -> list[RowBlock]:
+        return [RowBlock(b.start, b.stop, b.n_keys, None) for b in real(*args, **kwargs)]
+
+    monkeypatch.setattr(layer_forward, "row_blocks", unmasked)
+    check = parts.check_same_layout(rt, IMAGES, PREFIX, QUESTION, [0.1, 0.99])
+    assert not check["passed"]
+    assert all(r["rel_err"] > check["tolerance"] for r in check["budgets"])
+
+
+def test_0_99_runs_the_scoring_pass_that_1_0_skips(rt: ReuseRuntime) -> None:
+    check = parts.check_same_layout(rt, IMAGES, PREFIX, QUESTION, [0.99, 1.0])
+    at_99, at_1 = check["budgets"]
+    assert check["passed"]
+    assert at_99["scored"] and 0 < at_99["refreshed"] < at_99["visual"]
+    assert not at_1["scored"] and at_1["refreshed"] == at_1["visual"]
+
+
+def test_the_script_needs_a_gpu_or_says_how_to_run_on_the_cpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run for minutes")
+    env = {**os.environ, "CONDUIT_GPU_CHECK_DEVICE": "cuda"}
+    done = subprocess.run(["bash", str(ROOT / "lab/gpu/gpu_check.sh")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "CONDUIT_GPU_CHECK_DEVICE=cpu" in done.stderr
