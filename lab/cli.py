@@ -4,6 +4,8 @@
     conduit-lab bench store|ttft|load|retrieval-scale
     conduit-lab testbed train|export|generate|probe  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
+    conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
+                                                      bash lab/gpu/gpu_check.sh runs it all)
 
 Every `--out` default writes into the subject's `results/` folder under `lab/`. The parser is
 built without importing torch; each command imports its subject when it runs.
@@ -19,6 +21,7 @@ from pathlib import Path
 from lab import command_line, results
 from lab.answers.cli import add_answers_command
 from lab.argtypes import floats, ints
+from lab.gpu.check_args import add_arguments as add_gpu_check_arguments
 from lab.testbed.cli import add_testbed_commands
 from lab.ttft.args import add_arguments as add_ttft_arguments
 from service.cli import run
@@ -116,8 +119,20 @@ def _parser() -> argparse.ArgumentParser:
                        default=results("retrieval") / "retrieval_scale.json")
     scale.set_defaults(func=_bench_scale)
 
+    gpu = sub.add_parser("gpu", help="checks on one CUDA GPU").add_subparsers()
+    check = gpu.add_parser("check", help="the GPU check: correctness against the model's own "
+                           "forward, timings with host copies, a profiler trace")
+    add_gpu_check_arguments(check)
+    check.set_defaults(func=_gpu_check)
+
     add_testbed_commands(sub)
     return p
+
+
+def _gpu_check(args: argparse.Namespace) -> int:
+    from lab.gpu.gpu_check import run as run_gpu_check
+
+    return run_gpu_check(args, command_line())
 
 
 def _bench_load(args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ Steps, each printed with its wall time:
   5. check.json and check.md in the results folder; exit code 1 if any check failed.
 
 Public API:
+  run(args, command) -> int   (options: `lab.gpu.check_args.add_arguments`)
   main(argv=None) -> int
 """
 
@@ -51,6 +52,7 @@ from conduit_core.runtime import ReuseRuntime
 from lab import results
 from lab.gpu import check_parts as parts
 from lab.gpu import environment
+from lab.gpu.check_args import add_arguments
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 from worker.settings import Settings
 
@@ -184,21 +186,16 @@ def _markdown(doc: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments, run the checks, timings and trace; write the results folder."""
+    """`python -m lab.gpu.gpu_check [options]`."""
     p = argparse.ArgumentParser(prog="python -m lab.gpu.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default=None, help="default: cuda (required)")
-    p.add_argument("--dtype", default="bfloat16", choices=sorted(parts.TOLERANCES))
-    p.add_argument("--model-shape", default=None,
-                   help="timing model (lab.ttft.model): default 7b on a GPU, tiny on the CPU")
-    p.add_argument("--pages", type=int, default=None, help="default 8 on a GPU, 2 on the CPU")
-    p.add_argument("--tokens-per-page", type=int, default=None,
-                   help="default 256 on a GPU, 16 on the CPU")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--skip-timings", action="store_true", help="correctness only")
-    p.add_argument("--out", type=Path, default=None,
-                   help="results folder (default lab/gpu/results/check_<device>_<dtype>)")
-    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    add_arguments(p)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run(p.parse_args(argv), "python -m lab.gpu.gpu_check " + " ".join(argv))
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """Run the checks, timings and trace; write the results folder (module docstring)."""
     device = args.device or "cuda"
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("no CUDA device: this is the GPU check (pass --device cpu to run it on the CPU)")
@@ -239,8 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passed = all(c["passed"] for checks in correctness.values() for c in checks.values())
     doc: dict[str, Any] = {
         "device": environment(device), "dtype": args.dtype, "passed": passed,
-        "command": " ".join(["python -m lab.gpu.gpu_check", *(argv if argv is not None
-                                                             else sys.argv[1:])]),
+        "command": command.strip(),
         "tolerances": parts.TOLERANCES[args.dtype], "budgets": BUDGETS,
         "correctness": correctness}
     if not args.skip_timings:

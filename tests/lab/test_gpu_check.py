@@ -107,3 +107,11 @@ def test_the_script_needs_a_gpu_or_says_how_to_run_on_the_cpu() -> None:
     done = subprocess.run(["bash", str(ROOT / "lab/gpu/gpu_check.sh")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "CONDUIT_GPU_CHECK_DEVICE=cpu" in done.stderr
+
+
+def test_conduit_lab_gpu_check_takes_the_same_options() -> None:
+    from lab.cli import _gpu_check, _parser
+
+    args = _parser().parse_args(["gpu", "check", "--device", "cpu", "--dtype", "float32",
+                                 "--skip-timings"])
+    assert args.func is _gpu_check and args.device == "cpu" and args.skip_timings
