@@ -72,9 +72,11 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
     torch.set_num_threads(threads)
     try:
         vlm = build_bench_vlm(model_shape, tokens_per_page=tokens_per_page)
-        runtimes = {(True, "batched"): ReuseRuntime(vlm),
-                    (False, "batched"): _NoReuseRuntime(vlm),
-                    (True, "per_page"): ReuseRuntime(vlm, page_loads="per_page")}
+        # each variant's own path, also where it costs more than a full prefill (tiny pages)
+        runtimes = {(True, "batched"): ReuseRuntime(vlm, never_above_full=False),
+                    (False, "batched"): _NoReuseRuntime(vlm, never_above_full=False),
+                    (True, "per_page"): ReuseRuntime(vlm, page_loads="per_page",
+                                                     never_above_full=False)}
         work = make_workload(vlm, pages, question_tokens)
         images = bench_pages(pages, tokens_per_page)
         kvs = runtimes[True, "batched"].prefill_pages(images)

@@ -52,8 +52,9 @@ def test_run_ttft_bench_tiny_end_to_end(tmp_path: Path) -> None:
     cached = [r for r in doc["rows"] if r["method"] == "full_prefill_cached_vision"]
     for a, b in zip(reuse, cached, strict=True):
         assert a["flops_ratio_total"] < b["flops_ratio_total"] < 1.0
-        # the language model's work: cached vision features still recompute all of it
-        assert a["flops_ratio_lm"] < b["flops_ratio_lm"] == pytest.approx(1.0)
+        # the language model's work: cached vision features still recompute all of it but
+        # the prompt head (from the head cache)
+        assert a["flops_ratio_lm"] < b["flops_ratio_lm"] < 1.0
         assert b["speedup_vs_cached_vision"] == 1.0
     sweep = doc["sweep"]
     assert {(s["pages"], s["method"]) for s in sweep} == {
@@ -96,7 +97,7 @@ def test_workload_shapes() -> None:
 
 
 def test_ab_variants_toggle_the_optimisations() -> None:
-    doc = run_ab(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=8,
+    doc = run_ab(model_shape="tiny", pages=2, tokens_per_page=16, question_tokens=80,
                  repeats=1, warmup=0)
     rows = {r["variant"]: r for r in doc["rows"]}
     assert set(rows) == {"full_prefill", "optimised", "no_blocked_attn", "no_stale_reuse",
