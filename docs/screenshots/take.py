@@ -15,9 +15,6 @@ pages' KV in the memory tier, as a user sees them from the second question on. N
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.pdfs import text_pdf  # noqa: E402 - the repository root is on the path only now
+from tests.service.conftest import start_server, stop_server  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -63,36 +61,6 @@ DOCUMENTS = {
     ],
 }
 WAIT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def start_server(home: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """`conduit serve` on a free loopback port; waits for /healthz."""
-    port = free_port()
-    env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
-    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--host",
-                             "127.0.0.1", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("the server stopped:\n" + (home / "server.log").read_text())
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return url, proc
-        except httpx.TransportError:
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit("the server did not start:\n" + (home / "server.log").read_text())
 
 
 def browser(width: int) -> WebDriver:
@@ -182,11 +150,7 @@ def take(out: Path, width: int) -> None:
             shot(d, out / "compare.png", width)
         finally:
             d.quit()
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
 
 
 def main() -> None:
