@@ -1,15 +1,8 @@
 """`conduit-lab demo` end to end: a real service on the testbed model, uploads and questions over
 real HTTP, CONDUIT and full reuse side by side."""
 
-import pytest
 
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.demo import POLICIES, run_demo
-
-pytestmark = pytest.mark.skipif(
-    not WEIGHTS.is_file(),
-    reason="no trained testbed weights in conduit_core/weights/ (not in git: train them with "
-    "the command in docs/TESTBED.md)")
 
 
 def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
