@@ -14,6 +14,7 @@ and prints one JSON line per mutant with its outcome and its own peak RSS (VmHWM
 supervisor (this command) counts a driver that dies as a crash of the API process and a
 mutant with no answer within `--stuck-after` seconds as a stuck job (it then kills the
 driver's process group), and restarts the driver at the next mutant either way.
+`--http` sends the same mutants through a real embedded service instead (`uploads_http.py`).
 """
 
 from __future__ import annotations
@@ -360,6 +361,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stuck-after", type=float, default=300.0,
                    help="seconds without an answer after which a mutant counts as stuck")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--http", action="store_true",
+                   help="upload through a real embedded `conduit serve` (uploads_http.py)")
+    p.add_argument("--keep-home", action="store_true", help="--http: keep the service's home")
     p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--abort-at", type=int, default=-1, help=argparse.SUPPRESS)
@@ -372,12 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.driver:
         return drive(args)
-    figures = fuzz(args)
+    from lab.fuzz.uploads_http import fuzz_http, passed  # it imports this module
+    figures = fuzz_http(args) if args.http else fuzz(args)
     summary = {k: v for k, v in figures.items() if k != "rows"}
     print(json.dumps(summary, indent=2))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    if args.http:
+        return 0 if passed(figures) else 1
     return 0 if figures["api_process_crashes"] == figures["stuck_jobs"] == 0 else 1
 
 
