@@ -68,6 +68,7 @@ class Answer:
     cache: CacheReport = field(default_factory=CacheReport)
     prompt_tokens: int = 0  # the whole prompt the model saw (head, pages, question)
     completion_tokens: int = 0  # tokens generated (a stop token that ended it not counted)
+    stop_reason: str = "stop"  # "stop": the model ended it; "length": max_new_tokens reached
     fallback: bool = False  # `policy` was predicted to cost more than a full prefill from the
     # cached page embeddings, which ran instead (every visual token recomputed)
 
@@ -265,4 +266,5 @@ def answer_question(
         fallback=result.fallback,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=len(result.token_ids),
+        stop_reason=result.stop_reason,
     )

@@ -141,6 +141,12 @@ class Finished:
 
     out: QueryOut
     usage: dict[str, int]
+    finish: str  # OpenAI's finish_reason: "stop" or "length"
+
+
+def finish_reason(answer: Answer) -> str:
+    """OpenAI's `finish_reason`: "length" when the answer reached its token limit."""
+    return "length" if answer.stop_reason == "length" else "stop"
 
 
 def _extras(out: QueryOut) -> dict[str, object]:
@@ -173,7 +179,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
             "model": body.model,
-            "choices": [{"index": 0, "finish_reason": "stop",
+            "choices": [{"index": 0, "finish_reason": finish_reason(answer),
                          "message": {"role": "assistant", "content": out.answer}}],
             "usage": usage(answer),
             **_extras(out),
@@ -192,7 +198,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
     def run() -> None:
         try:
             answer = runner.answer(question, on_token=on_token, cancel=gone)
-            done = Finished(to_query_out(answer), usage(answer))
+            done = Finished(to_query_out(answer), usage(answer), finish_reason(answer))
             loop.call_soon_threadsafe(pieces.put_nowait, done)
         except Exception as exc:  # an error event, never a silently cut stream
             failure = StreamFailure(getattr(exc, "message", None) or
@@ -217,7 +223,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
                 yield chunk({"role": "assistant"})
                 while (piece := await pieces.get()) is not None:
                     if isinstance(piece, Finished):
-                        yield chunk({}, "stop", _extras(piece.out))
+                        yield chunk({}, piece.finish, _extras(piece.out))
                         if body.include_usage:
                             yield _event(cid, body.model, [], {"usage": piece.usage})
                     elif isinstance(piece, StreamFailure):
