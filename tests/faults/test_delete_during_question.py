@@ -54,7 +54,7 @@ def test_delete_during_a_streamed_question_leaves_no_orphan_kv(
     if status == [200]:  # the stream started: it ends with a finish or an error, then DONE
         assert lines[-1] == "data: [DONE]"
         last = json.loads(lines[-2].removeprefix("data: "))
-        assert "error" in last or last["choices"][0]["finish_reason"] == "stop", last
+        assert "error" in last or last["choices"][0]["finish_reason"] in ("stop", "length"), last
     else:  # deleted before the stream started: a clean refusal
         assert status and status[0] in (404, 409), status
     assert _kv_entries(server.home) == []  # no orphan KV entries
