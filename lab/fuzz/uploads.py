@@ -154,17 +154,25 @@ class _ReaderPeak:
             time.sleep(0.05)
 
 
-def _reader_hwm(pid: str) -> int:
-    """VmHWM of reader `pid` in KiB (0: not a reader yet, or gone)."""
-    try:  # a child not yet exec'd still shares this process's memory
-        if b"reader_child" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return 0
+def hwm_kib(pid: int | str) -> int:
+    """VmHWM (peak RSS) of process `pid` in KiB (0 if it is gone)."""
+    try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def _reader_hwm(pid: str) -> int:
+    """VmHWM of reader `pid` in KiB (0: not a reader yet, or gone)."""
+    try:  # a child not yet exec'd still shares this process's memory
+        if b"reader_child" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return 0
+    except OSError:
+        return 0
+    return hwm_kib(pid)
 
 
 def _utf8(text: str) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from lab.fuzz.uploads import _sources, mutants, mutate
+from lab.fuzz.uploads import _sources, hwm_kib, mutants, mutate
 from tests.service.conftest import start_server, stop_server, wait_ready
 
 SERVER_ENV = {"CONDUIT_MODEL": "builtin:tiny-qwen2-vl", "CONDUIT_OCR": "false",
@@ -71,17 +71,6 @@ def reply_problem(r: httpx.Response, ok: tuple[int, ...] = (200,)) -> str | None
     return None
 
 
-def _hwm_kib(pid: int) -> int:
-    """VmHWM of process `pid` in KiB (0 if it is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 class _Service:
     """The embedded service under test: started, restarted after a crash, its peak kept."""
 
@@ -97,7 +86,7 @@ class _Service:
 
     def start(self) -> None:
         self.url, self.proc = start_server(self.home, self.env)
-        self.baselines.append(_hwm_kib(self.proc.pid))
+        self.baselines.append(hwm_kib(self.proc.pid))
         self.client = httpx.Client(base_url=self.url, timeout=600)
 
     def alive(self) -> bool:
@@ -112,7 +101,7 @@ class _Service:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.peaks.append(_hwm_kib(self.proc.pid))
+            self.peaks.append(hwm_kib(self.proc.pid))
         self.client.close()
         stop_server(self.proc)
 
@@ -191,7 +180,7 @@ def _settle(service: _Service, rows: list[dict[str, Any]], stuck_after: float) -
             continue
         row.update(ingest=doc["status"], pages=doc["pages_total"],
                    skipped=len(doc["skipped_pages"]), wait_s=round(time.monotonic() - t0, 2),
-                   api_hwm_kib=_hwm_kib(service.proc.pid))
+                   api_hwm_kib=hwm_kib(service.proc.pid))
         if doc["status"] == "failed":
             row["error"] = str(doc["error"])[:300]
     return stuck
