@@ -99,23 +99,30 @@ def _seeded(build: Callable[[], PreTrainedModel]) -> PreTrainedModel:
     return model.eval()
 
 
-def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
-    """Qwen2-VL: M-RoPE sections (2, 3, 3) over head_dim 16, vision depth 2, embed 32."""
-    tok = _qwen_tokenizer()
-    text = _text_config(tok, _vocab(tok))
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
-                               "mrope_section": [2, 3, 3]}
+def _qwen2_vl(tok: Any, text: dict[str, Any], mrope: list[int], rope_theta: float,
+              vision: dict[str, Any], max_page_tokens: int) -> tuple[PreTrainedModel, Any]:
+    """A seeded Qwen2-VL from a text config, its M-RoPE sections, a vision tower's sizes and
+    the most merged visual tokens (28-pixel cells) a page may have."""
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta,
+                               "mrope_section": mrope}
     cfg = Qwen2VLConfig(
         text_config=text,
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-                           initializer_range=0.1),
+        vision_config=dict(**vision, mlp_ratio=2, patch_size=14, spatial_merge_size=2,
+                           temporal_patch_size=2),
         **qwen_vision_ids(tok),
     )
     model = _seeded(lambda: Qwen2VLForConditionalGeneration(cfg))
-    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=64 * 28 * 28)
+    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28, max_pixels=max_page_tokens * 28 * 28)
     return model, ImageOnlyQwen2VLProcessor(image_processor=ip, tokenizer=tok,
                                             chat_template=tok.chat_template)
+
+
+def tiny_qwen2_vl() -> tuple[PreTrainedModel, Any]:
+    """Qwen2-VL: M-RoPE sections (2, 3, 3) over head_dim 16, vision depth 2, embed 32."""
+    tok = _qwen_tokenizer()
+    return _qwen2_vl(tok, _text_config(tok, _vocab(tok)), [2, 3, 3], 10000.0,
+                     dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2,
+                          initializer_range=0.1), max_page_tokens=64)
 
 
 SMALL_PAGE_TOKENS = 512  # merged visual tokens per page at most: an A4 page at 100 dpi is ~500
@@ -131,20 +138,9 @@ def small_qwen2_vl() -> tuple[PreTrainedModel, Any]:
                 num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
                 max_position_embeddings=32768, rms_norm_eps=1e-6, initializer_range=0.02,
                 **chatml_text_ids(tok))
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0,
-                               "mrope_section": [8, 12, 12]}
-    cfg = Qwen2VLConfig(
-        text_config=text,
-        vision_config=dict(depth=4, embed_dim=128, hidden_size=512, num_heads=4, mlp_ratio=2,
-                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
-                           initializer_range=0.02),
-        **qwen_vision_ids(tok),
-    )
-    model = _seeded(lambda: Qwen2VLForConditionalGeneration(cfg))
-    ip = Qwen2VLImageProcessorPil(min_pixels=4 * 28 * 28,
-                                  max_pixels=SMALL_PAGE_TOKENS * 28 * 28)
-    return model, ImageOnlyQwen2VLProcessor(image_processor=ip, tokenizer=tok,
-                                            chat_template=tok.chat_template)
+    return _qwen2_vl(tok, text, [8, 12, 12], 1_000_000.0,
+                     dict(depth=4, embed_dim=128, hidden_size=512, num_heads=4,
+                          initializer_range=0.02), max_page_tokens=SMALL_PAGE_TOKENS)
 
 
 def _qwen_tokenizer() -> Any:

@@ -13,7 +13,8 @@ get a dense additive mask they do not honour, or a wrong one.
 
 Public API:
   BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
-                             sdpa too (for A/B measurements and tests)
+                             sdpa too (for A/B measurements and tests); blocked_rows(on)
+                             sets it within a with-block
   causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
   LayerObserver = Callable[[int, q, keys, values], None]
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
@@ -31,7 +32,8 @@ Public API:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -49,6 +51,17 @@ from conduit_core.row_attention import (
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
 BLOCKED_ATTENTION = True
+
+
+@contextmanager
+def blocked_rows(on: bool) -> Iterator[None]:
+    """Within the block, `BLOCKED_ATTENTION` is `on` (A/B measurements and tests)."""
+    global BLOCKED_ATTENTION
+    saved, BLOCKED_ATTENTION = BLOCKED_ATTENTION, on
+    try:
+        yield
+    finally:
+        BLOCKED_ATTENTION = saved
 
 
 def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, object]]:

@@ -25,8 +25,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +52,6 @@ class _NoReuseRuntime(ReuseRuntime):
         assembly.stale = None
         return result
 
-
-@contextmanager
-def _blocked(on: bool) -> Iterator[None]:
-    saved = layer_forward.BLOCKED_ATTENTION
-    layer_forward.BLOCKED_ATTENTION = on
-    try:
-        yield
-    finally:
-        layer_forward.BLOCKED_ATTENTION = saved
 
 
 def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 256,
@@ -95,7 +85,7 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
                         work.prefix, fresh, work.question, max_new_tokens=1)
                 else:
                     blocked, reuse, loads = VARIANTS[name]
-                    with _blocked(blocked):
+                    with layer_forward.blocked_rows(blocked):
                         res = runtimes[reuse, loads].answer(request)
                     ratios[name] = (res.flops_ratio_lm, res.flops_ratio_total)
                 if rep >= warmup:

@@ -10,8 +10,6 @@ logits closer to a full prefill."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,15 +25,6 @@ LABELS = ["Page 1:\n", "Page 2 shows the table:\n"]
 QUESTION = "Which region had the highest sales in March?"
 FRACTIONS = (0.0, 0.3, 0.7)
 
-
-@contextmanager
-def _blocked(on: bool) -> Iterator[None]:
-    saved = layer_forward.BLOCKED_ATTENTION
-    layer_forward.BLOCKED_ATTENTION = on
-    try:
-        yield
-    finally:
-        layer_forward.BLOCKED_ATTENTION = saved
 
 
 def _subset(visual: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
@@ -61,7 +50,7 @@ def test_reuse_in_the_same_layout_gives_the_models_logits(name: str, blocked: bo
             asm = rt.assemble(PREFIX, inputs, QUESTION)
             assert torch.equal(asm.layout.token_ids, fresh.layout.token_ids)
             visual = _subset(asm.layout.visual_rows(), fraction, seed=int(fraction * 10))
-            with _blocked(blocked):
+            with layer_forward.blocked_rows(blocked):
                 if scored:
                     rt.scoring(asm)
                 hidden, computed = rt.refresh(asm, visual)
