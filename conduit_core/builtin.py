@@ -33,7 +33,7 @@ BUILTIN_MODELS = ("small-qwen2-vl", "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-ll
                   "tiny-internvl", "testbed-qwen2-vl")
 # visual tokens per page each builtin was built for (the loader's default cap)
 BUILTIN_PAGE_TOKENS = ({name: 16 for name in BUILTIN_MODELS}
-                       | {"small-qwen2-vl": 512, "testbed-qwen2-vl": 36})
+                       | {"small-qwen2-vl": 512, "testbed-qwen2-vl": 256})
 _MARKER = "conduit_builtin.json"
 _BUILD_VERSION = 3  # bump when a builder changes: old folders are rebuilt
 

@@ -9,7 +9,7 @@ training command and the conversion that produce them.
 
 Public API:
   NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
-  MAX_IMAGE_TOKENS = 36         visual tokens per page (6 x 6 cells of 28 px)
+  MAX_IMAGE_TOKENS = 256        visual tokens per page (16 x 16 cells of 28 px)
   testbed_config(tokenizer) -> Qwen2VLConfig
   build_testbed(weights=WEIGHTS, seed=0) -> (model, processor)
       random init (seeded) when `weights` is None, else the weights loaded from the file
@@ -30,7 +30,7 @@ from conduit_core.processors import ImageOnlyQwen2VLProcessor
 
 NAME = "testbed-qwen2-vl"
 WEIGHTS = Path(__file__).parent / "weights" / f"{NAME}.safetensors"
-MAX_IMAGE_TOKENS = 36
+MAX_IMAGE_TOKENS = 256
 
 
 def testbed_config(tok: Any) -> Qwen2VLConfig:

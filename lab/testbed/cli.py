@@ -14,14 +14,18 @@ def add_testbed_commands(sub: Any) -> None:
     tb = sub.add_parser("testbed", help="the trained testbed VLM: train it, generate its task")
     tsub = tb.add_subparsers()
 
-    tr = tsub.add_parser("train", help="train the testbed Qwen2-VL from scratch (resumable)")
+    tr = tsub.add_parser("train", help="train the testbed Qwen2-VL (resumable)")
     tr.add_argument("--out", type=Path, default=Path("testbed-run"),
                     help="run folder: checkpoints, history.jsonl, model.safetensors")
     tr.add_argument("--steps", type=int, default=4000, help="learning-rate schedule length")
     tr.add_argument("--stop-at", type=int, default=None,
                     help="stop at this step of the schedule (checkpoint and weights written)")
+    tr.add_argument("--init", type=Path, default=None,
+                    help="curriculum: start from these weights (checkpoint or weights file); "
+                    "its vision tower is kept frozen")
     tr.add_argument("--batch-size", type=int, default=16)
     tr.add_argument("--lr", type=float, default=2e-3)
+    tr.add_argument("--warmup", type=int, default=200)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     tr.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
@@ -75,8 +79,8 @@ def _demo(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from lab.testbed.train import TrainConfig, train
 
-    cfg = TrainConfig(out=args.out, steps=args.steps, stop_at=args.stop_at,
-                      batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+    cfg = TrainConfig(out=args.out, init=args.init, steps=args.steps, stop_at=args.stop_at,
+                      batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
                       device=args.device, threads=args.threads,
                       eval_every=args.eval_every, ckpt_every=args.eval_every,
                       glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer)

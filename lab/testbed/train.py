@@ -61,7 +61,8 @@ from lab.testbed.batches import (
     make_batch,
 )
 from lab.testbed.curve import plot_history
-from lab.testbed.task import FAMILIES
+from lab.testbed.tap import Tap
+from lab.testbed.task import FAMILIES, PAGE, Shape
 
 
 @dataclass
@@ -69,6 +70,9 @@ class TrainConfig:
     """Training knobs; the defaults are the recipe of the run in lab/testbed/results/."""
 
     out: Path = Path("testbed-run")
+    init: Path | None = None  # curriculum: start from these weights (a checkpoint or file)
+    shape: Shape = PAGE  # page grid, pages per document, pages shown per question
+    freeze_vision: bool = True  # with `init`: keep its vision tower (glyph features) as is
     steps: int = 4000  # length of the learning-rate schedule
     stop_at: int | None = None  # if set: stop (checkpoint and weights written) at this step
     batch_size: int = 16
@@ -100,11 +104,11 @@ def _lr(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The answer loss and the weighted auxiliary losses."""
+def _losses(model: Any, batch: Batch, cfg: TrainConfig, tap: Tap | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answer loss and the weighted auxiliary losses (`tap`: the attention targets)."""
     head, norm = model.lm_head, model.model.language_model.norm
-    attentions: list[torch.Tensor] | None = [] if cfg.look_weight else None
-    hidden, layers = batch_hidden(model, batch, True, attentions)  # (B, N, hidden), per layer
+    hidden, layers = batch_hidden(model, batch, True)  # (B, N, hidden), per layer
     assert layers is not None
 
     def named_after(layer: int, t: torch.Tensor) -> torch.Tensor:
@@ -117,12 +121,11 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, t
     if cfg.hold_weight and len(batch.held):
         hold_loss = named_after(cfg.hold_layer, batch.held)
     look_loss = torch.zeros(())
-    if attentions:
-        q, r = batch.look_q, batch.look_p
-        probs = [attentions[cfg.look_q_layer][q[:, 0], 0, q[:, 1], q[:, 2]]]  # (L,)
-        if len(r):
-            probs.append(attentions[cfg.look_p_layer][r[:, 0], 0, r[:, 1], r[:, 2]])  # (R,)
-        look_loss = -torch.log(torch.cat(probs).float().clamp_min(1e-6)).mean()
+    if tap is not None:
+        logs = [tap.log_probs(cfg.look_q_layer, batch.look_q)]  # (L,)
+        if len(batch.look_p):
+            logs.append(tap.log_probs(cfg.look_p_layer, batch.look_p))  # (R,)
+        look_loss = -torch.cat(logs).clamp_min(math.log(1e-6)).mean()
     ans, aux, ask = torch.cat([batch.answer, batch.follow]), batch.aux, batch.ask
     ans_loss = F.cross_entropy(head(hidden[ans[:, 0], ans[:, 1]]), ans[:, 2])
     aux_loss = F.cross_entropy(head(hidden[aux[:, 0], aux[:, 1]]), aux[:, 2])
@@ -137,7 +140,8 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig) -> tuple[torch.Tensor, t
 @torch.no_grad()
 def heldout_accuracy(model: Any, layouts: Layouts, patches: GlyphPatches,
                      samples: list[Sample], batch_size: int = 32) -> dict[str, float]:
-    """Exact match of the greedy answer digit, overall and per family."""
+    """Exact match of the greedy answer (every answer token right under teacher forcing,
+    which for greedy decoding is the same), overall and per family."""
     was_training = model.training
     model.eval()
     hits: dict[str, list[bool]] = {f: [] for f in FAMILIES}
@@ -145,10 +149,12 @@ def heldout_accuracy(model: Any, layouts: Layouts, patches: GlyphPatches,
         chunk = samples[i:i + batch_size]
         batch = _to(make_batch(chunk, layouts, patches), str(layouts.adapter.device))
         hidden, _ = batch_hidden(model, batch)  # (B, N, hidden)
-        rows = batch.answer[0::2]  # the answer digit's logit row of each sample
-        pred = model.lm_head(hidden[rows[:, 0], rows[:, 1]]).argmax(-1)  # (B,)
-        for s, ok in zip(chunk, (pred == rows[:, 2]).tolist(), strict=True):
-            hits[s.record.family].append(bool(ok))
+        rows = batch.answer[~batch.answer_end]  # the answer tokens' logit rows
+        pred = model.lm_head(hidden[rows[:, 0], rows[:, 1]]).argmax(-1)  # (T,)
+        wrong = torch.zeros(len(chunk), dtype=torch.long).index_add_(
+            0, rows[:, 0].cpu(), (pred != rows[:, 2]).long().cpu())  # (B,)
+        for s, bad in zip(chunk, wrong.tolist(), strict=True):
+            hits[s.question.family].append(bad == 0)
     model.train(was_training)
     out = {f: sum(h) / len(h) for f, h in hits.items() if h}
     out["all"] = sum(sum(h) for h in hits.values()) / sum(len(h) for h in hits.values())
@@ -222,19 +228,24 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
         torch.set_num_threads(cfg.threads)
     cfg.out.mkdir(parents=True, exist_ok=True)
     model, processor = build_testbed(weights=None, seed=cfg.seed)
-    if cfg.look_weight:  # attention probabilities are returned by the eager kernel only
-        model.set_attn_implementation("eager")
+    if cfg.init is not None:
+        model.load_state_dict(model_tensors(cfg.init), strict=False)
+        model.tie_weights()
+        model.model.visual.requires_grad_(not cfg.freeze_vision)
     model = model.to(cfg.device).train()  # type: ignore[arg-type]
     adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
+    tap = Tap({cfg.look_q_layer, cfg.look_p_layer}) if cfg.look_weight else None
+    if tap is not None:  # after the adapter: the runtime itself runs sdpa or eager only
+        tap.install(model)
     patches = GlyphPatches(processor)
-    layouts = Layouts(adapter)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01,
-                            betas=(0.9, 0.98))
+    layouts = Layouts(adapter, cfg.shape)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=0.01, betas=(0.9, 0.98))
     step = 0
     if resume and (cfg.out / "checkpoint.safetensors").is_file():
         step = _load_checkpoint(cfg.out, model, opt)
     held_rng = random.Random(f"heldout:{cfg.seed}")
-    heldout = [draw_sample(held_rng) for _ in range(cfg.heldout)]
+    heldout = [draw_sample(held_rng, cfg.shape) for _ in range(cfg.heldout)]
     history = (cfg.out / "history.jsonl").open("a")
     last: dict[str, float] = {}
     bar = tqdm(total=cfg.steps, initial=step, desc="testbed", dynamic_ncols=True)
@@ -242,12 +253,13 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     end = min(cfg.steps, cfg.stop_at or cfg.steps)
     while step < end:
         rng = random.Random(f"{cfg.seed}:{step}")
-        batch = make_batch([draw_sample(rng, cfg.follow_ups) for _ in range(cfg.batch_size)],
-                           layouts, patches)
+        shown = rng.randint(*cfg.shape.shown)  # one page count per step: no padding
+        batch = make_batch([draw_sample(rng, cfg.shape, cfg.follow_ups, shown)
+                            for _ in range(cfg.batch_size)], layouts, patches)
         batch = _to(batch, cfg.device)
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step)
-        ans_loss, aux_loss = _losses(model, batch, cfg)
+        ans_loss, aux_loss = _losses(model, batch, cfg, tap)
         loss = ans_loss + aux_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -276,6 +288,6 @@ def _to(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
     for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "glyphs", "answer",
-                 "follow", "ask", "look_q", "look_p", "held"):
+                 "answer_end", "follow", "ask", "look_q", "look_p", "held"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch
