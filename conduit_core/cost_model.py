@@ -132,8 +132,8 @@ class RowCosts:
         probabilities and the value norms at the scored layers."""
         n_layers = len(self.adapter.layers)
         scored_layers = len(range(n_layers)[config.layer_slice(n_layers)])
-        window = config.window_rows(int(layout.question_rows().numel()))
-        extras = self.flops.scoring(window.stop - window.start, layout.n, scored_layers)
+        scored = config.scored_rows(int(layout.question_rows().numel()), layout.prompt)
+        extras = self.flops.scoring(int(scored.numel()), layout.n, scored_layers)
         return self.refresh(layout, text_rows, last_only) + extras
 
     def bound(self, layout: Layout, rows: torch.Tensor, last_only: bool,

@@ -6,7 +6,7 @@ the concatenation. Positions come from the family's own rule over the whole layo
 
 Public API:
   Segment(start, length, page)          a page segment's span in the layout
-  Layout(token_ids, position_ids, segments, question_start, head=0)
+  Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0)
     .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask()
   build_layout(adapter, prefix, labels, segments, image_grids, question) -> Layout
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
@@ -44,6 +44,7 @@ class Layout:
     segments: list[Segment]
     question_start: int  # first index of the tail (question + generation prompt)
     head: int = 0  # tokens of the head (template opening + prefix): rows [0, head)
+    prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
 
     @property
     def n(self) -> int:
@@ -97,7 +98,7 @@ def build_layout(
     ids = torch.cat(pieces)  # (N,)
     pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
     return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
-                  head=int(pieces[0].shape[0]))
+                  head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")))
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

@@ -271,7 +271,8 @@ class ReuseRuntime:
         config = config or ScoreConfig()
         text, question = assembly.fresh_text_rows(), layout.question_rows()
         result = stale_pass(self.adapter, assembly.cache, assembly.embeds, layout.position_ids,
-                            text, question, layout.n, config, last_only=assembly.last_only)
+                            text, question, layout.n, config, last_only=assembly.last_only,
+                            n_prompt=layout.prompt)
         assembly.stale, assembly.stale_writes = result, assembly.cache.writes
         return result, self.costs.scoring(layout, text, config, assembly.last_only)
 

@@ -7,7 +7,9 @@ Public API:
   budget_tokens(budget, n) -> int                 round(budget * n) clamped to [0, n]
   topk_positions(scores, k) -> (k,)               highest scores, ties to the lower position
   page_totals(scores, page_of, n_pages) -> (M,)   R_m = sum of scores on page m
-  page_amplification(scores, page_of, n_pages, gamma) -> (M,)   c_m = (R_m / mean R)^gamma
+  page_amplification(scores, page_of, n_pages, gamma, relevance="sum") -> (M,)
+                                    c_m = (R_m / mean R)^gamma
+  mass_k(scores, mass, k_max) -> int   fewest top tokens holding `mass` of the score mass
   quota_split(sizes, k, weights=None) -> (M,)     k split over pages (largest remainder)
   per_page_topk(scores, page_of, quotas) -> positions   top quotas[m] of each page
   first_per_page(page_of, counts) -> positions    the first counts[m] tokens of each page
@@ -36,6 +38,19 @@ def topk_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order[:k].sort().values
 
 
+def mass_k(scores: torch.Tensor, mass: float, k_max: int) -> int:
+    """The fewest highest-scoring tokens whose scores (N,), non-negative, sum to at least
+    `mass` of the total, at most `k_max` (and `k_max` when every score is 0)."""
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass must be in (0, 1], got {mass}")
+    total = float(scores.sum())
+    if total <= 0 or k_max <= 0:
+        return max(0, k_max)
+    top = torch.sort(scores.float(), descending=True).values[:k_max]  # (k_max,)
+    reached = torch.nonzero(top.cumsum(0) >= mass * total)  # (r, 1)
+    return int(reached[0, 0]) + 1 if reached.numel() else min(k_max, int(scores.numel()))
+
+
 def page_totals(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> torch.Tensor:
     """R_m = sum of `scores` (N_v,) over page m: (M,) float32."""
     totals = torch.zeros(n_pages, dtype=torch.float32, device=scores.device)
@@ -43,15 +58,22 @@ def page_totals(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> to
 
 
 def page_amplification(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int,
-                       gamma: float) -> torch.Tensor:
-    """Image-level amplification c_m = (R_m / mean_m R_m)^gamma, (M,) float32.
+                       gamma: float, relevance: str = "sum") -> torch.Tensor:
+    """Image-level amplification c_m = (R_m / mean_m R_m)^gamma, (M,) float32, with R_m the
+    sum of page m's scores (`relevance` "sum", the paper's) or their mean ("mean": a large
+    page is not amplified for its size).
 
     c = 1 for every page when there is one page, when gamma == 0, or when all R_m are 0.
     """
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if relevance not in ("sum", "mean"):
+        raise ValueError(f"relevance must be 'sum' or 'mean', got {relevance!r}")
     ones = torch.ones(n_pages, dtype=torch.float32, device=scores.device)
     totals = page_totals(scores, page_of, n_pages)  # (M,)
+    if relevance == "mean":
+        sizes = torch.bincount(page_of.to(scores.device), minlength=n_pages)  # (M,)
+        totals = totals / sizes.clamp_min(1)
     mean = totals.mean() if n_pages else torch.tensor(0.0)
     if n_pages <= 1 or gamma == 0 or float(mean) <= 0:
         return ones

@@ -64,9 +64,11 @@ def stale_pass(
     config: ScoreConfig | None = None,
     keep_probs: bool = False,
     last_only: bool = False,
+    n_prompt: int = 0,
 ) -> StaleScores:
     """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
-    the attention of `question_rows` (a subset of text_rows) layer by layer."""
+    the attention of `question_rows` (a subset of text_rows, the last `n_prompt` of them the
+    generation prompt) layer by layer."""
     config = config or ScoreConfig()
     device = adapter.device
     text_rows = text_rows.to(device)
@@ -74,8 +76,9 @@ def stale_pass(
     heads = adapter.text_config.num_attention_heads
     kv_heads = cache.keys.shape[2]
     rep = heads // kv_heads
-    acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device)
-    scored_rows = question_rows[acc.rows]  # (Q',)
+    acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device,
+                           n_prompt)
+    scored_rows = question_rows[acc.rows.to(device)]  # (Q',)
     pick = torch.searchsorted(text_rows, scored_rows)  # (Q',) places inside text_rows
     n_q = scored_rows.numel()
     chunk = max(1, SCORE_CHUNK_ELEMENTS // (heads * n_keys))

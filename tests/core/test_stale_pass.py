@@ -33,7 +33,7 @@ def _scoring(rt: ReuseRuntime, asm: Assembly, config: ScoreConfig,
                             chunk * heads * layout.n)
     return stale_pass(rt.adapter, asm.cache, asm.embeds, layout.position_ids,
                       layout.text_rows(), layout.question_rows(), layout.n, config,
-                      keep_probs=keep_probs)
+                      keep_probs=keep_probs, n_prompt=layout.prompt)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -74,7 +74,9 @@ def test_scores_match_the_models_own_attention_and_values(name: str,
 
 CONFIGS = [ScoreConfig(), ScoreConfig(layers=(1, 2)), ScoreConfig(layers=(-1, None)),  # type: ignore[arg-type]
            ScoreConfig(query_window=3), ScoreConfig(head_agg="max"),
-           ScoreConfig(layers=(0, 1), query_window=1, head_agg="max")]
+           ScoreConfig(layers=(0, 1), query_window=1, head_agg="max"),
+           ScoreConfig(value_norm="layer"), ScoreConfig(query_rows="question"),
+           ScoreConfig(query_rows="question", query_window=2, value_norm="layer")]
 
 
 def test_layer_by_layer_reduction_equals_the_all_layers_reference(
@@ -89,15 +91,18 @@ def test_layer_by_layer_reduction_equals_the_all_layers_reference(
     probs = full.probs  # (L, H, Q, N)
     assert probs is not None
     norms = asm.cache.values[:, 0, :, :asm.layout.n].float().norm(dim=-1)  # (L, G, N)
-    default = token_scores(probs, norms, ScoreConfig())
+    n_prompt = asm.layout.prompt
+    assert n_prompt == len(rt.adapter.tail_ids("")) > 0  # the generation prompt's rows
+    default = token_scores(probs, norms, ScoreConfig(), n_prompt=n_prompt)
     for config in CONFIGS:
         for chunk in (None, 2):
             got = _scoring(rt, rt.assemble("New prefix.", inputs, QUESTION), config,
                            chunk=chunk, monkeypatch=monkeypatch)
-            want = token_scores(probs, norms, config)
+            want = token_scores(probs, norms, config, n_prompt=n_prompt)
             torch.testing.assert_close(got.weighted, want, atol=1e-7, rtol=1e-5)
             torch.testing.assert_close(got.attention,
-                                       token_scores(probs, norms, config, value_norm=False),
+                                       token_scores(probs, norms, config, value_norm=False,
+                                                    n_prompt=n_prompt),
                                        atol=1e-7, rtol=1e-5)
             if config != ScoreConfig():  # each knob has its own effect
                 assert not torch.allclose(want, default, atol=1e-7, rtol=1e-4), config

@@ -135,3 +135,22 @@ def test_answer_reports_its_budget(cached: CachedPages) -> None:
         policy="conduit", budget=0.1, max_new_tokens=3))
     assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
     assert 0.0 < result.flops_ratio_total < result.flops_ratio_lm
+
+
+def test_budget_per_question_stops_at_the_score_mass(cached: CachedPages) -> None:
+    """With `mass`, CONDUIT refreshes the fewest top tokens holding that share of the
+    amplified score mass, never more than the budget's k (the cap)."""
+    asm = cached.runtime.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    fixed = ConduitPolicy().explain(context(cached, asm, 0.5))
+    total = float(fixed.scores.sum())
+    for mass in (0.2, 0.5):
+        rows = ConduitPolicy(ConduitConfig(mass=mass)).explain(context(cached, asm, 0.5)).rows
+        assert 0 < rows.numel() <= fixed.rows.numel()
+        held = torch.sort(fixed.scores, descending=True).values[:rows.numel()]
+        assert float(held.sum()) >= mass * total - 1e-6
+        assert float(held[:-1].sum()) < mass * total  # one fewer would not do
+        assert set(rows.tolist()) <= set(fixed.rows.tolist())  # the top of the same ranking
+    capped = ConduitPolicy(ConduitConfig(mass=1.0)).explain(context(cached, asm, 0.1)).rows
+    assert torch.equal(capped, ConduitPolicy().explain(context(cached, asm, 0.1)).rows)
+    with pytest.raises(ValueError, match="mass"):
+        ConduitConfig(mass=1.5)
