@@ -46,7 +46,7 @@ def add_testbed_commands(sub: Any) -> None:
 
     gen = tsub.add_parser("generate", help="write PDFs and questions.jsonl of the testbed task")
     gen.add_argument("--out", type=Path, required=True)
-    gen.add_argument("--n", type=int, required=True, help="questions (4 per document)")
+    gen.add_argument("--n", type=int, required=True, help="questions (5 per document)")
     gen.add_argument("--seed", type=int, default=1)
     gen.set_defaults(func=_generate)
 
@@ -57,13 +57,16 @@ def add_testbed_commands(sub: Any) -> None:
     pr.add_argument("--seed", type=int, default=7)
     pr.add_argument("--policies", default="full_reuse,conduit,random")
     pr.add_argument("--budgets", default="0.1")
+    pr.add_argument("--pages", choices=["gold", "distractors"], default="gold",
+                    help="the question's evidence pages, or them plus distractor pages of the "
+                    "same document (6 pages in all, in document order)")
     pr.set_defaults(func=_probe)
 
     demo = sub.add_parser("demo", help="the whole product on the trained testbed model: upload, "
                           "ask each task family with CONDUIT and full reuse, compare")
     demo.add_argument("--url", default="http://127.0.0.1:8000",
                       help="a running service on builtin:testbed-qwen2-vl (else one is started)")
-    demo.add_argument("--docs", type=int, default=2, help="generated PDFs (4 questions each)")
+    demo.add_argument("--docs", type=int, default=2, help="generated PDFs (5 questions each)")
     demo.add_argument("--seed", type=int, default=5)
     demo.add_argument("--budget", type=float, default=0.1)
     demo.set_defaults(func=_demo)
@@ -128,7 +131,8 @@ def _probe(args: argparse.Namespace) -> int:
     vlm = load_checkpoint_vlm(weights)
     rows = probe(vlm, n=args.n, seed=args.seed,
                  policies=tuple(p for p in args.policies.split(",") if p),
-                 budgets=tuple(float(b) for b in args.budgets.split(",") if b))
+                 budgets=tuple(float(b) for b in args.budgets.split(",") if b),
+                 pages=args.pages)
     for row in rows:
         print(json.dumps(row))
     return 0

@@ -2,16 +2,21 @@
 
 The fast loop used while training (`conduit-lab testbed probe`): pages are drawn as images (the
 same pixels the ingest path renders), prefilled once under the canonical page context by the
-runtime, and every question is answered by full prefill and by each policy over the gold
-pages, with the service's answer prefix and page labels. It also reports, per policy, how often
-the refreshed set contained the asked record's result cell (the token whose stale KV lacks the
-cross-page value), which shows *why* a policy wins or loses.
+runtime, and every question is answered by full prefill and by each policy, with the service's
+answer prefix and page labels, over its evidence pages (`pages="gold"`) or over them plus
+distractor pages of the same document, `SHOWN` in all (`"distractors"`), in document order.
+It also reports, per policy, how often the refreshed set contained the asked records' result
+cells (the tokens whose stale KV lacks the cross-page value; a pair question counts when both
+are refreshed), which shows *why* a policy wins or loses, and the mean language-model FLOPs
+against a full prefill of the same layout.
 
 Public API:
+  PAGE_MODES = ("gold", "distractors");  SHOWN = 6
   load_checkpoint_vlm(path) -> LoadedVLM      a training checkpoint or a weights file
-  probe(vlm, n, seed, policies, budgets) -> list[dict]   rows per (family, policy, budget)
-  gold_samples(n, seed) -> Iterator[Sample]   the probe's samples, over their evidence pages
+  probe(vlm, n, seed, policies, budgets, pages) -> list[dict]   rows per (family, policy, budget)
+  probe_samples(n, seed, pages) -> Iterator[Sample]   the probe's samples over the shown pages
   refreshed_cells(runtime, assembly, sample, policy, budget, seed) -> [(page, cell) | None]
+  key_cells(sample) -> [(page, cell)]          the asked records' key (= result) cells
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from conduit_core.page_kv import ModelFingerprint
 from conduit_core.policies import get_policy
 from conduit_core.runtime import Assembly, ReuseRuntime
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
-from lab.testbed.batches import Sample, draw_sample, page_image
-from lab.testbed.task import COLS
+from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages
 from lab.testbed.train import model_tensors
 from worker.answer_job import ANSWER_PREFIX, page_label
+
+PAGE_MODES = ("gold", "distractors")
+SHOWN = 6  # pages shown with distractors (evidence included), as `testbed generate` writes
+MAX_NEW_TOKENS = 4  # a pair's answer is three tokens ("5 7"), then the end of the turn
 
 
 def load_checkpoint_vlm(path: Path) -> LoadedVLM:
@@ -50,12 +58,24 @@ def load_checkpoint_vlm(path: Path) -> LoadedVLM:
                      dtype=torch.float32)
 
 
-def gold_samples(n: int, seed: int = 7) -> Iterator[Sample]:
-    """The probe's `n` samples for `seed`, each over its question's evidence pages only."""
+def probe_samples(n: int, seed: int = 7, pages: str = "gold") -> Iterator[Sample]:
+    """The probe's `n` samples for `seed`: the same documents and questions in either mode,
+    each over its question's evidence pages (`"gold"`) or over them plus distractors drawn
+    per sample, `SHOWN` pages in all or every page (`"distractors"`), in document order."""
+    if pages not in PAGE_MODES:
+        raise ValueError(f"pages must be one of {PAGE_MODES}, got {pages!r}")
     rng = random.Random(f"probe:{seed}")
-    for _ in range(n):
+    for i in range(n):
         s = draw_sample(rng)
-        yield Sample(s.doc, s.record, [p - 1 for p in s.record.evidence_pages], s.doc_name)
+        needed = {p - 1 for p in s.question.evidence_pages}
+        shown = sorted(needed) if pages == "gold" else shown_pages(
+            s.doc, needed, SHOWN, random.Random(f"probe:{seed}:{i}:shown"))
+        yield Sample(s.doc, s.question, shown, s.doc_name)
+
+
+def key_cells(s: Sample) -> list[tuple[int, int]]:
+    """The (page, cell) of each asked record's key cell: the result cell a question reads."""
+    return [(r.page, r.cell) for r in s.question.records]
 
 
 def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy: str,
@@ -64,7 +84,7 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
     token that is no glyph cell (a page's delimiters)."""
     cells: dict[int, tuple[int, int]] = {}  # sequence index -> (page, cell)
     for seg, page in zip(assembly.layout.segments, s.pages, strict=True):
-        for cell in range(len(s.doc.pages[page]) * COLS):
+        for cell in range(s.doc.shape.cells):
             cells[seg.start + 1 + cell] = (page, cell)
     chosen = get_policy(policy)(runtime.policy_context(assembly, budget, seed)).tolist()
     return [cells.get(i) for i in chosen]
@@ -72,39 +92,46 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
 
 def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
-          budgets: tuple[float, ...] = (0.1,)) -> list[dict[str, object]]:
-    """Exact match per family for full prefill and each policy x budget (gold pages)."""
+          budgets: tuple[float, ...] = (0.1,), pages: str = "gold") -> list[dict[str, object]]:
+    """Exact match per family for full prefill and each policy x budget, over the pages of
+    `probe_samples(n, seed, pages)`; with the share of questions whose asked key cells were
+    all refreshed and the mean LM FLOPs ratio to a full prefill."""
     runtime = ReuseRuntime(vlm, never_above_full=False)  # each policy's own choice
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     covered: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
-    for s in gold_samples(n, seed):
+    flops: dict[tuple[str, str, float], list[float]] = defaultdict(list)
+    for s in probe_samples(n, seed, pages):
         images = [page_image(s.doc.pages[p]) for p in s.pages]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
-        fam, want = s.record.family, s.record.answer
+        fam, want = s.question.family, s.question.answer
         full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
-                                           s.question, max_new_tokens=2)
+                                           s.text, max_new_tokens=MAX_NEW_TOKENS)
         hits[(fam, "full_prefill", 1.0)].append(full.text.strip() == want)
-        pages = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
+        flops[(fam, "full_prefill", 1.0)].append(full.flops_ratio_lm)
+        inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
         for policy in policies:
             for budget in budgets:
-                req = AnswerRequest(prefix=ANSWER_PREFIX, pages=pages, question=s.question,
-                                    policy=policy, budget=budget, max_new_tokens=2, seed=0)
+                req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
+                                    policy=policy, budget=budget, max_new_tokens=MAX_NEW_TOKENS,
+                                    seed=0)
                 res = runtime.answer(req)
                 hits[(fam, policy, budget)].append(res.text.strip() == want)
-                covered[(fam, policy, budget)].append(
-                    _covers(runtime, req, s))
+                flops[(fam, policy, budget)].append(res.flops_ratio_lm)
+                covered[(fam, policy, budget)].append(_covers(runtime, req, s))
     rows = []
-    for (fam, policy, budget), h in sorted(hits.items()):
-        cov = covered.get((fam, policy, budget))
-        rows.append({"family": fam, "policy": policy, "budget": budget, "n": len(h),
-                     "accuracy": sum(h) / len(h),
-                     "result_cell_refreshed": sum(cov) / len(cov) if cov else None})
+    for key, h in sorted(hits.items()):
+        fam, policy, budget = key
+        cov = covered.get(key)
+        rows.append({"family": fam, "policy": policy, "budget": budget, "pages": pages,
+                     "n": len(h), "accuracy": sum(h) / len(h),
+                     "result_cell_refreshed": sum(cov) / len(cov) if cov else None,
+                     "flops_ratio_lm": sum(flops[key]) / len(flops[key])})
     return rows
 
 
 def _covers(runtime: ReuseRuntime, req: AnswerRequest, s: Sample) -> bool:
-    """Whether the policy's refreshed set holds the asked record's result cell."""
+    """Whether the policy's refreshed set holds every asked record's result cell."""
     assembly = runtime.assemble(req.prefix, req.pages, req.question)
-    return (s.record.page, s.record.cell) in refreshed_cells(runtime, assembly, s, req.policy,
-                                                            req.budget, req.seed)
+    chosen = set(refreshed_cells(runtime, assembly, s, req.policy, req.budget, req.seed))
+    return all(cell in chosen for cell in key_cells(s))

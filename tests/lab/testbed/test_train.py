@@ -1,4 +1,5 @@
-"""Training the testbed: seeded, resumable to the same weights, safetensors only."""
+"""Training the testbed: seeded, resumable to the same weights, safetensors only; a run started
+from weights keeps their vision tower."""
 
 import json
 
@@ -7,12 +8,15 @@ from safetensors.torch import load_file
 
 from conduit_core.testbed_model import build_testbed
 from lab.testbed.probe import load_checkpoint_vlm
-from lab.testbed.train import TrainConfig, export_weights, model_tensors, train
+from lab.testbed.task import FAMILIES, Shape
+from lab.testbed.train import TrainConfig, export_weights, model_tensors, save_weights, train
+
+SMALL = Shape(cols=16, rows=8, pages=(6, 6), shown=(4, 4))  # 128 cells a page: fast steps
 
 
-def _cfg(out, steps):
-    return TrainConfig(out=out, steps=steps, batch_size=2, warmup=2, eval_every=2,
-                       ckpt_every=2, heldout=4, threads=1)
+def _cfg(out, steps, **kw):
+    return TrainConfig(out=out, shape=SMALL, steps=steps, batch_size=2, warmup=2, eval_every=2,
+                       ckpt_every=2, heldout=4, follow_ups=1, threads=1, **kw)
 
 
 def test_a_resumed_run_ends_where_a_straight_run_ends(tmp_path):
@@ -21,7 +25,7 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(tmp_path):
     train(_cfg(resumed, 2))
     assert json.loads((resumed / "state.json").read_text())["step"] == 2
     last = train(_cfg(resumed, 3), resume=True)
-    assert "all" in last and set(last) <= {"reference", "split", "legend", "lookup", "all"}
+    assert "all" in last and set(last) <= {*FAMILIES, "all"}
     a = load_file(str(straight / "model.safetensors"))
     b = load_file(str(resumed / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -53,11 +57,25 @@ def test_export_writes_float16_weights_the_builtin_loads(tmp_path):
     assert torch.equal(state["lm_head.weight"], state["model.language_model.embed_tokens.weight"])
 
 
+def test_a_run_from_weights_keeps_their_vision_tower(tmp_path):
+    start = tmp_path / "start.safetensors"
+    model, _ = build_testbed(weights=None, seed=5)  # not the run's own seed-0 init
+    save_weights(model, start)
+    train(_cfg(tmp_path / "run", 1, init=start))
+    before, after = load_file(str(start)), load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    vision = [k for k in before if k.startswith("model.visual.")]
+    rest = [k for k in before if not k.startswith("model.visual.")]
+    assert vision and rest
+    assert all(torch.equal(before[k], after[k]) for k in vision)  # frozen
+    assert all(not torch.equal(before[k], after[k]) for k in rest)  # one AdamW step moved them
+    ckpt = load_file(str(tmp_path / "run" / "checkpoint.safetensors"))
+    assert not any(k.startswith("opt.model.visual.") for k in ckpt)  # no optimizer state
+
+
 def test_glyph_naming_adds_a_loss_after_the_chosen_layer(tmp_path):
-    plain = train(TrainConfig(out=tmp_path / "a", steps=1, batch_size=2, heldout=4, threads=1,
-                              glyph_layer=None))
-    named = train(TrainConfig(out=tmp_path / "b", steps=1, batch_size=2, heldout=4, threads=1,
-                              glyph_layer=1))
+    plain = train(_cfg(tmp_path / "a", 1, glyph_layer=None))
+    named = train(_cfg(tmp_path / "b", 1, glyph_layer=1))
     assert set(plain) == set(named)
     loss = [json.loads((tmp_path / d / "history.jsonl").read_text())["aux_loss"]
             for d in ("a", "b")]
