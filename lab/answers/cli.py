@@ -16,7 +16,8 @@ def add_answers_command(ev: Any) -> None:
     ans = ev.add_parser(
         "answers", help="answer accuracy (MMLongBench-Doc scoring) of policies x budgets",
         description="Ingest the PDFs once into a throwaway home, answer every question with "
-        "full prefill and with every policy x budget over the same pages, score the answers "
+        "full prefill (from the page images, and from the cached page embeddings) and with "
+        "every policy x budget over the same pages, score the answers "
         "and write OUT (JSON), OUT.md and OUT.png. A rerun with the same --out resumes.")
     ans.add_argument("--pdfs", type=Path, required=True, help="folder of the PDFs")
     ans.add_argument("--questions", type=Path, required=True, nargs="+",
@@ -28,10 +29,13 @@ def add_answers_command(ev: Any) -> None:
                      help="default: CONDUIT_DTYPE")
     ans.add_argument("--policies", default="all", help="comma-separated registry names or all")
     ans.add_argument("--budgets", type=floats, default=[0.05, 0.1, 0.2])
-    ans.add_argument("--pages", choices=["gold", "retrieved"], default="gold")
+    ans.add_argument("--pages", choices=["gold", "retrieved", "shown"], default="gold",
+                     help="gold: the evidence pages; retrieved: the service's top-k within "
+                     "the document; shown: each question's shown_pages (evidence plus "
+                     "distractor pages)")
     ans.add_argument("--top-k", type=int, default=None, help="default: CONDUIT_TOP_K")
     ans.add_argument("--max-pages", type=int, default=8,
-                     help="cap on gold pages per question (the first ones are kept)")
+                     help="cap on gold or shown pages per question (the first ones are kept)")
     ans.add_argument("--limit", type=int, default=None, help="first N questions only")
     ans.add_argument("--docs", type=int, default=None,
                      help="only the questions of the first N documents (in question order): "
@@ -80,6 +84,13 @@ def _eval_answers(args: argparse.Namespace) -> int:
         if r["group"] == "all":
             print(f"{r['policy']:18s} {r['budget']:.2f}  n={r['n']:4d}  acc={r['accuracy']:.3f}"
                   f"  agree={r['agreement_with_full']:.3f}  flops_lm={r['flops_ratio_lm']:.3f}"
-                  f"  ttft={r['ttft_ms_median']:.1f}ms")
+                  f"  ttft={r['ttft_ms_median']:.1f}ms"
+                  f"  vs_full={_times(r['ttft_speedup_vs_full'])}"
+                  f"  vs_cached={_times(r['ttft_speedup_vs_cached'])}")
     print(f"wrote {args.out}, {args.out.with_suffix('.md')}, {args.out.with_suffix('.png')}")
     return 0
+
+
+def _times(speedup: float | None) -> str:
+    """A TTFT speed-up for the console ('-' where there is none)."""
+    return "-" if speedup is None else f"{speedup:.2f}x"

@@ -2,13 +2,15 @@
 
 Fields: `id`, `doc` (a file name in the PDF folder), `question`, `answer`, `answer_format`
 (Str, Int, Float, List, None), `evidence_pages` (1-based; a list or a string such as
-"[3, 5]"); optional `doc_type`, `evidence_sources` (a list or its string form) and `family`
-(the testbed generator's task family). A line that breaks these rules raises
+"[3, 5]"); optional `doc_type`, `evidence_sources` (a list or its string form), `family`
+(the testbed generator's task family) and `shown_pages` (1-based, a list or its string form:
+the evidence pages plus distractor pages of the same document, as a retriever's top-k would
+show them; every evidence page must be among them). A line that breaks these rules raises
 `QuestionsError` naming the file and line, before anything runs.
 
 Public API:
   EvalItem(id, doc, question, answer, answer_format, evidence_pages, doc_type,
-           evidence_sources, family)   .groups() -> list of group names
+           evidence_sources, family, shown_pages)   .groups() -> list of group names
   QuestionsError(ValueError)
   load_items(paths) -> list[EvalItem]
 """
@@ -41,6 +43,7 @@ class EvalItem:
     doc_type: str | None = None
     evidence_sources: tuple[str, ...] = ()
     family: str | None = None
+    shown_pages: tuple[int, ...] = ()  # sorted; empty: the row names none
 
     def groups(self) -> list[str]:
         """`all`, then `doc_type=<t>`, `source=<s>` per evidence source, `family=<f>`."""
@@ -66,6 +69,15 @@ def _listish(value: object, where: str, name: str) -> list[object]:
     return list(value)
 
 
+def _pages(row: dict[str, object], where: str, name: str) -> tuple[int, ...]:
+    """The row's `name` field as sorted, distinct 1-based page numbers."""
+    pages = _listish(row.get(name), where, name)
+    numbers = [p for p in pages if isinstance(p, int) and not isinstance(p, bool) and p >= 1]
+    if len(numbers) != len(pages):
+        raise QuestionsError(f"{where}: {name} must be 1-based page numbers, got {pages!r}")
+    return tuple(sorted(set(numbers)))
+
+
 def _item(row: object, where: str) -> EvalItem:
     if not isinstance(row, dict):
         raise QuestionsError(f"{where}: expected a JSON object")
@@ -76,19 +88,22 @@ def _item(row: object, where: str) -> EvalItem:
     if fmt not in FORMATS:
         raise QuestionsError(f"{where}: answer_format {fmt!r} is not one of "
                              f"{', '.join(FORMATS)}")
-    pages = _listish(row.get("evidence_pages"), where, "evidence_pages")
-    if not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in pages):
-        raise QuestionsError(f"{where}: evidence_pages must be 1-based page numbers, "
-                             f"got {pages!r}")
+    pages = _pages(row, where, "evidence_pages")
+    shown = _pages(row, where, "shown_pages")
+    hidden = sorted(set(pages) - set(shown)) if shown else []
+    if hidden:
+        raise QuestionsError(f"{where}: evidence page(s) {hidden} not among shown_pages "
+                             f"{list(shown)}")
     sources = _listish(row.get("evidence_sources"), where, "evidence_sources")
     family = row.get("family")
     return EvalItem(
         id=str(row["id"]), doc=str(row["doc"]), question=str(row["question"]),
         answer=str(row["answer"]), answer_format=fmt,
-        evidence_pages=tuple(sorted(set(int(p) for p in pages))),  # type: ignore[call-overload]
+        evidence_pages=pages,
         doc_type=str(row["doc_type"]) if row.get("doc_type") else None,
         evidence_sources=tuple(str(s) for s in sources),
         family=None if family in (None, "") else str(family),
+        shown_pages=shown,
     )
 
 

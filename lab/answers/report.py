@@ -1,7 +1,9 @@
 """Markdown table and PNG plot of an answer evaluation document (`runner.run_answer_eval`).
 
 Public API:
-  write_table(doc, path) -> None   command, setup, the `all` rows, accuracy by group
+  write_table(doc, path) -> None   command, setup, the `all` rows (accuracy, FLOPs, TTFT and
+                                   its speed-ups over both references), accuracy by group,
+                                   accuracy by task family at the budget nearest 0.1
   write_plot(doc, path) -> None    accuracy and agreement with full prefill vs budget, one line
                                    per policy, full prefill as a horizontal line
 """
@@ -16,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from lab.answers.results import REFERENCE  # noqa: E402
+from lab.answers.results import CACHED_REFERENCE, REFERENCE  # noqa: E402
 
 RANDOM_WEIGHTS_NOTE = (
     "**Random weights answer nothing.** `{model}` is a tiny model with random weights: its "
@@ -37,14 +39,27 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _pages_caption(meta: dict[str, Any]) -> str:
+    """Which pages the questions were answered on, and the questions that fell back."""
+    mode = meta["pages_mode"]
+    if mode == "retrieved":
+        return (f"top-{meta['top_k']} pages retrieved within the question's document "
+                f"(gold-page recall {_fmt(meta['retrieved_gold_page_recall'])})")
+    without = (f"{meta['questions_on_retrieved_pages_without_evidence']} without listed pages "
+               f"answered on the top-{meta['top_k']} retrieved pages")
+    if mode == "shown":
+        return (f"evidence pages plus distractors, "
+                f"{_fmt(meta['pages_per_question_mean'], 2)} pages per question on average, "
+                f"in document order, at most {meta['max_pages']} "
+                f"({meta['questions_capped']} question(s) capped; "
+                f"{meta.get('questions_on_evidence_pages_without_shown_pages', 0)} without "
+                f"shown pages answered on their evidence pages; {without})")
+    return (f"gold evidence pages in document order, at most {meta['max_pages']} "
+            f"({meta['questions_capped']} question(s) capped; {without})")
+
+
 def _setup_lines(meta: dict[str, Any]) -> list[str]:
-    cap = (f"gold evidence pages in document order, at most {meta['max_pages']} "
-           f"({meta['questions_capped']} question(s) capped; "
-           f"{meta['questions_on_retrieved_pages_without_evidence']} without evidence pages "
-           f"answered on the top-{meta['top_k']} retrieved pages)"
-           if meta["pages_mode"] == "gold" else
-           f"top-{meta['top_k']} pages retrieved within the question's document (gold-page "
-           f"recall {_fmt(meta['retrieved_gold_page_recall'])})")
+    cap = _pages_caption(meta)
     failed = meta["documents_failed"]
     return [
         f"Model `{meta['model']}` on {meta['device']} ({meta['dtype']}). Pages: {cap}; "
@@ -83,35 +98,60 @@ def write_table(doc: dict[str, Any], path: Path) -> None:
         "mean score; ratio = accuracy / full prefill's on the same questions; agreement = "
         "same normalised answer as full prefill; FLOPs = prefill FLOPs / a full prefill's "
         "(LM only, and with the vision tower); TTFT = median time to first token (reuse "
-        "rows include loading the page KV); fallback = share of answers where the policy was "
+        "rows include loading the page KV); speed-up = the median TTFT of full prefill from "
+        f"the page images (`{REFERENCE}`, vision tower included) or of full prefill from the "
+        f"cached page embeddings (`{CACHED_REFERENCE}`: the `full_prefill` policy over the "
+        "cached pages, every row after the cached head recomputed, no vision tower) / the "
+        "row's, over the same questions; fallback = share of answers where the policy was "
         "predicted to cost more than a full prefill from cached page embeddings, which ran "
         f"instead (never_above_full: {meta.get('never_above_full', False)}).", "",
         "| policy | budget | n | accuracy | ratio to full | agreement | FLOPs LM | "
-        "FLOPs total | TTFT ms | fallback |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "FLOPs total | TTFT ms | speed-up vs full | speed-up vs cached | fallback |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in (r for r in rows if r["group"] == "all"):
         lines.append(
             f"| {r['policy']} | {r['budget']:.2f} | {r['n']} | {_fmt(r['accuracy'])} | "
             f"{_fmt(r['accuracy_ratio_to_full'])} | {_fmt(r['agreement_with_full'])} | "
             f"{_fmt(r['flops_ratio_lm'])} | {_fmt(r['flops_ratio_total'])} | "
-            f"{_fmt(r['ttft_ms_median'], 1)} | {_fmt(r.get('fallback_share'))} |")
+            f"{_fmt(r['ttft_ms_median'], 1)} | {_fmt(r.get('ttft_speedup_vs_full'), 2)} | "
+            f"{_fmt(r.get('ttft_speedup_vs_cached'), 2)} | {_fmt(r.get('fallback_share'))} |")
     budgets = meta["budgets"]
     near = min(budgets, key=lambda b: abs(b - 0.1)) if budgets else 1.0
     policies = [p for p in meta["policies"] if p != REFERENCE]
     lines += ["", f"Accuracy by group (policies at budget {near:g}):", "",
-              "| group | n | full_prefill | " + " | ".join(policies) + " |",
-              "|---|---:|---:|" + "---:|" * len(policies)]
+              f"| group | n | {REFERENCE} | {CACHED_REFERENCE} | " + " | ".join(policies) + " |",
+              "|---|---:|---:|---:|" + "---:|" * len(policies)]
     cell = {(r["group"], r["policy"], r["budget"]): r for r in rows}
     for group in dict.fromkeys(r["group"] for r in rows):
         ref = cell.get((group, REFERENCE, 1.0))
         if ref is None:
             continue
-        accs = [_fmt((cell.get((group, p, near)) or {}).get("accuracy")) for p in policies]
+        accs = [_fmt((cell.get((group, p, b)) or {}).get("accuracy"))
+                for p, b in [(CACHED_REFERENCE, 1.0), *((p, near) for p in policies)]]
         lines.append(f"| {group} | {ref['n']} | {_fmt(ref['accuracy'])} | "
                      + " | ".join(accs) + " |")
+    lines += _family_lines(rows, policies, near)
     lines.append("")
     path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _family_lines(rows: list[dict[str, Any]], policies: list[str], near: float) -> list[str]:
+    """Accuracy per task family (columns, then `all`) of both references and each policy at
+    budget `near` (rows); nothing when no question names a family."""
+    families = [g for g in dict.fromkeys(r["group"] for r in rows) if g.startswith("family=")]
+    if not families:
+        return []
+    cell = {(r["group"], r["policy"], r["budget"]): r for r in rows}
+    columns = [*families, "all"]
+    lines = ["", f"Accuracy by task family (references at 1.0, policies at budget {near:g}):",
+             "", "| policy | " + " | ".join(g.removeprefix("family=") for g in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for policy, budget in [(REFERENCE, 1.0), (CACHED_REFERENCE, 1.0),
+                           *((p, near) for p in policies)]:
+        accs = [_fmt((cell.get((g, policy, budget)) or {}).get("accuracy")) for g in columns]
+        lines.append(f"| {policy} | " + " | ".join(accs) + " |")
+    return lines
 
 
 def write_plot(doc: dict[str, Any], path: Path) -> None:

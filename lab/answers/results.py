@@ -6,20 +6,29 @@ pages mode, top-k, page cap, max new tokens, prefix), then one line per answer:
 `{"id", "policy", "budget", "answer", "score", "agree", "flops_ratio_lm",
 "flops_ratio_total", "ttft_ms", "kv_load_ms", "refreshed", "visual", "pages", ...}`.
 The reference answer (full prefill from the page images) is `policy: full_prefill,
-budget: 1.0`. A rerun with the same header skips the (id, policy, budget) already recorded;
-a different header raises `RecordsMismatchError` rather than mixing two settings.
+budget: 1.0`; the second reference (full prefill from the cached page embeddings, see
+`runner`) is `policy: full_prefill_cached, budget: 1.0`. A rerun with the same header skips
+the (id, policy, budget) already recorded; a different header raises `RecordsMismatchError`
+rather than mixing two settings.
 
 Rows (`build_rows`) score the recorded answer texts again with the current rules (a
 record's `score` and `agree` are as they were when it was written): per group (see
-`EvalItem.groups`) and per policy x budget, over the questions that have both that answer
-and the reference:
+`EvalItem.groups`: `all`, `doc_type=`, `source=`, `family=`) and per cell (the reference,
+the cached reference, then every policy x budget), over the questions that have both that
+answer and the reference:
   n, accuracy (mean score), accuracy_ratio_to_full (accuracy / the reference's accuracy
   over the same questions; None when that is 0), agreement_with_full (share of answers whose
   normalised answer equals the reference's), flops_ratio_lm and flops_ratio_total (means),
-  ttft_ms_median (runtime TTFT plus the question's page-KV load for reuse policies).
+  ttft_ms_median (runtime TTFT plus the question's page-KV load for reuse policies and the
+  cached reference), fallback_share (share of answers where the runtime ran its full
+  prefill from cached embeddings instead of the policy; None for the reference, whose
+  records use `fallback` for "answered on retrieved pages"), ttft_speedup_vs_full (the
+  reference's median TTFT / this cell's, over the same questions) and
+  ttft_speedup_vs_cached (the cached reference's median TTFT / this cell's, over those of
+  the questions that also have the cached reference; None when none has).
 
 Public API:
-  REFERENCE = "full_prefill"
+  REFERENCE = "full_prefill";  CACHED_REFERENCE = "full_prefill_cached"
   RecordsMismatchError(ValueError)
   Records(path, config)   .done(id, policy, budget) -> bool   .add(records)   .all() -> list
   build_rows(items, records, policies, budgets) -> list[dict]
@@ -37,6 +46,7 @@ from lab.answers.grading import agreement, score_answer
 from lab.answers.questions import EvalItem
 
 REFERENCE = "full_prefill"
+CACHED_REFERENCE = "full_prefill_cached"  # not a registered policy: a second reference
 Record = dict[str, Any]
 
 
@@ -110,17 +120,32 @@ def _score(item: EvalItem, rec: Record) -> float:
     return score_answer(item.answer, str(rec["answer"]), item.answer_format)
 
 
+def _ttft(rec: Record) -> float:
+    """Time to first token in ms, the page-KV load included (0 for the reference)."""
+    return float(rec["ttft_ms"]) + float(rec.get("kv_load_ms", 0.0))
+
+
+def _speedup(base: Sequence[Record], mine: Sequence[Record]) -> float | None:
+    """Median TTFT of `base` / median TTFT of `mine` (records of the same questions)."""
+    if not mine:
+        return None
+    ours = statistics.median(_ttft(r) for r in mine)
+    return round(statistics.median(_ttft(r) for r in base) / ours, 3) if ours > 0 else None
+
+
 def build_rows(items: Sequence[EvalItem], records: Sequence[Record],
                policies: Sequence[str], budgets: Sequence[float]) -> list[dict[str, Any]]:
-    """Result rows per group, reference first, then each policy x budget."""
+    """Result rows per group: the reference, the cached reference, then each policy x
+    budget (see the module docstring)."""
     by_key = {(str(r["id"]), str(r["policy"]), float(r["budget"])): r for r in records}
     groups: dict[str, list[EvalItem]] = {}
     for item in items:
         for g in item.groups():
             groups.setdefault(g, []).append(item)
     by_id = {i.id: i for i in items}
-    cells = [(REFERENCE, 1.0)] + [(p, float(b)) for p in policies if p != REFERENCE
-                                  for b in budgets]
+    cells = [(REFERENCE, 1.0), (CACHED_REFERENCE, 1.0)] + [
+        (p, float(b)) for p in policies if p not in (REFERENCE, CACHED_REFERENCE)
+        for b in budgets]
     rows: list[dict[str, Any]] = []
     for group, members in groups.items():
         for policy, budget in cells:
@@ -133,6 +158,8 @@ def build_rows(items: Sequence[EvalItem], records: Sequence[Record],
                       for ref, r in pairs]
             acc = _mean([s for _, s in scores])
             ref_acc = _mean([s for s, _ in scores])
+            cached = [(by_key[key], r) for _, r in pairs
+                      if (key := (str(r["id"]), CACHED_REFERENCE, 1.0)) in by_key]
             rows.append({
                 "group": group, "policy": policy, "budget": budget, "n": len(pairs),
                 "accuracy": acc,
@@ -143,10 +170,15 @@ def build_rows(items: Sequence[EvalItem], records: Sequence[Record],
                     for ref, r in pairs]),
                 "flops_ratio_lm": _mean([r["flops_ratio_lm"] for _, r in pairs]),
                 "flops_ratio_total": _mean([r["flops_ratio_total"] for _, r in pairs]),
-                "ttft_ms_median": round(statistics.median(
-                    r["ttft_ms"] + r.get("kv_load_ms", 0.0) for _, r in pairs), 3),
+                "ttft_ms_median": round(statistics.median(_ttft(r) for _, r in pairs), 3),
                 # answers where the policy would have cost more than a full prefill from
-                # cached embeddings, which ran instead
-                "fallback_share": _mean([float(r.get("fallback", False)) for _, r in pairs]),
+                # cached embeddings, which ran instead (None for the reference, which never
+                # does: its records' `fallback` says it answered on retrieved pages)
+                "fallback_share": None if policy == REFERENCE else _mean(
+                    [float(r.get("fallback", False)) for _, r in pairs]),
+                "ttft_speedup_vs_full": _speedup([ref for ref, _ in pairs],
+                                                 [r for _, r in pairs]),
+                "ttft_speedup_vs_cached": _speedup([c for c, _ in cached],
+                                                   [r for _, r in cached]),
             })
     return rows

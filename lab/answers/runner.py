@@ -4,19 +4,39 @@ prefill.
 Steps:
   1. the documents the questions name are ingested once through the normal pipeline into
      an eval home (a throwaway temporary folder, or `work_dir` to keep it across reruns);
-     `pages="gold"` ingests without OCR and prefills only the pages questions use (on first
-     use, as the service does for a missing page); `pages="retrieved"` ingests exactly as
-     the service does (OCR per `CONDUIT_OCR`, prefill on ingest);
+     `pages="gold"` and `pages="shown"` ingest without OCR and prefill only the pages
+     questions use (on first use, as the service does for a missing page);
+     `pages="retrieved"` ingests exactly as the service does (OCR per `CONDUIT_OCR`, prefill
+     on ingest);
   2. per question, its pages: `gold` = the evidence pages in document order, at most
-     `max_pages` (the first ones; capped questions are counted); a question without
-     evidence pages ("Not answerable") gets the retrieved pages. `retrieved` = the
-     service's retrieval (`worker.answer_job.retrieve`) within the question's document,
-     top-k, in the service's reading order (`reading_order`: page order within a document);
-  3. the reference: full prefill from the page images (`answer_full_prefill`, vision tower
-     included), then every policy x budget from the cached page KV, all under the service's
-     `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`;
+     `max_pages` (the first ones; capped questions are counted); `shown` = the same with the
+     question's `shown_pages` (its evidence pages plus distractor pages of the document),
+     or its evidence pages where the row has no `shown_pages` (counted); a question with no
+     pages listed ("Not answerable") gets the retrieved pages in both modes (counted).
+     `retrieved` = the service's retrieval (`worker.answer_job.retrieve`) within the
+     question's document, top-k, in the service's reading order (`reading_order`: page
+     order within a document);
+  3. two references, then every policy x budget from the cached page KV, all under the
+     service's `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`:
+       `full_prefill` (budget 1.0): full prefill from the page images
+         (`answer_full_prefill`: vision tower, then every row on the plain causal path);
+       `full_prefill_cached` (budget 1.0): `rt.answer` with the registered `full_prefill`
+         policy over the cached pages. The page KV is assembled (loaded, re-rotated) as for
+         any policy, the policy selects every visual row, and the refresh recomputes every
+         visual row from the page's cached layer-0 embeddings (the vision tower's output at
+         ingest; the tower does not run) together with every text row after the cached
+         head, through every layer (the last only for the row whose logits are read, as
+         in the reference), so no stale K/V is read: the same values as a full prefill,
+         without the vision tower. With the head cache on, the head's rows come from the
+         head cache (exact: they depend only on the head's tokens) and the rest runs on
+         the masked path; where `never_above_full` predicts the plain causal path over
+         every row cheaper, the runtime runs that instead, head included, and records
+         `fallback`. Its TTFT includes the page-KV load like a policy's (the run's first
+         such answer also fills the head cache once); it is not a registered policy
+         (`results.CACHED_REFERENCE`);
   4. grades (`grading`), records (`results.Records`: a rerun with the same out skips what
-     is done) and the outputs: OUT (JSON `{"meta", "rows"}`), OUT.md and OUT.png.
+     is done, both references included) and the outputs: OUT (JSON `{"meta", "rows"}`),
+     OUT.md and OUT.png.
 
 `full_reuse` and `prefix_reuse` ignore the budget: each runs once per question and its
 answer is recorded at every budget. `full_prefill` is the reference row itself.
@@ -26,6 +46,7 @@ Public API:
                    policies="all", budgets=(0.05, 0.1, 0.2), pages="gold", top_k=3,
                    max_pages=8, limit=None, docs=None, max_new_tokens=32, max_page_tokens=None,
                    work_dir=None, check_budget_one=False, progress=True, command="")
+  PAGES_MODES = ("gold", "retrieved", "shown")
   BudgetOneError(RuntimeError)
   resolve_policies(spec) -> list[str]
   run_answer_eval(config) -> dict   (the document written to `config.out`)
@@ -53,7 +74,7 @@ from lab.answers.corpus import EvalCorpus, ingest_documents
 from lab.answers.grading import agreement, score_answer
 from lab.answers.questions import EvalItem, load_items
 from lab.answers.report import write_plot, write_table
-from lab.answers.results import REFERENCE, Record, Records, build_rows
+from lab.answers.results import CACHED_REFERENCE, REFERENCE, Record, Records, build_rows
 from storage.keys import PageHash
 from storage.metadata import Page
 from worker.answer_job import (
@@ -71,6 +92,7 @@ from worker.settings import Settings
 BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check
 CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
+PAGES_MODES = ("gold", "retrieved", "shown")
 
 
 class BudgetOneError(RuntimeError):
@@ -89,7 +111,7 @@ class AnswerEvalConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     policies: str | Sequence[str] = "all"
     budgets: Sequence[float] = (0.05, 0.1, 0.2)
-    pages: Literal["gold", "retrieved"] = "gold"
+    pages: Literal["gold", "retrieved", "shown"] = "gold"
     top_k: int = 3
     max_pages: int = 8
     limit: int | None = None
@@ -117,8 +139,8 @@ def resolve_policies(spec: str | Sequence[str]) -> list[str]:
 
 
 def _check(cfg: AnswerEvalConfig) -> None:
-    if cfg.pages not in ("gold", "retrieved"):
-        raise ValueError(f"pages must be gold or retrieved, got {cfg.pages!r}")
+    if cfg.pages not in PAGES_MODES:
+        raise ValueError(f"pages must be one of {', '.join(PAGES_MODES)}, got {cfg.pages!r}")
     if not cfg.budgets or any(not 0.0 <= b <= 1.0 for b in cfg.budgets):
         raise ValueError(f"budgets must be in [0, 1], got {list(cfg.budgets)}")
     for name in ("top_k", "max_pages", "max_new_tokens"):
@@ -132,7 +154,7 @@ def _check(cfg: AnswerEvalConfig) -> None:
 
 
 def _settings(cfg: AnswerEvalConfig, home: Path) -> Settings:
-    gold = cfg.pages == "gold"
+    gold = cfg.pages != "retrieved"  # gold and shown: no OCR, pages prefilled on first use
     extra: dict[str, Any] = {"ocr": False} if gold else {}
     if cfg.max_page_tokens is not None:
         extra["max_page_tokens"] = cfg.max_page_tokens
@@ -153,15 +175,19 @@ class _Run:
     def pages_for(self, item: EvalItem) -> tuple[list[Page], dict[str, Any]]:
         doc = self.corpus.documents[item.doc]
         info: dict[str, Any] = {"capped": False, "fallback": False, "missing_pages": 0}
-        if self.cfg.pages == "gold" and item.evidence_pages:
+        listed = item.evidence_pages
+        if self.cfg.pages == "shown":
+            info["shown_fallback"] = not item.shown_pages and bool(item.evidence_pages)
+            listed = item.shown_pages or item.evidence_pages
+        if self.cfg.pages != "retrieved" and listed:
             by_number = {p.number: p for p in self.ctx.meta.list_pages(
                 self.corpus.collection_id, [doc.id])}
-            wanted = [n for n in item.evidence_pages if n in by_number]
-            info["missing_pages"] = len(item.evidence_pages) - len(wanted)
+            wanted = [n for n in listed if n in by_number]  # document order
+            info["missing_pages"] = len(listed) - len(wanted)
             info["capped"] = len(wanted) > self.cfg.max_pages
             if wanted:
                 return [by_number[n] for n in wanted[:self.cfg.max_pages]], info
-        info["fallback"] = self.cfg.pages == "gold"
+        info["fallback"] = self.cfg.pages != "retrieved"
         hits = retrieve(self.ctx, Question(
             collection_id=self.corpus.collection_id, question=item.question,
             top_k=self.cfg.top_k, max_new_tokens=self.cfg.max_new_tokens,
@@ -188,8 +214,9 @@ class _Run:
         cells = [(p, float(b)) for p in self.policies for b in self.cfg.budgets]
         todo = [c for c in cells if not self.records.done(item.id, *c)]
         ref_rec = self.records.get(item.id, REFERENCE, 1.0)
-        if ref_rec is not None and not todo and (self.check is not None
-                                                  or not self.cfg.check_budget_one):
+        cached_done = self.records.done(item.id, CACHED_REFERENCE, 1.0)
+        if ref_rec is not None and cached_done and not todo and (
+                self.check is not None or not self.cfg.check_budget_one):
             return
         pages, info = self.pages_for(item)
         ensure_prefilled(self.ctx, pages)
@@ -213,23 +240,32 @@ class _Run:
             ref_rec = self.record(item, REFERENCE, 1.0, ref, ref.text,
                                   pages=[p.number for p in pages], kv_load_ms=0.0, **info)
             new.append(ref_rec)
+        reference = str(ref_rec["answer"])
+        if not cached_done:  # the registered full_prefill policy over the cached pages
+            result = self.answer(item, inputs, REFERENCE, 1.0)
+            new.append(self.record(item, CACHED_REFERENCE, 1.0, result, reference,
+                                   kv_load_ms=kv_load_ms, head_tokens=result.head_tokens))
         same: dict[str, Record] = {}
         for policy, budget in todo:
             if policy in BUDGET_FREE and policy in same:
                 new.append({**same[policy], "budget": budget})
                 continue
-            request = AnswerRequest(
-                prefix=ANSWER_PREFIX, pages=inputs, question=item.question, policy=policy,
-                budget=budget, max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
-                options=effective_options(self.ctx.settings, policy, PolicyOptions()))
-            with self.ctx.model_lock:
-                result = rt.answer(request)
-            rec = self.record(item, policy, budget, result, str(ref_rec["answer"]),
-                              kv_load_ms=kv_load_ms)
+            result = self.answer(item, inputs, policy, budget)
+            rec = self.record(item, policy, budget, result, reference, kv_load_ms=kv_load_ms)
             same[policy] = rec
             new.append(rec)
         self.computed += len(new)
         self.records.add(new)
+
+    def answer(self, item: EvalItem, inputs: list[PageInput], policy: str,
+               budget: float) -> AnswerResult:
+        """The question answered over its cached pages with a registered policy."""
+        request = AnswerRequest(
+            prefix=ANSWER_PREFIX, pages=inputs, question=item.question, policy=policy,
+            budget=budget, max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
+            options=effective_options(self.ctx.settings, policy, PolicyOptions()))
+        with self.ctx.model_lock:
+            return self.ctx.runtime.answer(request)
 
     def budget_one(self, labels: list[str], pages: list[Page], inputs: list[PageInput],
                    question: str) -> dict[str, Any]:
@@ -309,6 +345,8 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
         "questions_capped": sum(bool(r.get("capped")) for r in refs),
         "questions_on_retrieved_pages_without_evidence": sum(
             bool(r.get("fallback")) for r in refs),
+        "questions_on_evidence_pages_without_shown_pages": sum(
+            bool(r.get("shown_fallback")) for r in refs),
         "evidence_pages_out_of_range": sum(int(r.get("missing_pages", 0)) for r in refs),
         "pages_per_question_mean": round(sum(len(r["pages"]) for r in refs)
                                          / max(len(refs), 1), 3),

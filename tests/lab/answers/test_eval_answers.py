@@ -1,5 +1,6 @@
 """`conduit-lab eval answers` end to end as a user runs it: 2 real PDFs, 4 questions, 2 policies,
-the builtin model; the rows, the three outputs, resuming, and bad input."""
+the builtin model; the rows (both references, the TTFT speed-ups, the family groups), the three
+outputs, resuming, and bad input."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tests.lab.answers.slice import QUESTIONS, write_slice
 
 ROW_KEYS = {"group", "policy", "budget", "n", "accuracy", "accuracy_ratio_to_full",
             "agreement_with_full", "flops_ratio_lm", "flops_ratio_total", "ttft_ms_median",
-           "fallback_share"}
+           "fallback_share", "ttft_speedup_vs_full", "ttft_speedup_vs_cached"}
 
 
 def _conduit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -55,19 +56,30 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.
     assert meta["command"].startswith("conduit-lab eval answers --pdfs")
     assert meta["questions_answered"] == 4 and meta["documents_ingested"] == 2
     assert meta["questions_on_retrieved_pages_without_evidence"] == 1  # q4
-    assert meta["answers_computed_this_run"] == 4 * (1 + 2 * 2)
+    assert meta["answers_computed_this_run"] == 4 * (2 + 2 * 2)
     assert all(set(r) == ROW_KEYS for r in rows)
     cells = {(r["policy"], r["budget"]) for r in rows if r["group"] == "all"}
-    assert cells == {("full_prefill", 1.0), ("conduit", 0.1), ("conduit", 0.5),
-                     ("full_reuse", 0.1), ("full_reuse", 0.5)}
+    assert cells == {("full_prefill", 1.0), ("full_prefill_cached", 1.0), ("conduit", 0.1),
+                     ("conduit", 0.5), ("full_reuse", 0.1), ("full_reuse", 0.5)}
+    for group in ("family=lookup", "family=multi"):  # every cell per family too
+        assert {(r["policy"], r["budget"]) for r in rows if r["group"] == group} == cells
     groups = {r["group"]: r["n"] for r in rows if r["policy"] == "full_prefill"}
     assert groups == {"all": 4, "doc_type=Manual": 2, "doc_type=Financial report": 2,
                       "source=Pure-text (Plain-text)": 1, "source=Table": 1,
                       "source=Chart": 1, "family=lookup": 2, "family=multi": 1}
+    for r in rows:  # both speed-ups over the same questions, positive
+        assert r["ttft_speedup_vs_full"] > 0 and r["ttft_speedup_vs_cached"] > 0
     by = {(r["group"], r["policy"], r["budget"]): r for r in rows}
     full = by[("all", "full_prefill", 1.0)]
     assert full["agreement_with_full"] == 1.0 and full["flops_ratio_lm"] == 1.0
     assert full["flops_ratio_total"] == 1.0 and full["ttft_ms_median"] > 0
+    assert full["ttft_speedup_vs_full"] == 1.0
+    cached = by[("all", "full_prefill_cached", 1.0)]  # the exact recompute, no vision tower
+    assert cached["agreement_with_full"] == 1.0 and cached["ttft_speedup_vs_cached"] == 1.0
+    assert cached["flops_ratio_total"] < 1.0
+    table = out.with_suffix(".md").read_text()
+    assert "speed-up vs cached" in table and "full_prefill_cached" in table
+    assert "| policy | lookup | multi | all |" in table  # the per-family table at 0.1
     reuse = [by[("all", "full_reuse", b)] for b in (0.1, 0.5)]
     assert reuse[0]["flops_ratio_lm"] == reuse[1]["flops_ratio_lm"]  # budget-free: run once
     assert reuse[0]["flops_ratio_lm"] < by[("all", "conduit", 0.5)]["flops_ratio_lm"]
@@ -75,9 +87,14 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["agreement_with_full"] <= 1.0
         assert r["flops_ratio_total"] > 0 and r["n"] >= 1
     records = out.with_suffix(".records.jsonl").read_text().splitlines()
-    assert len(records) == 1 + 4 * 5  # header + one line per answer
+    assert len(records) == 1 + 4 * 6  # header + one line per answer
     first = json.loads(records[1])
     assert first["policy"] == "full_prefill" and first["pages"] == [2]  # q1's gold page
+    answers = [json.loads(line) for line in records[1:]]
+    ref = {a["id"]: a["answer"] for a in answers if a["policy"] == "full_prefill"}
+    again = [(a["id"], a["budget"], a["answer"]) for a in answers
+             if a["policy"] == "full_prefill_cached"]
+    assert sorted(again) == sorted((q, 1.0, text) for q, text in ref.items())  # once, equal
 
     monkeypatch.setenv("CONDUIT_HOME", str(tmp_path / "home"))
     code, err = _in_process(capsys, *args)  # resumes: nothing left to compute

@@ -4,6 +4,7 @@ name the file and line."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,15 @@ def test_items_and_groups(tmp_path: Path) -> None:
     assert a.evidence_pages == (1, 3) and a.evidence_sources == ("Table",)
     assert a.groups() == ["all", "doc_type=Manual", "source=Table", "family=multi"]
     assert b.evidence_pages == () and b.groups() == ["all", "doc_type=Financial report"]
+    assert a.shown_pages == () and b.shown_pages == ()  # optional
+
+
+def test_shown_pages_are_sorted_and_hold_the_evidence(tmp_path: Path) -> None:
+    rows = [{**QUESTIONS[1], "shown_pages": "[4, 3, 1, 4]"},
+            {**QUESTIONS[3], "shown_pages": [2, 5]}]  # no evidence: any pages may be shown
+    a, b = load_items([_write(tmp_path / "q.jsonl", rows)])
+    assert a.shown_pages == (1, 3, 4) and a.evidence_pages == (1, 3)
+    assert b.shown_pages == (2, 5)
 
 
 @pytest.mark.parametrize(("row", "message"), [
@@ -33,9 +43,14 @@ def test_items_and_groups(tmp_path: Path) -> None:
     ({**QUESTIONS[0], "evidence_pages": [0]}, "1-based page numbers"),
     ({**QUESTIONS[0], "evidence_pages": "three"}, "evidence_pages must be a list"),
     ([1, 2], "expected a JSON object"),
+    ({**QUESTIONS[0], "shown_pages": [2, 0]}, "shown_pages must be 1-based page numbers"),
+    ({**QUESTIONS[0], "shown_pages": [True]}, "shown_pages must be 1-based page numbers"),
+    ({**QUESTIONS[0], "shown_pages": "2 and 3"}, "shown_pages must be a list"),
+    ({**QUESTIONS[1], "shown_pages": [1, 2]}, "evidence page(s) [3] not among shown_pages "
+                                              "[1, 2]"),
 ])
 def test_bad_lines_name_file_and_line(tmp_path: Path, row: object, message: str) -> None:
-    with pytest.raises(QuestionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(QuestionsError, match=re.escape(message)):
         load_items([_write(tmp_path / "q.jsonl", [row])])
 
 
