@@ -53,14 +53,14 @@ class Tap:
         query has probability 0)."""
         q_all, k_all, scale = self.kept[layer]
         group = q_all.shape[1] // k_all.shape[1]
-        out = []
+        out = torch.empty(len(targets), dtype=torch.float32, device=q_all.device)  # (T,)
         for b in targets[:, 0].unique().tolist():
-            t = targets[targets[:, 0] == b]
-            i, j = t[:, 1], t[:, 2]
+            mine = targets[:, 0] == b  # (T,) this batch row's targets, one key matrix
+            i, j = targets[mine, 1], targets[mine, 2]
             q = q_all[b, head, i]  # (t, D)
             keys = k_all[b, head // group]  # (N, D)
             scores = (q @ keys.T).float() * scale  # (t, N)
             later = torch.arange(keys.shape[0], device=keys.device)[None, :] > i[:, None]
             scores = scores.masked_fill(later, float("-inf"))
-            out.append(scores.log_softmax(-1).gather(1, j[:, None])[:, 0])  # (t,)
-        return torch.cat(out)  # (T,) in the order of the batch rows
+            out[mine] = scores.log_softmax(-1).gather(1, j[:, None])[:, 0]  # (t,)
+        return out

@@ -26,7 +26,7 @@ Public API:
   Document(pages, records, legend_column, shape)
     .aux_targets(page, shown) -> list[tuple[int, str]]   (cell, answer) on one page (0-based)
     .source(record) -> (page, cell) | None         the cell on another page a key cell reads
-    .questions(family, rng) -> Question
+    .question(family, rng) -> Question
   make_document(rng, shape) -> Document
 """
 
@@ -53,6 +53,16 @@ class Shape:
     pages: tuple[int, int] = (6, 8)  # pages per document, inclusive range
     shown: tuple[int, int] = (4, 6)  # pages shown per training question (gold + distractors)
     filler: float = 0.35  # share of free slots holding a filler run
+
+    def __post_init__(self) -> None:
+        if self.cols < SLOT or self.cols % SLOT:
+            raise ValueError(f"cols must be a multiple of {SLOT}, got {self.cols}")
+        if self.pages[0] < 4 or self.pages[0] > self.pages[1]:
+            raise ValueError(f"pages must be a range from at least 4, got {self.pages}")
+        if (self.rows - 2) * (self.cols // SLOT) < 8:  # records of a page: 6 at most
+            raise ValueError(f"{self.rows} x {self.cols} leaves too few record slots")
+        if not 1 <= self.shown[0] <= self.shown[1]:
+            raise ValueError(f"shown must be a range from at least 1, got {self.shown}")
 
     @property
     def cells(self) -> int:

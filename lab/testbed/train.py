@@ -17,7 +17,7 @@ there (a reference's named record, the legend's digit, a split record's value:
 head. Samples
 are drawn from `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it
 would have seen.
-Every `eval_every` steps the held-out exact match (greedy first answer token, per family, on
+Every `eval_every` steps the held-out exact match (every answer token greedy, per family, on
 a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
 Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
 are written atomically every `ckpt_every` steps, with `curve.png`; `model.safetensors` holds

@@ -1,0 +1,81 @@
+"""CONDUIT's open design choices, tried one at a time and together on the testbed.
+
+The paper leaves open which question rows score, whether value norms are compared across
+layers as they are, how a page's relevance is pooled, and gamma. Each candidate here is
+CONDUIT with one or two of those changed (`ConduitConfig`, `ScoreConfig`); `register()`
+adds them to the policy registry under their names for one process, so the probe and
+`conduit-lab eval answers` can run them beside the registered policies. A candidate that
+wins on the development seed and holds on the final seed is registered in
+`conduit_core.policies` for good; the rest stay here.
+
+    python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE
+
+Public API:
+  CANDIDATES: dict[str, ConduitPolicy]
+  register() -> list[str]          the candidates' names, now in `POLICIES`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from conduit_core.policies import register_policy
+from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from conduit_core.scoring import ScoreConfig
+
+_Q = ScoreConfig(query_rows="question")
+_L = ScoreConfig(value_norm="layer")
+_QL = ScoreConfig(query_rows="question", value_norm="layer")
+
+CANDIDATES: dict[str, ConduitPolicy] = {
+    "cv_question_rows": ConduitPolicy(ConduitConfig(score=_Q)),
+    "cv_layer_norms": ConduitPolicy(ConduitConfig(score=_L)),
+    "cv_question_layer": ConduitPolicy(ConduitConfig(score=_QL)),
+    "cv_gamma_half": ConduitPolicy(ConduitConfig(gamma=0.5)),
+    "cv_gamma_2": ConduitPolicy(ConduitConfig(gamma=2.0)),
+    "cv_question_no_amp": ConduitPolicy(ConduitConfig(gamma=0.0, score=_Q)),
+    "cv_mean_relevance": ConduitPolicy(ConduitConfig(page_relevance="mean")),
+    # a budget per question: run at a cap (e.g. 0.2) and compare at equal mean FLOPs
+    "cv_mass_50": ConduitPolicy(ConduitConfig(mass=0.5)),
+    "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
+    "cv_question_mass_50": ConduitPolicy(ConduitConfig(score=_Q, mass=0.5)),
+}
+
+
+def register() -> list[str]:
+    """Register every candidate for this process; returns their names."""
+    for name, policy in CANDIDATES.items():
+        register_policy(name, policy)
+    return list(CANDIDATES)
+
+
+def main() -> None:
+    """Probe the registered CONDUIT family and the candidates on one checkpoint."""
+    from lab.testbed.probe import load_checkpoint_vlm, probe
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--weights", type=Path, required=True)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=7, help="the development seed")
+    ap.add_argument("--pages", choices=["gold", "distractors"], default="distractors")
+    ap.add_argument("--budgets", default="0.05,0.1,0.2")
+    ap.add_argument("--policies", default="full_reuse,conduit,conduit_no_amp,raw_attention",
+                    help="registered policies probed beside the candidates")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    names = [p for p in args.policies.split(",") if p] + register()
+    rows = probe(load_checkpoint_vlm(args.weights), n=args.n, seed=args.seed,
+                 policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
+                 pages=args.pages)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"weights": str(args.weights), "n": args.n,
+                                    "seed": args.seed, "pages": args.pages, "rows": rows},
+                                   indent=1))
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
