@@ -37,6 +37,9 @@ CANDIDATES: dict[str, ConduitPolicy] = {
     "cv_gamma_2": ConduitPolicy(ConduitConfig(gamma=2.0)),
     "cv_question_no_amp": ConduitPolicy(ConduitConfig(gamma=0.0, score=_Q)),
     "cv_mean_relevance": ConduitPolicy(ConduitConfig(page_relevance="mean")),
+    # fewer scored layers: a scoring pass that may stop early
+    "cv_layers_0_3": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 3)))),
+    "cv_layers_0_4": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 4)))),
     # a budget per question: run at a cap (e.g. 0.2) and compare at equal mean FLOPs
     "cv_mass_50": ConduitPolicy(ConduitConfig(mass=0.5)),
     "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
