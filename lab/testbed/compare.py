@@ -11,6 +11,7 @@ Public API:
   overall(rows) -> dict[(policy, budget), dict]     accuracy and FLOPs over every family
   table(rows) -> str                                markdown: one row per policy x budget
   across(runs) -> str                               markdown: mean, min and max over runs
+  frontier(rows, path, fixed="conduit", prefix="cv_mass_")   PNG: accuracy against FLOPs
 """
 
 from __future__ import annotations
@@ -80,11 +81,44 @@ def across(runs: dict[str, list[Row]]) -> str:
     return "\n".join(lines)
 
 
+def frontier(rows: list[Row], path: Path, fixed: str = "conduit",
+             prefix: str = "cv_mass_") -> None:
+    """Plot overall accuracy against mean LM FLOPs ratio: `fixed` at each budget (a line)
+    and every policy named `prefix`* at each of its caps (points), to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    o = overall(rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    line = sorted((v["flops_ratio_lm"], v["all"]) for (p, _), v in o.items() if p == fixed)
+    ax.plot([x for x, _ in line], [y for _, y in line], "o-", label=f"{fixed} (fixed budgets)")
+    for (p, b), v in sorted(o.items()):
+        if p.startswith(prefix):
+            ax.scatter(v["flops_ratio_lm"], v["all"], marker="^")
+            ax.annotate(f"{p.removeprefix('cv_')} @{b:g}", (v["flops_ratio_lm"], v["all"]),
+                        fontsize=7)
+    for p, style in (("full_prefill", "k--"), ("full_reuse", "r:")):
+        ref = [v["all"] for (q, _), v in o.items() if q == p]
+        if ref:
+            ax.axhline(ref[0], color=style[0], linestyle=style[1:], label=p, linewidth=1)
+    ax.set_xlabel("LM FLOPs / full prefill")
+    ax.set_ylabel("exact match")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     """Print (and with --out write) the tables of one or more probe files."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, nargs="+")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--frontier", type=Path, default=None,
+                    help="PNG: accuracy against LM FLOPs, fixed budgets and budgets per "
+                    "question (the first run)")
     args = ap.parse_args()
     runs = {p.stem: json.loads(p.read_text())["rows"] for p in args.runs}
     text = "\n\n".join(f"### {name}\n\n{table(rows)}" for name, rows in runs.items())
@@ -93,6 +127,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.frontier:
+        frontier(next(iter(runs.values())), args.frontier)
 
 
 if __name__ == "__main__":

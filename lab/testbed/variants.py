@@ -41,8 +41,10 @@ CANDIDATES: dict[str, ConduitPolicy] = {
     "cv_layers_0_3": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 3)))),
     "cv_layers_0_4": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 4)))),
     # a budget per question: run at a cap (e.g. 0.2) and compare at equal mean FLOPs
+    "cv_mass_30": ConduitPolicy(ConduitConfig(mass=0.3)),
     "cv_mass_50": ConduitPolicy(ConduitConfig(mass=0.5)),
     "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
+    "cv_mass_90": ConduitPolicy(ConduitConfig(mass=0.9)),
     "cv_question_mass_50": ConduitPolicy(ConduitConfig(score=_Q, mass=0.5)),
 }
 
