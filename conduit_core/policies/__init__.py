@@ -19,6 +19,7 @@ from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
     conduit,
+    conduit_adaptive,
     conduit_no_amp,
     conduit_per_page,
     epic,
@@ -42,6 +43,7 @@ POLICIES: dict[str, RefreshPolicy] = {
     "epic": epic.select,
     "epic_proportional": epic.proportional,
     "conduit": conduit.select,
+    "conduit_adaptive": conduit_adaptive.select,
     "conduit_no_amp": conduit_no_amp.select,
     "conduit_per_page": conduit_per_page.select,
 }

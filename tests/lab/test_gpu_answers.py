@@ -28,7 +28,7 @@ def test_gpu_answers_runs_on_cpu_with_a_builtin_model_in_bf16(tmp_path: Path) ->
     assert check["passed"] and check["top1_equal"] and check["tolerance"] == 5e-2
     assert meta["command"].startswith("bash lab/gpu/answers.sh builtin:tiny-qwen2-vl")
     cells = {(r["policy"], r["budget"]) for r in doc["rows"] if r["group"] == "all"}
-    assert cells == {("full_prefill", 1.0)} | {
+    assert cells == {("full_prefill", 1.0), ("full_prefill_cached", 1.0)} | {
         (p, b) for p in PAPER_POLICIES.split(",") for b in (0.05, 0.1, 0.2)}
 
 

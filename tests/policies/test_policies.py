@@ -56,15 +56,17 @@ def request(cached: CachedPages, policy: str, budget: float, **kw: object) -> An
 def test_registry_names() -> None:
     assert set(POLICIES) == {"full_prefill", "full_reuse", "prefix_reuse", "random",
                              "raw_attention", "value_norm", "cacheblend", "epic",
-                             "epic_proportional", "conduit", "conduit_no_amp",
+                             "epic_proportional", "conduit", "conduit_adaptive", "conduit_no_amp",
                              "conduit_per_page"}
-    assert set(BUDGETED) | {"full_prefill", "full_reuse", "prefix_reuse"} == set(POLICIES)
+    assert set(BUDGETED) | {"full_prefill", "full_reuse", "prefix_reuse",
+                            "conduit_adaptive"} == set(POLICIES)
 
 
 @pytest.mark.parametrize("budget", [0.03, 0.05, 0.1, 0.3, 0.55])
 def test_every_policy_refreshes_its_budget(cached: CachedPages, budget: float) -> None:
     """One rounding rule (`budget_tokens`: Python's round of budget * N_v) for every
-    budgeted policy; the three budget-free ones refresh what they are defined by."""
+    budgeted policy; the three budget-free ones refresh what they are defined by; the
+    budget caps `conduit_adaptive` (a budget per question)."""
     sizes = [kv.num_tokens for kv in cached.kvs]
     n_v = sum(sizes)
     expected = {name: budget_tokens(budget, n_v) for name in BUDGETED}
@@ -73,6 +75,9 @@ def test_every_policy_refreshes_its_budget(cached: CachedPages, budget: float) -
     for name in POLICIES:
         result = cached.runtime.answer(request(cached, name, budget))
         assert result.visual_tokens == n_v
+        if name == "conduit_adaptive":
+            assert 0 < result.refreshed_visual_tokens <= budget_tokens(budget, n_v)
+            continue
         assert result.refreshed_visual_tokens == expected[name], (name, budget)
 
 
