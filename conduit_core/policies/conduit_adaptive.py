@@ -5,7 +5,8 @@ half of the score mass (`ConduitConfig.mass` = 0.5), never more than the request
 the budget is the cap on the refresh and on its FLOPs. Where the question's attention is
 concentrated (the trained testbed: the asked record's key cell alone holds much of it) it
 refreshes a few percent of the page tokens; where it is spread (random weights, diffuse
-attention) the cap binds and it is CONDUIT at that budget. Chosen on the testbed's
+attention) the cap binds and it is CONDUIT at that budget. Its cost is predicted at the cap
+(`cost_profile` gives the budget's k): an estimate from above. Chosen on the testbed's
 development seed (docs/TESTBED.md).
 """
 
