@@ -3,15 +3,16 @@
 Starts the embedded service on `builtin:testbed-qwen2-vl` (in a throwaway home, on a free
 loopback port) unless one serving that model already answers at `--url`, generates a small
 set of testbed PDFs, uploads them through the REST API, waits for ingestion, and asks one
-question of each of the five families per document with CONDUIT, with full reuse (nothing
-refreshed) and with full prefill, printing the answer, the expected answer, the cited pages,
-TTFT and the language-model FLOPs against a full prefill side by side. The service runs with
-its own defaults: at 256 visual tokens a page, CONDUIT at the demo's budget is predicted
-(and measured) at about a quarter of a full prefill's FLOPs, so it runs on its own path and
-never falls back to a full prefill. Each question is asked over `TOP_K` retrieved pages of
-its document, the most a training question was shown: retrieval cannot rank pages for a
-one-letter key (BM25 reads words of two or more characters), so in a 7- or 8-page document
-an evidence page can be missing (the cited pages say which were read).
+question of each of the five families per document with the service's default policy
+(`conduit_adaptive`), with full reuse (nothing refreshed) and with full prefill, printing the
+answer, the expected answer, the cited pages, TTFT and the language-model FLOPs against a
+full prefill side by side. The service runs with its own defaults: at 256 visual tokens a
+page, the default policy at the demo's budget is predicted (and measured) below a quarter of
+a full prefill's FLOPs, so it runs on its own path and never falls back to a full prefill.
+Each question is asked over `TOP_K` retrieved pages of its document, the most a training
+question was shown: retrieval cannot rank pages for a one-letter key (BM25 reads words of two
+or more characters), so in a 7- or 8-page document an evidence page can be missing (the cited
+pages say which were read).
 
 Public API:
   run_demo(url=None, n_docs=2, seed=5, budget=0.1, out=print) -> list[dict]
@@ -33,9 +34,11 @@ import httpx
 
 from lab.testbed.generate import generate
 from lab.testbed.task import FAMILIES
+from worker.settings import Settings
 
 MODEL = "builtin:testbed-qwen2-vl"
-POLICIES = ("conduit", "full_reuse", "full_prefill")
+DEFAULT_POLICY = str(Settings.model_fields["policy"].default)  # the service's default
+POLICIES = (DEFAULT_POLICY, "full_reuse", "full_prefill")
 TOP_K = 6  # pages per question: a training question showed 4-6 (`Shape.shown`)
 
 
@@ -110,7 +113,7 @@ def run_demo(url: str | None = None, n_docs: int = 2, seed: int = 5, budget: flo
             col_id, doc_ids = _upload_all(client, sorted((work / "set" / "pdfs").glob("*.pdf")))
             out(f"uploaded and ingested {len(doc_ids)} PDFs into collection {col_id}\n")
             out(f"{'family':<10} {'question':<17} {'want':>4} | " + " | ".join(
-                f"{p:<10} {'ttft ms':>7} {'FLOPs':>5}" for p in POLICIES) + " | cited")
+                f"{p[:10]:<10} {'ttft ms':>7} {'FLOPs':>5}" for p in POLICIES) + " | cited")
             for q in questions:
                 cells, cited = [], ""
                 for policy in POLICIES:

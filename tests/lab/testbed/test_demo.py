@@ -1,9 +1,9 @@
 """`conduit-lab demo` end to end: a real service on the testbed model, uploads and questions over
-real HTTP, CONDUIT and full reuse side by side."""
+real HTTP, the service's default policy and full reuse side by side."""
 
 import re
 
-from lab.testbed.demo import POLICIES, run_demo
+from lab.testbed.demo import DEFAULT_POLICY, POLICIES, run_demo
 
 
 def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
@@ -20,5 +20,5 @@ def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
         assert r["ttft_ms"] > 0
     full = [r["flops_ratio_lm"] for r in by_policy["full_prefill"]]
     assert all(0.5 < x <= 1.0 for x in full)  # from cached embeddings, the head from its cache
-    assert all(0 < float(r["flops_ratio_lm"]) < 1 for r in by_policy["conduit"])
+    assert all(0 < float(r["flops_ratio_lm"]) < 1 for r in by_policy[DEFAULT_POLICY])
     assert {r["family"] for r in rows} == {"reference", "split", "legend", "lookup", "pair"}
