@@ -35,7 +35,7 @@ class Settings(BaseSettings):
         None, ge=4, le=16384,
         description="Cap on visual tokens per page (bounds KV size); unset = the model's "
         "default (256 for real checkpoints, 512 for builtin:small-qwen2-vl, 16 for the "
-        "builtin tiny models, 36 for the testbed).",
+        "builtin tiny models, 256 for the testbed).",
     )
 
     # storage

@@ -1,7 +1,8 @@
-"""`conduit-lab testbed train`: train the testbed Qwen2-VL from scratch, resumably.
+"""`conduit-lab testbed train`: train the testbed Qwen2-VL, from scratch or from a checkpoint
+(`init`: the page-scale curriculum, vision tower frozen), resumably.
 
 Loss per step (docs/TESTBED.md has the table and the runs that led to it): cross-entropy of
-the answer digit and the end-of-turn token after it, plus, weighted by `aux_weight`, every
+the answer tokens and the end-of-turn token after them, plus, weighted by `aux_weight`, every
 key cell predicting its record's resolved value at the last layer, plus, with
 `glyph_layer` (default 0), every cell naming its own glyph after that layer (weighted by
 `glyph_weight`: it aligns glyph features with the text embeddings early, which is what a
@@ -13,10 +14,10 @@ weighted by `look_weight`, attention supervision: head 0 of layer `look_q_layer`
 question's key token and its answer position to the record's key cell, and head 0 of layer
 `look_p_layer` takes each key cell whose value depends on another page to the cell it needs
 there (a reference's named record, the legend's digit, a split record's value:
-`Document.source`). Intermediate targets are read off through the final norm and the tied
-head. Samples
-are drawn from `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the data it
-would have seen.
+`Document.source`), read from a tapped sdpa kernel (`lab.testbed.tap`), not eager
+attention. Intermediate targets are read off through the final norm and the tied head.
+Samples are drawn from `random.Random(f"{seed}:{step}")`, so a resumed run sees exactly the
+data it would have seen.
 Every `eval_every` steps the held-out exact match (every answer token greedy, per family, on
 a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
 Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
