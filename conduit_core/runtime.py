@@ -26,6 +26,8 @@ Public API:
         = .finish(.start_answer(request, on_token)), the two halves below:
     .start_answer(request, on_token=None, t0=None) -> AnswerState   the prefill half: its
         own cache, first-token logits, sampler, stop ids, timing (`conduit_core.answer_state`)
+    .prefill_steps(request, on_token=None, t0=None) -> PrefillSteps   the same in phases
+        (yields "assembled", "chosen"; returns the AnswerState) for the answer engine
     .step(states: list[AnswerState]) -> None   one decode step of many answers: one token
         each, one batched forward (`conduit_core.decode.decode_step`); a batch of one is the
         single-answer path
@@ -56,6 +58,7 @@ Public API:
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +83,7 @@ from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
+PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
 
 @dataclass
@@ -335,14 +339,30 @@ class ReuseRuntime:
         embeddings, that runs instead (`AnswerResult.fallback`). `start_answer` + `finish`."""
         return self.finish(self.start_answer(request, on_token))
 
-    @torch.no_grad()
     def start_answer(self, request: AnswerRequest, on_token: TokenCallback | None = None,
                      t0: float | None = None) -> AnswerState:
-        """The prefill half of `answer`: assemble, choose, refresh, first-token logits."""
+        """The prefill half of `answer`: assemble, choose, refresh, first-token logits
+        (`prefill_steps` run to its end)."""
+        steps = self.prefill_steps(request, on_token, t0)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                state: AnswerState = done.value
+                return state
+
+    @torch.no_grad()
+    def prefill_steps(self, request: AnswerRequest, on_token: TokenCallback | None = None,
+                      t0: float | None = None) -> PrefillSteps:
+        """`start_answer` in phases, for a scheduler that runs other work between them: it
+        yields the name of each phase done ("assembled": the pages' K/V loaded and
+        re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState`
+        after the refresh. The same computation as `start_answer`, in the same order."""
         t0 = time.perf_counter() if t0 is None else t0
         policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens, last_only=True)
+        yield "assembled"
         ctx = self.policy_context(assembly, request.budget, request.seed)
         plan = self.plan(assembly, ctx, policy)
         fallback = self.never_above_full and plan.fallback
@@ -354,6 +374,7 @@ class ReuseRuntime:
             visual = plan.visual if plan.visual is not None else policy(ctx)
             visual = visual.to(torch.long).cpu().unique()
             resume, extra = ctx.resume, ctx.extra_flops
+        yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)
         used = extra + self.refresh_flops(assembly, computed, resume)
         return self._start(assembly, hidden, t0=t0, policy=request.policy,

@@ -1,15 +1,16 @@
 """`AnswerEngine`: one per process, the only thread that runs the model. Concurrent questions
 are batched (continuous batching) and ingest prefill is interleaved with them.
 
-A scheduler thread loops: admit at most one waiting question, first come first served, when
-a slot is free (`max_active` answers in the batch) and its KV fits (`max_kv_tokens` cache
-positions in flight, counted from each answer's own cache); run that question's prefill
-(page-KV assembly and re-rotation, scoring, refresh: `ReuseRuntime.start_answer`); run at
-most one queued model job (an ingest page batch: `run`); then one batched decode step of
+A scheduler thread loops: when no question is being prefilled, admit at most one waiting
+question, first come first served, when a slot is free (`max_active` answers in the batch)
+and its KV fits (`max_kv_tokens` cache positions in flight, counted from each answer's own
+cache); run one phase of the prefilling question (`ReuseRuntime.prefill_steps`: page-KV
+assembly and re-rotation; scoring pass and selection; refresh and first-token logits); run
+at most one queued model job (an ingest page batch: `run`); then one batched decode step of
 every active answer (`ReuseRuntime.step`), so running answers keep streaming while another
-question is prefilled or a document is ingested. Each iteration's model work holds
-`model_lock` (code outside the engine that uses the runtime directly, e.g. the lab's
-evaluation harness, takes the same lock).
+question is prefilled (a decode step between its phases) or a document is ingested. Each
+iteration's model work holds `model_lock` (code outside the engine that uses the runtime
+directly, e.g. the lab's evaluation harness, takes the same lock).
 
 A question leaves the batch at the next step when its token callback raises (a client gone)
 or its `cancel` event is set; a question that waits longer than `queue_wait_s` for a slot is
@@ -40,7 +41,7 @@ from typing import Any, TypeVar
 
 from conduit_core.answer_state import AnswerState
 from conduit_core.answer_types import AnswerRequest, AnswerResult, TokenCallback
-from conduit_core.runtime import ReuseRuntime
+from conduit_core.runtime import PrefillSteps, ReuseRuntime
 from worker import engine_metrics as metrics
 from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
 
@@ -69,6 +70,7 @@ class _Ticket:
     need: int  # KV positions reserved while admitted (the estimate, then the actual cache)
     queued_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
+    steps: PrefillSteps | None = None  # its prefill, between admission and first logits
     state: AnswerState | None = None
     future: Future[AnswerResult] = field(default_factory=Future)
 
@@ -102,6 +104,7 @@ class AnswerEngine:
         self._queue: deque[_Ticket] = deque()
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._active: list[_Ticket] = []
+        self._prefilling: _Ticket | None = None  # engine thread only
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="conduit-engine", daemon=True)
         self._thread.start()
@@ -162,7 +165,7 @@ class AnswerEngine:
                 if self._closed:
                     self._fail_all()
                     return
-                ticket = self._admit()
+                ticket = self._admit() if self._prefilling is None else None
                 job = self._jobs.popleft() if self._jobs else None
                 active = list(self._active)
             try:
@@ -206,7 +209,10 @@ class AnswerEngine:
         rt = self._runtime_fn()
         with self._model_lock:
             if ticket is not None:
-                self._prefill(rt, ticket)
+                ticket.steps = rt.prefill_steps(ticket.request, ticket.on_token)
+                self._prefilling = ticket
+            if self._prefilling is not None:
+                self._prefill_phase(self._prefilling)
             if job is not None:
                 fn, future = job
                 try:
@@ -227,17 +233,29 @@ class AnswerEngine:
                 rt.step([t.state for t in running if t.state is not None])
         self._retire(rt, active)
 
-    def _prefill(self, rt: ReuseRuntime, ticket: _Ticket) -> None:
-        """The admitted question's prefill; a failure fails it alone."""
+    def _prefill_phase(self, ticket: _Ticket) -> None:
+        """One phase of the prefilling question; a failure (or its client gone) ends it
+        alone."""
+        assert ticket.steps is not None
         try:
-            ticket.state = rt.start_answer(ticket.request, ticket.on_token)
+            if ticket.cancelled:
+                raise AnswerCancelledError("the client went away")
+            next(ticket.steps)
+            return
+        except StopIteration as done:
+            ticket.state = done.value
+            assert ticket.state is not None
+            ticket.need = ticket.state.kv_tokens  # the actual cache, not the estimate
         except BaseException as exc:  # noqa: BLE001 - handed to the question's caller
+            ticket.steps.close()
+            if isinstance(exc, AnswerCancelledError):
+                metrics.CANCELLED.inc()
             with self._cond:
                 self._active.remove(ticket)
                 self._cond.notify_all()
             ticket.future.set_exception(exc)
-            return
-        ticket.need = ticket.state.kv_tokens  # the actual cache, not the estimate
+        ticket.steps = None
+        self._prefilling = None
 
     def _retire(self, rt: ReuseRuntime, active: list[_Ticket]) -> None:
         """Hand finished answers their results and free their slots."""
@@ -260,6 +278,8 @@ class AnswerEngine:
             t.state = None  # its cache goes now, not when the caller lets go
 
     def _fail(self, tickets: list[_Ticket], message: str) -> None:
+        if self._prefilling in tickets:
+            self._prefilling = None
         with self._cond:
             for t in tickets:
                 if t in self._active:

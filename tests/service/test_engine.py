@@ -5,6 +5,7 @@ batches) run between decode steps. Real tiny model, real threads."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -189,3 +190,50 @@ def test_close_refuses_what_waits(rt: ReuseRuntime, tmp_path: Path) -> None:
     engine.close()
     with pytest.raises(AnswerQueueFullError):
         engine.answer(AnswerRequest("", [], "q?", max_new_tokens=1))
+
+
+def test_running_answers_decode_between_the_phases_of_a_prefill(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    events: list[str] = []
+    real = rt.prefill_steps
+    cancel_b = threading.Event()
+
+    def logged(request: AnswerRequest, on_token=None, t0=None):  # type: ignore[no-untyped-def]
+        name = request.question[:18]
+        steps = real(request, on_token, t0)
+        try:
+            while True:
+                phase = next(steps)
+                events.append(f"{name}:{phase}")
+                if name == requests[1].question[:18]:
+                    cancel_b.set()  # its client goes away during its prefill
+                yield phase
+        except StopIteration as done:
+            events.append(f"{name}:state")
+            return done.value
+    rt.prefill_steps = logged  # type: ignore[method-assign]
+    engine = AnswerEngine(lambda: rt, max_active=4)
+    a, c = dataclasses.replace(requests[5], max_new_tokens=150), requests[3]
+    name_a, name_c = a.question[:18], c.question[:18]
+    try:
+        started = threading.Event()
+
+        def token_a(_t: int, _p: str) -> None:
+            events.append("A:token")
+            started.set()
+        runner = threading.Thread(target=engine.answer, args=(a, token_a))
+        runner.start()
+        assert started.wait(30)
+        with pytest.raises(AnswerCancelledError):
+            engine.answer(requests[1], cancel=cancel_b)  # leaves at its next phase
+        got = engine.answer(c)[0]
+        runner.join(30)
+    finally:
+        rt.prefill_steps = real  # type: ignore[method-assign]
+        engine.close()
+    assert got.token_ids == rt.answer(c).token_ids
+    phases = [events.index(f"{name_c}:{p}") for p in ("assembled", "chosen", "state")]
+    for before, after in zip(phases, phases[1:], strict=False):
+        assert "A:token" in events[before:after], events  # A streamed during C's prefill
+    assert f"{name_a}:state" in events and f"{requests[1].question[:18]}:chosen" not in events
+    assert engine.stats().active == 0
