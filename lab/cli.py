@@ -83,25 +83,38 @@ def _parser() -> argparse.ArgumentParser:
     ttft.set_defaults(func=_bench_ttft)
 
     load = bench.add_parser("load", help="uploads and questions from C clients: throughput, "
-                            "latency percentiles, TTFT, errors, /healthz, peak RSS")
+                            "latency percentiles, TTFT, errors, /healthz, peak RSS against "
+                            "the service's bound; forms and answer engines side by side")
     load.add_argument("--clients", type=ints, default=[1, 8, 32],
                       help="comma-separated client counts, one run each")
     load.add_argument("--duration", type=float, default=60.0, help="seconds per run")
     load.add_argument("--url", default=None, help="a running service (default: spawn one)")
     load.add_argument("--pid", type=int, action="append", default=[],
                       help="with --url: process ids whose peak RSS to report")
+    load.add_argument("--form", default=None,
+                      help="comma-separated service forms to spawn, one after the other: "
+                      "embedded (one process), distributed (Redis, two Celery workers and "
+                      "the API); default embedded")
     load.add_argument("--distributed", action="store_true",
-                      help="spawn Redis, two Celery workers and the API")
+                      help="the same as --form distributed (added to --form's list)")
     load.add_argument("--key", default=None, help="API key (bearer token)")
-    load.add_argument("--upload-every", type=int, default=10,
-                      help="every n-th request of a client is an upload (0 = none)")
+    load.add_argument("--upload-every", type=ints, default=[10],
+                      help="comma-separated: every n-th request of a client is an upload "
+                      "(0 = none); each value runs its own load levels against the same "
+                      "service, e.g. 0,10")
     load.add_argument("--engine", default="batched",
                       help="comma-separated answer engines to run side by side: serial "
                       "(one answer at a time), batched (the default engine)")
+    load.add_argument("--max-new-tokens", type=int, default=64,
+                      help="answer length cap of each question (the service's default: 64)")
+    load.add_argument("--top-k", type=int, default=2, help="pages retrieved per question")
+    load.add_argument("--model", default=None,
+                      help="CONDUIT_MODEL of the spawned services, e.g. "
+                      "builtin:tiny-qwen2-vl (default: the service's default)")
     load.add_argument("--out", type=Path, default=results("load") / "load.jsonl")
     load.add_argument("--report", type=Path, default=None,
-                      help="also write a markdown table and a plot (PNG) of --out's rows "
-                      "under this path stem")
+                      help="also write markdown tables and a plot (PNG) of --out's rows "
+                      "under this path stem (also when the run is stopped)")
     load.set_defaults(func=_bench_load)
 
     scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
@@ -136,19 +149,30 @@ def _gpu_check(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    from lab.load.bench import main
+    from lab.load.bench import ENGINES, FORMS, main
 
-    engines = [e for e in args.engine.split(",") if e]
-    unknown = set(engines) - {"serial", "batched"}
-    if unknown:
-        raise SystemExit(f"unknown --engine {', '.join(sorted(unknown))}: serial or batched")
-    main(url=args.url, clients=args.clients, duration_s=args.duration,
-         distributed=args.distributed, pids=args.pid, key=args.key, out=args.out,
-         upload_every=args.upload_every, engines=engines)
-    if args.report is not None:
-        from lab.load.report import write_report
+    def names(text: str, allowed: Sequence[str], flag: str) -> list[str]:
+        chosen = [n for n in text.split(",") if n]
+        unknown = set(chosen) - set(allowed)
+        if unknown:
+            raise SystemExit(f"unknown {flag} {', '.join(sorted(unknown))}: "
+                             f"{' or '.join(allowed)}")
+        return chosen
 
-        print("wrote", *write_report(args.out, args.report))
+    engines = names(args.engine, list(ENGINES), "--engine")
+    forms = names(args.form, FORMS, "--form") if args.form else []
+    if args.distributed and "distributed" not in forms:
+        forms.append("distributed")
+    try:
+        main(url=args.url, clients=args.clients, duration_s=args.duration, pids=args.pid,
+             key=args.key, out=args.out, upload_every=args.upload_every,
+             forms=forms or ["embedded"], engines=engines, max_new_tokens=args.max_new_tokens,
+             top_k=args.top_k, model=args.model)
+    finally:  # rows so far, also when stopped (SIGTERM) or failed
+        if args.report is not None and args.out.exists():
+            from lab.load.report import write_report
+
+            print("wrote", *write_report(args.out, args.report))
     return 0
 
 

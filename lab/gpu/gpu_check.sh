@@ -9,6 +9,9 @@
 #   tests_bf16   the core and policy suites on the GPU in bfloat16 (CONDUIT_TEST_DEVICE=cuda)
 #   check_fp32   the same correctness checks in float32 (no timings)
 #   ttft         the TTFT bench at Qwen2.5-VL-7B shapes (lab/gpu/ttft.sh's, shortened)
+#   load         the load bench (lab/load): an embedded service on the device
+#                (CONDUIT_DEVICE), serial vs batched engine, 1/8/32 clients, 10 s each,
+#                questions only, 64-token answers; rows, table and plot under load/
 #   tests_fp32   the core and policy suites on the GPU in float32
 #   answers      with MODEL_DIR only: the answer evaluation on 10 dev-set questions
 # Results: lab/gpu/results/run-<UTC time>/ (CONDUIT_GPU_RESULTS to choose), steps.txt lists
@@ -52,6 +55,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log
 "$PY" -c "import lab.gpu as g; print(g.environment('$DEVICE'))" | tee "$OUT/environment.txt"
 SHAPE=(--model-shape 7b)
 if [[ "$DEVICE" == cpu ]]; then SHAPE=(--model-shape tiny --pages 2 --tokens-per-page 16); fi
+LOAD=(--clients 1,8,32 --duration 10)
+if [[ "$DEVICE" == cpu ]]; then LOAD=(--model builtin:tiny-qwen2-vl --clients 1,2 --duration 3); fi
 TESTS=(tests/core tests/policies tests/storage/test_storage_memory_host.py)
 step check_bf16 240 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype bfloat16 \
   --out "$OUT/check_bf16"
@@ -61,6 +66,9 @@ step check_fp32 60 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype float32
   --skip-timings --out "$OUT/check_fp32"
 step ttft 150 "$PY" -m lab.gpu.ttft --device "$DEVICE" "${SHAPE[@]}" --tier memory,disk \
   --repeats 3 --warmup 1 --sweep 1,8,32 --sweep-repeats 1 --out "$OUT/ttft/ttft.json"
+step load 150 env CONDUIT_DEVICE="$DEVICE" "$PY" -m lab.cli bench load --form embedded \
+  --engine serial,batched "${LOAD[@]}" --upload-every 0 --max-new-tokens 64 \
+  --out "$OUT/load/load.jsonl" --report "$OUT/load/load"
 step tests_fp32 120 env CONDUIT_TEST_DEVICE="$DEVICE" CONDUIT_TEST_DTYPE=float32 \
   "$PY" -m pytest -q "${TESTS[@]}" --junitxml "$OUT/tests_fp32.xml"
 if [[ $# -ge 1 ]]; then

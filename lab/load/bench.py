@@ -1,15 +1,37 @@
 """`conduit-lab bench load`: closed-loop clients drive uploads and questions against a service on
 loopback and report throughput, p50/p95/p99 latency and time to first token, errors, `/healthz`
-latency under the load, and peak RSS of the service and its workers.
+latency under the load, and peak RSS of the service and its workers against a stated bound.
 
-Either against a running service (`--url`, `--pid` for RSS) or spawning one itself
-(`--spawn`: embedded, or `--distributed`: Redis, two Celery workers and the API) on a
-temporary home. Each client loops: every `--upload-every`-th request uploads a small PDF, the
-others ask a streamed question (TTFT = the first token event). A prober thread GETs
-`/healthz` every 0.2 s. Results append to `--out` as one JSON object per run. `--engine
-serial,batched` runs each load level against a service with each answer engine in turn
-(serial: `CONDUIT_MAX_ACTIVE_ANSWERS=1`, one answer at a time; batched: the default), and
-`lab.load.report` turns the rows into a markdown table and a plot.
+Either against a running service (`--url`, `--pid` for RSS) or spawning one itself, in each
+form of `--form embedded,distributed` (embedded: one process; distributed: Redis, two Celery
+workers and the API) with each answer engine of `--engine serial,batched`, one service after
+the other on a temporary home (`--model` is passed to it as `CONDUIT_MODEL`). Against each
+service, every value of `--upload-every` (e.g. `0,10`) runs its own set of load levels
+(`--clients`), in the order given: each client loops, every n-th request uploads a small PDF
+into the questions' collection (0 = questions only), the others ask a streamed question
+(`--top-k`, `--max-new-tokens`; TTFT = the first token event). A prober thread GETs
+`/healthz` every 0.2 s. Results append to `--out` as one JSON object per level;
+`lab.load.report` turns them into markdown tables and a plot.
+
+Engines (`ENGINES`): serial is `CONDUIT_MAX_ACTIVE_ANSWERS=1`: each model process's engine
+decodes one answer at a time (a distributed worker then runs `worker_threads` = 1 + (2 - 1) = 2
+task threads: one answer slot, one for an ingest beside it; with prefetch 1 it holds at most
+two tasks, a second answer waiting in its engine's queue); batched is the default (16 slots).
+
+Memory bound (`rss_bound_mb`, per role: `service`, and `workers` in the distributed form):
+    bound = 1.25 * baseline + engines * 2 * max_kv_tokens_in_flight * kv_bytes_per_token
+`baseline` (`rss_baseline_mb`): the RSS of the role's processes right after startup and
+`prepare` (model loaded, one document ingested; idle), 25% of it allocator slack.
+`max_kv_tokens_in_flight`: the KV positions one engine may hold (`worker.settings.Settings`,
+`CONDUIT_MAX_KV_TOKENS_IN_FLIGHT`, as the service reads it). `kv_bytes_per_token`: 2 (K, V) *
+layers * kv_heads * head_dim * element bytes (4 in float32, 2 in bfloat16: the service's
+dtype) from the model's config alone; x 2 for a cache plus its working copies. `engines`: the
+role's model processes (embedded service 1; distributed API 0, workers 2). Not in it: the
+page-KV memory tier (`CONDUIT_MEMORY_KV_BYTES`), which fills with uploaded pages over a long
+run. `rss_within_bound` (per role): the level's peak RSS of those processes
+(`peak_process_rss_mb`) stayed at or under the bound. `peak_rss_mb` adds their children, the
+short-lived PDF reader processes (`worker.ingest.sandbox`: one per upload check and per
+ingest's page reader, about 140 MB each, under their own cap `CONDUIT_PAGE_MEMORY_MB`).
 """
 
 from __future__ import annotations
@@ -24,16 +46,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pymupdf
 
 from lab.processes import free_port, start_redis, stop_processes
+
+if TYPE_CHECKING:
+    from worker.settings import Settings
 
 WORDS = ["pump", "valve", "turbine", "invoice", "freight", "ledger", "audit", "reactor",
          "harbour", "pressure", "quarterly", "revenue", "inspection", "maintenance"]
@@ -78,8 +103,8 @@ class Tally:
             self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
-def _rss_kb(pid: int) -> int:
-    """Resident set of a process and its children, in KiB (0 if gone)."""
+def _rss_kb(pid: int, children: bool = True) -> int:
+    """Resident set of a process and (`children`) its descendants, in KiB (0 if gone)."""
     total = 0
     todo = [pid]
     while todo:
@@ -88,16 +113,30 @@ def _rss_kb(pid: int) -> int:
             status = Path(f"/proc/{p}/status").read_text()
             total += int(next(ln.split()[1] for ln in status.splitlines()
                               if ln.startswith("VmRSS:")))
-            for task in Path(f"/proc/{p}/task").iterdir():
-                children = (task / "children").read_text().split()
-                todo.extend(int(c) for c in children)
+            for task in Path(f"/proc/{p}/task").iterdir() if children else ():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
         except (OSError, StopIteration, ValueError):
             continue
     return total
 
 
+def _group_rss_kb(pids: list[int], children: bool = True) -> int:
+    return sum(_rss_kb(p, children) for p in pids)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What each client does: every `upload_every`-th request an upload (0 = never), the
+    others a question retrieving `top_k` pages and answering up to `max_new_tokens`."""
+
+    upload_every: int = 10
+    max_new_tokens: int = 64
+    top_k: int = 2
+
+
 def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threading.Event,
-                 tally: Tally, seed: int, upload_every: int) -> None:
+                 tally: Tally, seed: int, ask: Ask) -> None:
+    upload_every = ask.upload_every
     rng = random.Random(seed)
     with httpx.Client(base_url=url, headers=headers, timeout=300) as client:
         n = 0
@@ -117,8 +156,8 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
                     tally.error(f"upload:{type(exc).__name__}")
                 continue
             question = " ".join(rng.choice(WORDS) for _ in range(6)) + "?"
-            body = {"collection_id": collection, "question": question, "top_k": 2,
-                    "max_new_tokens": 8}
+            body = {"collection_id": collection, "question": question, "top_k": ask.top_k,
+                    "max_new_tokens": ask.max_new_tokens}
             t0 = time.perf_counter()
             first: float | None = None
             try:
@@ -179,26 +218,35 @@ def prepare(url: str, headers: dict[str, str], timeout: float = 900) -> str:
 
 def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[int]],
              collection: str, headers: dict[str, str] | None = None,
-             upload_every: int = 10) -> dict[str, Any]:
-    """Drive `clients` closed-loop clients for `duration_s`; return the measurements."""
+             ask: Ask | None = None) -> dict[str, Any]:
+    """Drive `clients` closed-loop clients doing `ask` for `duration_s`; return the
+    measurements."""
     headers = headers or {}
+    ask = ask or Ask()
     tally = Tally()
     stop = threading.Event()
     threads = [threading.Thread(target=_client_loop, daemon=True,
-                                args=(url, headers, collection, stop, tally, i, upload_every))
+                                args=(url, headers, collection, stop, tally, i, ask))
                for i in range(clients)]
     threads.append(threading.Thread(target=_prober, args=(url, stop, tally), daemon=True))
     peak = {name: 0 for name in pids}
+    own = {name: 0 for name in pids}  # the role's processes alone, without reader children
+
+    def sample() -> None:
+        for name, group in pids.items():
+            peak[name] = max(peak[name], _group_rss_kb(group))
+            own[name] = max(own[name], _group_rss_kb(group, children=False))
+
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     while time.perf_counter() - t0 < duration_s:
-        for name, group in pids.items():
-            peak[name] = max(peak[name], sum(_rss_kb(p) for p in group))
+        sample()
         time.sleep(0.5)
     stop.set()
-    for t in threads:
-        t.join(timeout=600)
+    while any(t.is_alive() for t in threads) and time.perf_counter() - t0 < duration_s + 600:
+        sample()  # the answers still running count too
+        time.sleep(0.2)
     elapsed = time.perf_counter() - t0
     done = len(tally.query) + len(tally.upload)
     return {
@@ -208,6 +256,7 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
         "upload_latency_s": percentiles(tally.upload),
         "healthz_latency_s": percentiles(tally.healthz), "errors": dict(tally.errors),
         "peak_rss_mb": {k: round(v / 1024, 1) for k, v in peak.items()},
+        "peak_process_rss_mb": {k: round(v / 1024, 1) for k, v in own.items()},
     }
 
 
@@ -227,25 +276,42 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 900)
 # the answer engine a spawned service runs: one answer at a time, or the batched default
 ENGINES: dict[str, dict[str, str]] = {"serial": {"CONDUIT_MAX_ACTIVE_ANSWERS": "1"},
                                       "batched": {}}
+FORMS = ("embedded", "distributed")
+FORM_LABELS = {"embedded": "embedded", "distributed": "distributed (2 workers)"}
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class Service:
+    """A spawned service: its URL, pids by role, home, and model processes by role."""
+
+    url: str
+    pids: dict[str, list[int]]
+    home: Path
+    engines: dict[str, int]
 
 
 @contextmanager
-def spawned(distributed: bool, workers: int = 2, engine: str = "batched"
-            ) -> Iterator[tuple[str, dict[str, list[int]]]]:
-    """A service on a temporary home: embedded, or Redis + `workers` Celery workers + API,
-    with the `engine` of `ENGINES`. Yields (URL, pids by role)."""
+def spawned(form: str, workers: int = 2, engine: str = "batched", model: str | None = None
+            ) -> Iterator[Service]:
+    """A service on a temporary home: `form` embedded, or distributed (Redis + `workers`
+    Celery workers + API), with the `engine` of `ENGINES` and `model` (None: the service's
+    default)."""
     with tempfile.TemporaryDirectory(prefix="conduit-load-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
         env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
                "CONDUIT_OCR": "false", **ENGINES[engine]}
+        if model:
+            env["CONDUIT_MODEL"] = model
         procs: list[subprocess.Popen[bytes]] = []
         stop_redis = None
         try:
             pids: dict[str, list[int]] = {"service": []}
-            if distributed:
+            engines = {"service": 1}
+            if form == "distributed":
                 env["CONDUIT_REDIS_URL"], stop_redis = start_redis(Path(tmp))
-                pids["workers"] = []
+                pids["workers"], engines = [], {"service": 0, "workers": workers}
                 for i in range(workers):
                     w = subprocess.Popen([sys.executable, "-m", "service.cli", "worker",
                                           "--concurrency", "2"], env=env,
@@ -262,41 +328,92 @@ def spawned(distributed: bool, workers: int = 2, engine: str = "batched"
             pids["service"].append(api.pid)
             url = f"http://127.0.0.1:{port}"
             _wait_healthy(url, api)
-            yield url, pids
+            yield Service(url, pids, home, engines)
         finally:
             stop_processes(procs)
             if stop_redis:
                 stop_redis()
 
 
-def main(*, url: str | None, clients: list[int], duration_s: float, distributed: bool,
-         pids: list[int], key: str | None, out: Path, upload_every: int,
-         engines: list[str] | None = None) -> list[dict[str, Any]]:
-    """Run one load level per entry of `clients` (per engine of `engines`, side by side, on
-    services spawned one after the other); append each result to `out` (JSON lines)."""
+def service_settings(model: str | None) -> Settings:
+    """The `worker.settings.Settings` a service spawned from this process's environment with
+    `model` (None: the default) runs with."""
+    from worker.settings import Settings
+
+    return Settings(model=model) if model else Settings()
+
+
+def kv_bytes_per_token(model: str, dtype: str, home: Path) -> int:
+    """KV cache bytes of one position: 2 * layers * kv_heads * head_dim * element bytes, from
+    the model's config alone (a builtin's from its folder under `home`/models)."""
+    from transformers import AutoConfig
+
+    from conduit_core.builtin import is_builtin, materialise_builtin
+    from conduit_core.flops import LMShape
+
+    source = str(materialise_builtin(model, home / "models")) if is_builtin(model) else model
+    shape = LMShape.from_config(AutoConfig.from_pretrained(source).get_text_config())
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * ELEMENT_BYTES[dtype]
+
+
+def rss_bounds(baseline_mb: dict[str, float], engines: dict[str, int],
+               kv_tokens: int, kv_bytes: int) -> dict[str, float]:
+    """Each role's RSS bound in MB: 1.25 * its baseline + its model processes * 2 * the KV
+    positions in flight * bytes per position (the module docstring)."""
+    kv_mb = 2 * kv_tokens * kv_bytes / 2**20
+    return {role: round(1.25 * base + engines.get(role, 0) * kv_mb, 1)
+            for role, base in baseline_mb.items()}
+
+
+def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[int],
+         key: str | None, out: Path, upload_every: list[int] | None = None,
+         forms: list[str] | None = None, engines: list[str] | None = None,
+         max_new_tokens: int = 64, top_k: int = 2, model: str | None = None
+         ) -> list[dict[str, Any]]:
+    """Against a service per (form, engine) of `forms` x `engines`, spawned one after the
+    other (or the one at `url`), run one load level per entry of `clients` for each value of
+    `upload_every` (default [10]); append each result to `out` (JSON lines) and return them."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     results: list[dict[str, Any]] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop spawned processes too
 
-    def levels(base: str, roles: dict[str, list[int]], form: str, engine: str) -> None:
+    def levels(base: str, roles: dict[str, list[int]], labels: dict[str, Any],
+               bound: Callable[[dict[str, float]], dict[str, float]] | None) -> None:
         collection = prepare(base, headers)
-        for c in clients:
-            row = {"form": form, "engine": engine, "upload_every": upload_every,
-                   "command": " ".join(sys.argv),
-                   **run_load(base, clients=c, duration_s=duration_s, pids=roles,
-                              collection=collection, headers=headers,
-                              upload_every=upload_every)}
-            print(json.dumps(row), flush=True)
-            results.append(row)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+        baseline = {r: round(_group_rss_kb(g, children=False) / 1024, 1)
+                    for r, g in roles.items()}
+        bounds = bound(baseline) if bound else None
+        for every in upload_every or [10]:
+            for c in clients:
+                load = run_load(base, clients=c, duration_s=duration_s, pids=roles,
+                                collection=collection, headers=headers,
+                                ask=Ask(every, max_new_tokens, top_k))
+                row = {**labels, "upload_every": every, "max_new_tokens": max_new_tokens,
+                       "top_k": top_k, "command": " ".join(sys.argv), **load,
+                       "rss_baseline_mb": baseline, "rss_bound_mb": bounds,
+                       "rss_within_bound": None if bounds is None else
+                       {r: load["peak_process_rss_mb"][r] <= b for r, b in bounds.items()}}
+                print(json.dumps(row), flush=True)
+                results.append(row)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
 
     if url:
-        levels(url, {"service": pids}, "external", "external")
-    else:
+        levels(url, {"service": pids}, {"form": "external", "engine": "external",
+                                        "model": model}, None)
+        return results
+    settings = service_settings(model)
+    for form in forms or ["embedded"]:
         for engine in engines or ["batched"]:
-            with spawned(distributed, engine=engine) as (base, roles):
-                levels(base, roles, "distributed (2 workers)" if distributed else "embedded",
-                       engine)
+            with spawned(form, engine=engine, model=model) as svc:
+                def bound(baseline: dict[str, float], svc: Service = svc) -> dict[str, float]:
+                    # after prepare: the service has materialised a builtin model
+                    kv = kv_bytes_per_token(settings.model, settings.torch_dtype, svc.home)
+                    return rss_bounds(baseline, svc.engines, settings.max_kv_tokens_in_flight,
+                                      kv)
+
+                levels(svc.url, svc.pids,
+                       {"form": FORM_LABELS[form], "engine": engine, "model": settings.model},
+                       bound)
     return results

@@ -1,0 +1,37 @@
+"""The load bench end to end, short: an embedded service spawned per answer engine on the tiny
+model, questions only and uploads mixed in against the same service, rows with the settings
+and the memory bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab.load.bench import main
+
+
+def test_serial_and_batched_with_and_without_uploads(tmp_path: Path) -> None:
+    out = tmp_path / "load.jsonl"
+    rows = main(url=None, clients=[1], duration_s=2, pids=[], key=None, out=out,
+                upload_every=[0, 2], forms=["embedded"], engines=["serial", "batched"],
+                max_new_tokens=4, top_k=2, model="builtin:tiny-qwen2-vl")
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert [(r["engine"], r["upload_every"]) for r in rows] == \
+        [("serial", 0), ("serial", 2), ("batched", 0), ("batched", 2)]
+    for r in rows:
+        assert r["errors"] == {}, r
+        assert r["form"] == "embedded" and r["model"] == "builtin:tiny-qwen2-vl"
+        assert (r["max_new_tokens"], r["top_k"], r["clients"]) == (4, 2, 1)
+        assert r["query_latency_s"]["count"] > 0 and r["ttft_s"]["p50"] > 0
+        assert set(r["peak_rss_mb"]) == set(r["rss_bound_mb"]) == {"service"}
+        assert r["peak_process_rss_mb"]["service"] <= r["peak_rss_mb"]["service"]
+        assert r["rss_within_bound"]["service"] is \
+            (r["peak_process_rss_mb"]["service"] <= r["rss_bound_mb"]["service"])
+        # 1.25 x the idle baseline + 2 x 65536 positions x 1 KiB (the tiny model in float32:
+        # 2 x 4 layers x 2 KV heads x head_dim 16 x 4 bytes)
+        assert r["rss_bound_mb"]["service"] == \
+            pytest.approx(1.25 * r["rss_baseline_mb"]["service"] + 128, abs=0.1)
+    assert all(r["upload_latency_s"]["count"] == 0 for r in rows if r["upload_every"] == 0)
+    assert all(r["upload_latency_s"]["count"] > 0 for r in rows if r["upload_every"] == 2)
