@@ -19,19 +19,21 @@ task threads: one answer slot, one for an ingest beside it; with prefetch 1 it h
 two tasks, a second answer waiting in its engine's queue); batched is the default (16 slots).
 
 Memory bound (`rss_bound_mb`, per role: `service`, and `workers` in the distributed form):
-    bound = 1.25 * baseline + engines * 2 * max_kv_tokens_in_flight * kv_bytes_per_token
+    bound = 1.25 * baseline + engines * (2 * max_kv_tokens_in_flight * kv_bytes_per_token
+                                         + memory_kv_bytes)
 `baseline` (`rss_baseline_mb`): the RSS of the role's processes right after startup and
 `prepare` (model loaded, one document ingested; idle), 25% of it allocator slack.
 `max_kv_tokens_in_flight`: the KV positions one engine may hold (`worker.settings.Settings`,
 `CONDUIT_MAX_KV_TOKENS_IN_FLIGHT`, as the service reads it). `kv_bytes_per_token`: 2 (K, V) *
 layers * kv_heads * head_dim * element bytes (4 in float32, 2 in bfloat16: the service's
 dtype) from the model's config alone; x 2 for a cache plus its working copies. `engines`: the
-role's model processes (embedded service 1; distributed API 0, workers 2). Not in it: the
-page-KV memory tier (`CONDUIT_MEMORY_KV_BYTES`), which fills with uploaded pages over a long
-run. `rss_within_bound` (per role): the level's peak RSS of those processes
-(`peak_process_rss_mb`) stayed at or under the bound. `peak_rss_mb` adds their children, the
-short-lived PDF reader processes (`worker.ingest.sandbox`: one per upload check and per
-ingest's page reader, about 140 MB each, under their own cap `CONDUIT_PAGE_MEMORY_MB`).
+role's model processes (embedded service 1; distributed API 0, workers 2). `memory_kv_bytes`:
+each model process's page-KV memory tier (`CONDUIT_MEMORY_KV_BYTES`), which fills with
+uploaded pages over a long run. `rss_within_bound` (per role): the level's peak RSS of those
+processes (`peak_process_rss_mb`) stayed at or under the bound. `peak_rss_mb` adds their
+children, the short-lived PDF reader processes (`worker.ingest.sandbox`: one per upload check
+and per ingest's page reader, about 140 MB each, under their own cap
+`CONDUIT_PAGE_MEMORY_MB`).
 """
 
 from __future__ import annotations
@@ -95,12 +97,16 @@ class Tally:
     upload: list[float] = field(default_factory=list)
     healthz: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    details: dict[str, int] = field(default_factory=dict)  # the messages of error events
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def error(self, kind: str) -> None:
-        """Count one error of `kind` (e.g. `query:503`, `upload:ReadTimeout`)."""
+    def error(self, kind: str, detail: str | None = None) -> None:
+        """Count one error of `kind` (e.g. `query:503`, `upload:ReadTimeout`) and its
+        message when the service gave one."""
         with self.lock:
             self.errors[kind] = self.errors.get(kind, 0) + 1
+            if detail is not None:
+                self.details[detail[:200]] = self.details.get(detail[:200], 0) + 1
 
 
 def _rss_kb(pid: int, children: bool = True) -> int:
@@ -166,13 +172,16 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
                         tally.error(f"query:{r.status_code}")
                         continue
                     last = ""
+                    detail = None
                     for line in r.iter_lines():
                         if line.startswith("event: "):
                             last = line.removeprefix("event: ")
                             if last == "token" and first is None:
                                 first = time.perf_counter() - t0
+                        elif last == "error" and line.startswith("data: "):
+                            detail = line.removeprefix("data: ")
                     if last != "done":
-                        tally.error(f"query:event-{last or 'none'}")
+                        tally.error(f"query:event-{last or 'none'}", detail)
                         continue
                 with tally.lock:
                     tally.query.append(time.perf_counter() - t0)
@@ -255,6 +264,7 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
         "query_latency_s": percentiles(tally.query), "ttft_s": percentiles(tally.ttft),
         "upload_latency_s": percentiles(tally.upload),
         "healthz_latency_s": percentiles(tally.healthz), "errors": dict(tally.errors),
+        "error_details": dict(tally.details),
         "peak_rss_mb": {k: round(v / 1024, 1) for k, v in peak.items()},
         "peak_process_rss_mb": {k: round(v / 1024, 1) for k, v in own.items()},
     }
@@ -357,10 +367,11 @@ def kv_bytes_per_token(model: str, dtype: str, home: Path) -> int:
 
 
 def rss_bounds(baseline_mb: dict[str, float], engines: dict[str, int],
-               kv_tokens: int, kv_bytes: int) -> dict[str, float]:
-    """Each role's RSS bound in MB: 1.25 * its baseline + its model processes * 2 * the KV
-    positions in flight * bytes per position (the module docstring)."""
-    kv_mb = 2 * kv_tokens * kv_bytes / 2**20
+               kv_tokens: int, kv_bytes: int, memory_tier_bytes: int = 0) -> dict[str, float]:
+    """Each role's RSS bound in MB: 1.25 * its baseline + its model processes * (2 * the KV
+    positions in flight * bytes per position + the page-KV memory tier's budget) (the module
+    docstring)."""
+    kv_mb = (2 * kv_tokens * kv_bytes + memory_tier_bytes) / 2**20
     return {role: round(1.25 * base + engines.get(role, 0) * kv_mb, 1)
             for role, base in baseline_mb.items()}
 
@@ -411,7 +422,7 @@ def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[i
                     # after prepare: the service has materialised a builtin model
                     kv = kv_bytes_per_token(settings.model, settings.torch_dtype, svc.home)
                     return rss_bounds(baseline, svc.engines, settings.max_kv_tokens_in_flight,
-                                      kv)
+                                      kv, settings.memory_kv_bytes)
 
                 levels(svc.url, svc.pids,
                        {"form": FORM_LABELS[form], "engine": engine, "model": settings.model},

@@ -82,6 +82,9 @@ def test_rss_bound() -> None:
     # distributed: the API holds no model, the workers' role two
     assert rss_bounds({"service": 400.0, "workers": 1600.0}, {"service": 0, "workers": 2},
                       1024, 4096) == {"service": 500.0, "workers": 2016.0}
+    # each model process's page-KV memory tier counts too (64 MiB here)
+    assert rss_bounds({"service": 800.0}, {"service": 1}, 65536, 8192, 64 * 2**20) == \
+        {"service": 2088.0}
 
 
 def test_engine_option() -> None:
