@@ -93,6 +93,8 @@ def materialise_builtin(name: str, cache_dir: Path) -> Path:
         processor.save_pretrained(tmp)
         (tmp / _MARKER).write_text(json.dumps({"name": name, "version": _BUILD_VERSION,
                                                "source": _source_tag(short)}))
+        if _folder_ok(folder, short):  # another process finished first: keep its copy (it
+            return folder  # may be loading from it), which is identical
         if folder.exists():  # stale build version: replace it
             shutil.rmtree(folder, ignore_errors=True)
         try:

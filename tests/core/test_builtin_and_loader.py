@@ -85,3 +85,25 @@ def test_local_folder_loads_like_a_checkpoint(model_cache: Path) -> None:
     for (ka, va), (kb, vb) in zip(local.model.state_dict().items(),
                                   builtin.model.state_dict().items(), strict=True):
         assert ka == kb and torch.equal(va, vb)
+
+
+def test_a_builtin_another_process_finished_first_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes materialise the same builtin at once (two Celery workers on one home):
+    the one that finishes second keeps the first one's folder, which that process may be
+    loading from, instead of replacing it."""
+    from conduit_core import builtin
+
+    real_build = builtin._build
+    won: list[int] = []
+
+    def build_while_another_finishes(short: str, builders: dict) -> tuple:  # type: ignore[type-arg]
+        monkeypatch.setattr(builtin, "_build", real_build)
+        folder = builtin.materialise_builtin("builtin:tiny-qwen2-vl", tmp_path)  # the other
+        won.append(folder.stat().st_ino)
+        return real_build(short, builders)
+    monkeypatch.setattr(builtin, "_build", build_while_another_finishes)
+    folder = builtin.materialise_builtin("builtin:tiny-qwen2-vl", tmp_path)
+    assert won and folder.stat().st_ino == won[0]  # the winner's folder, not replaced
+    assert (folder / "model.safetensors").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-qwen2-vl"]  # no temporary left
