@@ -111,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--model", default=None,
                       help="CONDUIT_MODEL of the spawned services, e.g. "
                       "builtin:tiny-qwen2-vl (default: the service's default)")
+    load.add_argument("--keep-logs", type=Path, default=None,
+                      help="copy the spawned services' logs into this folder when they stop")
     load.add_argument("--out", type=Path, default=results("load") / "load.jsonl")
     load.add_argument("--report", type=Path, default=None,
                       help="also write markdown tables and a plot (PNG) of --out's rows "
@@ -167,7 +169,7 @@ def _bench_load(args: argparse.Namespace) -> int:
         main(url=args.url, clients=args.clients, duration_s=args.duration, pids=args.pid,
              key=args.key, out=args.out, upload_every=args.upload_every,
              forms=forms or ["embedded"], engines=engines, max_new_tokens=args.max_new_tokens,
-             top_k=args.top_k, model=args.model)
+             top_k=args.top_k, model=args.model, keep_logs=args.keep_logs)
     finally:  # rows so far, also when stopped (SIGTERM) or failed
         if args.report is not None and args.out.exists():
             from lab.load.report import write_report

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -302,11 +303,12 @@ class Service:
 
 
 @contextmanager
-def spawned(form: str, workers: int = 2, engine: str = "batched", model: str | None = None
-            ) -> Iterator[Service]:
+def spawned(form: str, workers: int = 2, engine: str = "batched", model: str | None = None,
+            keep_logs: Path | None = None) -> Iterator[Service]:
     """A service on a temporary home: `form` embedded, or distributed (Redis + `workers`
     Celery workers + API), with the `engine` of `ENGINES` and `model` (None: the service's
-    default)."""
+    default). With `keep_logs`, its processes' logs are copied there when it stops
+    (`<form>-<engine>-<name>.log`)."""
     with tempfile.TemporaryDirectory(prefix="conduit-load-") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
@@ -343,6 +345,10 @@ def spawned(form: str, workers: int = 2, engine: str = "batched", model: str | N
             stop_processes(procs)
             if stop_redis:
                 stop_redis()
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in home.glob("*.log"):
+                    shutil.copy(log, keep_logs / f"{form}-{engine}-{log.name}")
 
 
 def service_settings(model: str | None) -> Settings:
@@ -379,8 +385,8 @@ def rss_bounds(baseline_mb: dict[str, float], engines: dict[str, int],
 def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[int],
          key: str | None, out: Path, upload_every: list[int] | None = None,
          forms: list[str] | None = None, engines: list[str] | None = None,
-         max_new_tokens: int = 64, top_k: int = 2, model: str | None = None
-         ) -> list[dict[str, Any]]:
+         max_new_tokens: int = 64, top_k: int = 2, model: str | None = None,
+         keep_logs: Path | None = None) -> list[dict[str, Any]]:
     """Against a service per (form, engine) of `forms` x `engines`, spawned one after the
     other (or the one at `url`), run one load level per entry of `clients` for each value of
     `upload_every` (default [10]); append each result to `out` (JSON lines) and return them."""
@@ -417,7 +423,7 @@ def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[i
     settings = service_settings(model)
     for form in forms or ["embedded"]:
         for engine in engines or ["batched"]:
-            with spawned(form, engine=engine, model=model) as svc:
+            with spawned(form, engine=engine, model=model, keep_logs=keep_logs) as svc:
                 def bound(baseline: dict[str, float], svc: Service = svc) -> dict[str, float]:
                     # after prepare: the service has materialised a builtin model
                     kv = kv_bytes_per_token(settings.model, settings.torch_dtype, svc.home)
