@@ -160,12 +160,29 @@ def ensure_prefilled(
     done = len(pages) - len(missing)
     if on_done:
         on_done(done)
-    for start in range(0, len(missing), PREFILL_BATCH):
-        batch = missing[start:start + PREFILL_BATCH]
-        images = [Image.open(ctx.page_image_path(p.image_path)).convert("RGB") for p in batch]
-        kvs = ctx.engine.run(partial(_prefill, ctx, images))  # between decode steps
-        ctx.kv.put_many({PageHash(p.page_hash): kv for p, kv in zip(batch, kvs, strict=True)})
-        done += len(batch)
+
+    def batch_done(n: int) -> None:
+        nonlocal done
+        done += n
         if on_done:
             on_done(done)
+    prefill_now(ctx, missing, batch_done)
     return len(missing)
+
+
+def prefill_now(ctx: WorkerContext, pages: Sequence[Page],
+                on_batch: Callable[[int], None] | None = None) -> dict[PageHash, PageKV]:
+    """Prefill `pages` (distinct hashes) now, whatever the store holds, in page batches run
+    between decode steps; store each batch and return the KV computed, by hash (a question
+    answers from what it computed, not from a re-read another question could race with)."""
+    out: dict[PageHash, PageKV] = {}
+    for start in range(0, len(pages), PREFILL_BATCH):
+        batch = pages[start:start + PREFILL_BATCH]
+        images = [Image.open(ctx.page_image_path(p.image_path)).convert("RGB") for p in batch]
+        kvs = ctx.engine.run(partial(_prefill, ctx, images))  # between decode steps
+        fresh = {PageHash(p.page_hash): kv for p, kv in zip(batch, kvs, strict=True)}
+        ctx.kv.put_many(fresh)
+        out.update(fresh)
+        if on_batch:
+            on_batch(len(batch))
+    return out

@@ -12,7 +12,7 @@ from conduit_core.page_kv import PageKV
 from storage.keys import PageHash
 from storage.metadata import Page
 from worker.context import WorkerContext
-from worker.ingest_job import ensure_prefilled
+from worker.ingest_job import prefill_now
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,12 @@ class LoadedPages:
 def load_pages(ctx: WorkerContext, pages: Sequence[Page]) -> LoadedPages:
     """Read every page's KV through the tiers; prefill (and store) the pages that missed.
 
-    A page that misses on read is deleted from every tier first, so that a stale index entry
-    (a disk file that failed verification, a Redis key that expired mid-read) cannot make
-    `ensure_prefilled` believe it is still stored.
+    A page that misses on read is deleted from every tier first (a stale index entry: a disk
+    file that failed verification, a Redis key that expired mid-read), then prefilled, and the
+    answer uses the KV it computed. It is not read back: concurrent questions that miss the
+    same page (one of a document still being ingested) each delete and store it, and a
+    read-back could find another question's delete (they failed with "could not be stored"
+    under load with uploads).
     """
     hashes = list(dict.fromkeys(PageHash(p.page_hash) for p in pages))
     t0 = time.perf_counter()
@@ -52,14 +55,8 @@ def load_pages(ctx: WorkerContext, pages: Sequence[Page]) -> LoadedPages:
     missing = [h for h in hashes if h not in kvs]
     if missing:
         ctx.kv.delete(missing)
-        wanted = set(missing)
-        ensure_prefilled(ctx, [p for p in pages if p.page_hash in wanted])
-        fresh, _ = ctx.kv.get_many_traced(missing)
-        kvs.update(fresh)
-        lost = [h for h in missing if h not in kvs]
-        if lost:
-            raise RuntimeError(f"{len(lost)} page(s) could not be stored after prefill; "
-                               "is the KV store's byte budget smaller than one page?")
+        todo = {PageHash(p.page_hash): p for p in pages if p.page_hash in set(missing)}
+        kvs.update(prefill_now(ctx, list(todo.values())))
     t_done = time.perf_counter()
     counts = Counter(served_by.values())
     report = CacheReport(pages_from={name: counts.get(name, 0) for name, _ in ctx.kv.tiers},
