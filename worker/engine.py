@@ -60,7 +60,7 @@ def kv_tokens_needed(request: AnswerRequest) -> int:
             + request.max_new_tokens)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two questions over the same pages are still two tickets
 class _Ticket:
     """One submitted question, from the queue to its result."""
 
@@ -172,7 +172,10 @@ class AnswerEngine:
                 self._iteration(ticket, job, active)
             except Exception:  # noqa: BLE001 - keep serving; the failed answers are told
                 log.exception("answer engine step failed")
-                self._fail(active, "internal error while answering")
+                try:
+                    self._fail(active, "internal error while answering")
+                except Exception:  # noqa: BLE001 - the engine thread must not die
+                    log.exception("answer engine could not fail the batch cleanly")
 
     def _admit(self) -> _Ticket | None:
         """The next question to prefill (FCFS), or None; expires those that waited too long

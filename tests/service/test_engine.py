@@ -237,3 +237,21 @@ def test_running_answers_decode_between_the_phases_of_a_prefill(
         assert "A:token" in events[before:after], events  # A streamed during C's prefill
     assert f"{name_a}:state" in events and f"{requests[1].question[:18]}:chosen" not in events
     assert engine.stats().active == 0
+
+
+def test_questions_over_the_same_pages_leave_in_any_order(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    """Tickets are compared by identity: retiring an answer that finishes before an earlier
+    one over the same pages compared their requests field by field, down to the page
+    tensors, and the error killed the engine thread (seen in the load bench)."""
+    def pages() -> list[PageInput]:  # equal pages in new tensors, as each question loads them
+        return [PageInput(f"P{j}:", kv) for j, kv in enumerate(rt.prefill_pages([IMAGES["a"]]))]
+    same = [AnswerRequest("Be brief.", pages(), f"Same pages, question {i}?",
+                          max_new_tokens=n) for i, n in enumerate((12, 2, 7))]
+    engine = AnswerEngine(lambda: rt, max_active=4)
+    try:
+        got = _concurrently(engine, same)
+        assert all(not isinstance(g, BaseException) for g in got), got
+        assert engine.answer(requests[0])[0].token_ids == rt.answer(requests[0]).token_ids
+    finally:
+        engine.close()
