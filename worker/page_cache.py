@@ -55,7 +55,8 @@ def load_pages(ctx: WorkerContext, pages: Sequence[Page]) -> LoadedPages:
     missing = [h for h in hashes if h not in kvs]
     if missing:
         ctx.kv.delete(missing)
-        todo = {PageHash(p.page_hash): p for p in pages if p.page_hash in set(missing)}
+        wanted = set(missing)
+        todo = {PageHash(p.page_hash): p for p in pages if p.page_hash in wanted}
         kvs.update(prefill_now(ctx, list(todo.values())))
     t_done = time.perf_counter()
     counts = Counter(served_by.values())
