@@ -157,24 +157,19 @@ def ensure_prefilled(
         if p.page_hash not in present:
             todo.setdefault(p.page_hash, p)
     missing = list(todo.values())
-    done = len(pages) - len(missing)
+    stored = len(pages) - len(missing)
     if on_done:
-        on_done(done)
-
-    def batch_done(n: int) -> None:
-        nonlocal done
-        done += n
-        if on_done:
-            on_done(done)
-    prefill_now(ctx, missing, batch_done)
+        on_done(stored)
+    prefill_now(ctx, missing, on_done and (lambda n: on_done(stored + n)))
     return len(missing)
 
 
 def prefill_now(ctx: WorkerContext, pages: Sequence[Page],
-                on_batch: Callable[[int], None] | None = None) -> dict[PageHash, PageKV]:
+                on_done: Callable[[int], None] | None = None) -> dict[PageHash, PageKV]:
     """Prefill `pages` (distinct hashes) now, whatever the store holds, in page batches run
-    between decode steps; store each batch and return the KV computed, by hash (a question
-    answers from what it computed, not from a re-read another question could race with)."""
+    between decode steps; store each batch (`on_done(pages done so far)` after it) and return
+    the KV computed, by hash (a question answers from what it computed, not from a re-read
+    another question could race with)."""
     out: dict[PageHash, PageKV] = {}
     for start in range(0, len(pages), PREFILL_BATCH):
         batch = pages[start:start + PREFILL_BATCH]
@@ -183,6 +178,6 @@ def prefill_now(ctx: WorkerContext, pages: Sequence[Page],
         fresh = {PageHash(p.page_hash): kv for p, kv in zip(batch, kvs, strict=True)}
         ctx.kv.put_many(fresh)
         out.update(fresh)
-        if on_batch:
-            on_batch(len(batch))
+        if on_done:
+            on_done(len(out))
     return out

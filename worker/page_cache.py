@@ -45,8 +45,7 @@ def load_pages(ctx: WorkerContext, pages: Sequence[Page]) -> LoadedPages:
     file that failed verification, a Redis key that expired mid-read), then prefilled, and the
     answer uses the KV it computed. It is not read back: concurrent questions that miss the
     same page (one of a document still being ingested) each delete and store it, and a
-    read-back could find another question's delete (they failed with "could not be stored"
-    under load with uploads).
+    read-back could find another question's delete.
     """
     hashes = list(dict.fromkeys(PageHash(p.page_hash) for p in pages))
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ from storage.metadata import Page
 from storage.metadata.records import DocumentId
 from tests.core.helpers import IMAGES
 from worker.context import WorkerContext, build_context
+from worker.ingest_job import ensure_prefilled
 from worker.page_cache import load_pages
 from worker.settings import Settings
 
@@ -77,3 +78,14 @@ def test_concurrent_questions_missing_the_same_pages_all_get_them(ctx: WorkerCon
     assert not errors and got == [2] * 6
     again = load_pages(ctx, pages)  # stored: served from the disk tier now
     assert again.report.pages_prefilled_now == 0
+
+
+def test_ingest_prefill_counts_stored_pages_then_each_batch(ctx: WorkerContext) -> None:
+    first, second = _pages(ctx, "c"), _pages(ctx, "d")
+    load_pages(ctx, first[:1])  # one page stored already
+    seen: list[int] = []
+    computed = ensure_prefilled(ctx, [*first, *second], on_done=seen.append)
+    assert computed == 3
+    assert seen[0] == 1 and seen[-1] == 4 and seen == sorted(seen)  # progress, never back
+    assert ctx.kv.contains([PageHash(p.page_hash) for p in [*first, *second]]) == \
+        {PageHash(p.page_hash) for p in [*first, *second]}
