@@ -8,14 +8,16 @@ as computed (`conduit_core.flops`). This module predicts that charge before the 
     prediction is the refresh's exact cost, and the choice is kept for the refresh;
   * a policy with a forward pass declares it with `cost_profile(ctx) -> PolicyCost` (the
     scoring pass it runs, CacheBlend's check layers, and its k). Its refreshed tokens are not
-    known before that pass, so the prediction places its k tokens evenly over the pages: the
-    linear part of the cost is exact, the attention part an estimate of their key counts.
+    known before that pass, so the prediction places its k tokens where the same policy's
+    choices fell in earlier answers at the same budget (`conduit_core.choice_history`; evenly
+    over the pages when there were none): the linear part of the cost is exact, the attention
+    part an estimate of their key counts.
 
 Where the choice is not known, the decision uses an upper bound instead of the estimate (every
 refreshed row reading every key, every text row recomputed), so that no answer costs more than
 its fallback; the estimate is what the answer reports (`AnswerResult.predicted_flops_lm`).
-A scoring policy whose choice gathers late in a long prompt costs more than the estimate: on
-the default builtin model (3 pages of ~500 tokens) CONDUIT's measured cost was 7% above it.
+On the default builtin model (3 pages of ~500 tokens) the even placement was 3-11% above
+the measured cost of the scoring policies; placed from one earlier answer's choice, within 2%.
 
 The alternative every prediction is compared with is a full prefill from the cached page
 embeddings (vision tower skipped): every row after the cached head recomputed, or every row
@@ -29,8 +31,8 @@ Public API:
                                                       .fallback: run the full prefill instead
                                                       (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
-  even_rows(visual_rows, k) -> (k,) evenly spaced visual rows (the estimate's placement)
-  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy) -> RefreshPlan
+  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows)
+      -> RefreshPlan      place(visual_rows, k) -> (k,): where the estimate puts the k rows
   RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0), .scoring(...),
                             .check(layout, layers)
 """
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
+from conduit_core.choice_history import even_rows
 from conduit_core.flops import FlopsModel
 from conduit_core.layer_forward import computed_key_counts
 from conduit_core.layout import Layout
@@ -92,16 +95,6 @@ def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
     skipped = int((rows < first).sum())  # every row before `first` is a text row
     return rows[skipped:], skipped
 
-
-def even_rows(visual_rows: torch.Tensor, k: int) -> torch.Tensor:
-    """`k` of `visual_rows` spread evenly from the first to the last: (k,)."""
-    n = visual_rows.numel()
-    if k <= 0 or n == 0:
-        return visual_rows[:0]
-    if k >= n:
-        return visual_rows
-    pick = torch.linspace(0, n - 1, k).round().to(torch.long)  # (k,)
-    return visual_rows[pick]
 
 
 @dataclass(frozen=True)
@@ -155,8 +148,10 @@ class RowCosts:
 
 
 def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bool,
-                 ctx: PolicyContext, policy: RefreshPolicy) -> RefreshPlan:
-    """Predict the policy's prefill FLOPs for this layout and the fallback's (see module)."""
+                 ctx: PolicyContext, policy: RefreshPolicy,
+                 place: Callable[[torch.Tensor, int], torch.Tensor] = even_rows) -> RefreshPlan:
+    """Predict the policy's prefill FLOPs for this layout and the fallback's (see module);
+    `place(visual_rows, k)` is where a forward-pass policy's k rows are assumed to lie."""
     visual_all = layout.visual_rows()
     fallback_rows, _ = refresh_rows(layout, exact_rows, visual_all, scored=False)
     suffix = costs.refresh(layout, fallback_rows, last_only)
@@ -169,7 +164,7 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
         rows, _ = refresh_rows(layout, exact_rows, visual, scored=False)
         return RefreshPlan(costs.refresh(layout, rows, last_only), fallback, visual, from_start)
     cost = profile(ctx)
-    guess = even_rows(visual_all, cost.k)  # (k,)
+    guess = place(visual_all, cost.k)  # (k,)
     predicted = 0.0
     scored = cost.scoring is not None
     if cost.scoring is not None:

@@ -49,8 +49,10 @@ Public API:
     .logits(hidden) -> (R, vocab) float32
     .scoring(assembly, config=ScoreConfig()) -> (StaleScores, flops)
     .policy_context(assembly, budget, seed=None) -> PolicyContext
-    .plan(assembly, ctx, policy) -> RefreshPlan   predicted LM FLOPs of the policy and of
-        the fallback (`conduit_core.cost_model`)
+    .plan(assembly, ctx, policy, key=None) -> RefreshPlan   predicted LM FLOPs of the policy
+        and of the fallback (`conduit_core.cost_model`); a forward-pass policy's k rows are
+        placed where its choices under the same `key` (policy, options, budget) fell before
+        (`.choices`, a `conduit_core.choice_history.ChoiceHistory`; answers record theirs)
   Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
            last_only=False)   .exact_rows: rows exact before any pass (the cached head)
 """
@@ -58,14 +60,16 @@ Public API:
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from PIL import Image
 
 from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
+from conduit_core.choice_history import ChoiceHistory, even_rows
 from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh, refresh_rows
 from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
@@ -124,6 +128,7 @@ class ReuseRuntime:
         self.flops = FlopsModel.from_adapter(self.adapter)
         self.costs = RowCosts(self.adapter, self.flops)
         self.heads: HeadCache | None = HeadCache() if head_cache else None
+        self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
 
@@ -288,11 +293,14 @@ class ReuseRuntime:
                              cache=assembly.cache,
                              embeds=assembly.embeds, adapter=self.adapter)
 
-    def plan(self, assembly: Assembly, ctx: PolicyContext, policy: RefreshPolicy) -> RefreshPlan:
+    def plan(self, assembly: Assembly, ctx: PolicyContext, policy: RefreshPolicy,
+             key: Hashable | None = None) -> RefreshPlan:
         """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
-        cached embeddings (`conduit_core.cost_model.plan_refresh`)."""
+        cached embeddings (`conduit_core.cost_model.plan_refresh`); with `key`, a
+        forward-pass policy's rows are placed from `self.choices` under it."""
+        place = even_rows if key is None else partial(self.choices.rows, key)
         return plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
-                            assembly.last_only, ctx, policy)
+                            assembly.last_only, ctx, policy, place)
 
     # ---- answers --------------------------------------------------------------------
     def _start(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
@@ -364,7 +372,8 @@ class ReuseRuntime:
                                  extra_capacity=request.max_new_tokens, last_only=True)
         yield "assembled"
         ctx = self.policy_context(assembly, request.budget, request.seed)
-        plan = self.plan(assembly, ctx, policy)
+        key = (request.policy, request.options, round(request.budget, 4))
+        plan = self.plan(assembly, ctx, policy, key)
         fallback = self.never_above_full and plan.fallback
         if fallback:
             visual, resume, extra = assembly.layout.visual_rows(), None, 0.0
@@ -373,6 +382,8 @@ class ReuseRuntime:
         else:
             visual = plan.visual if plan.visual is not None else policy(ctx)
             visual = visual.to(torch.long).cpu().unique()
+            if plan.visual is None:  # chosen by a forward pass: where it fell, for next time
+                self.choices.record(key, assembly.layout.visual_rows(), visual)
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)
