@@ -1,8 +1,10 @@
 """Per-answer records of an answer evaluation (resumable) and the result rows built from them.
 
 Records live in a JSONL file beside the results (`RESULTS.records.jsonl` for
-`RESULTS.json`): a header line `{"config": {...}}` (what changes answers: model, dtype,
-pages mode, top-k, page cap, max new tokens, prefix), then one line per answer:
+`RESULTS.json`): a header line `{"config": {...}, "model_revision": "..."}` (what changes
+answers: model, dtype, pages mode, top-k, page cap, max new tokens, prefix; and the loaded
+weights' revision, a digest or hub commit, pinned once the model has loaded, so that a
+builtin whose weights changed under the same name is not resumed), then one line per answer:
 `{"id", "policy", "budget", "answer", "score", "agree", "flops_ratio_lm",
 "flops_ratio_total", "ttft_ms", "kv_load_ms", "refreshed", "visual", "pages", ...}`.
 The reference answer (full prefill from the page images) is `policy: full_prefill,
@@ -31,6 +33,7 @@ Public API:
   REFERENCE = "full_prefill";  CACHED_REFERENCE = "full_prefill_cached"
   RecordsMismatchError(ValueError)
   Records(path, config)   .done(id, policy, budget) -> bool   .add(records)   .all() -> list
+    .pin_model(revision)   the loaded weights' revision: recorded, or checked against the file's
   build_rows(items, records, policies, budgets) -> list[dict]
 """
 
@@ -59,6 +62,8 @@ class Records:
 
     def __init__(self, path: Path, config: dict[str, Any]):
         self.path = path
+        self._config = config
+        self._revision: str | None = None
         self._records: dict[tuple[str, str, float], Record] = {}
         if path.exists() and path.stat().st_size:
             text = path.read_text(encoding="utf-8")
@@ -66,6 +71,7 @@ class Records:
                 with path.open("a", encoding="utf-8") as fh:
                     fh.write("\n")
             lines = text.splitlines()
+            self._revision = json.loads(lines[0]).get("model_revision")
             header = json.loads(lines[0]).get("config")
             if header != config:
                 changed = sorted(k for k in set(header or {}) | set(config)
@@ -84,6 +90,22 @@ class Records:
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"config": config}) + "\n", encoding="utf-8")
+
+    def pin_model(self, revision: str) -> None:
+        """Tie the records to the loaded model's weights (`ModelFingerprint.revision`): a new
+        file records it; a file written with other weights, or before weights were
+        recorded, raises `RecordsMismatchError`."""
+        if self._revision == revision:
+            return
+        if self._revision is None and not self._records:
+            header = {"config": self._config, "model_revision": revision}
+            self.path.write_text(json.dumps(header) + "\n", encoding="utf-8")
+            self._revision = revision
+            return
+        raise RecordsMismatchError(
+            f"{self.path} holds answers made with other weights of this model "
+            f"({self._revision or 'not recorded'} against {revision}); use another --out or "
+            "delete that file to start over")
 
     @staticmethod
     def _key(rec: Record) -> tuple[str, str, float]:

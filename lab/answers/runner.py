@@ -416,6 +416,7 @@ def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
         stack.callback(ctx.close)
         corpus = ingest_documents(ctx, cfg.pdfs, [i.doc for i in selected],
                                   collection=f"answer-eval-{cfg.pages}", progress=cfg.progress)
+        records.pin_model(ctx.runtime.vlm.fingerprint.revision)  # the weights answered with
         run = _Run(cfg, ctx, corpus, records, policies)
         skipped = {i.id: f"document not ingested: {corpus.failed[i.doc]}"
                    for i in selected if i.doc in corpus.failed}

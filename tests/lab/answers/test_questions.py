@@ -78,3 +78,22 @@ def test_records_resume_and_refuse_other_settings(tmp_path: Path) -> None:
     assert Records(path, {"model": "m", "max_new_tokens": 4}).done("q2", "conduit", 0.1)
     with pytest.raises(RecordsMismatchError, match=r"other settings \(max_new_tokens\)"):
         Records(path, {"model": "m", "max_new_tokens": 8})
+
+
+def test_records_are_pinned_to_the_weights(tmp_path: Path) -> None:
+    """A builtin keeps its name when its committed weights change: the records of the old
+    weights must not be resumed as answers of the new ones."""
+    path = tmp_path / "r.records.jsonl"
+    config = {"model": "builtin:testbed-qwen2-vl"}
+    records = Records(path, config)
+    records.pin_model("sha-old")
+    records.add([{"id": "q1", "policy": "conduit", "budget": 0.1, "answer": "x"}])
+    again = Records(path, config)
+    again.pin_model("sha-old")  # the same weights: resumes
+    assert again.done("q1", "conduit", 0.1)
+    with pytest.raises(RecordsMismatchError, match="other weights"):
+        Records(path, config).pin_model("sha-new")
+    old = tmp_path / "old.records.jsonl"  # written before weights were recorded
+    Records(old, config).add([{"id": "q1", "policy": "conduit", "budget": 0.1, "answer": "x"}])
+    with pytest.raises(RecordsMismatchError, match="not recorded"):
+        Records(old, config).pin_model("sha-new")
