@@ -25,9 +25,9 @@ def test_the_weights_are_in_the_tree():
 def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path):
     """50 generated questions (a seed training never drew from), each over its evidence pages
     plus distractors (6 pages, as `conduit-lab eval answers --pages shown`), rendered from
-    the PDFs as ingest renders them: full prefill answers >= 45% (the committed run reached
-    69% held-out and 54% here, with 10 pair questions it rarely answers; not the 85% issue 28
-    asks for: docs/TESTBED.md); full reuse loses the
+    the PDFs as ingest renders them: full prefill answers >= 60% (the committed run, seed 2 of
+    the recipe, reached 85% held-out and 68% on these 50; not the 85% issue 28 asks for:
+    docs/TESTBED.md); full reuse loses the
     cross-page families and keeps the rest; the default policy at 10% recovers them."""
     vlm = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "models")
     assert vlm.adapter.max_image_tokens == 256
@@ -56,7 +56,7 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
         return sum(got) / len(got)
 
     everything = ("reference", "split", "legend", "lookup", "pair")
-    assert acc(everything, "full_prefill") >= 0.45, hits
+    assert acc(everything, "full_prefill") >= 0.6, hits
     assert acc(("split",), "full_prefill") >= 0.8, hits  # the family it learned best
     assert acc(CROSS_PAGE, "full_reuse") <= acc(CROSS_PAGE, "full_prefill") - 0.3, hits
     assert acc(("lookup", "pair"), "full_reuse") >= acc(("lookup", "pair"), "full_prefill") - 0.1
