@@ -4,8 +4,8 @@ The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin 
 trained from scratch on pages of glyph records (`conduit-lab testbed train`) so that stale page
 KV costs answers that refreshing the right tokens recovers. The trained weights are loaded
 from `weights/testbed-qwen2-vl.safetensors` beside this module as `builtin:testbed-qwen2-vl`;
-they are not in git (model weights stay out of the repository): docs/TESTBED.md gives the
-training command and the conversion that produce them.
+they are committed (the testbed checkpoint is part of the product; no other weights are), and
+docs/TESTBED.md gives the training command and the export that produce them.
 
 Public API:
   NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
