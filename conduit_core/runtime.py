@@ -9,12 +9,9 @@ Public API:
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
-    page_loads: "batched" stages all of a question's page tensors in one host buffer
-        (pinned where CUDA is available), copies it to the device in one non-blocking copy
-        (int8 pages as int8 plus scales, dequantised there) and re-rotates every page in a
-        few operations; "per_page" is the path before it (a blocking copy per page and
-        tensor, one rotation per page and layer), kept for A/B measurements. Both fill the
-        cache with the same values (`conduit_core.page_loads`).
+    page_loads: "batched" (one staged host buffer, one non-blocking copy, every page
+        re-rotated in a few operations) or "per_page" (the path before it, kept for A/B
+        measurements); both fill the cache with the same values (`conduit_core.page_loads`).
     .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
         each page prefilled under the canonical page context (template opening + segment),
         with the positions that context gives; pages batched (right padding); returned on
