@@ -22,7 +22,8 @@ Every `eval_every` steps the held-out exact match (every answer token greedy, pe
 a fixed set drawn from another seed) is logged to `history.jsonl` and shown on the bar.
 Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
 are written atomically every `ckpt_every` steps, with `curve.png`; `model.safetensors` holds
-the final weights.
+the final weights. A resumed run first drops the history records written after its last
+checkpoint (those steps are trained again).
 
 Public API:
   TrainConfig(out, steps, stop_at, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
@@ -245,6 +246,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     step = 0
     if resume and (cfg.out / "checkpoint.safetensors").is_file():
         step = _load_checkpoint(cfg.out, model, opt)
+        _trim_history(cfg.out / "history.jsonl", step)
     held_rng = random.Random(f"heldout:{cfg.seed}")
     heldout = [draw_sample(held_rng, cfg.shape) for _ in range(cfg.heldout)]
     history = (cfg.out / "history.jsonl").open("a")
@@ -283,6 +285,21 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     bar.close()
     save_weights(model, cfg.out / "model.safetensors")
     return last
+
+
+def _trim_history(path: Path, step: int) -> None:
+    """Drop the records a stopped run wrote after its last checkpoint (they are trained
+    again), and a last line cut short."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
 
 
 def _to(batch: Batch, device: str) -> Batch:

@@ -24,6 +24,8 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(tmp_path):
     train(_cfg(straight, 3))
     train(_cfg(resumed, 2))
     assert json.loads((resumed / "state.json").read_text())["step"] == 2
+    with (resumed / "history.jsonl").open("a") as fh:  # a run stopped after its checkpoint
+        fh.write(json.dumps({"step": 3, "loss": 9.0}) + '\n{"step": 4, "lo')
     last = train(_cfg(resumed, 3), resume=True)
     assert "all" in last and set(last) <= {*FAMILIES, "all"}
     a = load_file(str(straight / "model.safetensors"))
