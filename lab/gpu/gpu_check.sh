@@ -20,17 +20,8 @@
 # the script itself; the checks and suites it runs are those of the GPU run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEVICE="${CONDUIT_GPU_CHECK_DEVICE:-cuda}"
-if [[ "$DEVICE" != cpu ]] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"
-then
-  echo "no CUDA device: CONDUIT_GPU_CHECK_DEVICE=cpu runs this script's CPU form" >&2
-  exit 2
-fi
+source lab/gpu/env.sh  # PY, DEVICE, offline hubs, require_device
+require_device
 OUT="${CONDUIT_GPU_RESULTS:-lab/gpu/results/run-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 DEADLINE=$(( $(date +%s) + 570 ))

@@ -16,23 +16,14 @@
 # CONDUIT_GPU_CHECK_DEVICE=cpu runs it on the CPU (a dry run of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-PY="${PYTHON:-}"
-if [[ -z "$PY" ]]; then
-  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
-fi
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEVICE="${CONDUIT_GPU_CHECK_DEVICE:-cuda}"
+source lab/gpu/env.sh  # PY, DEVICE, offline hubs, require_device
 STEPS="${1:-1200}"
 IFS=, read -r -a SEEDS <<< "${2:-0,1,2}"
 if [[ -z "${STAGE1:-}" || ! -f "$STAGE1" ]]; then
   echo "STAGE1 must name the stage-1 weights file (see the usage above)" >&2
   exit 2
 fi
-if [[ "$DEVICE" != cpu ]] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"
-then
-  echo "no CUDA device: CONDUIT_GPU_CHECK_DEVICE=cpu runs this script on the CPU" >&2
-  exit 2
-fi
+require_device
 OUT="${CONDUIT_GPU_RESULTS:-lab/gpu/results/testbed-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 LIMIT="${TESTBED_DEADLINE_S:-540}"

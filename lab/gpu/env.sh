@@ -1,0 +1,18 @@
+# Sourced by the lab/gpu scripts after they cd to the repository root: the Python to run
+# ($PYTHON, else the project's .venv, else python3), offline model hubs, and the device
+# (CONDUIT_GPU_CHECK_DEVICE, default cuda; "cpu" runs a script's CPU form as a dry run).
+# require_device: exit 2 with a message when the device is CUDA and none is there.
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x .venv/bin/python ]]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+DEVICE="${CONDUIT_GPU_CHECK_DEVICE:-cuda}"
+
+require_device() {
+  if [[ "$DEVICE" != cpu ]] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"
+  then
+    echo "no CUDA device: CONDUIT_GPU_CHECK_DEVICE=cpu runs this script's CPU form" >&2
+    exit 2
+  fi
+}
