@@ -5,11 +5,12 @@ before that pass runs (`conduit_core.cost_model`). The linear part of its refres
 exact (k rows), but the attention part depends on where the k rows lie: a row late in the
 prompt reads more keys, and rows spread thinly waste more keys per attention block than rows
 that cluster. Placing the k rows evenly over the visual tokens overestimated CONDUIT's cost on
-the default builtin model by 4-11% (its choice gathers early and clusters).
+the default builtin model by 3-11% (its choice gathers early and clusters).
 
-This history keeps, per (policy, budget), a histogram of the chosen tokens' places among the
-visual tokens (the fraction of visual tokens before each, in `BINS` bins, an exponential
-moving average over answers) and places the next prediction's k rows at its quantiles. With
+This history keeps, per key (the runtime's: policy, options and budget), a histogram of the
+chosen tokens' places among the visual tokens (the fraction of visual tokens before each, in
+`BINS` bins, an exponential moving average over answers) and places the next prediction's k
+rows at its quantiles. With
 no history for a key the placement is even, as before. Measured on the default model (three
 pages of 496 visual tokens, four questions, three policies at 5 / 10 / 20%), the prediction
 after one answer at the same policy and budget came within 2% of the measured FLOPs, against

@@ -96,7 +96,6 @@ def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
     return rows[skipped:], skipped
 
 
-
 @dataclass(frozen=True)
 class RowCosts:
     """Language-model FLOPs of the runtime's passes, as `forward_rows` computes them."""
