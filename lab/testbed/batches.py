@@ -10,7 +10,7 @@ taken from the model's image processor, so no image is resized or normalised per
 Public API:
   GlyphPatches(processor)          .page_pixels(rows) -> (cells * 4, C * tp * p * p) float32
   Sample(doc, question, pages, doc_name)     one question; .labels(), .text
-  draw_sample(rng, shape, follow_ups) -> Sample
+  draw_sample(rng, shape, follow_ups, shown=None, pair_share=None) -> Sample
   Batch(ids, position_ids, pixel_values, grids, targets)   targets: (row, col, token) triples
   Layouts(adapter, shape)          memoised build_layout of samples
   make_batch(samples, layouts, patches) -> Batch
@@ -87,13 +87,21 @@ def shown_pages(doc: Document, needed: set[int], k: int, rng: random.Random) -> 
 
 
 def draw_sample(rng: random.Random, shape: Shape = PAGE, follow_ups: int = 0,
-                shown: int | None = None) -> Sample:
-    """A random document, a question of a uniformly drawn family, and the pages shown (its
+                shown: int | None = None, pair_share: float | None = None) -> Sample:
+    """A random document, a question of a uniformly drawn family (with `pair_share`: the
+    pair family with that probability, the others uniformly), and the pages shown (its
     evidence plus distractors: `shown` pages in all, else a count drawn from `shape.shown`);
     with `follow_ups`, as many more one-record questions (later chat turns) answerable from
     those pages."""
     doc = make_document(rng, shape)
-    question = doc.question(rng.choice(FAMILIES), rng)
+    if pair_share is None:  # the recipe's draw (the same random stream as before the option)
+        family = rng.choice(FAMILIES)
+    else:
+        if not 0.0 <= pair_share <= 1.0:
+            raise ValueError(f"pair_share must be in [0, 1], got {pair_share}")
+        others = [f for f in FAMILIES if f != "pair"]
+        family = "pair" if rng.random() < pair_share else rng.choice(others)
+    question = doc.question(family, rng)
     pages = shown_pages(doc, {p - 1 for p in question.evidence_pages},
                         shown or rng.randint(*shape.shown), rng)
     sample = Sample(doc, question, pages, f"t{rng.randrange(1000):03d}.pdf")

@@ -33,6 +33,8 @@ def add_testbed_commands(sub: Any) -> None:
     tr.add_argument("--glyph-layer", type=int, default=0,
                     help="every cell names its glyph after this layer (-1: off)")
     tr.add_argument("--resume", action="store_true", help="continue from the run folder")
+    tr.add_argument("--pair-share", type=float, default=None,
+                    help="share of pair questions in training (default: uniform, 1 in 5)")
     tr.set_defaults(func=_train)
 
     ex = tsub.add_parser("export", help="write a run's model tensors where "
@@ -86,7 +88,8 @@ def _train(args: argparse.Namespace) -> int:
                       batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
                       device=args.device, threads=args.threads,
                       eval_every=args.eval_every, ckpt_every=args.eval_every,
-                      glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer)
+                      glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer,
+                      pair_share=args.pair_share)
     last = train(cfg, resume=args.resume)
     print(json.dumps({"heldout_em": last, "weights": str(args.out / "model.safetensors")}))
     return 0

@@ -28,7 +28,7 @@ checkpoint (those steps are trained again).
 Public API:
   TrainConfig(out, steps, stop_at, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
               hold_layer, hold_weight, ask_weight, look_weight, look_q_layer, look_p_layer,
-              follow_ups, seed, device, threads, eval_every, ckpt_every, heldout)
+              follow_ups, pair_share, seed, device, threads, eval_every, ckpt_every, heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
   model_tensors(path) -> dict        the model's tensors of a checkpoint or weights file
   export_weights(src, dst, dtype=float16) -> bytes   a checkpoint's model tensors, as shipped
@@ -91,6 +91,7 @@ class TrainConfig:
     look_p_layer: int = 2  # layer whose head 0 takes a key cell to the cell it needs on
     #                        another page (named record, legend digit, split value)
     follow_ups: int = 2  # more questions per sample, as later chat turns
+    pair_share: float | None = None  # share of pair questions (None: uniform over families)
     seed: int = 0
     device: str = "cpu"
     threads: int | None = None  # torch.set_num_threads; None leaves torch's default
@@ -257,7 +258,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     while step < end:
         rng = random.Random(f"{cfg.seed}:{step}")
         shown = rng.randint(*cfg.shape.shown)  # one page count per step: no padding
-        batch = make_batch([draw_sample(rng, cfg.shape, cfg.follow_ups, shown)
+        batch = make_batch([draw_sample(rng, cfg.shape, cfg.follow_ups, shown, cfg.pair_share)
                             for _ in range(cfg.batch_size)], layouts, patches)
         batch = _to(batch, cfg.device)
         for g in opt.param_groups:

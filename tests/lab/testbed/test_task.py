@@ -341,3 +341,19 @@ def test_generated_pdfs_render_to_the_training_pixels(tmp_path, parts):
     assert grid.image_grid.tolist() == [1, 32, 32]  # 256 visual tokens a page
     with pytest.raises(ValueError):
         generate(tmp_path / "big", 5001, seed=1)
+
+
+def test_pair_share_draws_the_pair_family_that_often_and_leaves_the_recipe_alone() -> None:
+    shape = SMALL
+    recipe = [draw_sample(random.Random(f"s{i}"), shape).question.family for i in range(10)]
+    again = [draw_sample(random.Random(f"s{i}"), shape, pair_share=None).question.family
+             for i in range(10)]
+    assert recipe == again  # the default keeps the recipe's random stream
+    drawn = [draw_sample(random.Random(f"p{i}"), shape, pair_share=0.6).question.family
+             for i in range(200)]
+    assert 0.5 < drawn.count("pair") / 200 < 0.7
+    assert {f for f in drawn if f != "pair"} == {"reference", "split", "legend", "lookup"}
+    assert all(draw_sample(random.Random(i), shape, pair_share=1.0).question.family == "pair"
+               for i in range(5))
+    with pytest.raises(ValueError, match="pair_share"):
+        draw_sample(random.Random(0), shape, pair_share=1.5)
