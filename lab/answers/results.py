@@ -71,8 +71,9 @@ class Records:
                 with path.open("a", encoding="utf-8") as fh:
                     fh.write("\n")
             lines = text.splitlines()
-            self._revision = json.loads(lines[0]).get("model_revision")
-            header = json.loads(lines[0]).get("config")
+            first = json.loads(lines[0])
+            self._revision = first.get("model_revision")
+            header = first.get("config")
             if header != config:
                 changed = sorted(k for k in set(header or {}) | set(config)
                                  if (header or {}).get(k) != config.get(k))
