@@ -34,6 +34,7 @@ Public API:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,8 @@ def block_bounds(rows: torch.Tensor, n_keys: int, chunk: int = ROW_CHUNK,
     if chunk < 1 or span < 0:
         raise ValueError("chunk must be >= 1 and span >= 0")
     host = rows.cpu().tolist()
+    if host == sorted(host):  # the common case: one bisection per block, not a step per row
+        return _ascending_bounds(host, n_keys, chunk, span)
     out = []
     start = 0
     while start < len(host):
@@ -87,6 +90,19 @@ def block_bounds(rows: torch.Tensor, n_keys: int, chunk: int = ROW_CHUNK,
             low, high = min(low, nxt), max(high, nxt)
             stop += 1
         out.append((start, stop, min(high + 1, n_keys)))
+        start = stop
+    return out
+
+
+def _ascending_bounds(host: list[int], n_keys: int, chunk: int, span: int
+                      ) -> list[tuple[int, int, int]]:
+    """`block_bounds` of ascending rows: a block ends at `chunk` entries or before the first
+    row more than `span` positions after its first one."""
+    out = []
+    start = 0
+    while start < len(host):
+        stop = min(start + chunk, bisect_right(host, host[start] + span, lo=start))
+        out.append((start, stop, min(host[stop - 1] + 1, n_keys)))
         start = stop
     return out
 

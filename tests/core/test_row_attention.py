@@ -108,6 +108,33 @@ def test_sparse_rows_split_by_span_and_still_match_the_reference() -> None:
                                atol=1e-6)
 
 
+def _greedy_bounds(host: list[int], n_keys: int, chunk: int, span: int
+                   ) -> list[tuple[int, int, int]]:
+    """The block rule one row at a time: a block grows while it has fewer than `chunk` rows
+    and its rows stay within `span` positions."""
+    out, start = [], 0
+    while start < len(host):
+        stop = start + 1
+        while (stop < len(host) and stop - start < chunk
+               and max(host[start:stop + 1]) - min(host[start:stop + 1]) <= span):
+            stop += 1
+        out.append((start, stop, min(max(host[start:stop]) + 1, n_keys)))
+        start = stop
+    return out
+
+
+@pytest.mark.parametrize("ascending", [True, False])
+def test_block_bounds_follow_the_rule_on_any_rows(ascending: bool) -> None:
+    """Ascending rows take one bisection per block; any order gives the rule's blocks."""
+    gen = torch.Generator().manual_seed(7)
+    for n, count, chunk, span in [(3000, 400, 64, 256), (500, 500, 64, 0), (9000, 50, 8, 1),
+                                  (2000, 1, 64, 256), (4000, 1000, 1024, 8192)]:
+        rows = torch.randperm(n, generator=gen)[:count]
+        rows = rows.sort().values if ascending else rows
+        want = _greedy_bounds(rows.tolist(), n, chunk, span)
+        assert block_bounds(rows, n, chunk, span) == want
+
+
 def test_block_shape_is_chosen_per_device() -> None:
     """The CPU keeps 64-row blocks spanning 256 positions (its results unchanged);
     accelerators take few large blocks (one or a few masked calls per layer), and the FLOPs
