@@ -34,7 +34,7 @@ Public API:
   plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows)
       -> RefreshPlan      place(visual_rows, k) -> (k,): where the estimate puts the k rows
   RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0), .scoring(...),
-                            .check(layout, layers)
+                            .after_scoring(layout, rows, last_only), .check(layout, layers)
 """
 
 from __future__ import annotations
@@ -118,6 +118,16 @@ class RowCosts:
         out_counts = computed_key_counts(self.adapter, rows[-1:], n)
         return self.flops.trimmed(rows, n_layers, counts, out_counts)
 
+    def after_scoring(self, layout: Layout, rows: torch.Tensor, last_only: bool) -> float:
+        """A refresh after a scoring pass (`text_from_layer_one`): the visual rows among
+        `rows` through layer 0, then every row from layer 1 on."""
+        if rows.numel() == 0 or len(self.adapter.layers) < 2:
+            return self.refresh(layout, rows, last_only)
+        visual = rows[~torch.isin(rows, layout.text_rows())]  # (V,)
+        counts = computed_key_counts(self.adapter, visual, layout.n)
+        first = self.flops.rows(visual, n_layers=1, key_counts=counts) if visual.numel() else 0.0
+        return first + self.refresh(layout, rows, last_only, start_layer=1)
+
     def scoring(self, layout: Layout, text_rows: torch.Tensor, config: ScoreConfig,
                 last_only: bool) -> float:
         """The scoring pass: `text_rows` through every layer, plus the scored question rows'
@@ -172,7 +182,8 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     if cost.check_layers:
         predicted += costs.check(layout, cost.check_layers)
     rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored)
-    refresh = costs.refresh(layout, rows, last_only, start_layer=cost.check_layers)
+    refresh = (costs.after_scoring(layout, rows, last_only) if scored and not cost.check_layers
+               else costs.refresh(layout, rows, last_only, start_layer=cost.check_layers))
     # the bound: every text row after the head recomputed, every row reading every key
     most, _ = refresh_rows(layout, exact_rows, visual_all[-cost.k:] if cost.k else guess,
                            scored=False)

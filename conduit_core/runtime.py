@@ -39,7 +39,8 @@ Public API:
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
         (head rows come from the head cache; text rows before the first refreshed visual
         token are taken from the scoring pass when it ran on this cache and nothing wrote
-        to the cache since: they are exact)
+        to the cache since: they are exact; the later text rows then start at layer 1 from
+        its layer-0 output, exact as well, since layer 0's K/V are exact in the stale cache)
     .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed);
         with `assembly.last_only`, hidden is (1, hidden) of the last row
     .refresh_flops(assembly, computed, resume=None) -> LM FLOPs of that refresh, as computed
@@ -81,7 +82,7 @@ from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.prompt_head import HeadCache, HeadKV
 from conduit_core.scoring import ScoreConfig
-from conduit_core.stale_pass import StaleScores, stale_pass
+from conduit_core.stale_pass import StaleScores, stale_pass, text_from_layer_one
 
 PAGE_LOADS = ("batched", "per_page")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
@@ -99,6 +100,7 @@ class Assembly:
     stale_writes: int = -1  # cache.writes right after that pass
     head: HeadKV | None = None  # the cached head, copied into rows [0, head.n)
     last_only: bool = False  # passes return the last row's last-layer state only (answers)
+    text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
 
     @property
     def exact_rows(self) -> int:
@@ -224,7 +226,9 @@ class ReuseRuntime:
         every key before t is as the refresh will leave it: text rows before t (by
         induction) and unselected visual rows (stale in both passes). So the text rows before
         the first refreshed visual row are reused from the scoring pass, provided it ran on
-        this cache and nothing wrote since. With `resume` (a policy already ran every token
+        this cache and nothing wrote since; the other text rows start at layer 1 from the
+        scoring pass's layer-0 output (exact: `conduit_core.stale_pass.text_from_layer_one`),
+        the visual rows at layer 0. With `resume` (a policy already ran every token
         through the first layers), the rows start from its hidden states at layer
         `resume.layer`. With `assembly.last_only` only the last row's state is returned."""
         layout = assembly.layout
@@ -244,10 +248,18 @@ class ReuseRuntime:
                 assert stale is not None and stale.text_hidden is not None
                 return stale.text_hidden[-1:], rows  # the last row is a text row
             return torch.cat(reused), rows
-        start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
-        hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
+        assembly.text_from_one = (scored and resume is None and stale is not None
+                                  and stale.after_first is not None)
+        if assembly.text_from_one:
+            assert stale is not None
+            hidden = text_from_layer_one(self.adapter, assembly.cache, stale, assembly.embeds,
+                                         layout.position_ids, rows, layout.n)  # (1, R, hidden)
+        else:
+            start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
+            hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
         pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
-        layers = range(0 if resume is None else resume.layer, len(self.adapter.layers))
+        first = 1 if assembly.text_from_one else 0 if resume is None else resume.layer
+        layers = range(first, len(self.adapter.layers))
         outputs = torch.tensor([rows.numel() - 1]) if assembly.last_only else None
         out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
                            plain_causal=everything, layers=layers,
@@ -260,6 +272,8 @@ class ReuseRuntime:
                       resume: Resume | None = None) -> float:
         """Language-model FLOPs of a `refresh` that computed rows `computed`, charged as
         its attention computes them (see `conduit_core.flops`)."""
+        if assembly.text_from_one:
+            return self.costs.after_scoring(assembly.layout, computed, assembly.last_only)
         return self.costs.refresh(assembly.layout, computed, assembly.last_only,
                                   start_layer=0 if resume is None else resume.layer)
 

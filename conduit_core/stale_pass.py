@@ -21,9 +21,17 @@ Public API:
                  rows before the first refreshed visual token: they are already exact), or
                  (1, hidden) of the last text row only with last_only (the answer path: the
                  other rows' last-layer attention output and MLP are then never computed)
+    after_first  (N_t, hidden) text_rows' hidden states after decoder layer 0 (None for a
+                 one-layer model). Layer 0's K/V of every token are exact in the stale
+                 cache (a page token's layer-0 input is its own embedding, its key only
+                 re-rotated), so these are exact too: a refresh starts its text rows at
+                 layer 1 from them (`text_from_layer_one`)
     probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
   stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
              config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
+  text_from_layer_one(adapter, cache, stale, embeds, position_ids, rows, n_keys)
+      -> (1, R, hidden) the refresh rows' inputs of layer 1: the visual rows run through
+      layer 0 now (reading the exact layer-0 cache), the text rows taken from `stale`
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ class StaleScores:
     question_rows: torch.Tensor  # (n_question,) sequence indices
     text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
     text_hidden: torch.Tensor | None = None  # (N_t | 1, hidden) last-layer hidden states
+    after_first: torch.Tensor | None = None  # (N_t, hidden) after layer 0 (exact)
     probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
 
 
@@ -114,9 +123,40 @@ def stale_pass(
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
     outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
-    out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
-                       observer=observe, outputs=outputs)  # (1, N_t | 1, hidden)
+    n_layers = len(adapter.layers)
+    after_first = None
+    if n_layers > 1:  # layer 0 alone first, to keep its output (the same operations)
+        hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
+                              observer=observe, layers=range(1))  # (1, N_t, hidden)
+        after_first = hidden[0]
+    out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe,
+                       layers=range(0 if after_first is None else 1, n_layers),
+                       outputs=outputs)  # (1, N_t | 1, hidden)
     weighted, attention = acc.result()
     return StaleScores(weighted=weighted, attention=attention, config=config,
                        question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
-                       probs=torch.stack(kept) if kept else None)
+                       after_first=after_first, probs=torch.stack(kept) if kept else None)
+
+
+def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,
+                        embeds: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor,
+                        n_keys: int) -> torch.Tensor:
+    """The inputs of decoder layer 1 of a refresh's `rows` (R,) ascending, (1, R, hidden):
+    its visual rows (those not in `stale.text_rows`) run through layer 0 now, over a layer-0
+    cache that is exact; its text rows are `stale.after_first` (their layer 0 ran over the
+    same keys in the scoring pass). The caller runs every row from layer 1 on."""
+    assert stale.after_first is not None
+    rows = rows.to(torch.long).cpu()
+    text_rows = stale.text_rows.cpu()
+    is_text = torch.isin(rows, text_rows)  # (R,)
+    visual = rows[~is_text]  # (V,)
+    out = torch.empty(1, rows.numel(), embeds.shape[-1], dtype=embeds.dtype,
+                      device=embeds.device)  # (1, R, hidden)
+    if visual.numel():
+        pos = position_ids[:, visual].unsqueeze(1)  # (P, 1, V)
+        out[:, ~is_text.to(out.device)] = forward_rows(
+            adapter, cache, embeds[visual.to(embeds.device)].unsqueeze(0), visual, pos,
+            n_keys=n_keys, layers=range(1)).to(out.dtype)  # (1, V, hidden)
+    place = torch.searchsorted(text_rows, rows[is_text])  # (R - V,) places in text_rows
+    out[:, is_text.to(out.device)] = stale.after_first[place.to(out.device)].to(out.dtype)
+    return out

@@ -1,5 +1,6 @@
-"""The refresh reuses the scoring pass's text rows before the first refreshed visual token:
-the result equals recomputing them, and the reuse is dropped once the cache was written."""
+"""The refresh reuses the scoring pass's text rows before the first refreshed visual token,
+and starts the later text rows at layer 1 from the scoring pass's layer-0 output: the result
+equals recomputing them, and the reuse is dropped once the cache was written."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
     assert reused.numel() >= 3  # the first label
     assert torch.equal(ref_computed, torch.cat([text, visual]).unique())
     assert torch.equal(computed, ref_computed[reused.numel():])
+    assert fast.text_from_one and not slow.text_from_one  # layer 0 of its text rows reused
     torch.testing.assert_close(hidden, ref_hidden, **tol("hidden"))
     err = kv_error(fast.cache, slow.cache, torch.arange(fast.layout.n))
     assert err.key_max_abs.max().item() <= atol("hidden")
@@ -65,3 +67,4 @@ def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> N
     visual = _visual_choice(asm)
     _, computed = runtime.refresh(asm, visual)
     assert torch.equal(computed, torch.cat([asm.fresh_text_rows(), visual]).unique())
+    assert not asm.text_from_one

@@ -159,7 +159,14 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
         probe = probe_refresh(rt, request(cached, name, 0.1), last_only=True)
         result = rt.answer(request(cached, name, 0.1))
         computed = probe.computed_rows
-        used = charged(computed) + (scoring_lm if scoring else 0.0)
+        if scoring:  # the visual rows through layer 0; every row from layer 1 (its text
+            # rows' layer 0 is the scoring pass's, exact: layer-0 K/V are never stale)
+            visual = probe.visual_rows
+            used = (rows_flops(shape, visual, 1, block_counts(visual, n)) + scoring_lm
+                    + trimmed_rows_flops(shape, computed, shape.layers - 1,
+                                         block_counts(computed, n), last))
+        else:
+            used = charged(computed)
         assert probe.extra_flops == pytest.approx(scoring_lm if scoring else 0.0)
         # text rows before the first refreshed visual row come from the scoring pass
         first = int(probe.visual_rows.min()) if scoring else asm.exact_rows
