@@ -51,15 +51,13 @@ Public API:
         and of the fallback (`conduit_core.cost_model`); a forward-pass policy's k rows are
         placed where its choices under the same `key` (policy, options, budget) fell before
         (`.choices`, a `conduit_core.choice_history.ChoiceHistory`; answers record theirs)
-  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
-           last_only=False)   .exact_rows: rows exact before any pass (the cached head)
+  (the Assembly it works on: `conduit_core.assembly`)
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Generator, Hashable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -67,6 +65,7 @@ from PIL import Image
 
 from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
+from conduit_core.assembly import Assembly
 from conduit_core.choice_history import ChoiceHistory, even_rows
 from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh, refresh_rows
 from conduit_core.decode import DecodeState, Sampler, decode_step
@@ -80,37 +79,12 @@ from conduit_core.page_kv import PageKV
 from conduit_core.page_loads import load_pages, load_per_page
 from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
-from conduit_core.prompt_head import HeadCache, HeadKV
+from conduit_core.prompt_head import HeadCache
 from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass, text_from_layer_one
 
 PAGE_LOADS = ("batched", "per_page")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
-
-
-@dataclass
-class Assembly:
-    """An assembled request: layout, its KV cache (B = 1) and layer-0 embeddings."""
-
-    layout: Layout
-    cache: KVCache  # (L, 1, kv_heads, capacity, hd); page rows hold re-rotated stale K/V
-    embeds: torch.Tensor  # (N, hidden)
-    image_grids: list[torch.Tensor]
-    stale: StaleScores | None = None  # the scoring pass run on this cache, if any
-    stale_writes: int = -1  # cache.writes right after that pass
-    head: HeadKV | None = None  # the cached head, copied into rows [0, head.n)
-    last_only: bool = False  # passes return the last row's last-layer state only (answers)
-    text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
-
-    @property
-    def exact_rows(self) -> int:
-        """Leading rows whose K/V are exact before any pass (the cached head)."""
-        return self.head.n if self.head is not None else 0
-
-    def fresh_text_rows(self) -> torch.Tensor:
-        """Text rows a pass computes: those after the cached head, ascending (N_t',)."""
-        text = self.layout.text_rows()
-        return text[text >= self.exact_rows]
 
 
 class ReuseRuntime:

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 from PIL import Image
 
+from conduit_core.assembly import Assembly
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
-from conduit_core.runtime import Assembly, ReuseRuntime
+from conduit_core.runtime import ReuseRuntime
 
 
 def page_image(seed: int, size: tuple[int, int] = (224, 280)) -> Image.Image:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
-from conduit_core.runtime import Assembly
+from conduit_core.assembly import Assembly
 from conduit_core.scoring import ScoreConfig, token_scores
 from conduit_core.stale_pass import StaleScores, stale_pass
 from tests.core.conftest import FAMILIES, load_builtin

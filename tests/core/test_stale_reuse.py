@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
+from conduit_core.assembly import Assembly
 from conduit_core.diagnostics import kv_error
-from conduit_core.runtime import Assembly
 from tests.core.helpers import IMAGES
 from tests.device import atol, tol
 

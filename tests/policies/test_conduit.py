@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest
+from conduit_core.assembly import Assembly
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policy_context import PolicyContext
-from conduit_core.runtime import Assembly
 from conduit_core.scoring import ScoreConfig, token_scores
 from conduit_core.stale_pass import StaleScores
 

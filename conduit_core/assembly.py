@@ -1,0 +1,48 @@
+"""An assembled request: the layout, its KV cache and the passes' shared state.
+
+The runtime (`conduit_core.runtime`) builds it from cached pages (`assemble`) or from images
+(`assemble_fresh`); the scoring pass records itself on it (`stale`, `stale_writes`) so that
+the refresh can reuse what that pass computed while nothing has written to the cache since.
+
+Public API:
+  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
+           last_only=False, text_from_one=False)
+    .exact_rows        rows exact before any pass (the cached head)
+    .fresh_text_rows() text rows a pass computes (after the head), ascending
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.kv_cache import KVCache
+from conduit_core.layout import Layout
+from conduit_core.prompt_head import HeadKV
+from conduit_core.stale_pass import StaleScores
+
+
+@dataclass
+class Assembly:
+    """An assembled request: layout, its KV cache (B = 1) and layer-0 embeddings."""
+
+    layout: Layout
+    cache: KVCache  # (L, 1, kv_heads, capacity, hd); page rows hold re-rotated stale K/V
+    embeds: torch.Tensor  # (N, hidden)
+    image_grids: list[torch.Tensor]
+    stale: StaleScores | None = None  # the scoring pass run on this cache, if any
+    stale_writes: int = -1  # cache.writes right after that pass
+    head: HeadKV | None = None  # the cached head, copied into rows [0, head.n)
+    last_only: bool = False  # passes return the last row's last-layer state only (answers)
+    text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
+
+    @property
+    def exact_rows(self) -> int:
+        """Leading rows whose K/V are exact before any pass (the cached head)."""
+        return self.head.n if self.head is not None else 0
+
+    def fresh_text_rows(self) -> torch.Tensor:
+        """Text rows a pass computes: those after the cached head, ascending (N_t',)."""
+        text = self.layout.text_rows()
+        return text[text >= self.exact_rows]
