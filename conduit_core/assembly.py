@@ -6,7 +6,7 @@ the refresh can reuse what that pass computed while nothing has written to the c
 
 Public API:
   Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
-           last_only=False, text_from_one=False)
+           last_only=False, layer0_exact=True, text_from_one=False)
     .exact_rows        rows exact before any pass (the cached head)
     .fresh_text_rows() text rows a pass computes (after the head), ascending
 """
@@ -35,6 +35,7 @@ class Assembly:
     stale_writes: int = -1  # cache.writes right after that pass
     head: HeadKV | None = None  # the cached head, copied into rows [0, head.n)
     last_only: bool = False  # passes return the last row's last-layer state only (answers)
+    layer0_exact: bool = True  # page K/V exact at layer 0 (False: some page came as int8)
     text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
 
     @property

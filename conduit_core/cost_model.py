@@ -31,8 +31,10 @@ Public API:
                                                       .fallback: run the full prefill instead
                                                       (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
-  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows)
-      -> RefreshPlan      place(visual_rows, k) -> (k,): where the estimate puts the k rows
+  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows,
+               text_from_one=True) -> RefreshPlan
+      place(visual_rows, k) -> (k,): where the estimate puts the k rows; text_from_one:
+      a refresh after a scoring pass starts its text rows at layer 1 (False: int8 pages)
   RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0), .scoring(...),
                             .after_scoring(layout, rows, last_only), .check(layout, layers)
 """
@@ -158,9 +160,11 @@ class RowCosts:
 
 def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bool,
                  ctx: PolicyContext, policy: RefreshPolicy,
-                 place: Callable[[torch.Tensor, int], torch.Tensor] = even_rows) -> RefreshPlan:
+                 place: Callable[[torch.Tensor, int], torch.Tensor] = even_rows,
+                 text_from_one: bool = True) -> RefreshPlan:
     """Predict the policy's prefill FLOPs for this layout and the fallback's (see module);
-    `place(visual_rows, k)` is where a forward-pass policy's k rows are assumed to lie."""
+    `place(visual_rows, k)` is where a forward-pass policy's k rows are assumed to lie;
+    `text_from_one`: a refresh after a scoring pass starts its text rows at layer 1."""
     visual_all = layout.visual_rows()
     fallback_rows, _ = refresh_rows(layout, exact_rows, visual_all, scored=False)
     suffix = costs.refresh(layout, fallback_rows, last_only)
@@ -182,7 +186,8 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     if cost.check_layers:
         predicted += costs.check(layout, cost.check_layers)
     rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored)
-    refresh = (costs.after_scoring(layout, rows, last_only) if scored and not cost.check_layers
+    refresh = (costs.after_scoring(layout, rows, last_only)
+               if scored and text_from_one and not cost.check_layers
                else costs.refresh(layout, rows, last_only, start_layer=cost.check_layers))
     # the bound: every text row after the head recomputed, every row reading every key
     most, _ = refresh_rows(layout, exact_rows, visual_all[-cost.k:] if cost.k else guess,

@@ -168,7 +168,8 @@ class ReuseRuntime:
                                   layout.position_ids[:, :layout.head])
             head.copy_into(cache)
         return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
-                        head=head, last_only=last_only)
+                        head=head, last_only=last_only,
+                        layer0_exact=not any(p.kv.quantized for p in pages))
 
     @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
@@ -222,7 +223,8 @@ class ReuseRuntime:
                 assert stale is not None and stale.text_hidden is not None
                 return stale.text_hidden[-1:], rows  # the last row is a text row
             return torch.cat(reused), rows
-        assembly.text_from_one = (scored and resume is None and stale is not None
+        assembly.text_from_one = (scored and resume is None and assembly.layer0_exact
+                                  and stale is not None
                                   and stale.after_first is not None)
         if assembly.text_from_one:
             assert stale is not None
@@ -285,7 +287,8 @@ class ReuseRuntime:
         forward-pass policy's rows are placed from `self.choices` under it."""
         place = even_rows if key is None else partial(self.choices.rows, key)
         return plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
-                            assembly.last_only, ctx, policy, place)
+                            assembly.last_only, ctx, policy, place,
+                            text_from_one=assembly.layer0_exact)
 
     # ---- answers --------------------------------------------------------------------
     def _start(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,

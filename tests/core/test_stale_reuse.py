@@ -9,6 +9,7 @@ import torch
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.assembly import Assembly
 from conduit_core.diagnostics import kv_error
+from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES
 from tests.device import atol, tol
 
@@ -17,8 +18,9 @@ LABELS = ["Page 3:\n", "Page 7 shows the table:\n"]
 QUESTION = "What is the total amount?"
 
 
-def _assemble(runtime: ReuseRuntime) -> Assembly:
+def _assemble(runtime: ReuseRuntime, int8: bool = False) -> Assembly:
     kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    kvs = [quantize_roundtrip(kv) for kv in kvs] if int8 else kvs
     return runtime.assemble(PREFIX, [PageInput(lab, kv) for lab, kv in
                                      zip(LABELS, kvs, strict=True)], QUESTION)
 
@@ -68,3 +70,17 @@ def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> N
     _, computed = runtime.refresh(asm, visual)
     assert torch.equal(computed, torch.cat([asm.fresh_text_rows(), visual]).unique())
     assert not asm.text_from_one
+
+
+def test_int8_pages_recompute_layer_zero_of_the_text_rows(runtime: ReuseRuntime) -> None:
+    """Int8 page K/V are not exact at layer 0, so the refreshed rows' fresh layer-0 K/V
+    differ from what the scoring pass read: the text rows then run from layer 0 again."""
+    fast, slow = _assemble(runtime, int8=True), _assemble(runtime, int8=True)
+    assert not fast.layer0_exact
+    runtime.scoring(fast)
+    runtime.scoring(slow)
+    slow.stale = None
+    visual = _visual_choice(fast)
+    hidden, _ = runtime.refresh(fast, visual)
+    assert not fast.text_from_one
+    torch.testing.assert_close(hidden, runtime.refresh(slow, visual)[0], **tol("hidden"))
