@@ -27,6 +27,7 @@ from worker.errors import AnswerCancelledError, WorkerError
 from worker.recovery import mark_failed
 from worker.runners import TokenSink, execute_ingest_job
 from worker.settings import Settings
+from worker.token_bus import token_bus
 from worker.wire import answer_from_json, answer_to_json, question_from_json, question_to_json
 
 log = logging.getLogger(__name__)
@@ -106,43 +107,45 @@ def _ingest_task(task: Task, job_id: str, document_id: str) -> None:
 
 ALIVE_EVERY_S = 2.0  # a worker answering a question says so this often
 STALL_S = 15.0  # silence after which the API presumes the answering worker dead
+LAST_MESSAGE_WAIT_S = 10.0  # how long a task waits for its last message to be published
 
 
 def _answer_task(question: dict[str, Any], channel: str) -> None:
     ctx = _context()
     assert ctx.settings.redis_url
-    bus = redis.Redis.from_url(ctx.settings.redis_url)
-
-    def send(message: dict[str, Any]) -> int:
-        return int(bus.publish(channel, json.dumps(message)))
+    bus = token_bus(ctx.settings.redis_url)  # publishes off the engine's thread
 
     def token(tid: int, text: str) -> None:  # nobody listening: the client went away
-        if send({"token": [tid, text]}) == 0:
+        if not bus.listening(channel):
             raise AnswerCancelledError("nobody listens to this answer any more")
+        bus.send(channel, {"token": [tid, text]})
 
     stop = threading.Event()
 
     def alive() -> None:  # lets the API tell a slow answer from a dead worker
         while not stop.wait(ALIVE_EVERY_S):
-            try:
-                send({"alive": 1})
-            except redis.RedisError:
-                pass
+            bus.send(channel, {"alive": 1})
 
     beat = threading.Thread(target=alive, daemon=True)
+    last: dict[str, Any]
     try:
-        send({"started": 1})
+        bus.send(channel, {"started": 1})
         beat.start()
         answer = answer_question(ctx, question_from_json(question), on_token=token)
-        send({"done": answer_to_json(answer)})
+        last = {"done": answer_to_json(answer)}
     except WorkerError as exc:
-        send({"error": exc.message, "status": exc.http_status})
+        last = {"error": exc.message, "status": exc.http_status}
     except Exception as exc:  # the worker survives; the caller gets a clean 500
         log.exception("answer task failed")
-        send({"error": f"internal error while answering: {type(exc).__name__}", "status": 500})
+        last = {"error": f"internal error while answering: {type(exc).__name__}",
+                "status": 500}
     finally:
         stop.set()
-        bus.close()
+    if not bus.send(channel, last, wait=LAST_MESSAGE_WAIT_S):
+        log.warning("the answer on %s reached nobody (the API stopped listening)", channel)
+    if beat.is_alive():
+        beat.join()
+    bus.release(channel)
 
 
 class CeleryRunner:
