@@ -19,6 +19,7 @@ Everything else (layer loop, masks, cache writes, rotation, decode) is shared ru
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -29,6 +30,11 @@ from torch import nn
 
 from conduit_core import flops
 from conduit_core.errors import UnsupportedModelError
+
+# prompt pieces (template, prefixes, page labels, short questions) kept tokenized, and the
+# longest piece kept: at most about a megabyte of text and ids
+TOKENIZED_PIECES = 4096
+TOKENIZED_PIECE_CHARS = 256
 
 # decoder stacks with the Qwen2 layer structure (pre-norm attention + gated MLP, rotate-half
 # RoPE); Qwen3 adds per-head q/k norms, which `VLMAdapter.qkv` applies
@@ -104,6 +110,8 @@ class VLMAdapter(ABC):
         self.processor = processor
         self.tokenizer = tokenizer
         self.max_image_tokens = max_image_tokens
+        # template pieces, page labels and prefixes recur in every prompt: tokenized once
+        self._encode = functools.lru_cache(maxsize=TOKENIZED_PIECES)(self._tokenize)
         self._check_language_model()
 
     def _check_language_model(self) -> None:
@@ -191,11 +199,14 @@ class VLMAdapter(ABC):
         return x * cos + rotated * sin
 
     # ---- chat template ---------------------------------------------------------------
+    def _tokenize(self, text: str, user: bool) -> tuple[int, ...]:
+        return tuple(self.tokenizer(text, add_special_tokens=False,
+                                    split_special_tokens=user).input_ids)
+
     def _ids(self, text: str, *, user: bool = False) -> list[int]:
-        ids: list[int] = self.tokenizer(
-            text, add_special_tokens=False, split_special_tokens=user
-        ).input_ids
-        return ids
+        if len(text) > TOKENIZED_PIECE_CHARS:
+            return list(self._tokenize(text, user))
+        return list(self._encode(text, user))
 
     def page_opening_ids(self) -> list[int]:
         """Tokens before the segment in the canonical page context."""
