@@ -61,13 +61,13 @@ def forward_step(adapter: VLMAdapter, rows: list[StepRow],
         q, k, v = adapter.qkv(attn, h)  # (B, heads|kv_heads, 1, hd)
         q = adapter.apply_rotary(q, cos, sin)
         k = adapter.apply_rotary(k, cos, sin)
+        attend = _attention_fn(attn, impl)
         outs = []
         for i, r in enumerate(rows):
             r.cache.write(li, r.row, k[i:i + 1], v[i:i + 1])
             keys, values = r.cache.view(li, n_keys[i])  # (1, kv_heads, n_i, hd)
-            out, _ = _attention_fn(attn, impl)(
-                attn, q[i:i + 1], keys, values, masks[i], dropout=0.0, scaling=attn.scaling,
-                is_causal=False)  # (1, 1, heads, hd)
+            out, _ = attend(attn, q[i:i + 1], keys, values, masks[i], dropout=0.0,
+                            scaling=attn.scaling, is_causal=False)  # (1, 1, heads, hd)
             outs.append(out)
         att = torch.cat(outs).reshape(b, 1, -1)  # (B, 1, heads * hd)
         hidden = residual + attn.o_proj(att)
