@@ -14,16 +14,20 @@ rows at its quantiles. With
 no history for a key the placement is even, as before. Measured on the default model (three
 pages of 496 visual tokens, four questions, three policies at 5 / 10 / 20%), the prediction
 after one answer at the same policy and budget came within 2% of the measured FLOPs, against
-3-11% above them for the even placement. Bounded: at most `capacity` keys, least recently used
-dropped.
+3-11% above them for the even placement. A policy that chooses its own k under the budget's
+cap (a budget per question: `ConduitConfig.mass`) is also predicted at the share of the cap it
+refreshed in earlier answers (an average like the histogram's; the cap itself with no
+history). Bounded: at most `capacity` keys, least recently used dropped.
 
 Public API:
   BINS = 64
   even_rows(visual_rows, k) -> (k,)                     k rows spread evenly
   quantile_rows(visual_rows, k, histogram) -> (k,)      k distinct rows at its quantiles
   ChoiceHistory(capacity=64, weight=0.5)
-    .rows(key, visual_rows, k) -> (k,)                  the placement a prediction uses
-    .record(key, visual_rows, chosen)                   an answer's choice, after it ran
+    .rows(key, visual_rows, k) -> (k',)                 the placement a prediction uses:
+                                                        k' = k times the key's share of its cap
+    .record(key, visual_rows, chosen, cap=None)         an answer's choice, after it ran (cap:
+                                                        the most it could have refreshed)
 """
 
 from __future__ import annotations
@@ -77,31 +81,39 @@ class ChoiceHistory:
             raise ValueError("capacity must be >= 1 and weight in (0, 1]")
         self.capacity = capacity
         self.weight = weight  # the newest answer's share of the average
-        self._hist: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
+        self._hist: OrderedDict[Hashable, tuple[torch.Tensor, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def rows(self, key: Hashable, visual_rows: torch.Tensor, k: int) -> torch.Tensor:
-        """The k rows a prediction for `key` places: at the history's quantiles, or evenly
-        when there is none. (k,) ascending."""
+        """The rows a prediction for `key` places, at most `k` (the cap): the share of the
+        cap earlier answers refreshed, at the history's quantiles; with no history, k rows
+        evenly. Ascending."""
         with self._lock:
-            hist = self._hist.get(key)
-            if hist is not None:
+            entry = self._hist.get(key)
+            if entry is not None:
                 self._hist.move_to_end(key)
-        if hist is None or float(hist.sum()) <= 0.0:
+        if entry is None or float(entry[0].sum()) <= 0.0:
             return even_rows(visual_rows, k)
-        return quantile_rows(visual_rows, k, hist)
+        hist, share = entry
+        return quantile_rows(visual_rows, min(k, max(1, round(share * k))) if k > 0 else 0,
+                             hist)
 
-    def record(self, key: Hashable, visual_rows: torch.Tensor, chosen: torch.Tensor) -> None:
-        """Add one answer's choice `chosen` (a subset of `visual_rows`, both ascending)."""
+    def record(self, key: Hashable, visual_rows: torch.Tensor, chosen: torch.Tensor,
+               cap: int | None = None) -> None:
+        """Add one answer's choice `chosen` (a subset of `visual_rows`, both ascending), of
+        at most `cap` rows (None: the choice is the cap)."""
         n = visual_rows.numel()
         if n == 0 or chosen.numel() == 0:
             return
+        share = 1.0 if not cap else min(1.0, chosen.numel() / cap)
         place = torch.searchsorted(visual_rows.cpu().contiguous(),
                                  chosen.to(torch.long).cpu().contiguous())  # (k,)
         hist = torch.histc(place.double() / n, bins=BINS, min=0.0, max=1.0)  # (BINS,)
         hist = hist / hist.sum()
+        w = self.weight
         with self._lock:
             old = self._hist.pop(key, None)
-            self._hist[key] = hist if old is None else (1 - self.weight) * old + self.weight * hist
+            self._hist[key] = (hist, share) if old is None else (
+                (1 - w) * old[0] + w * hist, (1 - w) * old[1] + w * share)
             while len(self._hist) > self.capacity:
                 self._hist.popitem(last=False)

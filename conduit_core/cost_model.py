@@ -27,7 +27,8 @@ models). Where the policy's prediction exceeds it, the runtime runs that instead
 
 Public API:
   PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
-  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None)
+  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None,
+              cap=None)
                                                       .fallback: run the full prefill instead
                                                       (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
@@ -74,6 +75,7 @@ class RefreshPlan:
     visual: torch.Tensor | None  # the choice, when it was made while predicting (cheap policy)
     fallback_whole: bool = False  # the fallback recomputes the head too (plain causal path)
     bound_lm: float | None = None  # the most the policy can cost (None: predicted_lm is exact)
+    cap: int | None = None  # a forward-pass policy's k: the most it refreshes
 
     @property
     def fallback(self) -> bool:
@@ -193,4 +195,4 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     most, _ = refresh_rows(layout, exact_rows, visual_all[-cost.k:] if cost.k else guess,
                            scored=False)
     bound = predicted + costs.bound(layout, most, last_only, start_layer=cost.check_layers)
-    return RefreshPlan(predicted + refresh, fallback, None, from_start, bound)
+    return RefreshPlan(predicted + refresh, fallback, None, from_start, bound, cost.k)

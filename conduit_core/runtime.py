@@ -371,7 +371,7 @@ class ReuseRuntime:
             visual = plan.visual if plan.visual is not None else policy(ctx)
             visual = visual.to(torch.long).cpu().unique()
             if plan.visual is None:  # chosen by a forward pass: where it fell, for next time
-                self.choices.record(key, assembly.layout.visual_rows(), visual)
+                self.choices.record(key, assembly.layout.visual_rows(), visual, plan.cap)
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)

@@ -8,7 +8,8 @@ adds them to the policy registry under their names for one process, so the probe
 wins on the development seed and holds on the final seed is registered in
 `conduit_core.policies` for good; the rest stay here.
 
-    python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE
+    python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE \
+        [--policies REGISTERED,...] [--candidates CANDIDATE,...]
 
 Public API:
   CANDIDATES: dict[str, ConduitPolicy]
@@ -46,6 +47,12 @@ CANDIDATES: dict[str, ConduitPolicy] = {
     "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
     "cv_mass_90": ConduitPolicy(ConduitConfig(mass=0.9)),
     "cv_question_mass_50": ConduitPolicy(ConduitConfig(score=_Q, mass=0.5)),
+    # a budget per question with a floor: at least that share of the budget's k
+    "cv_mass_50_floor_50": ConduitPolicy(ConduitConfig(mass=0.5, floor=0.5)),
+    "cv_no_amp_mass_50_floor_50": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.5, floor=0.5)),
+    "cv_no_amp_mass_50_floor_25": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.5,
+                                                              floor=0.25)),
+    "cv_no_amp_mass_70_floor_50": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.7, floor=0.5)),
 }
 
 
@@ -68,9 +75,17 @@ def main() -> None:
     ap.add_argument("--budgets", default="0.05,0.1,0.2")
     ap.add_argument("--policies", default="full_reuse,conduit,conduit_no_amp,raw_attention",
                     help="registered policies probed beside the candidates")
+    ap.add_argument("--candidates", default=None,
+                    help="comma-separated candidates to probe (default: every one; '' none)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
-    names = [p for p in args.policies.split(",") if p] + register()
+    every = register()
+    candidates = every if args.candidates is None else [
+        c for c in args.candidates.split(",") if c]
+    unknown = sorted(set(candidates) - set(CANDIDATES))
+    if unknown:
+        ap.error(f"unknown candidates: {', '.join(unknown)}")
+    names = [p for p in args.policies.split(",") if p] + candidates
     rows = probe(load_checkpoint_vlm(args.weights), n=args.n, seed=args.seed,
                  policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
                  pages=args.pages)

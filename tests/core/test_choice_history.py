@@ -44,3 +44,17 @@ def test_history_is_a_moving_average_and_bounded() -> None:
     assert torch.equal(history.rows("a", VISUAL, 20), even_rows(VISUAL, 20))
     with pytest.raises(ValueError):
         ChoiceHistory(weight=0.0)
+
+
+def test_a_policy_under_a_cap_is_predicted_at_its_share_of_it() -> None:
+    """A budget per question refreshes part of its cap: the prediction places that share
+    (a moving average over answers); a choice that is its cap stays at k."""
+    history = ChoiceHistory(weight=0.5)
+    history.record("mass", VISUAL, VISUAL[::10], cap=60)  # 30 of a cap of 60
+    assert history.rows("mass", VISUAL, 60).numel() == 30
+    assert history.rows("mass", VISUAL, 20).numel() == 10  # the share, at another cap
+    history.record("mass", VISUAL, VISUAL[::5], cap=60)  # the whole cap this time
+    assert history.rows("mass", VISUAL, 60).numel() == 45  # (0.5 + 1) / 2 of it
+    history.record("fixed", VISUAL, VISUAL[::10])
+    assert history.rows("fixed", VISUAL, 30).numel() == 30
+    assert history.rows("mass", VISUAL, 1).numel() == 1  # never below one row

@@ -20,7 +20,8 @@ from PIL import Image
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.loader import load_vlm
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, register_policy
+from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.prompt_head import HeadCache
 from conduit_core.refresh_probe import probe_refresh
 from tests.core.helpers import IMAGES, page_image
@@ -95,7 +96,9 @@ def test_last_row_only_matches_all_rows(runtime: ReuseRuntime) -> None:
 # policies whose choice comes out of a forward pass: their cost is estimated, not exact
 POLICY_SCORES = {"conduit": True, "conduit_no_amp": True, "conduit_per_page": True,
                  "raw_attention": True, "cacheblend": True, "conduit_adaptive": True}
-CAPPED = {"conduit_adaptive"}  # k is chosen per question, at most the budget's: predicted at it
+# k is chosen per question, at most the budget's: predicted at it with no earlier answer,
+# then at the share of it the same policy refreshed before
+CAPPED = {"conduit_adaptive"}
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,27 @@ def test_prediction_matches_measured(paged: tuple[ReuseRuntime, list[PageInput]]
         if not POLICY_SCORES.get(policy, False):  # chosen before it ran: exact
             assert predicted == pytest.approx(result.flops_used_lm, rel=1e-9), policy
         assert result.flops_ratio_lm <= 1.0
+
+
+def test_a_budget_per_question_is_predicted_from_earlier_answers(
+        paged: tuple[ReuseRuntime, list[PageInput]]) -> None:
+    """A policy that refreshes part of its cap is predicted at the cap with no earlier
+    answer, then at the share of it the same policy refreshed before. (Random weights
+    spread the attention, so a small mass keeps it under the cap here.)"""
+    rt, inputs = paged
+    register_policy("test_mass_10", ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.1,
+                                                                floor=0.25)))
+    try:
+        request = AnswerRequest(PREFIX, inputs, QUESTION, policy="test_mass_10", budget=0.3,
+                                max_new_tokens=1)
+        first = rt.answer(request)
+        assert not first.fallback
+        assert first.refreshed_visual_tokens < round(0.3 * first.visual_tokens)  # under it
+        assert first.flops_used_lm < 0.95 * first.predicted_flops_lm  # predicted at the cap
+        again = rt.answer(request)
+        assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=0.05)
+    finally:
+        POLICIES.pop("test_mass_10")
 
 
 def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None:
