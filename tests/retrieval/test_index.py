@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lab.processes import start_redis
 from storage.metadata import (
     DocumentId,
     MetadataStore,
@@ -112,14 +111,6 @@ def test_scope_filters_inside_the_index(tmp_path: Path, docs: Docs,
     got = _ranking(reader, "dividend outlook", embedder, document_ids=scope)
     assert {k.rpartition(":")[0] for k, _ in got} == {"doc_001_finance", "doc_006_finance"}
     assert len(got) == 10  # every live page of the scope, ranked or not
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server for this module."""
-    url, stop = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])

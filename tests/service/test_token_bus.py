@@ -13,15 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from lab.processes import free_port, start_redis
+from lab.processes import free_port
 from worker.token_bus import TokenBus
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    url, stop = start_redis(tmp_path_factory.mktemp("bus"))
-    yield url
-    stop()
 
 
 @pytest.fixture

@@ -8,16 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.processes import start_redis
 from storage.metadata import MetadataStore, RedisMetadataStore, SQLiteMetadataStore
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a redis-server shared by the session (tests use unique key prefixes)."""
-    url, stop = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    stop()
 
 
 @pytest.fixture
