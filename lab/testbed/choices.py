@@ -3,9 +3,14 @@ asked records' key cells), per family: `python -m lab.testbed.choices --n 300 --
 
 Over the probe's samples (`lab.testbed.probe.probe_samples`, gold pages or with distractors),
 each policy's refreshed set at `--budget` is split by where its tokens sit: an asked key cell,
-other key cells (the results of other records), cells on an asked record's page, cells on the
-other pages, blank cells, page delimiters. `key_cell_refreshed` counts the questions whose
-asked key cells (both, for a pair) were all refreshed.
+the rest of an asked record (its slot's cells before the key: "3Q=" of "3Q=G"), the cell an
+asked key reads on another page (`Document.source`: the legend's digit, the named record's
+key, the value before a page break), other key cells (the results of other records), cells on
+an asked record's page, cells on the other pages, blank cells, page delimiters.
+`key_cell_refreshed` counts the questions whose asked key cells (both, for a pair) were all
+refreshed, `record_refreshed` those whose asked records were refreshed whole, and
+`source_refreshed` those whose cross-page sources were all refreshed. `--weights` takes
+another checkpoint than the committed one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,24 @@ from lab.testbed.probe import (
     probe_samples,
     refreshed_cells,
 )
+from lab.testbed.task import SLOT
 from worker.answer_job import ANSWER_PREFIX, page_label
+
+
+def record_cells(s: Sample) -> set[tuple[int, int]]:
+    """The (page, cell) of the asked records' cells before their key cells, in their slots."""
+    cols = s.doc.shape.cols
+    out = set()
+    for r in s.question.records:
+        start = r.cell - (r.cell % cols) % SLOT  # the slot's first cell
+        out |= {(r.page, c) for c in range(start, r.cell)
+                if s.doc.pages[r.page][c // cols][c % cols] != " "}
+    return out
+
+
+def source_cells(s: Sample) -> set[tuple[int, int]]:
+    """The (page, cell) each asked key reads on another page (none for lookups, pairs)."""
+    return {src for r in s.question.records if (src := s.doc.source(r)) is not None}
 
 
 def _where(s: Sample, at: tuple[int, int] | None, keys: set[tuple[int, int]]) -> str:
@@ -37,6 +59,10 @@ def _where(s: Sample, at: tuple[int, int] | None, keys: set[tuple[int, int]]) ->
         return "page delimiters"
     if at in key_cells(s):
         return "the asked key cell"
+    if at in record_cells(s):
+        return "the rest of the asked record"
+    if at in source_cells(s):
+        return "the cell it reads on another page"
     if at in keys:
         return "other key cells"
     page, cell = at
@@ -55,10 +81,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--pages", choices=PAGE_MODES, default="gold")
     parser.add_argument("--policies", default="conduit,conduit_no_amp,conduit_per_page,epic")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS), never_above_full=False)
+    runtime = ReuseRuntime(load_checkpoint_vlm(args.weights), never_above_full=False)
     tally: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
     for s in probe_samples(args.n, pages=args.pages):
         kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
@@ -71,12 +98,14 @@ def main() -> None:
             t = tally[(s.question.family, policy)]
             t["questions"] += 1
             t["key_cell_refreshed"] += all(c in chosen for c in key_cells(s))
+            t["record_refreshed"] += record_cells(s) <= set(chosen)
+            t["source_refreshed"] += source_cells(s) <= set(chosen)
             t.update(f"tokens: {_where(s, at, keys)}" for at in chosen)
     rows = [{"family": fam, "policy": pol, "budget": args.budget, "pages": args.pages, **dict(c)}
             for (fam, pol), c in sorted(tally.items())]
     args.out.write_text(json.dumps({"command": f"python -m lab.testbed.choices --n {args.n}"
                                     f" --budget {args.budget} --pages {args.pages}"
-                                    f" --policies {args.policies}",
+                                    f" --policies {args.policies} --weights {args.weights}",
                                     "rows": rows}, indent=1))
     for r in rows:
         print(json.dumps(r))
