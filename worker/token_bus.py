@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -125,13 +126,15 @@ class TokenBus:
             return [0] * len(batch)
 
 
-_buses: dict[str, TokenBus] = {}
+_buses: dict[tuple[int, str], TokenBus] = {}
 _buses_lock = threading.Lock()
 
 
 def token_bus(url: str) -> TokenBus:
-    """This process's `TokenBus` for the Redis at `url` (created on first use)."""
+    """This process's `TokenBus` for the Redis at `url`, created on first use (and again in
+    a forked child: a publisher thread does not survive a fork)."""
+    key = (os.getpid(), url)
     with _buses_lock:
-        if url not in _buses:
-            _buses[url] = TokenBus(url)
-        return _buses[url]
+        if key not in _buses:
+            _buses[key] = TokenBus(url)
+        return _buses[key]

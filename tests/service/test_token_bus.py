@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from lab.processes import free_port
-from worker.token_bus import TokenBus
+from worker.token_bus import TokenBus, token_bus
 
 
 @pytest.fixture
@@ -125,3 +125,8 @@ def test_unreachable_redis_loses_messages_without_raising(tmp_path: Path) -> Non
         assert _until(lambda: not bus.listening("t:down"))
     finally:
         bus.close()
+
+
+def test_one_bus_per_process_and_url(redis_url: str) -> None:
+    assert token_bus(redis_url) is token_bus(redis_url)
+    assert token_bus(redis_url) is not token_bus(redis_url + "?x=1")
