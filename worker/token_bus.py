@@ -115,15 +115,26 @@ class TokenBus:
                     item.sent.set()
 
     def _publish(self, batch: list[_Message]) -> list[int]:
-        """Receivers of each message of `batch` (0 for all when Redis failed)."""
+        """Receivers of each message of `batch` (0 for one that is not JSON, and for all
+        when Redis failed)."""
+        counts = [0] * len(batch)
+        sent: list[int] = []  # places in `batch` of the messages in the pipeline
         try:
             pipe = self._redis.pipeline(transaction=False)
-            for item in batch:
-                pipe.publish(item.channel, json.dumps(item.body))
-            return [int(n) for n in pipe.execute()]
+            for i, item in enumerate(batch):
+                try:
+                    payload = json.dumps(item.body)
+                except (TypeError, ValueError) as exc:
+                    log.error("answer message on %s is not JSON: %s", item.channel, exc)
+                    continue
+                pipe.publish(item.channel, payload)
+                sent.append(i)
+            for i, n in zip(sent, pipe.execute(), strict=True):
+                counts[i] = int(n)
         except redis.RedisError as exc:
             log.warning("could not publish %d answer message(s): %s", len(batch), exc)
             return [0] * len(batch)
+        return counts
 
 
 _buses: dict[tuple[int, str], TokenBus] = {}

@@ -130,3 +130,13 @@ def test_unreachable_redis_loses_messages_without_raising(tmp_path: Path) -> Non
 def test_one_bus_per_process_and_url(redis_url: str) -> None:
     assert token_bus(redis_url) is token_bus(redis_url)
     assert token_bus(redis_url) is not token_bus(redis_url + "?x=1")
+
+
+def test_a_message_that_is_not_json_is_dropped_alone(bus: TokenBus, redis_url: str) -> None:
+    sub = redis.Redis.from_url(redis_url).pubsub(ignore_subscribe_messages=True)
+    sub.subscribe("t:json")
+    assert not bus.send("t:json", {"token": [0, object()]}, wait=5)
+    assert bus.send("t:json", {"done": 1}, wait=5)  # the publisher thread lives on
+    message = _next(sub)
+    assert message is not None and json.loads(message["data"]) == {"done": 1}  # type: ignore[arg-type]
+    sub.close()
