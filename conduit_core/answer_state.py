@@ -3,7 +3,8 @@ this to the decode half (`ReuseRuntime.start_answer` / `.step` / `.result`).
 
 Public API:
   AnswerState(decode, layout, image_grids, last_only, exact_rows, policy, refreshed,
-              flops_used_lm, vision_ran, plan=None, fallback=False, prefill_s=0.0)
+              flops_used_lm, vision_ran, plan=None, fallback=False, prefill_s=0.0,
+              page_attention=())
     .done, .error, .kv_tokens    from its `DecodeState`
   answer_result(state, costs, adapter) -> AnswerResult   the accounting of a finished state
 """
@@ -38,6 +39,7 @@ class AnswerState:
     plan: RefreshPlan | None = None
     fallback: bool = False
     prefill_s: float = 0.0  # start of the prefill to its first logits
+    page_attention: tuple[float, ...] = ()  # `Assembly.page_attention` of its scoring pass
 
     @property
     def done(self) -> bool:
@@ -72,4 +74,5 @@ def answer_result(state: AnswerState, costs: RowCosts, adapter: VLMAdapter) -> A
         policy=state.policy, prompt_tokens=layout.n, stop_reason=out.stop_reason,
         head_tokens=state.exact_rows, fallback=state.fallback,
         predicted_flops_lm=plan.predicted_lm if plan else used,
-        fallback_flops_lm=plan.fallback_lm if plan else used)
+        fallback_flops_lm=plan.fallback_lm if plan else used,
+        page_attention=state.page_attention)

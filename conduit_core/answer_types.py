@@ -113,6 +113,10 @@ class AnswerResult:
     # the cached page embeddings, which ran instead (`conduit_core.cost_model`)
     predicted_flops_lm: float = 0.0  # the policy's LM FLOPs as predicted before it ran
     fallback_flops_lm: float = 0.0  # a full prefill from cached embeddings, as predicted
+    # how much the question looked at each page in the scoring pass (request order; its
+    # peak attention, normalised to sum to 1: `Assembly.page_attention`); empty when no
+    # scoring pass ran (a policy without one, or a fallback)
+    page_attention: tuple[float, ...] = ()
 
     @property
     def flops_full(self) -> float:

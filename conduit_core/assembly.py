@@ -9,6 +9,8 @@ Public API:
            last_only=False, layer0_exact=True, text_from_one=False)
     .exact_rows        rows exact before any pass (the cached head)
     .fresh_text_rows() text rows a pass computes (after the head), ascending
+    .page_attention()  how much the question looked at each page in the scoring pass (its
+                       peak attention, normalised over the pages; empty when none ran)
 """
 
 from __future__ import annotations
@@ -47,3 +49,18 @@ class Assembly:
         """Text rows a pass computes: those after the cached head, ascending (N_t',)."""
         text = self.layout.text_rows()
         return text[text >= self.exact_rows]
+
+    def page_attention(self) -> tuple[float, ...]:
+        """How much the question looked at each page in the scoring pass: the page's most
+        attended token (the raw attention part of CONDUIT's score), normalised over the pages
+        to sum to 1, in page order; empty when no scoring pass ran or it gave the pages no
+        attention. The peak, not the page's total: a question's attention is spread thinly
+        over every token and sharply on the few it reads, and only the peak tells the page
+        it read (on the testbed, the page of the asked record is the top page in 81% of
+        questions by the peak and 46% by the total; lab/testbed/NOTES.md)."""
+        if self.stale is None:
+            return ()
+        attention = self.stale.attention.float().cpu()  # (N,)
+        totals = [float(attention[s.start:s.stop].max()) for s in self.layout.segments]
+        whole = sum(totals)
+        return tuple(t / whole for t in totals) if whole > 0 else ()

@@ -308,7 +308,8 @@ class ReuseRuntime:
                            last_only=assembly.last_only, exact_rows=assembly.exact_rows,
                            policy=policy, refreshed=refreshed, flops_used_lm=flops_used_lm,
                            vision_ran=vision_ran, plan=plan, fallback=fallback,
-                           prefill_s=time.perf_counter() - t0)
+                           prefill_s=time.perf_counter() - t0,
+                           page_attention=assembly.page_attention())
 
     def step(self, states: list[AnswerState]) -> None:
         """One decode step of every unfinished answer in `states`: one token each, their

@@ -141,6 +141,10 @@ class CitationOut(BaseModel):
     page: int
     score: float
     snippet: SnippetOut | None = None
+    attention: float | None = Field(None, description="How much the question looked at the "
+                                    "page: its most attended token in the scoring pass, "
+                                    "normalised over the answer's pages (they sum to 1); "
+                                    "null when the policy ran no scoring pass.")
 
 
 class CacheOut(BaseModel):

@@ -51,6 +51,7 @@ def citation_out(c: Citation) -> CitationOut:
     snip = c.snippet
     return CitationOut(
         document_id=c.document_id, filename=c.filename, page=c.page, score=c.score,
+        attention=c.attention,
         snippet=None if snip is None else SnippetOut(
             text=snip.text, spans=list(snip.spans), clipped_left=snip.clipped_left,
             clipped_right=snip.clipped_right),

@@ -50,6 +50,8 @@ class Citation:
     page: int  # 1-based
     score: float
     snippet: Snippet | None = None  # the passage of the page that best matches the question
+    attention: float | None = None  # how much the question looked at the page (its peak
+    # attention in the scoring pass, normalised over the answer's pages); None without one
 
 
 @dataclass
@@ -240,13 +242,17 @@ def answer_question(
         # its pages got again, so that no orphan entries stay behind
         release_unreferenced(ctx, [p.page_hash for p in pages])
     t_done = time.perf_counter()
+    shares = {(p.document_id, p.number): round(a, 6)
+              for p, a in zip(pages, result.page_attention, strict=False)}
     if loaded.report.pages_prefilled_now:
         log.info("prefilled %d page(s) at question time", loaded.report.pages_prefilled_now)
     return Answer(
         answer=result.text,
         citations=[Citation(document_id=p.document_id, filename=filenames[p.document_id],
                             page=p.number, score=round(score, 6),
-                            snippet=best_snippet(q.question, p.text)) for p, score in hits],
+                            snippet=best_snippet(q.question, p.text),
+                            attention=shares.get((p.document_id, p.number)))
+                   for p, score in hits],
         policy=request.policy,
         budget=request.budget,
         flops_ratio_lm=result.flops_ratio_lm,

@@ -139,7 +139,11 @@ export class Answers {
     return el("li", { class: "cite" }, open,
       el("div", { class: "cite-body" },
         el("p", { class: "cite-name" }, el("strong", {}, c.filename), ` · page ${c.page}`,
-          el("span", { class: "score" }, ` · score ${c.score.toFixed(3)}`)),
+          el("span", { class: "score" }, ` · score ${c.score.toFixed(3)}`),
+          c.attention == null ? null : el("span", { class: "attention",
+            title: "how much the question looked at this page (its peak attention, " +
+              "as a share of all cited pages')" },
+          ` · attention ${(100 * c.attention).toFixed(0)}%`)),
         snippetNode(c.snippet)));
   }
 

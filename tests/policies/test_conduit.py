@@ -173,3 +173,22 @@ def test_a_floor_keeps_a_share_of_the_budget(cached: CachedPages) -> None:
     assert most.numel() == k  # above the floor the mass decides, up to the cap
     with pytest.raises(ValueError, match="floor"):
         ConduitConfig(mass=0.5, floor=1.5)
+
+
+def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> None:
+    """With a scoring pass, each page's peak attention normalised over the pages; without
+    one (full reuse), nothing."""
+    pages = cached.inputs(["A", "B", "C"])
+    scored = cached.runtime.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
+                                                 policy="conduit", budget=0.1,
+                                                 max_new_tokens=1))
+    assert len(scored.page_attention) == 3 and not scored.fallback
+    assert sum(scored.page_attention) == pytest.approx(1.0)
+    assert all(a > 0 for a in scored.page_attention)
+    asm = cached.runtime.assemble(PREFIX, pages, QUESTION)
+    stale, _ = cached.runtime.scoring(asm)
+    peaks = torch.stack([stale.attention[s.start:s.stop].max() for s in asm.layout.segments])
+    assert torch.allclose(torch.tensor(asm.page_attention()), peaks / peaks.sum(), atol=1e-5)
+    reuse = cached.runtime.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
+                                                policy="full_reuse", max_new_tokens=1))
+    assert reuse.page_attention == ()

@@ -68,6 +68,8 @@ def test_upload_poll_ask_cites_the_right_page(client: httpx.Client, collection: 
     # the tiny test model's 16-token pages: scoring and refreshing would cost more than
     # recomputing every row from the cached page embeddings, so that ran, and says so
     assert out["fallback"] is True and out["flops_ratio_lm"] <= 1.0
+    # no scoring pass ran, so no page says how much the question looked at it
+    assert all(c["attention"] is None for c in out["citations"])
     assert out["refreshed_visual_tokens"] == out["visual_tokens"]
     assert out["cache"]["head_tokens"] > 0 or out["flops_ratio_lm"] == pytest.approx(1.0)
 

@@ -61,3 +61,19 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
     assert acc(CROSS_PAGE, "full_reuse") <= acc(CROSS_PAGE, "full_prefill") - 0.3, hits
     assert acc(("lookup", "pair"), "full_reuse") >= acc(("lookup", "pair"), "full_prefill") - 0.1
     assert acc(CROSS_PAGE, policy) >= acc(CROSS_PAGE, "full_prefill") - 0.1, hits
+
+
+def test_the_page_the_question_looked_at_most_holds_the_asked_record():
+    """An answer's `page_attention` (each cited page's `attention`): on the committed
+    checkpoint the asked record's page is the top page by peak attention far more often than
+    by the page's total attention or by chance (1 in 6)."""
+    from lab.testbed.citations import top_pages
+    from lab.testbed.probe import load_checkpoint_vlm
+
+    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS), never_above_full=False)
+    tally = top_pages(runtime, 40, seed=11)
+    single = [t for fam, t in tally.items() if fam != "pair"]
+    questions = sum(t["questions"] for t in single)
+    by_peak = sum(t["top_by_peak"] for t in single)
+    assert by_peak >= 0.75 * questions, tally
+    assert by_peak > sum(t["top_by_total"] for t in single), tally
