@@ -53,18 +53,24 @@ def source_cells(s: Sample) -> set[tuple[int, int]]:
     return {src for r in s.question.records if (src := s.doc.source(r)) is not None}
 
 
-def _where(s: Sample, at: tuple[int, int] | None, keys: set[tuple[int, int]]) -> str:
-    """The kind of token a refreshed (page, cell) is, for sample `s`."""
+def _places(s: Sample) -> list[tuple[str, set[tuple[int, int]]]]:
+    """The named kinds of cell of sample `s`, in the order a refreshed cell is matched."""
+    keys = {(r.page, r.cell) for r in s.doc.records if r.page in s.pages}
+    return [("the asked key cell", set(key_cells(s))),
+            ("the rest of the asked record", record_cells(s)),
+            ("the cell it reads on another page", source_cells(s)),
+            ("other key cells", keys)]
+
+
+def _where(s: Sample, at: tuple[int, int] | None,
+           places: list[tuple[str, set[tuple[int, int]]]]) -> str:
+    """The kind of token a refreshed (page, cell) is, for sample `s` (`places`: its
+    `_places`, computed once a sample)."""
     if at is None:
         return "page delimiters"
-    if at in key_cells(s):
-        return "the asked key cell"
-    if at in record_cells(s):
-        return "the rest of the asked record"
-    if at in source_cells(s):
-        return "the cell it reads on another page"
-    if at in keys:
-        return "other key cells"
+    for kind, cells in places:
+        if at in cells:
+            return kind
     page, cell = at
     cols = s.doc.shape.cols
     if s.doc.pages[page][cell // cols][cell % cols] == " ":
@@ -92,15 +98,17 @@ def main() -> None:
         pages = [PageInput(label=page_label(s.doc_name, p + 1), kv=kv)
                  for p, kv in zip(s.pages, kvs, strict=True)]
         assembly = runtime.assemble(ANSWER_PREFIX, pages, s.text)
-        keys = {(r.page, r.cell) for r in s.doc.records if r.page in s.pages}
+        places = _places(s)
+        asked, record, source = (cells for _, cells in places[:3])
         for policy in args.policies.split(","):
             chosen = refreshed_cells(runtime, assembly, s, policy, args.budget)
+            refreshed = set(chosen)
             t = tally[(s.question.family, policy)]
             t["questions"] += 1
-            t["key_cell_refreshed"] += all(c in chosen for c in key_cells(s))
-            t["record_refreshed"] += record_cells(s) <= set(chosen)
-            t["source_refreshed"] += source_cells(s) <= set(chosen)
-            t.update(f"tokens: {_where(s, at, keys)}" for at in chosen)
+            t["key_cell_refreshed"] += asked <= refreshed
+            t["record_refreshed"] += record <= refreshed
+            t["source_refreshed"] += source <= refreshed
+            t.update(f"tokens: {_where(s, at, places)}" for at in chosen)
     rows = [{"family": fam, "policy": pol, "budget": args.budget, "pages": args.pages, **dict(c)}
             for (fam, pol), c in sorted(tally.items())]
     args.out.write_text(json.dumps({"command": f"python -m lab.testbed.choices --n {args.n}"
