@@ -10,9 +10,12 @@
 #           what docs/TESTBED.md says would be needed for >= 90%)
 #   SEEDS   comma-separated seeds (default 0,1,2)
 # Each seed trains in its own process (`conduit-lab testbed train --device cuda --resume`,
-# checkpoints every 100 steps) under one deadline (TESTBED_DEADLINE_S, default 540 s); a run
-# cut by the deadline keeps its last checkpoint, and the same command resumes it. Run folders
-# and logs: lab/gpu/results/testbed-<UTC time>/s<seed>/ (CONDUIT_GPU_RESULTS to choose).
+# checkpoints every 100 steps): stage 2 (page scale, from STAGE1), then stage 3 (pair-share
+# 0.4, lr 5e-4, from stage 2's model.safetensors, --seed 100+seed; lab/testbed/NOTES.md),
+# both under one deadline (TESTBED_DEADLINE_S, default 540 s); a run cut by the deadline keeps
+# its last checkpoint, and the same command resumes it. Run folders and logs:
+# lab/gpu/results/testbed-<UTC time>/s<seed>/ (stage 2) and s<seed>-stage3/
+# (CONDUIT_GPU_RESULTS to choose).
 # CONDUIT_GPU_CHECK_DEVICE=cpu runs it on the CPU (a dry run of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,22 +32,37 @@ mkdir -p "$OUT"
 LIMIT="${TESTBED_DEADLINE_S:-540}"
 CORES=$(nproc)
 THREADS=$(( CORES / ${#SEEDS[@]} > 0 ? CORES / ${#SEEDS[@]} : 1 ))
+train_stage() {  # RUN LOG SECONDS_LEFT ARGS...: one resumable stage under the deadline
+  local run=$1 log=$2 left=$3; shift 3
+  local resume=()
+  [[ -f "$run/state.json" ]] && resume=(--resume)
+  timeout -s INT "$left" "$PY" -m lab.cli testbed train --out "$run" --steps "$STEPS" \
+    --device "$DEVICE" --threads "$THREADS" --eval-every 100 "$@" "${resume[@]}" >> "$log" 2>&1
+}
+train_seed() {  # SEED: stage 2, then stage 3 once stage 2 has written its final weights
+  local seed=$1 run="$OUT/s$1" start=$SECONDS
+  train_stage "$run" "$OUT/s$seed.log" "$LIMIT" --init "$STAGE1" --lr 1e-3 --warmup 100 \
+    --seed "$seed" || return $?
+  local left=$(( LIMIT - (SECONDS - start) ))
+  (( left > 0 )) || return 124
+  train_stage "$run-stage3" "$OUT/s$seed-stage3.log" "$left" --init "$run/model.safetensors" \
+    --lr 5e-4 --warmup 50 --seed $(( 100 + seed )) --pair-share 0.4
+}
+last_step() {  # RUN: the step of its last checkpoint
+  "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$1/state.json" \
+    2>/dev/null || echo none
+}
 pids=()
 for seed in "${SEEDS[@]}"; do
-  run="$OUT/s$seed"
-  resume=()
-  [[ -f "$run/state.json" ]] && resume=(--resume)
-  timeout -s INT "$LIMIT" "$PY" -m lab.cli testbed train --out "$run" --init "$STAGE1" \
-    --steps "$STEPS" --lr 1e-3 --warmup 100 --seed "$seed" --device "$DEVICE" \
-    --threads "$THREADS" --eval-every 100 "${resume[@]}" > "$OUT/s$seed.log" 2>&1 &
+  train_seed "$seed" &
   pids+=($!)
 done
 STATUS=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; rc=$?
-  step=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" \
-         "$OUT/s${SEEDS[$i]}/state.json" 2>/dev/null || echo none)
-  echo "seed ${SEEDS[$i]}: rc=$rc, last checkpoint at step $step" | tee -a "$OUT/steps.txt"
+  run="$OUT/s${SEEDS[$i]}"
+  echo "seed ${SEEDS[$i]}: rc=$rc, stage 2 at step $(last_step "$run"), stage 3 at step" \
+       "$(last_step "$run-stage3")" | tee -a "$OUT/steps.txt"
   [[ $rc -ne 0 && $rc -ne 124 && $STATUS -eq 0 ]] && STATUS=$rc
 done
 echo "results: $OUT (exit $STATUS)" | tee -a "$OUT/steps.txt"
