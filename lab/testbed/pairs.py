@@ -14,7 +14,7 @@ compared on a set neither was trained or evaluated on.
 Public API:
   load_model(weights) -> (model, layouts, patches)
   pair_positions(model, layouts, patches, n, seed) -> dict[str, int]
-  heldout(model, layouts, patches, seed, n=256) -> dict[str, float]
+  heldout(model, layouts, patches, seed) -> dict[str, float]
 """
 
 from __future__ import annotations
@@ -28,23 +28,20 @@ from typing import Any
 
 import torch
 
-from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
-from conduit_core.testbed_model import MAX_IMAGE_TOKENS, WEIGHTS, build_testbed
+from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import GlyphPatches, Layouts, batch_hidden, draw_sample, make_batch
+from lab.testbed.probe import load_checkpoint_vlm
 from lab.testbed.task import PAGE
-from lab.testbed.train import heldout_accuracy, model_tensors
+from lab.testbed.train import heldout_accuracy, heldout_samples
 
 SHOWN = 6  # pages shown per pair question, as in the final table
 
 
 def load_model(weights: Path) -> tuple[Any, Layouts, GlyphPatches]:
-    """The testbed model with `weights` (a checkpoint or a weights file), in eval mode."""
-    model, processor = build_testbed(weights=None, seed=0)
-    model.load_state_dict(model_tensors(weights), strict=False)
-    model.tie_weights()
-    model.eval()
-    adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
-    return model, Layouts(adapter, PAGE), GlyphPatches(processor)
+    """The testbed model with `weights` (a checkpoint or a weights file), in eval mode, with
+    the layouts and glyph patches its batches need."""
+    vlm = load_checkpoint_vlm(weights)
+    return vlm.model, Layouts(vlm.adapter, PAGE), GlyphPatches(vlm.processor)
 
 
 @torch.no_grad()
@@ -74,13 +71,10 @@ def pair_positions(model: Any, layouts: Layouts, patches: GlyphPatches, n: int, 
                                    "second_right", "second_other_key", "second_else", "both")}
 
 
-def heldout(model: Any, layouts: Layouts, patches: GlyphPatches, seed: int, n: int = 256
-            ) -> dict[str, float]:
+def heldout(model: Any, layouts: Layouts, patches: GlyphPatches, seed: int) -> dict[str, float]:
     """Exact match per family on the held-out set of training seed `seed`."""
-    rng = random.Random(f"heldout:{seed}")
-    samples = [draw_sample(rng, PAGE) for _ in range(n)]
-    return {k: round(v, 4) for k, v in heldout_accuracy(model, layouts, patches,
-                                                         samples).items()}
+    acc = heldout_accuracy(model, layouts, patches, heldout_samples(seed))
+    return {k: round(v, 4) for k, v in acc.items()}
 
 
 def main() -> None:

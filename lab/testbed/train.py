@@ -32,6 +32,7 @@ Public API:
   train(cfg, resume=False) -> dict    the last held-out evaluation
   model_tensors(path) -> dict        the model's tensors of a checkpoint or weights file
   export_weights(src, dst, dtype=float16) -> bytes   a checkpoint's model tensors, as shipped
+  heldout_samples(seed, shape=PAGE, n=256) -> list[Sample]   the held-out set of `--seed`
   heldout_accuracy(model, layouts, patches, samples, batch_size) -> dict[str, float]
 """
 
@@ -138,6 +139,13 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig, tap: Tap | None
     return ans_loss, (cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
                       + cfg.ask_weight * ask_loss + cfg.look_weight * look_loss
                       + cfg.hold_weight * hold_loss)
+
+
+def heldout_samples(seed: int, shape: Shape = PAGE, n: int = 256) -> list[Sample]:
+    """The held-out set a run with `seed` evaluates on (a generator no training step draws
+    from)."""
+    rng = random.Random(f"heldout:{seed}")
+    return [draw_sample(rng, shape) for _ in range(n)]
 
 
 @torch.no_grad()
@@ -248,8 +256,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     if resume and (cfg.out / "checkpoint.safetensors").is_file():
         step = _load_checkpoint(cfg.out, model, opt)
         _trim_history(cfg.out / "history.jsonl", step)
-    held_rng = random.Random(f"heldout:{cfg.seed}")
-    heldout = [draw_sample(held_rng, cfg.shape) for _ in range(cfg.heldout)]
+    heldout = heldout_samples(cfg.seed, cfg.shape, cfg.heldout)
     history = (cfg.out / "history.jsonl").open("a")
     last: dict[str, float] = {}
     bar = tqdm(total=cfg.steps, initial=step, desc="testbed", dynamic_ncols=True)
