@@ -35,6 +35,9 @@ def add_testbed_commands(sub: Any) -> None:
     tr.add_argument("--resume", action="store_true", help="continue from the run folder")
     tr.add_argument("--pair-share", type=float, default=None,
                     help="share of pair questions in training (default: uniform, 1 in 5)")
+    tr.add_argument("--resolve-weight", type=float, default=0.0,
+                    help="weight of key cells naming their resolved value before the layer "
+                         "a question reads them (0: off, as in stages 1-3)")
     tr.set_defaults(func=_train)
 
     ex = tsub.add_parser("export", help="write a run's model tensors where "
@@ -89,7 +92,7 @@ def _train(args: argparse.Namespace) -> int:
                       device=args.device, threads=args.threads,
                       eval_every=args.eval_every, ckpt_every=args.eval_every,
                       glyph_layer=None if args.glyph_layer < 0 else args.glyph_layer,
-                      pair_share=args.pair_share)
+                      pair_share=args.pair_share, resolve_weight=args.resolve_weight)
     last = train(cfg, resume=args.resume)
     print(json.dumps({"heldout_em": last, "weights": str(args.out / "model.safetensors")}))
     return 0

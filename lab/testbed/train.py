@@ -8,7 +8,10 @@ key cell predicting its record's resolved value at the last layer, plus, with
 `glyph_weight`: it aligns glyph features with the text embeddings early, which is what a
 question needs to find its key), plus, weighted by `hold_weight`, each lookup's key cell
 naming its value after `hold_layer` (what a reference reads there) and each legend record's
-key cell its row's letter (`batches._held`), plus, weighted by
+key cell its row's letter (`batches._held`), plus, weighted by `resolve_weight` (0 in
+stages 1-3), every key cell naming its resolved value already after layer `look_q_layer - 1`,
+the residual a question reads it from (without it a legend record's digit was resolved only
+in the last layer, too late to be read: `lab.testbed.legends`), plus, weighted by
 `ask_weight`, each question's key token ("K" in "What is K?") predicting the answer, plus,
 weighted by `look_weight`, attention supervision: head 0 of layer `look_q_layer` takes each
 question's key token and its answer position to the record's key cell, and head 0 of layer
@@ -27,8 +30,9 @@ checkpoint (those steps are trained again).
 
 Public API:
   TrainConfig(out, steps, stop_at, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
-              hold_layer, hold_weight, ask_weight, look_weight, look_q_layer, look_p_layer,
-              follow_ups, pair_share, seed, device, threads, eval_every, ckpt_every, heldout)
+              hold_layer, hold_weight, resolve_weight, ask_weight, look_weight, look_q_layer,
+              look_p_layer, follow_ups, pair_share, seed, device, threads, eval_every, ckpt_every,
+              heldout)
   train(cfg, resume=False) -> dict    the last held-out evaluation
   model_tensors(path) -> dict        the model's tensors of a checkpoint or weights file
   export_weights(src, dst, dtype=float16) -> bytes   a checkpoint's model tensors, as shipped
@@ -86,6 +90,7 @@ class TrainConfig:
     glyph_weight: float = 0.5
     hold_layer: int = 1  # after it, lookup and legend key cells name a row value (`_held`)
     hold_weight: float = 1.0  # that target's weight; 0 turns it off
+    resolve_weight: float = 0.0  # key cells resolved after layer look_q_layer - 1; 0: off
     ask_weight: float = 1.0  # each question's key token predicts the answer (see module doc)
     look_weight: float = 1.0  # attention supervision (see module doc); 0 turns it off
     look_q_layer: int = 4  # layer whose head 0 takes a question to its record's key cell
@@ -124,6 +129,9 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig, tap: Tap | None
         glyph_loss = named_after(cfg.glyph_layer, batch.glyphs)
     if cfg.hold_weight and len(batch.held):
         hold_loss = named_after(cfg.hold_layer, batch.held)
+    resolve_loss = torch.zeros(())
+    if cfg.resolve_weight and len(batch.aux):
+        resolve_loss = named_after(cfg.look_q_layer - 1, batch.aux)
     look_loss = torch.zeros(())
     if tap is not None:
         logs = [tap.log_probs(cfg.look_q_layer, batch.look_q)]  # (L,)
@@ -138,7 +146,7 @@ def _losses(model: Any, batch: Batch, cfg: TrainConfig, tap: Tap | None
         ask_loss = F.cross_entropy(head(hidden[ask[:, 0], ask[:, 1]]), ask[:, 2])
     return ans_loss, (cfg.aux_weight * aux_loss + cfg.glyph_weight * glyph_loss
                       + cfg.ask_weight * ask_loss + cfg.look_weight * look_loss
-                      + cfg.hold_weight * hold_loss)
+                      + cfg.hold_weight * hold_loss + cfg.resolve_weight * resolve_loss)
 
 
 def heldout_samples(seed: int, shape: Shape = PAGE, n: int = 256) -> list[Sample]:

@@ -82,3 +82,12 @@ def test_glyph_naming_adds_a_loss_after_the_chosen_layer(tmp_path):
     loss = [json.loads((tmp_path / d / "history.jsonl").read_text())["aux_loss"]
             for d in ("a", "b")]
     assert loss[1] > loss[0] + 1.0  # every cell's glyph named from layer 1: ~ln(vocab) / 2
+
+
+def test_the_resolve_target_adds_a_loss_before_the_layer_questions_read(tmp_path):
+    plain = train(_cfg(tmp_path / "a", 1))
+    resolved = train(_cfg(tmp_path / "b", 1, resolve_weight=1.0))
+    assert set(plain) == set(resolved)
+    loss = [json.loads((tmp_path / d / "history.jsonl").read_text())["aux_loss"]
+            for d in ("a", "b")]
+    assert loss[1] > loss[0] + 1.0  # every key cell's resolved value named after layer 3
