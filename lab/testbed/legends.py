@@ -15,6 +15,8 @@ prefill, each column is counted apart:
 
 A question reads its key cell at layer `look_q_layer` (4 of 5), from the residual after the
 layer before: a value the key cell resolves only in its last layer is there, but too late.
+`answer_right_where_read_right` / `_read_wrong` split the right answers by whether the key
+cell named the right value after that layer before (`L{last - 1}_right`).
 
 Public API:
   legend_samples(n, seed) -> list[Sample]
@@ -80,6 +82,9 @@ def legend_counts(model: Any, layouts: Layouts, patches: GlyphPatches, n: int, s
             got = answer[b]
             c["answer_right" if got == layouts.token_of(want) else
               "answer_other_value" if got == layouts.token_of(other) else "answer_else"] += 1
+            read = int(lens[last - 1]) == layouts.token_of(want)  # what layer `last` reads
+            c["answer_right_where_read_right"] += int(read and got == layouts.token_of(want))
+            c["answer_right_where_read_wrong"] += int(not read and got == layouts.token_of(want))
             for layer, tok in enumerate(lens):
                 c[f"L{layer}_right"] += int(int(tok) == layouts.token_of(want))
                 c[f"L{layer}_other_value"] += int(int(tok) == layouts.token_of(other))

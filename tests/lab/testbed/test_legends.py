@@ -16,6 +16,9 @@ def test_the_legend_diagnosis_reads_the_asked_key_cell():
     for c in counts.values():
         n = c["n"]
         assert sum(c.get(f"answer_{k}", 0) for k in ("right", "other_value", "else")) == n
+        assert (c.get("answer_right_where_read_right", 0)
+                + c.get("answer_right_where_read_wrong", 0)) == c.get("answer_right", 0)
+        assert c.get("answer_right_where_read_right", 0) <= c.get("L3_right", 0)
         assert c.get("L0_key", 0) >= 0.6 * n  # the asked key cell (87% of 256 in NOTES)
         assert c.get("L4_right", 0) >= 0.7 * n  # resolved at the last layer
     assert counts["letter"].get("answer_right", 0) >= 0.8 * counts["letter"]["n"]
