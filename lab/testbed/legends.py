@@ -73,22 +73,23 @@ def legend_counts(model: Any, layouts: Layouts, patches: GlyphPatches, n: int, s
             digit, letter = row[record.cell % cols - 3], row[record.cell % cols - 2]
             column = "digit" if s.doc.legend_column == 1 else "letter"
             want, other = (digit, letter) if column == "digit" else (letter, digit)
+            want_id, other_id = layouts.token_of(want), layouts.token_of(other)
             _, _, starts, _ = layouts.layout(s)
             cell = starts[s.pages.index(record.page)] + 1 + record.cell  # the key cell
-            lens = [head(hidden[b, cell] if layer == last else norm(layers[layer + 1][b, cell]))
-                    .argmax(-1) for layer in range(last + 1)]  # after each layer
+            lens = [int(head(hidden[b, cell] if layer == last
+                             else norm(layers[layer + 1][b, cell])).argmax(-1))
+                    for layer in range(last + 1)]  # what it names after each layer
             c = counts[column]
             c["n"] += 1
-            got = answer[b]
-            c["answer_right" if got == layouts.token_of(want) else
-              "answer_other_value" if got == layouts.token_of(other) else "answer_else"] += 1
-            read = int(lens[last - 1]) == layouts.token_of(want)  # what layer `last` reads
-            c["answer_right_where_read_right"] += int(read and got == layouts.token_of(want))
-            c["answer_right_where_read_wrong"] += int(not read and got == layouts.token_of(want))
+            right, read = answer[b] == want_id, lens[last - 1] == want_id  # layer `last` reads
+            c["answer_right" if right else
+              "answer_other_value" if answer[b] == other_id else "answer_else"] += 1
+            c["answer_right_where_read_right"] += int(right and read)
+            c["answer_right_where_read_wrong"] += int(right and not read)
             for layer, tok in enumerate(lens):
-                c[f"L{layer}_right"] += int(int(tok) == layouts.token_of(want))
-                c[f"L{layer}_other_value"] += int(int(tok) == layouts.token_of(other))
-                c[f"L{layer}_key"] += int(int(tok) == layouts.token_of(record.key))
+                c[f"L{layer}_right"] += int(tok == want_id)
+                c[f"L{layer}_other_value"] += int(tok == other_id)
+                c[f"L{layer}_key"] += int(tok == layouts.token_of(record.key))
     return {k: dict(v) for k, v in sorted(counts.items())}
 
 
