@@ -28,7 +28,7 @@ models). Where the policy's prediction exceeds it, the runtime runs that instead
 Public API:
   PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
   RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None,
-              cap=None)
+              cap=None)                               .plus(flops): more on the policy's side
                                                       .fallback: run the full prefill instead
                                                       (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
@@ -36,14 +36,15 @@ Public API:
                text_from_one=True) -> RefreshPlan
       place(visual_rows, k) -> (k,): where the estimate puts the k rows; text_from_one:
       a refresh after a scoring pass starts its text rows at layer 1 (False: int8 pages)
-  RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0), .scoring(...),
+  RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0),
+                            .rows(rows, n, last_only, start_layer=0), .scoring(...),
                             .after_scoring(layout, rows, last_only), .check(layout, layers)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -77,6 +78,15 @@ class RefreshPlan:
     bound_lm: float | None = None  # the most the policy can cost (None: predicted_lm is exact)
     cap: int | None = None  # a forward-pass policy's k: the most it refreshes
 
+    def plus(self, flops: float) -> RefreshPlan:
+        """The plan with `flops` more on the policy's side (its prediction and bound): work
+        only the policy's path does (page labels computed for it; the fallback recomputes
+        them)."""
+        if not flops:
+            return self
+        bound = None if self.bound_lm is None else self.bound_lm + flops
+        return replace(self, predicted_lm=self.predicted_lm + flops, bound_lm=bound)
+
     @property
     def fallback(self) -> bool:
         """The policy could cost more than a full prefill from cached embeddings: decided on
@@ -87,15 +97,17 @@ class RefreshPlan:
 
 def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
                  scored: bool) -> tuple[torch.Tensor, int]:
-    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`;
-    after a scoring pass the text rows before the first refreshed visual row are exact already
-    and skipped. Returns (rows, how many text rows were skipped after the head)."""
+    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`
+    (and the stale labels of the pages they cover whole, `Layout.refreshed_label_rows`);
+    after a scoring pass the text rows before the first refreshed cached row are exact
+    already and skipped. Returns (rows, how many text rows were skipped after the head)."""
     visual_rows = visual_rows.to(torch.long).cpu()
-    rows = torch.cat([layout.text_rows(), visual_rows]).unique(sorted=True)  # (R,)
+    stale = torch.cat([visual_rows, layout.refreshed_label_rows(visual_rows)])  # (V',)
+    rows = torch.cat([layout.text_rows(), stale]).unique(sorted=True)  # (R,)
     rows = rows[rows >= exact_rows]
     if not scored:
         return rows, 0
-    first = int(visual_rows.min()) if visual_rows.numel() else layout.n
+    first = int(stale.min()) if stale.numel() else layout.n
     skipped = int((rows < first).sum())  # every row before `first` is a text row
     return rows[skipped:], skipped
 
@@ -111,7 +123,11 @@ class RowCosts:
                 start_layer: int = 0) -> float:
         """Rows (R,) run from `start_layer` through the last layer over the layout's keys;
         with `last_only` the last layer runs in full for the last row only."""
-        n = layout.n
+        return self.rows(rows, layout.n, last_only, start_layer)
+
+    def rows(self, rows: torch.Tensor, n: int, last_only: bool, start_layer: int = 0) -> float:
+        """`refresh` over the first `n` keys of any sequence (a label computed after its
+        head: rows [h, h + t), n = h + t)."""
         if rows.numel() == 0:
             return 0.0
         n_layers = len(self.adapter.layers) - start_layer

@@ -4,17 +4,24 @@ A request is `[head(prefix) | (label text, page segment)* | tail(question)]`; te
 are tokenized separately (segments are delimited by special tokens), so the layout is exactly
 the concatenation. Positions come from the family's own rule over the whole layout.
 
+Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
+label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
+and a refresh recomputes a label only with its whole page (`refreshed_label_rows`).
+
 Public API:
-  Segment(start, length, page)          a page segment's span in the layout
-  Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0)
-    .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask()
-  build_layout(adapter, prefix, labels, segments, image_grids, question) -> Layout
+  Segment(start, length, page)          a page segment's (or a page label's) span
+  Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
+         stale_labels=False)
+    .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
+    .refreshed_label_rows(visual_rows)
+  build_layout(adapter, prefix, labels, segments, image_grids, question,
+               stale_labels=False) -> Layout
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +52,8 @@ class Layout:
     question_start: int  # first index of the tail (question + generation prompt)
     head: int = 0  # tokens of the head (template opening + prefix): rows [0, head)
     prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
+    labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
+    stale_labels: bool = False  # labels come from the label cache, stale like their pages
 
     @property
     def n(self) -> int:
@@ -58,13 +67,34 @@ class Layout:
             mask[s.start:s.stop] = True
         return mask
 
+    def cached_mask(self) -> torch.Tensor:
+        """(N,) bool, True at rows filled from caches before any pass: page segments, and
+        page labels when they are stale."""
+        mask = self.segment_mask()
+        if self.stale_labels:
+            for s in self.labels:
+                mask[s.start:s.stop] = True
+        return mask
+
+    def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
+        """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
+        the pages it refreshes whole (none unless `stale_labels`)."""
+        if not self.stale_labels or visual_rows.numel() == 0:
+            return torch.zeros(0, dtype=torch.long)
+        chosen = torch.zeros(self.n, dtype=torch.bool)
+        chosen[visual_rows.to(torch.long).cpu()] = True
+        whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
+        spans = [torch.arange(s.start, s.stop) for s in self.labels if s.page in whole]
+        return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
+
     def visual_rows(self) -> torch.Tensor:
         """Sequence indices of page segment tokens, ascending (N_v,)."""
         return torch.nonzero(self.segment_mask()).view(-1)
 
     def text_rows(self) -> torch.Tensor:
-        """Sequence indices of text tokens (always computed fresh), ascending (N_t,)."""
-        return torch.nonzero(~self.segment_mask()).view(-1)
+        """Sequence indices of text tokens (always computed fresh: every row not filled
+        from a cache), ascending (N_t,)."""
+        return torch.nonzero(~self.cached_mask()).view(-1)
 
     def question_rows(self) -> torch.Tensor:
         """Sequence indices of the tail (question + generation prompt), ascending."""
@@ -82,14 +112,18 @@ def build_layout(
     segments: list[torch.Tensor],
     image_grids: list[torch.Tensor],
     question: str,
+    stale_labels: bool = False,
 ) -> Layout:
     """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
     pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
     spans: list[Segment] = []
+    label_spans: list[Segment] = []
     cursor = int(pieces[0].shape[0])
     for page, (label, seg) in enumerate(zip(labels, segments, strict=True)):
         lab = torch.tensor(adapter.label_ids(label), dtype=torch.long)
         pieces += [lab, seg.to(torch.long).cpu()]
+        if lab.numel():
+            label_spans.append(Segment(cursor, int(lab.shape[0]), page))
         cursor += int(lab.shape[0])
         spans.append(Segment(cursor, int(seg.shape[0]), page))
         cursor += int(seg.shape[0])
@@ -98,7 +132,8 @@ def build_layout(
     ids = torch.cat(pieces)  # (N,)
     pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
     return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
-                  head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")))
+                  head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")),
+                  labels=label_spans, stale_labels=stale_labels)
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

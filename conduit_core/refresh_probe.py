@@ -38,7 +38,8 @@ class RefreshProbe:
     """One request's refreshed set and the logits of every recomputed row."""
 
     visual_rows: torch.Tensor  # (k,) refreshed visual sequence indices, ascending
-    rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual), ascending
+    rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual + the labels of
+    # pages refreshed whole, when labels are stale), ascending
     logits: torch.Tensor  # (R | 1, vocab) float32, row order of `rows`; [-1] predicts token 1
     extra_flops: float  # FLOPs the policy itself spent (scoring pass, check layers)
     choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
@@ -69,7 +70,9 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
     visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
     seconds = time.perf_counter() - t0
     hidden, computed = runtime.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
-    rows = torch.cat([assembly.layout.text_rows(), visual]).unique()  # (R,)
+    layout = assembly.layout
+    rows = torch.cat([layout.text_rows(), visual,
+                      layout.refreshed_label_rows(visual)]).unique()  # (R,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=ctx.extra_flops, choice_seconds=seconds,
                         computed_rows=computed,

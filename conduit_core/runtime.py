@@ -1,11 +1,15 @@
 """The reuse runtime: page prefill, assembly from cached pages, refresh and decode.
 
 Public API:
-  ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, never_above_full=True,
-               page_loads="batched")
+  ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
+               never_above_full=True, page_loads="batched")
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
         (`conduit_core.prompt_head`); False computes it with every question.
+    label_cache: page labels are computed once after the head and reused stale like their
+        pages (`conduit_core.label_cache`; needs head_cache); False computes them as text
+        rows in every pass (before 2026-12-02 the only way). A label computed for an
+        answer is charged to it.
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
@@ -32,8 +36,12 @@ Public API:
     .answer_full_prefill(prefix, pages: list[tuple[str, PIL.Image]], question, *,
         max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
     Lower level (tests, policies, diagnostics):
-    .assemble(prefix, pages: list[PageInput], question, extra_capacity=0, last_only=False)
-        -> Assembly  (the head's K/V copied from the head cache)
+    .assemble(prefix, pages: list[PageInput], question, extra_capacity=0, last_only=False,
+              labels=True) -> Assembly  (the head's K/V copied from the head cache; with
+        the label cache the labels' from it, or with labels=False later:)
+    .load_labels(assembly, skip=None)  fill the stale label rows, computing misses (charged),
+        except those in rows `skip`;  .label_cost(assembly, skip=None) -> their FLOPs first
+        (the answer path plans, then fills only the labels its refresh keeps stale)
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
@@ -72,8 +80,9 @@ from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
+from conduit_core.label_cache import LabelCache
 from conduit_core.layer_forward import forward_rows, logits_of
-from conduit_core.layout import Layout, build_layout, page_context
+from conduit_core.layout import Layout, Segment, build_layout, page_context
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.page_loads import load_pages, load_per_page
@@ -91,9 +100,12 @@ class ReuseRuntime:
     """Runs one loaded VLM over cached pages; see the module docstring."""
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
-                 never_above_full: bool = True, page_loads: str = "batched"):
+                 label_cache: bool = True, never_above_full: bool = True,
+                 page_loads: str = "batched"):
         if page_loads not in PAGE_LOADS:
             raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
+        if label_cache and not head_cache:
+            raise ValueError("label_cache needs head_cache: labels are computed after the head")
         self.page_loads = page_loads
         self.vlm = vlm
         self.adapter = vlm.adapter
@@ -101,6 +113,7 @@ class ReuseRuntime:
         self.flops = FlopsModel.from_adapter(self.adapter)
         self.costs = RowCosts(self.adapter, self.flops)
         self.heads: HeadCache | None = HeadCache() if head_cache else None
+        self.labels: LabelCache | None = LabelCache() if label_cache else None
         self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
@@ -150,14 +163,17 @@ class ReuseRuntime:
 
     @torch.no_grad()
     def assemble(self, prefix: str, pages: list[PageInput], question: str,
-                 extra_capacity: int = 0, last_only: bool = False) -> Assembly:
-        """Lay out the request and fill the cache with the pages' re-rotated K/V and the
-        cached head's exact K/V."""
+                 extra_capacity: int = 0, last_only: bool = False,
+                 labels: bool = True) -> Assembly:
+        """Lay out the request and fill the cache with the pages' re-rotated K/V, the
+        cached head's exact K/V and, with the label cache, the labels' stale K/V (`labels`
+        False: left for `load_labels`)."""
         for p in pages:
             p.kv.check_fingerprint(self.vlm.fingerprint)
         grids = [p.kv.image_grid for p in pages]
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
-                              [p.kv.token_ids for p in pages], grids, question)
+                              [p.kv.token_ids for p in pages], grids, question,
+                              stale_labels=self.labels is not None and bool(pages))
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         load = load_per_page if self.page_loads == "per_page" else load_pages
@@ -167,9 +183,53 @@ class ReuseRuntime:
             head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
                                   layout.position_ids[:, :layout.head])
             head.copy_into(cache)
-        return Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
-                        head=head, last_only=last_only,
-                        layer0_exact=not any(p.kv.quantized for p in pages))
+        assembly = Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
+                            head=head, last_only=last_only, labels_pending=layout.stale_labels,
+                            layer0_exact=not any(p.kv.quantized for p in pages))
+        if labels:
+            self.load_labels(assembly)
+        return assembly
+
+    def _pending_labels(self, assembly: Assembly,
+                        skip: torch.Tensor | None) -> list[tuple[Segment, torch.Tensor]]:
+        """The label spans still to fill, and their token ids, less those in rows `skip`."""
+        if not assembly.labels_pending:
+            return []
+        layout = assembly.layout
+        spans = [s for s in layout.labels if skip is None or not bool(torch.isin(
+            torch.tensor([s.start]), skip))]
+        return [(s, layout.token_ids[s.start:s.stop]) for s in spans]
+
+    def label_cost(self, assembly: Assembly, skip: torch.Tensor | None = None) -> float:
+        """LM FLOPs `load_labels(assembly, skip)` will spend: the labels it must compute."""
+        if self.labels is None or assembly.head is None:
+            return 0.0
+        head, total = assembly.head, 0.0
+        for _, ids in self._pending_labels(assembly, skip):
+            if LabelCache.key(head, ids) not in self.labels:
+                total += self.costs.rows(torch.arange(head.n, head.n + ids.numel()),
+                                         head.n + ids.numel(), last_only=True)
+        return total
+
+    def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
+        """Fill the stale label rows of `assembly` from the label cache (turned to their
+        places), computing the labels it lacks (their FLOPs go to `assembly.label_flops`);
+        labels in rows `skip` (their pages are refreshed whole) are left to the refresh."""
+        pending = self._pending_labels(assembly, skip)
+        assembly.labels_pending = False
+        if not pending:
+            return
+        assert self.labels is not None and assembly.head is not None
+        head, layout = assembly.head, assembly.layout
+        for span, ids in pending:
+            canonical = self.adapter.position_ids(
+                torch.cat([torch.tensor(head.token_ids, dtype=torch.long), ids]), [])
+            label, computed = self.labels.get(self.adapter, head, ids, canonical)
+            label.copy_into(self.adapter, assembly.cache, span.start,
+                            layout.position_ids[:, span.start:span.stop])
+            if computed:
+                assembly.label_flops += self.costs.rows(
+                    torch.arange(head.n, head.n + label.n), head.n + label.n, last_only=True)
 
     @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
@@ -286,9 +346,17 @@ class ReuseRuntime:
         cached embeddings (`conduit_core.cost_model.plan_refresh`); with `key`, a
         forward-pass policy's rows are placed from `self.choices` under it."""
         place = even_rows if key is None else partial(self.choices.rows, key)
-        return plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
+        plan = plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
                             assembly.last_only, ctx, policy, place,
                             text_from_one=assembly.layer0_exact)
+        return plan.plus(self.label_cost(assembly, self._whole_labels(assembly, plan)))
+
+    @staticmethod
+    def _whole_labels(assembly: Assembly, plan: RefreshPlan) -> torch.Tensor | None:
+        """Label rows a planned refresh recomputes (None: not known before the policy runs)."""
+        if plan.visual is None:
+            return None
+        return assembly.layout.refreshed_label_rows(plan.visual)
 
     # ---- answers --------------------------------------------------------------------
     def _start(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
@@ -358,7 +426,8 @@ class ReuseRuntime:
         t0 = time.perf_counter() if t0 is None else t0
         policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
-                                 extra_capacity=request.max_new_tokens, last_only=True)
+                                 extra_capacity=request.max_new_tokens, last_only=True,
+                                 labels=False)
         yield "assembled"
         ctx = self.policy_context(assembly, request.budget, request.seed)
         key = (request.policy, request.options, round(request.budget, 4))
@@ -368,7 +437,8 @@ class ReuseRuntime:
             visual, resume, extra = assembly.layout.visual_rows(), None, 0.0
             if plan.fallback_whole:  # cheaper on the plain causal path: the head is rewritten
                 assembly.head = None  # with the same values
-        else:
+        else:  # the labels the refresh will not recompute (computed now if missing)
+            self.load_labels(assembly, self._whole_labels(assembly, plan))
             visual = plan.visual if plan.visual is not None else policy(ctx)
             visual = visual.to(torch.long).cpu().unique()
             if plan.visual is None:  # chosen by a forward pass: where it fell, for next time
@@ -376,7 +446,7 @@ class ReuseRuntime:
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)
-        used = extra + self.refresh_flops(assembly, computed, resume)
+        used = extra + assembly.label_flops + self.refresh_flops(assembly, computed, resume)
         return self._start(assembly, hidden, t0=t0, policy=request.policy,
                            refreshed=int(visual.numel()), flops_used_lm=used,
                            vision_ran=False, max_new_tokens=request.max_new_tokens,

@@ -56,6 +56,7 @@ class WorkerContext:
                     cache_dir=s.model_cache_dir, max_image_tokens=s.max_page_tokens,
                 )
                 self._runtime = ReuseRuntime(self._vlm, head_cache=s.head_cache,
+                                             label_cache=s.label_cache and s.head_cache,
                                              never_above_full=s.never_above_full)
             return self._runtime
 

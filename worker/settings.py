@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     head_cache: bool = Field(
         True, description="Compute the prompt head (chat template opening and answer "
         "instructions, identical for every question) once per model and reuse it exactly.")
+    label_cache: bool = Field(
+        True, description="Compute each page label once after the prompt head and reuse it "
+        "stale like its page (recomputed with its whole page); off = labels are text rows, "
+        "computed in both passes. Off whenever head_cache is off.")
     never_above_full: bool = Field(
         True, description="Predict each answer's prefill FLOPs before it runs; where the "
         "policy would cost more than a full prefill from the cached page embeddings, run that "

@@ -17,7 +17,9 @@ Steps:
      question's document, top-k, in the service's reading order (`reading_order`: page
      order within a document);
   3. two references, then every policy x budget from the cached page KV, all under the
-     service's `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens`:
+     service's `ANSWER_PREFIX` and page labels, greedy, `max_new_tokens` (with the label
+     cache on, the question's labels are computed once before them, like the page KV at
+     ingest, so no policy's FLOPs carry them and each runs on the same cached labels):
        `full_prefill` (budget 1.0): full prefill from the page images
          (`answer_full_prefill`: vision tower, then every row on the plain causal path);
        `full_prefill_cached` (budget 1.0): `rt.answer` with the registered `full_prefill`
@@ -228,6 +230,9 @@ class _Run:
         inputs = [PageInput(label=lab, kv=kvs[PageHash(p.page_hash)])
                   for lab, p in zip(labels, pages, strict=True)]
         rt = self.ctx.runtime
+        if rt.labels is not None:  # the labels computed with the pages, charged to no answer
+            with self.ctx.model_lock:
+                rt.assemble(ANSWER_PREFIX, inputs, item.question)
         new: list[Record] = []
         if self.check is None and self.cfg.check_budget_one:
             self.check = self.budget_one(labels, pages, inputs, item.question)
@@ -337,7 +342,8 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
         "pages_mode": cfg.pages, "top_k": cfg.top_k, "max_pages": cfg.max_pages,
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
         "policy_options": {p: _knobs(s, p) for p in run.policies},
-        "head_cache": s.head_cache, "never_above_full": s.never_above_full,
+        "head_cache": s.head_cache, "label_cache": s.label_cache,
+        "never_above_full": s.never_above_full,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
         "questions_in_files": len(items), "questions_selected": len(selected),
         "limit": cfg.limit, "docs": cfg.docs,

@@ -77,6 +77,9 @@ def main() -> None:
                     help="registered policies probed beside the candidates")
     ap.add_argument("--candidates", default=None,
                     help="comma-separated candidates to probe (default: every one; '' none)")
+    ap.add_argument("--no-label-cache", dest="label_cache", action="store_false",
+                    help="page labels as text rows (before 2026-12-02), not stale from the "
+                    "label cache (conduit_core.label_cache)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     every = register()
@@ -88,10 +91,11 @@ def main() -> None:
     names = [p for p in args.policies.split(",") if p] + candidates
     rows = probe(load_checkpoint_vlm(args.weights), n=args.n, seed=args.seed,
                  policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
-                 pages=args.pages)
+                 pages=args.pages, label_cache=args.label_cache)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"weights": str(args.weights), "n": args.n,
-                                    "seed": args.seed, "pages": args.pages, "rows": rows},
+                                    "seed": args.seed, "pages": args.pages,
+                                    "label_cache": args.label_cache, "rows": rows},
                                    indent=1))
     for row in rows:
         print(json.dumps(row))

@@ -10,8 +10,13 @@ tokens. Methods, each timed to the first generated token:
                                the cached vision features (policy `full_prefill`)
   full_reuse                   loaded KV re-rotated, only text tokens computed (budget 0)
   conduit                      scoring pass + refresh of 10% of the visual tokens
-  conduit_head_off             the same with the prompt head computed every time (no head
-                               cache; every other method takes the head from the cache)
+  conduit_head_off             the same with the prompt head and the page labels computed
+                               every time (no head cache, no label cache; every other
+                               method takes the head from the cache)
+  conduit_labels_off           conduit with the page labels as text rows, computed in both
+                               passes (no label cache; every other reuse method takes them
+                               stale from it, `conduit_core.label_cache`, warmed in the
+                               warm-up round)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
@@ -29,7 +34,7 @@ before the request, Linux VmHWM reset through /proc/self/clear_refs), and the sc
 own peak memory (`scoring_peak_mb`, CONDUIT rows).
 
 Public API:
-  METHODS; Method(name, policy, budget)
+  METHODS; Method(name, policy, budget, head_cache=True, label_cache=True)
   run_ttft_bench(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32,
                  tiers=("memory", "disk", "redis"), repeats=5, warmup=1, pages_sweep=None,
                  out=None, device="cpu", dtype="float32", threads=1, sweep_repeats=None,
@@ -78,13 +83,15 @@ class Method:
     policy: str | None
     budget: float
     head_cache: bool = True  # the prompt head from the runtime's head cache
+    label_cache: bool = True  # page labels stale from the runtime's label cache
 
 
 METHODS = (Method("full_prefill", None, 1.0),
            Method("full_prefill_cached_vision", "full_prefill", 1.0),
            Method("full_reuse", "full_reuse", 0.0),
            Method("conduit", "conduit", 0.10),
-           Method("conduit_head_off", "conduit", 0.10, head_cache=False),
+           Method("conduit_head_off", "conduit", 0.10, head_cache=False, label_cache=False),
+           Method("conduit_labels_off", "conduit", 0.10, label_cache=False),
            Method("cacheblend", "cacheblend", 0.15))
 _BY_NAME = {m.name: m for m in METHODS}
 
@@ -155,8 +162,10 @@ class _Runner:
     def __init__(self, rt: ReuseRuntime, work: Workload, images: list[Image.Image],
                  tiers: BenchTiers, keys: Sequence[Any]) -> None:
         self.rt, self.work, self.images, self.tiers, self.keys = rt, work, images, tiers, keys
-        self.no_head = ReuseRuntime(rt.vlm, head_cache=False,
-                                    never_above_full=rt.never_above_full)
+        self.variants = {(m.head_cache, m.label_cache): ReuseRuntime(
+            rt.vlm, head_cache=m.head_cache, label_cache=m.label_cache,
+            never_above_full=rt.never_above_full) for m in METHODS
+            if (m.head_cache, m.label_cache) != (rt.heads is not None, rt.labels is not None)}
 
     def once(self, method: Method, tier: str, *, memory: bool = False) -> Sample:
         rt, w = self.rt, self.work
@@ -174,7 +183,7 @@ class _Runner:
             with measured:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
-                runtime = rt if method.head_cache else self.no_head
+                runtime = self.variants.get((method.head_cache, method.label_cache), rt)
                 res = runtime.answer(AnswerRequest(w.prefix, pages, w.question,
                                                    policy=method.policy, budget=method.budget,
                                                    max_new_tokens=1))

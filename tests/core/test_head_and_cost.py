@@ -51,8 +51,9 @@ def test_head_rows_equal_full_prefill(runtime: ReuseRuntime) -> None:
 
 
 def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> None:
-    no_head = ReuseRuntime(runtime.vlm, head_cache=False, never_above_full=False)
-    with_head = ReuseRuntime(runtime.vlm, never_above_full=False)
+    no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False,
+                           never_above_full=False)
+    with_head = ReuseRuntime(runtime.vlm, label_cache=False, never_above_full=False)
     inputs = _inputs(runtime, [IMAGES["a"], IMAGES["b"], IMAGES["c"]])
     for policy in ("conduit", "full_prefill", "random", "cacheblend"):
         req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.3,

@@ -94,7 +94,7 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     # charged; without the head cache every row is computed and the ratio is 1
     assert full.head_tokens > 0 and full.flops_ratio_lm < 1 and full.flops_used_vision == 0.0
     assert 0 < reuse.flops_ratio_lm < 1
-    no_head = ReuseRuntime(runtime.vlm, head_cache=False)
+    no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False)
     plain = no_head.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_prefill",
                                          max_new_tokens=5))
     assert same_answer(plain.token_ids, fresh.token_ids) and plain.head_tokens == 0

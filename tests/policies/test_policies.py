@@ -18,6 +18,7 @@ from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.row_attention import block_shape
+from conduit_core.runtime import ReuseRuntime
 from conduit_core.selection import budget_tokens
 from tests.device import TEST_DEVICE, same_answer, tol
 
@@ -134,7 +135,8 @@ def test_random_is_seeded(cached: CachedPages) -> None:
 
 
 def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
-    rt = cached.runtime
+    rt = ReuseRuntime(cached.runtime.vlm, label_cache=False,  # the labels are text rows
+                      never_above_full=False)
     shape = LMShape.from_config(rt.adapter.text_config)
     asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION, last_only=True)
     text, n = asm.fresh_text_rows(), asm.layout.n  # the head comes from the head cache

@@ -205,9 +205,13 @@ def test_openai_compatible_chat(client: httpx.Client, collection: str) -> None:
     body = {"model": f"conduit:{collection}", "max_tokens": 4,
             "messages": [{"role": "system", "content": "be brief"},
                          {"role": "user", "content": "Which region grew revenue?"}]}
+    first = client.post("/v1/chat/completions", json=body)  # computes the page labels
+    assert first.status_code == 200, first.text
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
+    # the page labels were computed once, for the first answer, and charged to it
+    assert out["conduit"]["flops_ratio_lm"] <= first.json()["conduit"]["flops_ratio_lm"]
     assert out["object"] == "chat.completion"
     assert out["choices"][0]["message"]["role"] == "assistant"
     assert out["citations"][0]["page"] == 1

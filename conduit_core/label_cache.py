@@ -1,0 +1,129 @@
+"""Cached page labels: a label's K/V computed once after the prompt head, reused stale.
+
+A request places a short label before each page (`[report.pdf p.3]`, about 13 tokens with
+the chat template's tokenizer). Without this cache every label is a text row: computed in the
+scoring pass and again in the refresh, on the testbed 78 of the 93 text rows after the
+head. With it, a label is treated like its page: its K/V are computed once, right after the
+prompt head (the label's exact context when it is the first one, and the context every label
+shares), kept here by (head, label) token ids, and re-rotated into place in each assembled
+cache (`conduit_core.rotation`: RoPE composes, so only the position shift changes). A label
+is then stale in both passes, exactly like the page tokens around it: its layer-0 K/V are
+exact (they depend only on the token and its position), its deeper K/V miss the pages that
+precede it in the question. It is recomputed when the refresh recomputes its whole page
+(`Layout.refreshed_label_rows`), so a refresh of every page token, the fallback to a full
+prefill, stays exact.
+
+Entries live with the loaded model (a restarted process rebuilds them on first use) in a
+bounded LRU. An answer fills its label rows after the cost model has planned it
+(`ReuseRuntime.load_labels`): a miss is computed then, predicted and charged to that answer
+(not computed = not charged), and an answer that recomputes a label's page whole (a full
+prefill, the fallback) never computes the label here.
+
+Public API:
+  LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
+  LabelCache(max_entries=1024)
+    .get(adapter, head, label_ids, position_ids) -> (LabelKV, computed: bool)
+    LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.adapters.base import VLMAdapter
+from conduit_core.kv_cache import KVCache
+from conduit_core.layer_forward import forward_rows
+from conduit_core.prompt_head import HeadKV
+from conduit_core.rotation import rerotate_into, segment_delta, shift_cos_sin
+
+LabelKey = tuple[tuple[int, ...], tuple[int, ...]]  # (head token ids, label token ids)
+
+
+@dataclass(frozen=True)
+class LabelKV:
+    """A label's K/V per layer, computed right after its head, at the positions given."""
+
+    key: LabelKey
+    keys: torch.Tensor  # (L, kv_heads, t, hd), after RoPE at `position_ids`
+    values: torch.Tensor  # (L, kv_heads, t, hd)
+    position_ids: torch.Tensor  # (P, t) the positions the keys were rotated to
+
+    @property
+    def n(self) -> int:
+        """Tokens in the label."""
+        return len(self.key[1])
+
+    def copy_into(self, adapter: VLMAdapter, cache: KVCache, start: int,
+                  position_ids: torch.Tensor) -> None:
+        """Write the label's K/V into rows [start, start + n) of a batch-1 cache, its keys
+        turned to `position_ids` (P, n)."""
+        rows = slice(start, start + self.n)
+        delta = segment_delta(self.position_ids, position_ids)
+        cos, sin = shift_cos_sin(adapter, delta, self.keys.device)  # (hd,) each
+        rerotate_into(self.keys, cos.view(1, -1), sin.view(1, -1), cache.keys[:, 0, :, rows])
+        cache.values[:, 0, :, rows] = self.values
+
+
+class LabelCache:
+    """Bounded LRU of computed page labels for one loaded model."""
+
+    def __init__(self, max_entries: int = 1024):
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict[LabelKey, LabelKV] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __contains__(self, key: LabelKey) -> bool:
+        return key in self._entries
+
+    @staticmethod
+    def key(head: HeadKV, label_ids: torch.Tensor) -> LabelKey:
+        """The entry key of a label (t,) after `head`."""
+        return head.token_ids, tuple(int(t) for t in label_ids.tolist())
+
+    @torch.no_grad()
+    def get(self, adapter: VLMAdapter, head: HeadKV, label_ids: torch.Tensor,
+            position_ids: torch.Tensor) -> tuple[LabelKV, bool]:
+        """The label with token ids `label_ids` (t,) after `head`, and whether it was computed
+        now. `position_ids` (P, h + t) are those of the head followed by the label, the
+        layout of a prompt whose first label this is."""
+        key = self.key(head, label_ids)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+                return hit, False
+        label = _compute(adapter, head, key, label_ids, position_ids)
+        with self._lock:
+            self._entries[key] = label
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return label, True
+
+
+def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey, label_ids: torch.Tensor,
+             position_ids: torch.Tensor) -> LabelKV:
+    h, t = head.n, len(key[1])
+    cache = KVCache.allocate(adapter, 1, h + t)
+    head.copy_into(cache)
+    embeds = adapter.embed_tokens(label_ids.to(torch.long)).unsqueeze(0)  # (1, t, hidden)
+    rows = torch.arange(h, h + t)
+    pos = position_ids[:, h:h + t]  # (P, t)
+    forward_rows(adapter, cache, embeds, rows.to(adapter.device), pos.unsqueeze(1),
+                 n_keys=h + t, outputs=torch.tensor([t - 1]))  # only K/V are kept
+    return LabelKV(key=key, keys=cache.keys[:, 0, :, h:].clone(),  # (L, kv, t, hd)
+                   values=cache.values[:, 0, :, h:].clone(), position_ids=pos.clone())

@@ -1,0 +1,138 @@
+"""Cached page labels (`conduit_core.label_cache`): stale like their pages, exact where a
+refresh covers them.
+
+* the first label's cached K/V equal a full prefill's rows (computed in its exact context);
+* with every page token refreshed (budget 1.0, the fallback) the answer equals a full
+  prefill's, on every family;
+* at a partial budget the labels are not recomputed: fewer rows and FLOPs than with labels as
+  text rows; a label is recomputed with its whole page and only then;
+* an answer computes the labels its refresh keeps stale, after the cost model planned them:
+  charged to it once, predicted, none for a page refreshed whole; the cache is bounded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conduit_core import PageInput, ReuseRuntime
+from conduit_core.answer_types import AnswerRequest, AnswerResult
+from conduit_core.cost_model import refresh_rows
+from conduit_core.label_cache import LabelCache
+from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from tests.core.helpers import IMAGES
+from tests.device import tol
+
+PREFIX = "You answer questions about the document pages shown. Cite pages by their labels."
+QUESTION = "What is the total amount due, and who signed?"
+LABELS = ["[report.pdf p.1]", "[report.pdf p.2]", "[annex.pdf p.7]"]
+
+
+def _pages(rt: ReuseRuntime) -> list[PageInput]:
+    kvs = rt.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    return [PageInput(label, kv) for label, kv in zip(LABELS, kvs, strict=True)]
+
+
+@pytest.fixture
+def labelled(runtime: ReuseRuntime) -> ReuseRuntime:
+    return ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+
+
+def test_first_label_equals_full_prefill_rows(labelled: ReuseRuntime) -> None:
+    pages = list(zip(LABELS, [IMAGES["a"], IMAGES["b"], IMAGES["c"]], strict=True))
+    ref = labelled.assemble_fresh(PREFIX, pages, QUESTION)
+    labelled.prefill(ref, ref.layout.visual_rows())  # every row, plain causal
+    asm = labelled.assemble(PREFIX, _pages(labelled), QUESTION)
+    assert asm.layout.stale_labels and len(asm.layout.labels) == 3
+    first = asm.layout.labels[0]
+    assert first.start == asm.layout.head  # right after the head: its exact context
+    rows = slice(first.start, first.stop)
+    torch.testing.assert_close(asm.cache.keys[:, 0, :, rows], ref.cache.keys[:, 0, :, rows],
+                               **tol("keys"))
+    torch.testing.assert_close(asm.cache.values[:, 0, :, rows],
+                               ref.cache.values[:, 0, :, rows], **tol("keys"))
+    later = asm.layout.labels[1]  # stale: it did not see page 1 in its prefill
+    assert not torch.allclose(asm.cache.values[-1, 0, :, later.start:later.stop],
+                              ref.cache.values[-1, 0, :, later.start:later.stop], atol=1e-4)
+
+
+def test_every_page_refreshed_equals_full_prefill(labelled: ReuseRuntime) -> None:
+    rt = labelled  # every family (the `runtime` fixture's)
+    images = [IMAGES["a"], IMAGES["b"], IMAGES["c"]]
+    pages = _pages(rt)
+    ref = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
+    for policy in ("conduit", "full_prefill"):
+        req = AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=1.0)
+        got = probe_refresh(rt, req, last_only=True)
+        torch.testing.assert_close(got.logits[-1], ref.logits[-1], **tol("logits"))
+        labels = torch.cat([torch.arange(s.start, s.stop) for s in
+                            rt.assemble(PREFIX, pages, QUESTION).layout.labels])
+        assert bool(torch.isin(labels, got.computed_rows).all()), policy
+
+
+def test_partial_budget_keeps_labels_stale(runtime: ReuseRuntime,
+                                           labelled: ReuseRuntime) -> None:
+    plain = ReuseRuntime(runtime.vlm, label_cache=False, never_above_full=False)
+    pages = _pages(labelled)
+    req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1)
+    labelled.answer(req)  # the labels are in the cache from here on
+    with_labels = probe_refresh(labelled, req, last_only=True)
+    as_text = probe_refresh(plain, req, last_only=True)
+    layout = labelled.assemble(PREFIX, pages, QUESTION).layout
+    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
+    assert not bool(torch.isin(label_rows, with_labels.rows).any())  # in neither pass
+    assert bool(torch.isin(label_rows, as_text.rows).all())
+    assert with_labels.extra_flops < as_text.extra_flops  # the scoring pass skips them
+    assert with_labels.refresh_flops <= as_text.refresh_flops  # equal when every chosen
+    # token lies after the last label (its text rows then come from the scoring pass)
+
+
+def test_label_refreshed_with_its_whole_page(labelled: ReuseRuntime) -> None:
+    layout = labelled.assemble(PREFIX, _pages(labelled), QUESTION).layout
+    second = layout.segments[1]
+    whole = torch.arange(second.start, second.stop)
+    assert layout.refreshed_label_rows(whole).tolist() == list(
+        range(layout.labels[1].start, layout.labels[1].stop))
+    assert layout.refreshed_label_rows(whole[1:]).numel() == 0  # one token short
+    rows, _ = refresh_rows(layout, layout.head, whole, scored=False)
+    assert bool(torch.isin(torch.arange(layout.labels[1].start, layout.labels[1].stop),
+                           rows).all())
+    assert not bool(torch.isin(torch.arange(layout.labels[0].start, layout.labels[0].stop),
+                               rows).any())
+
+
+def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
+    rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    assert rt.labels is not None
+    pages = _pages(rt)
+
+    def ask(policy: str, budget: float = 0.1) -> AnswerResult:
+        return rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=budget,
+                                       max_new_tokens=2))
+
+    whole = ask("full_prefill")  # every page recomputed whole: no label is computed for it
+    assert len(rt.labels) == 0
+    random = ask("random")  # a choice made before any pass: the misses predicted exactly
+    assert len(rt.labels) == 3
+    assert random.predicted_flops_lm == pytest.approx(random.flops_used_lm, rel=1e-9)
+    again = ask("random")
+    assert random.flops_used_lm > again.flops_used_lm  # the misses were charged once
+    assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=1e-9)
+    rt.labels.clear()
+    first, second = ask("conduit"), ask("conduit")
+    assert first.flops_used_lm > second.flops_used_lm
+    for result in (first, second):
+        assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
+    assert whole.flops_ratio_lm <= 1.0 + 1e-9
+
+
+def test_label_cache_is_bounded_and_needs_the_head(runtime: ReuseRuntime) -> None:
+    rt = ReuseRuntime(runtime.vlm, label_cache=True)
+    assert rt.labels is not None
+    rt.labels = LabelCache(max_entries=2)
+    rt.assemble(PREFIX, _pages(rt), QUESTION)
+    assert len(rt.labels) == 2  # three labels, the least recently used went
+    with pytest.raises(ValueError):
+        LabelCache(max_entries=0)
+    with pytest.raises(ValueError):
+        ReuseRuntime(runtime.vlm, label_cache=True, head_cache=False)
