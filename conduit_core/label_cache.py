@@ -21,20 +21,19 @@ prefill, the fallback) never computes the label here.
 
 Public API:
   LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
-  LabelCache(max_entries=1024)
+  LabelCache(max_entries=1024)   a `conduit_core.bounded_lru.BoundedLRU`
     .get(adapter, head, label_ids, position_ids) -> (LabelKV, computed: bool)
     LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
+from conduit_core.bounded_lru import BoundedLRU
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows
 from conduit_core.prompt_head import HeadKV
@@ -68,26 +67,11 @@ class LabelKV:
         cache.values[:, 0, :, rows] = self.values
 
 
-class LabelCache:
+class LabelCache(BoundedLRU[LabelKey, LabelKV]):
     """Bounded LRU of computed page labels for one loaded model."""
 
     def __init__(self, max_entries: int = 1024):
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[LabelKey, LabelKV] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._entries.clear()
-
-    def __contains__(self, key: LabelKey) -> bool:
-        return key in self._entries
+        super().__init__(max_entries)
 
     @staticmethod
     def key(head: HeadKV, label_ids: torch.Tensor) -> LabelKey:
@@ -101,18 +85,8 @@ class LabelCache:
         now. `position_ids` (P, h + t) are those of the head followed by the label, the
         layout of a prompt whose first label this is."""
         key = self.key(head, label_ids)
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None:
-                self._entries.move_to_end(key)
-                return hit, False
-        label = _compute(adapter, head, key, label_ids, position_ids)
-        with self._lock:
-            self._entries[key] = label
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return label, True
+        return self.get_or_compute(
+            key, lambda: _compute(adapter, head, key, label_ids, position_ids))
 
 
 def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey, label_ids: torch.Tensor,

@@ -13,7 +13,7 @@ send many prefixes.
 
 Public API:
   HeadKV(token_ids, keys, values, hidden)
-  HeadCache(max_entries=8)
+  HeadCache(max_entries=8)   a `conduit_core.bounded_lru.BoundedLRU`
     .get(adapter, token_ids, position_ids) -> HeadKV   computed on first use (plain causal)
     .clear()
     len(cache)
@@ -21,13 +21,12 @@ Public API:
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
+from conduit_core.bounded_lru import BoundedLRU
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows
 
@@ -52,23 +51,11 @@ class HeadKV:
         cache.values[:, 0, :, :self.n] = self.values
 
 
-class HeadCache:
+class HeadCache(BoundedLRU[tuple[int, ...], HeadKV]):
     """Bounded LRU of computed prompt heads for one loaded model."""
 
     def __init__(self, max_entries: int = 8):
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
-        self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, ...], HeadKV] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self) -> None:
-        """Drop every entry."""
-        with self._lock:
-            self._entries.clear()
+        super().__init__(max_entries)
 
     @torch.no_grad()
     def get(self, adapter: VLMAdapter, token_ids: torch.Tensor,
@@ -78,17 +65,8 @@ class HeadCache:
         Positions are part of what the head's K/V depend on; a head is always at the start
         of its layout, so its positions are a function of its token ids."""
         key = tuple(int(t) for t in token_ids.tolist())
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None:
-                self._entries.move_to_end(key)
-                return hit
-        head = _compute(adapter, key, token_ids, position_ids)
-        with self._lock:
-            self._entries[key] = head
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+        head, _ = self.get_or_compute(
+            key, lambda: _compute(adapter, key, token_ids, position_ids))
         return head
 
 
