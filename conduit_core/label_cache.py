@@ -24,6 +24,9 @@ Public API:
   LabelCache(max_entries=1024)   a `conduit_core.bounded_lru.BoundedLRU`
     .get(adapter, head, label_ids, position_ids) -> (LabelKV, computed: bool)
     LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
+  label_cost(cache, costs, assembly, skip=None) -> float   FLOPs of the labels to compute
+  load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
+      rows (but those in rows `skip`), computing misses into `assembly.label_flops`
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
+from conduit_core.assembly import Assembly
 from conduit_core.bounded_lru import BoundedLRU
+from conduit_core.cost_model import RowCosts
 from conduit_core.kv_cache import KVCache
 from conduit_core.layer_forward import forward_rows
+from conduit_core.layout import Segment
 from conduit_core.prompt_head import HeadKV
 from conduit_core.rotation import rerotate_into, segment_delta, shift_cos_sin
 
@@ -101,3 +107,49 @@ def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey, label_ids: torch.
                  n_keys=h + t, outputs=torch.tensor([t - 1]))  # only K/V are kept
     return LabelKV(key=key, keys=cache.keys[:, 0, :, h:].clone(),  # (L, kv, t, hd)
                    values=cache.values[:, 0, :, h:].clone(), position_ids=pos.clone())
+
+
+def _pending(assembly: Assembly, skip: torch.Tensor | None) -> list[tuple[Segment, torch.Tensor]]:
+    """The label spans an assembly still has to fill and their token ids, less those in
+    rows `skip` (the refresh recomputes them)."""
+    if not assembly.labels_pending:
+        return []
+    layout = assembly.layout
+    spans = [s for s in layout.labels
+             if skip is None or not bool(torch.isin(torch.tensor([s.start]), skip))]
+    return [(s, layout.token_ids[s.start:s.stop]) for s in spans]
+
+
+def _cost(costs: RowCosts, head: HeadKV, t: int) -> float:
+    """A label of t tokens computed after `head` (its last layer trimmed, as `_compute`)."""
+    return costs.rows(torch.arange(head.n, head.n + t), head.n + t, last_only=True)
+
+
+def label_cost(cache: LabelCache, costs: RowCosts, assembly: Assembly,
+               skip: torch.Tensor | None = None) -> float:
+    """LM FLOPs `load_labels` will spend on this assembly: the labels it must compute."""
+    head = assembly.head
+    if head is None:
+        return 0.0
+    return sum(_cost(costs, head, ids.numel()) for _, ids in _pending(assembly, skip)
+               if LabelCache.key(head, ids) not in cache)
+
+
+def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembly: Assembly,
+                skip: torch.Tensor | None = None) -> None:
+    """Write the assembly's pending labels' K/V into their rows, turned to their places,
+    computing the labels the cache lacks (their FLOPs added to `assembly.label_flops`)."""
+    pending = _pending(assembly, skip)
+    assembly.labels_pending = False
+    if not pending:
+        return
+    head, layout = assembly.head, assembly.layout
+    assert head is not None  # stale labels are computed after the head
+    for span, ids in pending:
+        canonical = adapter.position_ids(
+            torch.cat([torch.tensor(head.token_ids, dtype=torch.long), ids]), [])
+        label, computed = cache.get(adapter, head, ids, canonical)
+        label.copy_into(adapter, assembly.cache, span.start,
+                        layout.position_ids[:, span.start:span.stop])
+        if computed:
+            assembly.label_flops += _cost(costs, head, label.n)

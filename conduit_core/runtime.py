@@ -80,12 +80,13 @@ from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
-from conduit_core.label_cache import LabelCache
+from conduit_core.label_cache import LabelCache, label_cost, load_labels
 from conduit_core.layer_forward import forward_rows, logits_of
-from conduit_core.layout import Layout, Segment, build_layout, page_context
+from conduit_core.layout import Layout, build_layout
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.page_loads import load_pages, load_per_page
+from conduit_core.page_prefill import prefill_pages
 from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.prompt_head import HeadCache
@@ -122,37 +123,7 @@ class ReuseRuntime:
     @torch.no_grad()
     def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:
         """Prefill each page once under the canonical page context (see module doc)."""
-        prepared = self.adapter.prepare_pages(images) if images else []
-        out: list[PageKV] = []
-        for i in range(0, len(prepared), self.page_batch_size):
-            chunk = prepared[i:i + self.page_batch_size]
-            seg_embeds = self.adapter.page_embeds(chunk)
-            ctxs = [page_context(self.adapter, p.token_ids, p.image_grid) for p in chunk]
-            t_max = max(c.n for c in ctxs)
-            hidden_size = seg_embeds[0].shape[-1]
-            hidden = torch.zeros(len(chunk), t_max, hidden_size, dtype=self.adapter.dtype,
-                                 device=self.adapter.device)  # (B, T, hidden), right-padded
-            pos = torch.zeros(self.adapter.rope_axes, len(chunk), t_max, dtype=torch.long)
-            for b, (ctx, emb) in enumerate(zip(ctxs, seg_embeds, strict=True)):
-                seg = ctx.segments[0]
-                hidden[b, :seg.start] = self.adapter.embed_tokens(ctx.token_ids[:seg.start])
-                hidden[b, seg.start:seg.stop] = emb
-                pos[:, b, :ctx.n] = ctx.position_ids  # (P, T)
-            cache = KVCache.allocate(self.adapter, len(chunk), t_max)
-            rows = torch.arange(t_max, device=self.adapter.device)
-            forward_rows(self.adapter, cache, hidden, rows, pos, n_keys=t_max, plain_causal=True)
-            for b, (ctx, emb, page) in enumerate(zip(ctxs, seg_embeds, chunk, strict=True)):
-                seg = ctx.segments[0]
-                out.append(PageKV(
-                    embeds=emb.clone(),  # (T, hidden)
-                    keys=cache.keys[:, b, :, seg.start:seg.stop].clone(),  # (L, kv, T, hd)
-                    values=cache.values[:, b, :, seg.start:seg.stop].clone(),  # (L, kv, T, hd)
-                    position_ids=ctx.position_ids[:, seg.start:seg.stop].clone(),  # (P, T)
-                    token_ids=page.token_ids.clone(),
-                    image_grid=page.image_grid.clone(),
-                    fingerprint=self.vlm.fingerprint,
-                ).to_host())
-        return out
+        return prefill_pages(self.vlm, images, self.page_batch_size)
 
     # ---- assembly -------------------------------------------------------------------
     def _embeds(self, layout: Layout, segment_embeds: list[torch.Tensor]) -> torch.Tensor:
@@ -190,46 +161,19 @@ class ReuseRuntime:
             self.load_labels(assembly)
         return assembly
 
-    def _pending_labels(self, assembly: Assembly,
-                        skip: torch.Tensor | None) -> list[tuple[Segment, torch.Tensor]]:
-        """The label spans still to fill, and their token ids, less those in rows `skip`."""
-        if not assembly.labels_pending:
-            return []
-        layout = assembly.layout
-        spans = [s for s in layout.labels if skip is None or not bool(torch.isin(
-            torch.tensor([s.start]), skip))]
-        return [(s, layout.token_ids[s.start:s.stop]) for s in spans]
-
     def label_cost(self, assembly: Assembly, skip: torch.Tensor | None = None) -> float:
         """LM FLOPs `load_labels(assembly, skip)` will spend: the labels it must compute."""
-        if self.labels is None or assembly.head is None:
+        if self.labels is None:
             return 0.0
-        head, total = assembly.head, 0.0
-        for _, ids in self._pending_labels(assembly, skip):
-            if LabelCache.key(head, ids) not in self.labels:
-                total += self.costs.rows(torch.arange(head.n, head.n + ids.numel()),
-                                         head.n + ids.numel(), last_only=True)
-        return total
+        return label_cost(self.labels, self.costs, assembly, skip)
 
     def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
-        """Fill the stale label rows of `assembly` from the label cache (turned to their
-        places), computing the labels it lacks (their FLOPs go to `assembly.label_flops`);
-        labels in rows `skip` (their pages are refreshed whole) are left to the refresh."""
-        pending = self._pending_labels(assembly, skip)
+        """Fill the stale label rows of `assembly` from the label cache, computing the labels
+        it lacks (`conduit_core.label_cache.load_labels`); labels in rows `skip` (their pages
+        are refreshed whole) are left to the refresh."""
+        if self.labels is not None:
+            load_labels(self.labels, self.adapter, self.costs, assembly, skip)
         assembly.labels_pending = False
-        if not pending:
-            return
-        assert self.labels is not None and assembly.head is not None
-        head, layout = assembly.head, assembly.layout
-        for span, ids in pending:
-            canonical = self.adapter.position_ids(
-                torch.cat([torch.tensor(head.token_ids, dtype=torch.long), ids]), [])
-            label, computed = self.labels.get(self.adapter, head, ids, canonical)
-            label.copy_into(self.adapter, assembly.cache, span.start,
-                            layout.position_ids[:, span.start:span.stop])
-            if computed:
-                assembly.label_flops += self.costs.rows(
-                    torch.arange(head.n, head.n + label.n), head.n + label.n, last_only=True)
 
     @torch.no_grad()
     def assemble_fresh(self, prefix: str, pages: list[tuple[str, Image.Image]], question: str,
