@@ -2,14 +2,14 @@
 
 Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
-               never_above_full=True, page_loads="batched")
+               label_entries=1024, never_above_full=True, page_loads="batched")
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
         (`conduit_core.prompt_head`); False computes it with every question.
     label_cache: page labels are computed once after the head and reused stale like their
         pages (`conduit_core.label_cache`; needs head_cache); False computes them as text
         rows in every pass (before 2026-12-02 the only way). A label computed for an
-        answer is charged to it.
+        answer is charged to it. label_entries: labels kept (least recently used dropped).
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
@@ -101,8 +101,8 @@ class ReuseRuntime:
     """Runs one loaded VLM over cached pages; see the module docstring."""
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
-                 label_cache: bool = True, never_above_full: bool = True,
-                 page_loads: str = "batched"):
+                 label_cache: bool = True, label_entries: int = 1024,
+                 never_above_full: bool = True, page_loads: str = "batched"):
         if page_loads not in PAGE_LOADS:
             raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
         if label_cache and not head_cache:
@@ -114,7 +114,7 @@ class ReuseRuntime:
         self.flops = FlopsModel.from_adapter(self.adapter)
         self.costs = RowCosts(self.adapter, self.flops)
         self.heads: HeadCache | None = HeadCache() if head_cache else None
-        self.labels: LabelCache | None = LabelCache() if label_cache else None
+        self.labels: LabelCache | None = LabelCache(label_entries) if label_cache else None
         self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()

@@ -57,6 +57,7 @@ class WorkerContext:
                 )
                 self._runtime = ReuseRuntime(self._vlm, head_cache=s.head_cache,
                                              label_cache=s.label_cache and s.head_cache,
+                                             label_entries=s.label_cache_entries,
                                              never_above_full=s.never_above_full)
             return self._runtime
 

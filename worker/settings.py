@@ -86,6 +86,11 @@ class Settings(BaseSettings):
         True, description="Compute each page label once after the prompt head and reuse it "
         "stale like its page (recomputed with its whole page); off = labels are text rows, "
         "computed in both passes. Off whenever head_cache is off.")
+    label_cache_entries: int = Field(
+        1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
+        "process (least recently used dropped first). A label's K/V take layers x 2 x "
+        "kv_heads x head_dim x dtype bytes a token: about 0.75 MB for a 13-token label on a "
+        "7B model in bfloat16, so the default holds about 0.75 GB there.")
     never_above_full: bool = Field(
         True, description="Predict each answer's prefill FLOPs before it runs; where the "
         "policy would cost more than a full prefill from the cached page embeddings, run that "
