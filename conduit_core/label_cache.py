@@ -22,11 +22,12 @@ prefill, the fallback) never computes the label here.
 Public API:
   LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
   LabelCache(max_entries=1024)   a `conduit_core.bounded_lru.BoundedLRU`
-    .get(adapter, head, label_ids, position_ids) -> (LabelKV, computed: bool)
+    .get(adapter, head, label_ids) -> (LabelKV, computed: bool)
     LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
   label_cost(cache, costs, assembly, skip=None) -> float   FLOPs of the labels to compute
   load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
       rows (but those in rows `skip`), computing misses into `assembly.label_flops`
+  fetch(cache, adapter, costs, head, label_ids) -> (LabelKV, FLOPs spent computing it)
 """
 
 from __future__ import annotations
@@ -85,19 +86,19 @@ class LabelCache(BoundedLRU[LabelKey, LabelKV]):
         return head.token_ids, tuple(int(t) for t in label_ids.tolist())
 
     @torch.no_grad()
-    def get(self, adapter: VLMAdapter, head: HeadKV, label_ids: torch.Tensor,
-            position_ids: torch.Tensor) -> tuple[LabelKV, bool]:
+    def get(self, adapter: VLMAdapter, head: HeadKV,
+            label_ids: torch.Tensor) -> tuple[LabelKV, bool]:
         """The label with token ids `label_ids` (t,) after `head`, and whether it was computed
-        now. `position_ids` (P, h + t) are those of the head followed by the label, the
-        layout of a prompt whose first label this is."""
+        now (at the positions of a prompt whose first label it is)."""
         key = self.key(head, label_ids)
-        return self.get_or_compute(
-            key, lambda: _compute(adapter, head, key, label_ids, position_ids))
+        return self.get_or_compute(key, lambda: _compute(adapter, head, key, label_ids))
 
 
-def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey, label_ids: torch.Tensor,
-             position_ids: torch.Tensor) -> LabelKV:
+def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey,
+             label_ids: torch.Tensor) -> LabelKV:
     h, t = head.n, len(key[1])
+    position_ids = adapter.position_ids(
+        torch.cat([torch.tensor(head.token_ids, dtype=torch.long), label_ids.cpu()]), [])
     cache = KVCache.allocate(adapter, 1, h + t)
     head.copy_into(cache)
     embeds = adapter.embed_tokens(label_ids.to(torch.long)).unsqueeze(0)  # (1, t, hidden)
@@ -146,10 +147,15 @@ def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembl
     head, layout = assembly.head, assembly.layout
     assert head is not None  # stale labels are computed after the head
     for span, ids in pending:
-        canonical = adapter.position_ids(
-            torch.cat([torch.tensor(head.token_ids, dtype=torch.long), ids]), [])
-        label, computed = cache.get(adapter, head, ids, canonical)
+        label, spent = fetch(cache, adapter, costs, head, ids)
         label.copy_into(adapter, assembly.cache, span.start,
                         layout.position_ids[:, span.start:span.stop])
-        if computed:
-            assembly.label_flops += _cost(costs, head, label.n)
+        assembly.label_flops += spent
+
+
+def fetch(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, head: HeadKV,
+          label_ids: torch.Tensor) -> tuple[LabelKV, float]:
+    """The label (t,) after `head` from the cache, computed if missing, and the LM FLOPs
+    that took (0 on a hit)."""
+    label, computed = cache.get(adapter, head, label_ids)
+    return label, _cost(costs, head, label.n) if computed else 0.0

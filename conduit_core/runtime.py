@@ -42,6 +42,7 @@ Public API:
     .load_labels(assembly, skip=None)  fill the stale label rows, computing misses (charged),
         except those in rows `skip`;  .label_cost(assembly, skip=None) -> their FLOPs first
         (the answer path plans, then fills only the labels its refresh keeps stale)
+    .warm_labels(prefix, pages) -> FLOPs   the labels computed ahead (evaluations)
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
@@ -80,7 +81,7 @@ from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
-from conduit_core.label_cache import LabelCache, label_cost, load_labels
+from conduit_core.label_cache import LabelCache, fetch, label_cost, load_labels
 from conduit_core.layer_forward import forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout
 from conduit_core.loader import LoadedVLM
@@ -166,6 +167,20 @@ class ReuseRuntime:
         if self.labels is None:
             return 0.0
         return label_cost(self.labels, self.costs, assembly, skip)
+
+    def warm_labels(self, prefix: str, pages: list[PageInput]) -> float:
+        """Compute the labels of `pages` under `prefix` that the label cache lacks, without
+        assembling anything (an evaluation does it with the pages, before its policies, so
+        that no policy's row carries them); returns their LM FLOPs."""
+        if self.labels is None or self.heads is None or not pages:
+            return 0.0
+        layout = build_layout(self.adapter, prefix, [p.label for p in pages],
+                              [p.kv.token_ids for p in pages],
+                              [p.kv.image_grid for p in pages], "")
+        head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
+                              layout.position_ids[:, :layout.head])
+        return sum(fetch(self.labels, self.adapter, self.costs, head,
+                         layout.token_ids[s.start:s.stop])[1] for s in layout.labels)
 
     def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
         """Fill the stale label rows of `assembly` from the label cache, computing the labels

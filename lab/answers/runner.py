@@ -230,9 +230,8 @@ class _Run:
         inputs = [PageInput(label=lab, kv=kvs[PageHash(p.page_hash)])
                   for lab, p in zip(labels, pages, strict=True)]
         rt = self.ctx.runtime
-        if rt.labels is not None:  # the labels computed with the pages, charged to no answer
-            with self.ctx.model_lock:
-                rt.assemble(ANSWER_PREFIX, inputs, item.question)
+        with self.ctx.model_lock:  # the labels computed with the pages, charged to no answer
+            rt.warm_labels(ANSWER_PREFIX, inputs)
         new: list[Record] = []
         if self.check is None and self.cfg.check_budget_one:
             self.check = self.budget_one(labels, pages, inputs, item.question)

@@ -68,7 +68,7 @@ def probe_samples(n: int, seed: int = 7, pages: str = "gold") -> Iterator[Sample
     rng = random.Random(f"probe:{seed}")
     for i in range(n):
         s = draw_sample(rng)
-        needed = {p - 1 for p in s.question.evidence_pages}
+        needed = s.question.evidence_indices
         shown = sorted(needed) if pages == "gold" else shown_pages(
             s.doc, needed, SHOWN, random.Random(f"probe:{seed}:{i}:shown"))
         yield Sample(s.doc, s.question, shown, s.doc_name)
@@ -114,8 +114,7 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
         hits[(fam, "full_prefill", 1.0)].append(full.text.strip() == want)
         flops[(fam, "full_prefill", 1.0)].append(full.flops_ratio_lm)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
-        if label_cache:
-            runtime.assemble(ANSWER_PREFIX, inputs, s.text)  # the labels, with the pages
+        runtime.warm_labels(ANSWER_PREFIX, inputs)  # the labels, with the pages
         for policy in policies:
             for budget in budgets:
                 req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,

@@ -75,7 +75,7 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
                                               zip(work.labels, kvs, strict=True)],
                                 work.question, policy="conduit", budget=0.1, max_new_tokens=1)
         for runtime in runtimes.values():  # the labels computed once, with the pages
-            runtime.assemble(request.prefix, request.pages, request.question)
+            runtime.warm_labels(request.prefix, request.pages)
         fresh = list(zip(work.labels, images, strict=True))
         names = ["full_prefill", *VARIANTS]
         times: dict[str, list[float]] = {n: [] for n in names}

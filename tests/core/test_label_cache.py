@@ -136,3 +136,14 @@ def test_label_cache_is_bounded_and_needs_the_head(runtime: ReuseRuntime) -> Non
         LabelCache(max_entries=0)
     with pytest.raises(ValueError):
         ReuseRuntime(runtime.vlm, label_cache=True, head_cache=False)
+
+
+def test_warmed_labels_are_charged_to_no_answer(runtime: ReuseRuntime) -> None:
+    rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    pages = _pages(rt)
+    assert rt.warm_labels(PREFIX, pages) > 0  # three labels computed, nothing assembled
+    assert rt.labels is not None and len(rt.labels) == 3
+    assert rt.warm_labels(PREFIX, pages) == 0.0
+    req = AnswerRequest(PREFIX, pages, QUESTION, policy="random", budget=0.1, max_new_tokens=2)
+    first, second = rt.answer(req), rt.answer(req)
+    assert first.flops_used_lm == second.flops_used_lm  # the first paid for no label
