@@ -102,7 +102,7 @@ def draw_sample(rng: random.Random, shape: Shape = PAGE, follow_ups: int = 0,
         others = [f for f in FAMILIES if f != "pair"]
         family = "pair" if rng.random() < pair_share else rng.choice(others)
     question = doc.question(family, rng)
-    pages = shown_pages(doc, {p - 1 for p in question.evidence_pages},
+    pages = shown_pages(doc, question.evidence_indices,
                         shown or rng.randint(*shape.shown), rng)
     sample = Sample(doc, question, pages, f"t{rng.randrange(1000):03d}.pdf")
     if follow_ups:

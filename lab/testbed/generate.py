@@ -70,7 +70,7 @@ def generate(out: Path, n: int, seed: int) -> list[dict[str, object]]:
         write_pdf(doc.pages, out / "pdfs" / name, doc.shape)
         for family in FAMILIES[:n - len(rows)]:
             q = doc.question(family, rng)
-            shown = shown_pages(doc, {p - 1 for p in q.evidence_pages}, SHOWN, rng)
+            shown = shown_pages(doc, q.evidence_indices, SHOWN, rng)
             rows.append({"id": f"{name[:-4]}-{family}-{''.join(r.key for r in q.records)}",
                          "doc": name, "question": q.text, "answer": q.answer,
                          "answer_format": "Int" if q.answer.isdigit() else "Str",

@@ -47,7 +47,7 @@ def legend_samples(n: int, seed: int) -> list[Sample]:
     for i in range(n):
         doc = make_document(rng, PAGE)
         question = doc.question("legend", rng)
-        pages = shown_pages(doc, {p - 1 for p in question.evidence_pages}, SHOWN, rng)
+        pages = shown_pages(doc, question.evidence_indices, SHOWN, rng)
         out.append(Sample(doc, question, pages, f"l{i:03d}.pdf"))
     return out
 

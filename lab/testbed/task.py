@@ -108,6 +108,11 @@ class Question:
         """1-based pages the answer needs, ascending."""
         return tuple(sorted({p for r in self.records for p in r.evidence_pages}))
 
+    @property
+    def evidence_indices(self) -> set[int]:
+        """The evidence pages, 0-based (what `batches.shown_pages` takes as needed)."""
+        return {p - 1 for p in self.evidence_pages}
+
 
 @dataclass
 class Document:

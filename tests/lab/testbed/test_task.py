@@ -164,13 +164,13 @@ def test_samples_show_the_evidence_and_distractors_in_document_order():
     for shape in (SMALL, PAGE):
         for _ in range(40):
             s = draw_sample(rng, shape)
-            needed = {p - 1 for p in s.question.evidence_pages}
+            needed = s.question.evidence_indices
             assert needed <= set(s.pages) and s.pages == sorted(set(s.pages))
             assert shape.shown[0] <= len(s.pages) <= shape.shown[1]
             assert s.text == s.question.text and s.question.family in FAMILIES
     for k in (1, 2, 3, 6, 9):
         s = draw_sample(rng, SMALL, shown=k)
-        needed = {p - 1 for p in s.question.evidence_pages}
+        needed = s.question.evidence_indices
         assert needed <= set(s.pages) and s.pages == sorted(s.pages)
         assert len(s.pages) == max(len(needed), min(k, len(s.doc.pages)))
     doc = make_document(random.Random(3), SMALL)
@@ -212,7 +212,7 @@ def _one_of_each(shape: Shape) -> list[Sample]:
     for family in FAMILIES:
         doc = make_document(rng, shape)
         q = doc.question(family, rng)
-        pages = shown_pages(doc, {p - 1 for p in q.evidence_pages}, shape.shown[0], rng)
+        pages = shown_pages(doc, q.evidence_indices, shape.shown[0], rng)
         out.append(Sample(doc, q, pages, f"t{len(out):03d}.pdf"))
     return out
 
