@@ -16,7 +16,13 @@ from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext
 from worker.ingest_job import run_ingest
-from worker.recovery import gave_up_message, heartbeat, mark_failed, remove_page_images
+from worker.recovery import (
+    gave_up_message,
+    heartbeat,
+    job_outcome,
+    mark_failed,
+    remove_page_images,
+)
 
 TokenSink = Callable[[int, str], None]
 
@@ -49,8 +55,9 @@ def execute_ingest_job(ctx: WorkerContext, job_id: JobId, document_id: DocumentI
     """Claim one ingest job, run it under a renewed lease, and record its outcome.
 
     A job that is finished, or held by a live worker, is skipped (a redelivered message or a
-    reaper's requeue is harmless); one claimed more than `max_ingest_attempts` times fails its
-    document with a message instead of running again.
+    reaper's requeue is harmless), and so is one whose document an earlier attempt already
+    finished (its job record is closed from the document); one claimed more than
+    `max_ingest_attempts` times fails its document with a message instead of running again.
     """
     s = ctx.settings
     job = ctx.meta.claim_job(job_id, s.job_lease_s)
@@ -61,6 +68,12 @@ def execute_ingest_job(ctx: WorkerContext, job_id: JobId, document_id: DocumentI
         doc = ctx.meta.get_document(document_id)
     except NotFoundError:
         ctx.meta.update_job(job_id, status="failed", error="the document was deleted")
+        return
+    outcome = job_outcome(doc)
+    if outcome is not None and doc.job_id == job_id:  # an earlier attempt finished it, then
+        # lost its job record to a storage outage: ingesting again would put a ready document
+        # back to "processing" (questions over it refused meanwhile) for nothing
+        ctx.meta.update_job(job_id, status=outcome, error=doc.error)
         return
     if job.attempts > s.max_ingest_attempts:
         log.error("ingest %s of %s: attempt %d; giving up", job_id, document_id, job.attempts)
