@@ -9,8 +9,11 @@ the other on a temporary home (`--model` is passed to it as `CONDUIT_MODEL`). Ag
 service, every value of `--upload-every` (e.g. `0,10`) runs its own set of load levels
 (`--clients`), in the order given: each client loops, every n-th request uploads a small PDF
 into the questions' collection (0 = questions only), the others ask a streamed question
-(`--top-k`, `--max-new-tokens`; TTFT = the first token event). A prober thread GETs
-`/healthz` every 0.2 s. Results append to `--out` as one JSON object per level;
+(`--top-k`, `--max-new-tokens`; TTFT = the first token event). A prober process GETs
+`/healthz` every 0.2 s (`healthz_latency_s`: what a liveness probe, its own process, sees);
+a prober thread among the clients does the same (`healthz_in_load_latency_s`: it also waits
+for the load generator's own interpreter lock, which 32 client threads hold most of the
+time). Results append to `--out` as one JSON object per level;
 `lab.load.report` turns them into markdown tables and a plot.
 
 Engines (`ENGINES`): serial is `CONDUIT_MAX_ACTIVE_ANSWERS=1`: each model process's engine
@@ -24,6 +27,7 @@ Memory: each row's peak RSS per role against a stated bound (`lab.load.memory`).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -37,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -169,7 +174,26 @@ def _prober(url: str, stop: threading.Event, tally: Tally) -> None:
                 with tally.lock:
                     tally.healthz.append(time.perf_counter() - t0)
             else:
-                tally.error("healthz")
+                tally.error("healthz_in_load")
+
+
+def probe_healthz(url: str, interval_s: float, conn: Connection) -> None:
+    """The prober process: GET `/healthz` every `interval_s` until `conn` receives anything,
+    then send back (latencies in seconds, failed probes)."""
+    latencies: list[float] = []
+    failed = 0
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while not conn.poll(interval_s):
+            t0 = time.perf_counter()
+            try:
+                ok = client.get("/healthz").status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                failed += 1
+    conn.send((latencies, failed))
 
 
 def prepare(url: str, headers: dict[str, str], timeout: float = 900) -> str:
@@ -204,6 +228,10 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
                                 args=(url, headers, collection, stop, tally, i, ask))
                for i in range(clients)]
     threads.append(threading.Thread(target=_prober, args=(url, stop, tally), daemon=True))
+    spawn = multiprocessing.get_context("spawn")
+    probe_conn, child_conn = spawn.Pipe()
+    prober = spawn.Process(target=probe_healthz, args=(url, 0.2, child_conn), daemon=True)
+    prober.start()
     peak = {name: 0 for name in pids}
     own = {name: 0 for name in pids}  # the role's processes alone, without reader children
 
@@ -219,6 +247,12 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
         sample()
         time.sleep(0.5)
     stop.set()
+    probe_conn.send("stop")  # the probes cover the load window, not the tail of answers
+    probes, probe_failures = probe_conn.recv()
+    prober.join(timeout=30)
+    if probe_failures:
+        with tally.lock:
+            tally.errors["healthz"] = tally.errors.get("healthz", 0) + probe_failures
     while any(t.is_alive() for t in threads) and time.perf_counter() - t0 < duration_s + 600:
         sample()  # the answers still running count too
         time.sleep(0.2)
@@ -229,7 +263,8 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
         "throughput_rps": round(done / elapsed, 3),
         "query_latency_s": percentiles(tally.query), "ttft_s": percentiles(tally.ttft),
         "upload_latency_s": percentiles(tally.upload),
-        "healthz_latency_s": percentiles(tally.healthz), "errors": dict(tally.errors),
+        "healthz_latency_s": percentiles(probes),
+        "healthz_in_load_latency_s": percentiles(tally.healthz), "errors": dict(tally.errors),
         "error_details": dict(tally.details),
         "peak_rss_mb": {k: round(v / 1024, 1) for k, v in peak.items()},
         "peak_process_rss_mb": {k: round(v / 1024, 1) for k, v in own.items()},

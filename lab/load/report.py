@@ -53,12 +53,21 @@ def _within(r: dict[str, Any]) -> str:
                      f"{bound[role]:.0f})" for role, ok in within.items())
 
 
+def _healthz(r: dict[str, Any]) -> str:
+    """/healthz p99 from the prober process, and from the thread among the clients (runs
+    before the prober process existed have only the thread's, as `healthz_latency_s`)."""
+    in_load = r.get("healthz_in_load_latency_s")
+    if in_load is None:
+        return f"- / {_fmt(r['healthz_latency_s']['p99'])}"
+    return f"{_fmt(r['healthz_latency_s']['p99'])} / {_fmt(in_load['p99'])}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The table of runs, a row each, then the "batched vs serial" table (if any run has
     both engines)."""
     out = ["| form | engine | model | max tokens | uploads | clients | answers+uploads/s | "
-           "TTFT p50 s | TTFT p95 s | answer p50 s | /healthz p99 s | errors | peak RSS MB | "
-           "RSS within bound (peak of bound MB) |",
+           "TTFT p50 s | TTFT p95 s | answer p50 s | /healthz p99 s (probe process / thread "
+           "among clients) | errors | peak RSS MB | RSS within bound (peak of bound MB) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mb"].items())
@@ -68,7 +77,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{r.get('max_new_tokens', '-')} | {_uploads(r)} | "
             f"{r['clients']} | {r['throughput_rps']:.3f} | {_fmt(r['ttft_s']['p50'])} | "
             f"{_fmt(r['ttft_s']['p95'])} | {_fmt(r['query_latency_s']['p50'])} | "
-            f"{_fmt(r['healthz_latency_s']['p99'])} | {errors} | {rss} | {_within(r)} |")
+            f"{_healthz(r)} | {errors} | {rss} | {_within(r)} |")
     table = ratios(rows)
     if table:
         out += ["", "Batched vs serial (ratio batched / serial; throughput above 1 and TTFT "
