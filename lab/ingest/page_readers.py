@@ -2,7 +2,8 @@
 
     python -m lab.ingest.page_readers --json lab/ingest/results/page_readers.json
 
-Measures, side by side in one run: the start of one reader; a 20-page text PDF read in this
+Measures, side by side in one run: the start of one reader (forked by the fork server, the
+default, and started as a new process); a 20-page text PDF read in this
 process (the path before the sandbox: render + text layer) vs by 1 and 2 readers; and three
 generated content bombs (one huge string, blanks, line segments) under given limits: the
 outcome, the seconds to it, and this process's peak RSS growth (it must stay flat).
@@ -61,9 +62,9 @@ def _readers(data: bytes, workers: int) -> float:
     return time.perf_counter() - started
 
 
-def _start(data: bytes) -> float:
+def _start(data: bytes, fork_server: bool) -> float:
     started = time.perf_counter()
-    PageReader(data, password=None, limits=ReaderLimits()).close()
+    PageReader(data, password=None, limits=ReaderLimits(), fork_server=fork_server).close()
     return time.perf_counter() - started
 
 
@@ -94,9 +95,11 @@ def main() -> None:
     args = parser.parse_args()
     data = _text_pdf()
     seconds: dict[str, list[float]] = {"in_process": [], "readers_1": [], "readers_2": [],
-                                       "reader_start": []}
+                                       "reader_start_forked": [], "reader_start_spawned": []}
+    _start(data, fork_server=True)  # the fork server starts at the first reader: not timed
     for _ in range(args.rounds):  # alternate settings so load changes hit all of them
-        seconds["reader_start"].append(_start(data))
+        seconds["reader_start_forked"].append(_start(data, fork_server=True))
+        seconds["reader_start_spawned"].append(_start(data, fork_server=False))
         seconds["in_process"].append(_in_process(data))
         seconds["readers_1"].append(_readers(data, 1))
         seconds["readers_2"].append(_readers(data, 2))
@@ -108,6 +111,8 @@ def main() -> None:
     result = {"pages": PAGES, "dpi": DPI, "cpus": os.cpu_count(), "rounds": args.rounds,
               "load_average": os.getloadavg(), "python": platform.python_version(),
               "median_seconds": median, "all_seconds": seconds,
+              "reader_start_spawned_over_forked": round(
+                  median["reader_start_spawned"] / median["reader_start_forked"], 1),
               "readers_1_over_in_process": round(median["readers_1"] / median["in_process"], 2),
               "readers_2_over_in_process": round(median["readers_2"] / median["in_process"], 2),
               "bombs": bombs}

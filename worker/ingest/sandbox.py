@@ -10,8 +10,10 @@ to system and Python files only), opens the document it receives over a pipe, re
 facts (`PdfFacts`), and answers one page at a time. `inspect_pdf` is the same child used
 for the upload check: it opens, reports and, for an encrypted file, returns the decrypted
 bytes. A page or an open that takes longer than its limit gets the child killed. Either way
-the `IngestError` names the limit. Children are started with `subprocess` (not
-`multiprocessing`), so a daemonic process such as a prefork Celery child can start them.
+the `IngestError` names the limit. Children are forked by a fork server
+(`worker.ingest.fork_server`: a process that imported PyMuPDF once, started with
+`subprocess`, not `multiprocessing`, so a daemonic process such as a prefork Celery child can
+start it), or started with `subprocess` where none can run.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from worker.ingest.errors import (
     ReaderStartError,
     rebuild_error,
 )
+from worker.ingest.fork_server import ForkedReader, start_reader
 from worker.ingest.frames import ReaderGone, ReaderTimeout, read_frame_fd, write_frame
 from worker.ingest.ocr import find_tessdata
 from worker.ingest.text import PageText, TextPolicy
@@ -121,21 +124,26 @@ class PageReader:
     `max_pages` refuses a longer document at open (`TooManyPagesError`). With
     `decrypt_limit` > 0, the reader also returns the document decrypted (`decrypted`; None
     when it was not encrypted), refusing one whose decrypted form exceeds that many bytes.
-    `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`).
+    `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`). The process
+    is forked from this process's fork server (`worker.ingest.fork_server`: milliseconds
+    instead of a Python start) where one runs, else (or with `fork_server=False`) started.
     """
 
     def __init__(self, data: bytes, *, password: str | None, limits: ReaderLimits,
                  max_pages: int | None = None, decrypt_limit: int = 0,
-                 ocr: bool = True) -> None:
+                 ocr: bool = True, fork_server: bool = True) -> None:
         self.limits = limits
         self._closing = False
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        tessdata = find_tessdata() if ocr else None
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(limits.memory_mb * 2**20),
-             str(limits.file_mb * 2**20), str(limits.page_seconds)],
+        tessdata = str(find_tessdata() or "") if ocr else ""
+        argv = [str(limits.memory_mb * 2**20), str(limits.file_mb * 2**20),
+                str(limits.page_seconds)]
+        forked = start_reader(argv, tessdata=tessdata or None, stderr=self._stderr) \
+            if fork_server else None
+        self._proc: ForkedReader | subprocess.Popen[bytes] = forked or subprocess.Popen(
+            [sys.executable, "-c", _CHILD, *argv],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            env=child_env(str(tessdata) if tessdata else None), close_fds=True)
+            env=child_env(tessdata or None), close_fds=True)
         _widen_pipe(self._proc.stdout)
         request = {"op": "open", "password": password, "max_pages": max_pages,
                    "decrypt": decrypt_limit}
