@@ -58,10 +58,14 @@ def test_a_readers_exit_status_reaches_the_parent() -> None:
     reader.close()
 
 
-def test_a_dead_server_is_replaced() -> None:
-    with PageReader(text_pages_pdf(["one"]), password=None, limits=ReaderLimits()) as reader:
-        server = _parent(reader.pid)
+def test_a_dead_server_is_replaced_and_its_readers_finish() -> None:
+    reader = PageReader(text_pages_pdf(["one"]), password=None, limits=ReaderLimits())
+    server = _parent(reader.pid)
     os.kill(server, signal.SIGKILL)
+    assert _text(reader) == "one"  # its pipes are its own: it reads on without the server
+    assert reader.alive
+    reader.close()  # killed through its pidfd; no exit status to wait for
+    assert not reader.alive
     with PageReader(text_pages_pdf(["two"]), password=None, limits=ReaderLimits()) as reader:
         assert _parent(reader.pid) not in (server, os.getpid())
         assert _text(reader) == "two"

@@ -54,21 +54,18 @@ class ForkedReader:
         self.stdout: IO[bytes] | None = stdout
         self.returncode: int | None = None
         self._pidfd = pidfd
-        self._status_fd = status_fd
-        self._status = b""
+        self._status_fd = status_fd  # -1 once read
 
     def poll(self) -> int | None:
         """The exit status if the process ended (and the server reported it), else None."""
         if self.returncode is None:
-            ready, _, _ = select.select([self._status_fd], [], [], 0)
-            if ready:
-                self._read_status()
+            self._update(block=False)
         return self.returncode
 
     def wait(self) -> int:
         """Block until the process ends; its exit status."""
         while self.returncode is None:
-            self._read_status()
+            self._update(block=True)
         return self.returncode
 
     def kill(self) -> None:
@@ -79,19 +76,24 @@ class ForkedReader:
             except ProcessLookupError:  # already ended
                 pass
 
-    def _read_status(self) -> None:
-        chunk = os.read(self._status_fd, 64)
-        if chunk:
-            self._status += chunk
-            return
-        # the server wrote the status and closed the pipe; with nothing written, it ended
-        # itself first: wait for the process through its pidfd, its status unknown
-        if self._status:
-            self.returncode = int(self._status)
-        else:
-            select.select([self._pidfd], [], [])
-            self.returncode = -signal.SIGKILL
-        os.close(self._status_fd)
+    def _update(self, *, block: bool) -> None:
+        timeout = None if block else 0
+        if self._status_fd >= 0:
+            if not select.select([self._status_fd], [], [], timeout)[0]:
+                return
+            # the server writes the status in one write of a few bytes, then closes the pipe
+            status = os.read(self._status_fd, 64)
+            os.close(self._status_fd)
+            self._status_fd = -1
+            if status:
+                self._finish(int(status))
+                return
+        # the server ended before the process did: its end is all that can be learnt
+        if select.select([self._pidfd], [], [], timeout)[0]:
+            self._finish(-signal.SIGKILL)
+
+    def _finish(self, returncode: int) -> None:
+        self.returncode = returncode
         os.close(self._pidfd)
 
 
