@@ -8,7 +8,8 @@ workers and the API) with each answer engine of `--engine serial,batched`, one s
 the other on a temporary home (`--model` is passed to it as `CONDUIT_MODEL`). Against each
 service, every value of `--upload-every` (e.g. `0,10`) runs its own set of load levels
 (`--clients`), in the order given: each client loops, every n-th request uploads a small PDF
-into the questions' collection (0 = questions only), the others ask a streamed question
+into the questions' collection (client i's first at request n - (i mod n), so that uploads
+are spread from the start; 0 = questions only), the others ask a streamed question
 (`--top-k`, `--max-new-tokens`; TTFT = the first token event). A prober process GETs
 `/healthz` every 0.2 s (`healthz_latency_s`: what a liveness probe, its own process, sees);
 a prober thread among the clients does the same (`healthz_in_load_latency_s`: it also waits
@@ -119,7 +120,10 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
         n = 0
         while not stop.is_set():
             n += 1
-            if upload_every and n % upload_every == 0:
+            # client `seed` uploads at its (n + seed)-th request: the clients' uploads are
+            # spread from the start, so a level whose clients make fewer than n requests
+            # each still uploads at the stated rate
+            if upload_every and (n + seed) % upload_every == 0:
                 t0 = time.perf_counter()
                 try:
                     r = client.post(f"/v1/collections/{collection}/documents", files={
@@ -178,11 +182,12 @@ def _prober(url: str, stop: threading.Event, tally: Tally) -> None:
 
 
 def probe_healthz(url: str, interval_s: float, conn: Connection) -> None:
-    """The prober process: GET `/healthz` every `interval_s` until `conn` receives anything,
-    then send back (latencies in seconds, failed probes)."""
+    """The prober process: say "ready", GET `/healthz` every `interval_s` until `conn`
+    receives anything, then send back (latencies in seconds, failed probes)."""
     latencies: list[float] = []
     failed = 0
     with httpx.Client(base_url=url, timeout=30) as client:
+        conn.send("ready")
         while not conn.poll(interval_s):
             t0 = time.perf_counter()
             try:
@@ -232,6 +237,8 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
     probe_conn, child_conn = spawn.Pipe()
     prober = spawn.Process(target=probe_healthz, args=(url, 0.2, child_conn), daemon=True)
     prober.start()
+    if not probe_conn.poll(120) or probe_conn.recv() != "ready":  # probes cover the whole load
+        raise RuntimeError("the /healthz prober process did not start")
     peak = {name: 0 for name in pids}
     own = {name: 0 for name in pids}  # the role's processes alone, without reader children
 
