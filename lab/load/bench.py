@@ -166,19 +166,25 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
                 tally.error(f"query:{type(exc).__name__}")
 
 
+def _probe_once(client: httpx.Client) -> float | None:
+    """One GET /healthz: its latency in seconds, or None when it failed."""
+    t0 = time.perf_counter()
+    try:
+        ok = client.get("/healthz").status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    return time.perf_counter() - t0 if ok else None
+
+
 def _prober(url: str, stop: threading.Event, tally: Tally) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         while not stop.wait(0.2):
-            t0 = time.perf_counter()
-            try:
-                ok = client.get("/healthz").status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                with tally.lock:
-                    tally.healthz.append(time.perf_counter() - t0)
-            else:
+            latency = _probe_once(client)
+            if latency is None:
                 tally.error("healthz_in_load")
+                continue
+            with tally.lock:
+                tally.healthz.append(latency)
 
 
 def probe_healthz(url: str, interval_s: float, conn: Connection) -> None:
@@ -189,15 +195,11 @@ def probe_healthz(url: str, interval_s: float, conn: Connection) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         conn.send("ready")
         while not conn.poll(interval_s):
-            t0 = time.perf_counter()
-            try:
-                ok = client.get("/healthz").status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok:
-                latencies.append(time.perf_counter() - t0)
-            else:
+            latency = _probe_once(client)
+            if latency is None:
                 failed += 1
+            else:
+                latencies.append(latency)
     conn.send((latencies, failed))
 
 
