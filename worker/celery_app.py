@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -244,15 +243,12 @@ def run_worker(settings: Settings, concurrency: int = 2,
                queues: tuple[str, ...] = (ANSWER_QUEUE, INGEST_QUEUE)) -> None:
     """Run a Celery worker in this process (the `conduit worker` command).
 
-    The process lowers its CPU priority by `worker_nice`, runs one answer engine, and takes
-    `worker_threads` tasks at once (threads pool; prefetch multiplier 1, acknowledged late,
-    so a crash leaves at most that many messages to the broker's redelivery), and its answers
-    are decoded together.
+    The process runs one answer engine; it takes `worker_threads` tasks at once (threads
+    pool; prefetch multiplier 1, acknowledged late, so a crash leaves at most that many
+    messages to the broker's redelivery), and its answers are decoded together.
     """
     if not settings.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
-    if settings.worker_nice:
-        os.nice(settings.worker_nice)  # before any thread or reader starts: all inherit it
     app = make_celery(settings.redis_url, settings)
     _context().preload_model()  # the model loads (and is fingerprinted) before any task
     if settings.worker_metrics_port:

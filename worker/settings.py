@@ -175,11 +175,6 @@ class Settings(BaseSettings):
         None, ge=1, le=65535, description="Distributed: a Celery worker process serves its "
         "engine's Prometheus series (batch size, queue length, time in queue) on this port.",
     )
-    worker_nice: int = Field(
-        10, ge=0, le=19, description="Distributed: CPU niceness a Celery worker process "
-        "takes at start (os.nice). Only matters where workers share CPUs with the API: the "
-        "API's probes, token streams and uploads then come first (0 = the same priority).",
-    )
     max_question_tokens: int = Field(
         1024, ge=1, le=32768, description="Longest accepted question in model tokens (422 "
         "above it).",
