@@ -41,6 +41,9 @@ def test_readers_are_forked_by_one_server_and_hold_only_their_own_pipes() -> Non
         server = _parent(first.pid)
         assert server != os.getpid() and _parent(second.pid) == server
         assert first.pid != second.pid
+        # one thread to fork from: nothing it imported (onnxruntime, through pymupdf4llm)
+        # runs a thread whose locks a child could inherit held
+        assert "\nThreads:\t1\n" in Path(f"/proc/{server}/status").read_text()
         # requests, replies, the log file, and the reply pipe the reader duplicates: nothing
         # of the server's (its socket, other readers' status pipes) or of this process's
         assert _fds(first.pid) == _fds(second.pid) == {0, 1, 2, 3}

@@ -40,7 +40,7 @@ from worker.ingest.errors import (
     ReaderStartError,
     rebuild_error,
 )
-from worker.ingest.fork_server import ForkedReader, start_reader
+from worker.ingest.fork_server import READER_PREAMBLE, ForkedReader, start_reader
 from worker.ingest.frames import ReaderGone, ReaderTimeout, read_frame_fd, write_frame
 from worker.ingest.ocr import find_tessdata
 from worker.ingest.text import PageText, TextPolicy
@@ -50,10 +50,8 @@ log = logging.getLogger(__name__)
 native_log = logging.getLogger("worker.ingest.native")
 
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-# PyMuPDF imports its layout-analysis add-on when installed (2.5 s of a 4 s start here);
-# readers never use it, so it is kept out of them.
-_CHILD = ("import sys; sys.modules['pymupdf.layout'] = None; "
-          "from worker.ingest.reader_child import main; sys.exit(main(sys.argv[1:]))")
+_CHILD = READER_PREAMBLE + ("from worker.ingest.reader_child import main; "
+                            "sys.exit(main(sys.argv[1:]))")
 # Starting Python and importing PyMuPDF takes about a second, and took over a minute on this
 # 2-core machine at a load average of 17.
 _START_SECONDS = 300.0
