@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,35 @@ def test_started_readers_where_asked() -> None:
         assert _parent(reader.pid) == os.getpid()
         assert not isinstance(reader._proc, fork_server.ForkedReader)
         assert _text(reader) == "one"
+
+
+def test_several_threads_wait_for_one_reader() -> None:
+    """A page thread and the thread closing the reader both wait for its end (as
+    `iter_pages` does past its deadline): each gets the status, none reads a closed pipe."""
+    for _ in range(3):
+        reader = PageReader(text_pages_pdf(["Harbour dues"]), password=None,
+                            limits=ReaderLimits())
+        proc = reader._proc
+        assert isinstance(proc, fork_server.ForkedReader)
+        statuses: list[int] = []
+        errors: list[BaseException] = []
+
+        def wait(proc: fork_server.ForkedReader = proc, spin: bool = False,
+                 statuses: list[int] = statuses, errors: list[BaseException] = errors) -> None:
+            try:
+                while spin and proc.poll() is None:
+                    pass
+                statuses.append(proc.wait())
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+
+        threads = [threading.Thread(target=wait, kwargs={"spin": i % 2 == 1})
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)  # two threads blocked in wait(), two polling, when the reader ends
+        os.kill(reader.pid, signal.SIGTERM)
+        for t in threads:
+            t.join()
+        reader.close()
+        assert not errors and statuses == [-signal.SIGTERM] * 4

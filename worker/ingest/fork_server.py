@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import weakref
 from typing import IO, Any
 
 from worker.ingest.confine import child_env
@@ -49,7 +50,8 @@ _START_SECONDS = 300.0
 
 class ForkedReader:
     """A reader process forked by the server: the parent's side of its pipes, its pidfd and
-    the pipe its exit status arrives on."""
+    the pipe its exit status arrives on. Like `Popen`, safe to poll, wait on and kill from
+    several threads (a page thread and the one closing the reader)."""
 
     def __init__(self, pid: int, pidfd: int, stdin: IO[bytes], stdout: IO[bytes],
                  status_fd: int) -> None:
@@ -57,19 +59,27 @@ class ForkedReader:
         self.stdin: IO[bytes] | None = stdin
         self.stdout: IO[bytes] | None = stdout
         self.returncode: int | None = None
-        self._pidfd = pidfd
+        self._pidfd = pidfd  # open as long as this object: a kill never reaches another fd
         self._status_fd = status_fd  # -1 once read
+        self._lock = threading.Lock()  # one thread at a time reads and closes the status pipe
+        weakref.finalize(self, os.close, pidfd)
 
     def poll(self) -> int | None:
-        """The exit status if the process ended (and the server reported it), else None."""
-        if self.returncode is None:
-            self._update(block=False)
+        """The exit status if the process ended (and the server reported it), else None
+        (also while another thread waits for it, as `Popen.poll`)."""
+        if self.returncode is None and self._lock.acquire(blocking=False):
+            try:
+                self._update(block=False)
+            finally:
+                self._lock.release()
         return self.returncode
 
     def wait(self) -> int:
         """Block until the process ends; its exit status."""
         while self.returncode is None:
-            self._update(block=True)
+            with self._lock:
+                if self.returncode is None:
+                    self._update(block=True)
         return self.returncode
 
     def kill(self) -> None:
@@ -90,15 +100,11 @@ class ForkedReader:
             os.close(self._status_fd)
             self._status_fd = -1
             if status:
-                self._finish(int(status))
+                self.returncode = int(status)
                 return
         # the server ended before the process did: its end is all that can be learnt
         if select.select([self._pidfd], [], [], timeout)[0]:
-            self._finish(-signal.SIGKILL)
-
-    def _finish(self, returncode: int) -> None:
-        self.returncode = returncode
-        os.close(self._pidfd)
+            self.returncode = -signal.SIGKILL
 
 
 class _Server:
