@@ -1,6 +1,6 @@
 """Start reader processes by forking a warm template process instead of a new interpreter.
 
-A reader started with `subprocess` spends about 0.45 s of CPU starting Python and importing
+A reader started with `subprocess` spends 0.3-0.45 s of CPU starting Python and importing
 PyMuPDF (seconds under load: on two busy cores an upload waited 2.9 s, most of it for its
 reader to start). The fork server is a process started once per parent process (lazily, with
 the readers' minimal environment, `confine.child_env`), that imports what a reader needs and
