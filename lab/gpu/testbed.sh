@@ -6,21 +6,24 @@
 #   STAGE1  the stage-1 weights, the curriculum's start:
 #           git show 74a2228:conduit_core/weights/testbed-qwen2-vl.safetensors > FILE
 #           (a device copy of the tree has no git history: carry the file with the call)
-#   STEPS   learning-rate schedule length (default 1200, the recipe; longer schedules are
-#           what docs/TESTBED.md says would be needed for >= 90%)
+#   STEPS   learning-rate schedule length of stages 2 and 3 (default 1200, the recipe);
+#           stages 4 and 5 take STEPS_LATE (default 400, the recipe)
 #   SEEDS   comma-separated seeds (default 0,1,2)
 # Each seed trains in its own process (`conduit-lab testbed train --device cuda --resume`,
-# checkpoints every 100 steps): stage 2 (page scale, from STAGE1), then stage 3 (pair-share
-# 0.4, lr 5e-4, from stage 2's model.safetensors, --seed 100+seed; lab/testbed/NOTES.md),
-# both under one deadline (TESTBED_DEADLINE_S, default 540 s); a run cut by the deadline keeps
-# its last checkpoint, and the same command resumes it. Run folders and logs:
-# lab/gpu/results/testbed-<UTC time>/s<seed>/ (stage 2) and s<seed>-stage3/
+# checkpoints every 100 steps): stage 2 (page scale, from STAGE1), stage 3 (pair-share 0.4,
+# lr 5e-4, --seed 100+seed), stages 4 and 5 (the resolve target, --resolve-weight 5, 400 steps
+# at lr 3e-4 and 2e-4, --seed 200+seed and 300+seed), each from the previous stage's
+# model.safetensors (docs/TESTBED.md, "Training"), all under one deadline
+# (TESTBED_DEADLINE_S, default 540 s); a run cut by the deadline keeps its last checkpoint,
+# and the same command resumes it. Run folders and logs:
+# lab/gpu/results/testbed-<UTC time>/s<seed>/ (stage 2) and s<seed>-stage{3,4,5}/
 # (CONDUIT_GPU_RESULTS to choose).
 # CONDUIT_GPU_CHECK_DEVICE=cpu runs it on the CPU (a dry run of the script).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source lab/gpu/env.sh  # PY, DEVICE, offline hubs, require_device
 STEPS="${1:-1200}"
+STEPS_LATE="${STEPS_LATE:-400}"
 IFS=, read -r -a SEEDS <<< "${2:-0,1,2}"
 if [[ -z "${STAGE1:-}" || ! -f "$STAGE1" ]]; then
   echo "STAGE1 must name the stage-1 weights file (see the usage above)" >&2
@@ -39,14 +42,24 @@ train_stage() {  # RUN LOG SECONDS_LEFT ARGS...: one resumable stage under the d
   timeout -s INT "$left" "$PY" -m lab.cli testbed train --out "$run" --steps "$STEPS" \
     --device "$DEVICE" --threads "$THREADS" --eval-every 100 "$@" "${resume[@]}" >> "$log" 2>&1
 }
-train_seed() {  # SEED: stage 2, then stage 3 once stage 2 has written its final weights
-  local seed=$1 run="$OUT/s$1" start=$SECONDS
+train_seed() {  # SEED: stages 2-5, each once the one before has written its final weights
+  local seed=$1 run="$OUT/s$1" start=$SECONDS left
   train_stage "$run" "$OUT/s$seed.log" "$LIMIT" --init "$STAGE1" --lr 1e-3 --warmup 100 \
     --seed "$seed" || return $?
-  local left=$(( LIMIT - (SECONDS - start) ))
-  (( left > 0 )) || return 124
-  train_stage "$run-stage3" "$OUT/s$seed-stage3.log" "$left" --init "$run/model.safetensors" \
-    --lr 5e-4 --warmup 50 --seed $(( 100 + seed )) --pair-share 0.4
+  local prev=$run stage args
+  for stage in 3 4 5; do
+    left=$(( LIMIT - (SECONDS - start) ))
+    (( left > 0 )) || return 124
+    case $stage in
+      3) args=(--lr 5e-4 --warmup 50) ;;
+      4) args=(--steps "$STEPS_LATE" --lr 3e-4 --warmup 20 --resolve-weight 5) ;;
+      5) args=(--steps "$STEPS_LATE" --lr 2e-4 --warmup 20 --resolve-weight 5) ;;
+    esac
+    train_stage "$run-stage$stage" "$OUT/s$seed-stage$stage.log" "$left" \
+      --init "$prev/model.safetensors" --seed $(( stage * 100 - 200 + seed )) \
+      --pair-share 0.4 "${args[@]}" || return $?
+    prev="$run-stage$stage"
+  done
 }
 last_step() {  # RUN: the step of its last checkpoint
   "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['step'])" "$1/state.json" \
@@ -61,8 +74,9 @@ STATUS=0
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; rc=$?
   run="$OUT/s${SEEDS[$i]}"
-  echo "seed ${SEEDS[$i]}: rc=$rc, stage 2 at step $(last_step "$run"), stage 3 at step" \
-       "$(last_step "$run-stage3")" | tee -a "$OUT/steps.txt"
+  echo "seed ${SEEDS[$i]}: rc=$rc, stage 2 at step $(last_step "$run"), stages 3/4/5 at" \
+       "$(last_step "$run-stage3")/$(last_step "$run-stage4")/$(last_step "$run-stage5")" \
+       | tee -a "$OUT/steps.txt"
   [[ $rc -ne 0 && $rc -ne 124 && $STATUS -eq 0 ]] && STATUS=$rc
 done
 echo "results: $OUT (exit $STATUS)" | tee -a "$OUT/steps.txt"
