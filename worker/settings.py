@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
     # answering
-    policy: str = Field("conduit_no_amp", description="Refresh policy used to answer.")
+    policy: str = Field("conduit_per_page", description="Refresh policy used to answer.")
     budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
     head_cache: bool = Field(
         True, description="Compute the prompt head (chat template opening and answer "

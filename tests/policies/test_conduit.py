@@ -10,6 +10,7 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.assembly import Assembly
+from conduit_core.policies import get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.scoring import ScoreConfig, token_scores
@@ -83,6 +84,10 @@ def test_global_selection_follows_the_signal_page(cached: CachedPages) -> None:
     assert chosen.amplification[1] > 1.0 > float(chosen.amplification[0])
     assert share_on(chosen.rows, asm, 1) == 1.0
     assert share_on(quota.rows, asm, 1) == pytest.approx(3 / 9)  # quotas 4, 3, 2
+    # the registered variant pins gamma = 0: under quotas amplification changes nothing
+    registered = get_policy("conduit_per_page").explain(context(cached, asm, budget, scores))
+    assert torch.equal(registered.rows.sort().values, quota.rows.sort().values)
+    assert torch.equal(registered.amplification, torch.ones_like(registered.amplification))
 
 
 def test_real_scoring_pass_follows_a_loud_page(cached: CachedPages) -> None:

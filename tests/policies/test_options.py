@@ -29,10 +29,10 @@ def test_default_options_resolve_to_the_registered_policy() -> None:
 
 
 def test_options_configure_the_conduit_family() -> None:
-    p = resolve_policy("conduit_per_page", PolicyOptions(gamma=2.0, score_layers=(1, 2),
-                                                        query_window=3, head_agg="max"))
+    p = resolve_policy("conduit_per_page", PolicyOptions(score_layers=(1, 2), query_window=3,
+                                                        head_agg="max"))
     assert isinstance(p, ConduitPolicy)
-    assert p.config.per_page and p.config.gamma == 2.0
+    assert p.config.per_page and p.config.gamma == 0.0
     assert p.config.score.layers == (1, 2)
     assert p.config.score.query_window == 3 and p.config.score.head_agg == "max"
 
@@ -72,7 +72,8 @@ def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
 
 
 def test_ablations_keep_their_defining_knobs() -> None:
-    """CONDUIT_GAMMA must not turn `conduit_no_amp` back into CONDUIT."""
+    """CONDUIT_GAMMA must not turn `conduit_no_amp` back into CONDUIT, nor set a gamma on
+    `conduit_per_page` (the service's default), where quotas make it meaningless."""
     settings = Settings(gamma=2.0, head_agg="max")
     no_amp = effective_options(settings, "conduit_no_amp", PolicyOptions())
     assert no_amp.gamma is None and no_amp.head_agg == "max"  # the other knobs still apply
@@ -82,4 +83,7 @@ def test_ablations_keep_their_defining_knobs() -> None:
         resolve_policy("conduit_no_amp", PolicyOptions(gamma=1.0))
     per_page = resolve_policy("conduit_per_page", effective_options(settings, "conduit_per_page",
                                                                     PolicyOptions()))
-    assert per_page.config.per_page and per_page.config.gamma == 2.0  # type: ignore[attr-defined]
+    assert per_page.config.per_page and per_page.config.gamma == 0.0  # type: ignore[attr-defined]
+    assert per_page.config.score.head_agg == "max"  # type: ignore[attr-defined]
+    with pytest.raises(InvalidRequestError, match="gamma"):
+        resolve_policy("conduit_per_page", PolicyOptions(gamma=1.0))

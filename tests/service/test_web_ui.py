@@ -188,7 +188,7 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None
     assert "Pages prefilled now 0" in details and "Time to first token" in details
     # the tiny test model's pages are 16 tokens: CONDUIT would cost more than a full prefill
     # from the cached embeddings, which ran instead, and the details say so
-    assert "full prefill from cached page embeddings: conduit_no_amp was predicted" in details
+    assert "full prefill from cached page embeddings: conduit_per_page was predicted" in details
     assert "Prompt head from cache" in details
     w.shot("answer")
 
