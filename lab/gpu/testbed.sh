@@ -50,7 +50,7 @@ train_seed() {  # SEED: stages 2-5, each once the one before has written its fin
   for stage in 3 4 5; do
     left=$(( LIMIT - (SECONDS - start) ))
     (( left > 0 )) || return 124
-    case $stage in
+    case $stage in  # a stage's own --steps follows train_stage's and wins (argparse: last one)
       3) args=(--lr 5e-4 --warmup 50) ;;
       4) args=(--steps "$STEPS_LATE" --lr 3e-4 --warmup 20 --resolve-weight 5) ;;
       5) args=(--steps "$STEPS_LATE" --lr 2e-4 --warmup 20 --resolve-weight 5) ;;
