@@ -47,6 +47,10 @@ def add_testbed_commands(sub: Any) -> None:
     ex.add_argument("--out", type=Path, default=None,
                     help="default: conduit_core/weights/testbed-qwen2-vl.safetensors")
     ex.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16")
+    ex.add_argument("--folder", type=Path, default=None,
+                    help="write a model folder there instead (config, weights, tokenizer, "
+                         "processor) for `--model FOLDER --max-page-tokens 256`: another "
+                         "checkpoint of the recipe, served or evaluated as the builtin is")
     ex.set_defaults(func=_export)
 
     gen = tsub.add_parser("generate", help="write PDFs and questions.jsonl of the testbed task")
@@ -102,11 +106,18 @@ def _export(args: argparse.Namespace) -> int:
     import torch
 
     from conduit_core.testbed_model import WEIGHTS
-    from lab.testbed.train import export_weights
+    from lab.testbed.train import export_folder, export_weights
 
     if not args.source.is_file():
         print(f"no checkpoint at {args.source}")
         return 2
+    if args.folder is not None:
+        if args.out is not None:
+            print("--out and --folder are exclusive")
+            return 2
+        export_folder(args.source, args.folder, getattr(torch, args.dtype))
+        print(f"wrote the model folder {args.folder} ({args.dtype} weights, loaded as float32)")
+        return 0
     out = args.out or WEIGHTS
     size = export_weights(args.source, out, getattr(torch, args.dtype))
     print(f"wrote {out} ({size / 1e6:.2f} MB, {args.dtype})")

@@ -36,6 +36,7 @@ Public API:
   train(cfg, resume=False) -> dict    the last held-out evaluation
   model_tensors(path) -> dict        the model's tensors of a checkpoint or weights file
   export_weights(src, dst, dtype=float16) -> bytes   a checkpoint's model tensors, as shipped
+  export_folder(src, folder, dtype=float16)   the same as a model folder `--model` loads
   heldout_samples(seed, shape=PAGE, n=256) -> list[Sample]   the held-out set of `--seed`
   heldout_accuracy(model, layouts, patches, samples, batch_size) -> dict[str, float]
 """
@@ -46,6 +47,7 @@ import json
 import math
 import os
 import random
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -239,6 +241,19 @@ def export_weights(src: Path, dst: Path, dtype: torch.dtype = torch.float16) -> 
     `build_testbed` loads them into float32 parameters."""
     _write_weights({k: v.to(dtype) for k, v in model_tensors(src).items()}, dst)
     return dst.stat().st_size
+
+
+def export_folder(src: Path, folder: Path, dtype: torch.dtype = torch.float16) -> None:
+    """A run's weights (as `export_weights` writes them, so in `dtype` and back) saved as a
+    model folder: config, weights, tokenizer and processor, as `builtin:testbed-qwen2-vl` is
+    materialised. `--model FOLDER --max-page-tokens 256` then serves or evaluates another
+    checkpoint of the recipe through the loader's path for real checkpoints."""
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = Path(tmp) / "weights.safetensors"
+        export_weights(src, weights, dtype)
+        model, processor = build_testbed(weights=weights)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:

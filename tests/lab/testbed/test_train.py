@@ -91,3 +91,27 @@ def test_the_resolve_target_adds_a_loss_before_the_layer_questions_read(tmp_path
     loss = [json.loads((tmp_path / d / "history.jsonl").read_text())["aux_loss"]
             for d in ("a", "b")]
     assert loss[1] > loss[0] + 1.0  # every key cell's resolved value named after layer 3
+
+
+def test_an_exported_folder_serves_as_the_builtin_does(tmp_path):
+    """`conduit-lab testbed export --folder`: another checkpoint of the recipe loads through
+    the loader's path for real checkpoints and computes what the builtin computes from the
+    same weights (here the committed ones)."""
+    from PIL import Image, ImageDraw
+
+    from conduit_core.loader import load_vlm
+    from conduit_core.runtime import ReuseRuntime
+    from conduit_core.testbed_model import WEIGHTS
+    from lab.testbed.train import export_folder
+
+    export_folder(WEIGHTS, tmp_path / "folder")
+    folder = load_vlm(str(tmp_path / "folder"), cache_dir=tmp_path / "c1", max_image_tokens=256)
+    builtin = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "c2")
+    a, b = folder.model.state_dict(), builtin.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert folder.fingerprint.template_version == builtin.fingerprint.template_version
+    page = Image.new("RGB", (448, 448), "white")
+    ImageDraw.Draw(page).text((20, 20), "A 7  B 3", fill="black")
+    (kv_a,), (kv_b,) = (ReuseRuntime(v).prefill_pages([page]) for v in (folder, builtin))
+    assert kv_a.num_tokens == 256 + 2  # the page's cells between its vision markers
+    assert torch.equal(kv_a.keys, kv_b.keys) and torch.equal(kv_a.values, kv_b.values)
