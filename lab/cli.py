@@ -151,7 +151,8 @@ def _gpu_check(args: argparse.Namespace) -> int:
 
 
 def _bench_load(args: argparse.Namespace) -> int:
-    from lab.load.bench import ENGINES, FORMS, main
+    from lab.load.bench import main
+    from lab.load.services import ENGINES, FORMS
 
     def names(text: str, allowed: Sequence[str], flag: str) -> list[str]:
         chosen = [n for n in text.split(",") if n]

@@ -17,10 +17,11 @@ for the load generator's own interpreter lock, which 32 client threads hold most
 time). Results append to `--out` as one JSON object per level;
 `lab.load.report` turns them into markdown tables and a plot.
 
-Engines (`ENGINES`): serial is `CONDUIT_MAX_ACTIVE_ANSWERS=1`: each model process's engine
-decodes one answer at a time (a distributed worker then runs `worker_threads` = 1 + (2 - 1) = 2
-task threads: one answer slot, one for an ingest beside it; with prefetch 1 it holds at most
-two tasks, a second answer waiting in its engine's queue); batched is the default (16 slots).
+Engines (`lab.load.services.ENGINES`, which also spawns the services): serial is
+`CONDUIT_MAX_ACTIVE_ANSWERS=1`: each model process's engine decodes one answer at a time (a
+distributed worker then runs `worker_threads` = 1 + (2 - 1) = 2 task threads: one answer slot,
+one for an ingest beside it; with prefetch 1 it holds at most two tasks, a second answer
+waiting in its engine's queue); batched is the default (16 slots).
 
 Memory: each row's peak RSS per role against a stated bound (`lab.load.memory`).
 """
@@ -29,31 +30,23 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import random
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pymupdf
 
 from lab.load.memory import group_rss_kb, kv_bytes_per_token, rss_bounds
-from lab.processes import free_port, start_redis, stop_processes
-
-if TYPE_CHECKING:
-    from worker.settings import Settings
+from lab.load.services import FORM_LABELS, Service, service_settings, spawned
 
 WORDS = ["pump", "valve", "turbine", "invoice", "freight", "ledger", "audit", "reactor",
          "harbour", "pressure", "quarterly", "revenue", "inspection", "maintenance"]
@@ -278,93 +271,6 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
         "peak_rss_mb": {k: round(v / 1024, 1) for k, v in peak.items()},
         "peak_process_rss_mb": {k: round(v / 1024, 1) for k, v in own.items()},
     }
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the service exited during startup")
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    raise TimeoutError("the service did not start")
-
-
-# the answer engine a spawned service runs: one answer at a time, or the batched default
-ENGINES: dict[str, dict[str, str]] = {"serial": {"CONDUIT_MAX_ACTIVE_ANSWERS": "1"},
-                                      "batched": {}}
-FORMS = ("embedded", "distributed")
-FORM_LABELS = {"embedded": "embedded", "distributed": "distributed (2 workers)"}
-
-
-@dataclass
-class Service:
-    """A spawned service: its URL, pids by role, home, and model processes by role."""
-
-    url: str
-    pids: dict[str, list[int]]
-    home: Path
-    engines: dict[str, int]
-
-
-@contextmanager
-def spawned(form: str, workers: int = 2, engine: str = "batched", model: str | None = None,
-            keep_logs: Path | None = None) -> Iterator[Service]:
-    """A service on a temporary home: `form` embedded, or distributed (Redis + `workers`
-    Celery workers + API), with the `engine` of `ENGINES` and `model` (None: the service's
-    default). With `keep_logs`, its processes' logs are copied there when it stops
-    (`<form>-<engine>-<name>.log`)."""
-    with tempfile.TemporaryDirectory(prefix="conduit-load-") as tmp:
-        home = Path(tmp) / "home"
-        home.mkdir()
-        env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
-               "CONDUIT_OCR": "false", **ENGINES[engine]}
-        if model:
-            env["CONDUIT_MODEL"] = model
-        procs: list[subprocess.Popen[bytes]] = []
-        stop_redis = None
-        try:
-            pids: dict[str, list[int]] = {"service": []}
-            engines = {"service": 1}
-            if form == "distributed":
-                env["CONDUIT_REDIS_URL"], stop_redis = start_redis(Path(tmp))
-                pids["workers"], engines = [], {"service": 0, "workers": workers}
-                for i in range(workers):
-                    w = subprocess.Popen([sys.executable, "-m", "service.cli", "worker",
-                                          "--concurrency", "2"], env=env,
-                                         stdout=open(home / f"worker{i}.log", "wb"),  # noqa: SIM115
-                                         stderr=subprocess.STDOUT)
-                    procs.append(w)
-                    pids["workers"].append(w.pid)
-            port = free_port()
-            api = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port",
-                                    str(port)], env=env,
-                                   stdout=open(home / "server.log", "wb"),  # noqa: SIM115
-                                   stderr=subprocess.STDOUT)
-            procs.append(api)
-            pids["service"].append(api.pid)
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, api)
-            yield Service(url, pids, home, engines)
-        finally:
-            stop_processes(procs)
-            if stop_redis:
-                stop_redis()
-            if keep_logs is not None:
-                keep_logs.mkdir(parents=True, exist_ok=True)
-                for log in home.glob("*.log"):
-                    shutil.copy(log, keep_logs / f"{form}-{engine}-{log.name}")
-
-
-def service_settings(model: str | None) -> Settings:
-    """The `worker.settings.Settings` a service spawned from this process's environment with
-    `model` (None: the default) runs with."""
-    from worker.settings import Settings
-
-    return Settings(model=model) if model else Settings()
 
 
 def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[int],

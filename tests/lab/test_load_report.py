@@ -12,9 +12,9 @@ import pytest
 
 import lab.load.bench as bench
 from lab.cli import _parser as build_parser
-from lab.load.bench import ENGINES
 from lab.load.memory import rss_bounds
 from lab.load.report import markdown, ratios, write_report
+from lab.load.services import ENGINES
 
 
 def _row(engine: str, clients: int, ttft: float, rps: float | None = None, *,
