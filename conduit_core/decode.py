@@ -9,8 +9,9 @@ Public API:
                     sampler, stop_ids, tokenizer, on_token=None, t0=None) -> DecodeState
       one answer between its prefill and its last token (.done, .error, .output(),
       .kv_tokens)
-  decode_step(adapter, states: list[DecodeState]) -> None   every unfinished state one token
-      further, the forwards of all of them in one batch (`conduit_core.batch_forward`)
+  decode_step(adapter, states: list[DecodeState], pool=None) -> None   every unfinished state
+      one token further, the forwards of all of them in one batch (`conduit_core.batch_forward`);
+      with a `DecodePool`, states take slots at their first step and give them back when done
   decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
          stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
       one answer alone: `decode_step` with a batch of one until done
@@ -43,6 +44,7 @@ from conduit_core.adapters.base import VLMAdapter
 from conduit_core.answer_types import TokenCallback, TokenId
 from conduit_core.batch_forward import StepRow, forward_step
 from conduit_core.kv_cache import KVCache
+from conduit_core.kv_pool import DecodePool
 
 
 class Sampler:
@@ -143,6 +145,7 @@ class DecodeState:
     stop_reason: str = "length"
     done: bool = False
     error: BaseException | None = None
+    slot: int | None = None  # its `DecodePool` slot once admitted (then `cache` is the slot)
 
     @classmethod
     def start(cls, adapter: VLMAdapter, cache: KVCache, first_logits: torch.Tensor, *,
@@ -161,8 +164,9 @@ class DecodeState:
 
     @property
     def kv_tokens(self) -> int:
-        """Positions this answer's cache holds (its share of the KV memory in flight)."""
-        return self.cache.capacity
+        """Positions this answer's cache needs (its share of the KV memory in flight): its
+        prompt and its answer."""
+        return self.n_keys + self.max_new_tokens
 
     def pick(self) -> torch.Tensor | None:
         """Pick the next token from `logits` and report it; returns it (0-d, on the device)
@@ -193,7 +197,8 @@ class DecodeState:
         """This sequence's part of the next forward (after a `pick` that returned a token)."""
         i = self.picked - 1
         return StepRow(cache=self.cache, row=self.rows[i:i + 1],
-                       position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked)
+                       position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked,
+                       slot=self.slot)
 
     def output(self) -> DecodeOutput:
         """What was generated (so far, or in all once `done`)."""
@@ -201,10 +206,13 @@ class DecodeState:
                             stop_reason=self.stop_reason, ttft_s=self.ttft_s)
 
 
-def decode_step(adapter: VLMAdapter, states: list[DecodeState]) -> None:
+def decode_step(adapter: VLMAdapter, states: list[DecodeState],
+                pool: DecodePool | None = None) -> None:
     """Advance every unfinished state by one token: each picks (and reports) its token, and
     those that go on run one batched forward (`batch_forward.forward_step`) for their next
-    logits. A batch of one is the single-answer path."""
+    logits. A batch of one is the single-answer path. With a `pool`, answers that ended
+    (here or by their owner setting `done`) give their slots back before the forward, and
+    those going on that have none take one if the pool can hold them."""
     going: list[DecodeState] = []
     picked: list[torch.Tensor] = []
     for state in states:
@@ -214,10 +222,16 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState]) -> None:
         if token is not None:
             going.append(state)
             picked.append(token)
+    if pool is not None:
+        for owner in [s for s in pool.owners if s.done]:
+            pool.release(owner)
+        for state in going:
+            if state.slot is None:
+                pool.admit(state)
     if not going:
         return
     logits = forward_step(adapter, [s.step_row() for s in going],
-                          torch.stack(picked))  # (B, V)
+                          torch.stack(picked), pool)  # (B, V)
     for i, state in enumerate(going):
         state.logits = logits[i]  # (V,)
 

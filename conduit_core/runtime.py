@@ -2,7 +2,8 @@
 
 Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
-               label_entries=1024, never_above_full=True, page_loads="batched")
+               label_entries=1024, never_above_full=True, page_loads="batched",
+               decode_slots=16, decode_positions=65536)
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
         (`conduit_core.prompt_head`); False computes it with every question.
@@ -16,6 +17,9 @@ Public API:
     page_loads: "batched" (one staged host buffer, one non-blocking copy, every page
         re-rotated in a few operations) or "per_page" (the path before it, kept for A/B
         measurements); both fill the cache with the same values (`conduit_core.page_loads`).
+    decode_slots, decode_positions: the answers being generated share one `DecodePool` of at
+        most this many slots and positions (`.pool`; one attention call a layer for all of
+        them); an answer it cannot hold decodes from its own cache.
     .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
         each page prefilled under the canonical page context (template opening + segment),
         with the positions that context gives; pages batched (right padding); returned on
@@ -33,6 +37,7 @@ Public API:
         each, one batched forward (`conduit_core.decode.decode_step`); a batch of one is the
         single-answer path
     .result(state) -> AnswerResult;  .finish(state) -> AnswerResult (step alone until done)
+    .release(state)   give back its pool slot (an answer its owner drops before its end)
     .answer_full_prefill(prefix, pages: list[tuple[str, PIL.Image]], question, *,
         max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
     Lower level (tests, policies, diagnostics):
@@ -81,6 +86,7 @@ from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
+from conduit_core.kv_pool import DecodePool
 from conduit_core.label_cache import LabelCache, fetch, label_cost, load_labels
 from conduit_core.layer_forward import forward_rows, logits_of
 from conduit_core.layout import Layout, build_layout
@@ -103,7 +109,8 @@ class ReuseRuntime:
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
-                 never_above_full: bool = True, page_loads: str = "batched"):
+                 never_above_full: bool = True, page_loads: str = "batched",
+                 decode_slots: int = 16, decode_positions: int = 65536):
         if page_loads not in PAGE_LOADS:
             raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
         if label_cache and not head_cache:
@@ -119,6 +126,7 @@ class ReuseRuntime:
         self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
+        self.pool = DecodePool(self.adapter, decode_slots, decode_positions)
 
     # ---- pages ----------------------------------------------------------------------
     @torch.no_grad()
@@ -341,10 +349,16 @@ class ReuseRuntime:
     def step(self, states: list[AnswerState]) -> None:
         """One decode step of every unfinished answer in `states`: one token each, their
         forwards batched (`conduit_core.decode.decode_step`)."""
-        decode_step(self.adapter, [s.decode for s in states])
+        decode_step(self.adapter, [s.decode for s in states], self.pool)
+
+    def release(self, state: AnswerState) -> None:
+        """Give back `state`'s decode slot now (an answer dropped before its end; one that
+        ends in `step` gives it back there)."""
+        self.pool.release(state.decode)
 
     def result(self, state: AnswerState) -> AnswerResult:
-        """The result of a finished (or abandoned) answer."""
+        """The result of a finished (or abandoned) answer; its decode slot is given back."""
+        self.release(state)
         return answer_result(state, self.costs, self.adapter)
 
     def finish(self, state: AnswerState) -> AnswerResult:

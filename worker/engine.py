@@ -272,6 +272,7 @@ class AnswerEngine:
             self._cond.notify_all()
         for t in done:
             assert t.state is not None
+            rt.release(t.state)  # its decode slot, also where it ended outside a step
             if t.state.error is not None:
                 if isinstance(t.state.error, AnswerCancelledError):
                     metrics.CANCELLED.inc()
@@ -288,7 +289,14 @@ class AnswerEngine:
                 if t in self._active:
                     self._active.remove(t)
             self._cond.notify_all()
+        held = [t.state for t in tickets if t.state is not None]
+        if held:  # their decode slots (a state exists only once the runtime does)
+            rt = self._runtime_fn()
+            with self._model_lock:
+                for state in held:
+                    rt.release(state)
         for t in tickets:
+            t.state = None
             if not t.future.done():
                 t.future.set_exception(RuntimeError(message))
 

@@ -1,0 +1,135 @@
+"""The decode pool: answers being generated share one pair of KV tensors (one attention call
+a layer for all of them). Slots are taken at the first step, kept contiguous when answers
+end, grown within the pool's limits, and given back; an answer the pool cannot hold decodes
+from its own cache, in the same step as pooled ones. Every arrangement gives the same tokens
+and logits (pooled, mixed, none pooled, a step that leaves a slot out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime
+from conduit_core.answer_state import AnswerState
+from conduit_core.kv_pool import POSITION_STEP
+from tests.core.conftest import FAMILIES, load_builtin
+from tests.core.helpers import IMAGES
+from tests.device import atol
+
+TOL = atol("logits")
+# (page keys, question, max_new_tokens): different prompt lengths and page counts
+SHAPES = [(["a"], "What is it?", 6), (["a", "b"], "Which page has the larger table?", 9),
+          (["c", "b", "a"], "Summarise the third page.", 4)]
+
+
+def _runtime(family: str, cache: Path, **pool: int) -> ReuseRuntime:
+    rt = ReuseRuntime(load_builtin(family, cache), never_above_full=False, **pool)
+    rt._stop_ids = []  # each answer runs to its own length: the batch shrinks
+    return rt
+
+
+def _requests(rt: ReuseRuntime) -> list[AnswerRequest]:
+    kvs = dict(zip("abc", rt.prefill_pages([IMAGES[k] for k in "abc"]), strict=True))
+    return [AnswerRequest("Be brief.", [PageInput(f"Page {i + 1}:\n", kvs[k])
+                                        for i, k in enumerate(keys)], q, policy="conduit",
+                          budget=0.3, max_new_tokens=n) for keys, q, n in SHAPES]
+
+
+def _run(rt: ReuseRuntime, requests: list[AnswerRequest]
+         ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[int]]:
+    """All requests decoded together: token ids, each pick's logits, pool size each step."""
+    states = [rt.start_answer(r) for r in requests]
+    logits = [[s.decode.logits.clone()] for s in states]
+    sizes = []
+    while not all(s.done for s in states):
+        before = [s.decode.picked for s in states]
+        rt.step(states)
+        sizes.append(rt.pool.size)
+        for i, s in enumerate(states):
+            if s.decode.picked > before[i] and not s.done:
+                logits[i].append(s.decode.logits.clone())
+    return [list(rt.result(s).token_ids) for s in states], logits, sizes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pooled_mixed_and_own_cache_steps_agree(family: str, model_cache: Path) -> None:
+    ref_rt = _runtime(family, model_cache, decode_positions=1)  # nothing fits: own caches
+    ref_ids, ref_logits, ref_sizes = _run(ref_rt, _requests(ref_rt))
+    assert set(ref_sizes) == {0}
+    for label, pool in [("pooled", {}), ("mixed", {"decode_slots": 2})]:
+        rt = _runtime(family, model_cache, **pool)
+        ids, logits, sizes = _run(rt, _requests(rt))
+        assert max(sizes) == (3 if label == "pooled" else 2), label
+        assert rt.pool.size == 0 and rt.pool.keys is None, label  # all given back, freed
+        assert ids == ref_ids, (family, label)
+        for got, want in zip(logits, ref_logits, strict=True):
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                assert torch.allclose(g, w, atol=TOL, rtol=0), (family, label)
+
+
+def test_slots_stay_contiguous_grow_and_hold_each_answers_keys(model_cache: Path) -> None:
+    rt = _runtime("builtin:tiny-qwen2-vl", model_cache)
+    states: list[AnswerState] = [rt.start_answer(r) for r in _requests(rt)]
+    own = [s.decode.cache for s in states]
+    n = [s.decode.n_keys for s in states]
+    rt.step(states)  # each takes a slot at its first step (the pool doubles 1 -> 2 -> 4)
+    pool = rt.pool
+    assert [s.decode.slot for s in states] == [0, 1, 2] and pool.keys is not None
+    assert pool.keys.shape[1] == 4
+    assert pool.keys.shape[3] % POSITION_STEP == 0
+    assert pool.keys.shape[3] >= max(s.kv_tokens for s in states)
+    for s, cache, k in zip(states, own, n, strict=True):
+        assert s.decode.cache.keys.data_ptr() != cache.keys.data_ptr()  # now a pool slot
+        assert torch.equal(s.decode.cache.keys[:, :, :, :k], cache.keys[:, :, :, :k])
+        assert not s.decode.cache.keys[:, :, :, k + 1:].any()  # zero past its keys
+    kept = states[2].decode.cache.keys[:, :, :, :n[2] + 1].clone()
+    rt.release(states[0])  # the last answer moves into the freed slot 0
+    assert states[0].decode.slot is None and pool.size == 2
+    assert [states[2].decode.slot, states[1].decode.slot] == [0, 1]
+    assert torch.equal(pool.keys[:, 0:1, :, :n[2] + 1], kept)
+    rt.release(states[0])  # again: nothing
+    assert pool.size == 2
+    rt.release(states[1])
+    rt.release(states[2])
+    assert pool.size == 0 and pool.keys is None
+
+
+def test_a_step_that_leaves_a_slot_out_stays_exact(model_cache: Path) -> None:
+    """Stepping one pooled answer alone (another holds a slot) runs the per-sequence path
+    over the slot views."""
+    rt = _runtime("builtin:tiny-qwen2-vl", model_cache)
+    requests = _requests(rt)[:2]
+    ref_ids, _, _ = _run(_runtime("builtin:tiny-qwen2-vl", model_cache, decode_positions=1),
+                         requests[:1])
+    a, b = (rt.start_answer(r) for r in requests)
+    rt.step([a, b])
+    assert rt.pool.size == 2
+    while not a.done:
+        rt.step([a])  # b keeps its slot meanwhile
+    assert list(rt.result(a).token_ids) == ref_ids[0]
+    assert rt.pool.size == 1 and b.decode.slot == 0
+
+
+def test_an_answer_ended_by_its_owner_gives_its_slot_back(model_cache: Path) -> None:
+    """The engine ends a cancelled answer by setting `done`: the next step frees its slot
+    (and `release` does at once)."""
+    rt = _runtime("builtin:tiny-qwen2-vl", model_cache)
+    a, b = (rt.start_answer(r) for r in _requests(rt)[1:])
+    rt.step([a, b])
+    a.decode.done = True
+    rt.step([b])
+    assert rt.pool.size == 1 and a.decode.slot is None and b.decode.slot == 0
+
+
+def test_a_pool_too_small_leaves_answers_on_their_own_caches(model_cache: Path) -> None:
+    rt = _runtime("builtin:tiny-qwen2-vl", model_cache, decode_positions=POSITION_STEP)
+    states = [rt.start_answer(r) for r in _requests(rt)]
+    rt.step(states)
+    slotted = [s.decode.slot is not None for s in states]
+    assert slotted == [s.kv_tokens <= POSITION_STEP for s in states] and not all(slotted)
+    assert rt.pool.size == sum(slotted)
+    with pytest.raises(ValueError):
+        ReuseRuntime(rt.vlm, decode_slots=0)
