@@ -11,6 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from conduit_core import LoadedVLM, ReuseRuntime, load_vlm
 from storage.keys import RenderSettings
 from storage.kv import build_kv_store
@@ -109,7 +111,9 @@ class WorkerContext:
 
 
 def build_context(settings: Settings) -> WorkerContext:
-    """Open the metadata and KV stores the settings describe (embedded or distributed)."""
+    """Open the metadata and KV stores the settings describe (embedded or distributed),
+    and set this process's torch CPU threads (`Settings.cpu_threads`)."""
+    torch.set_num_threads(settings.cpu_threads)
     home = settings.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     meta: MetadataStore
