@@ -16,10 +16,11 @@ Public API:
          stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
       one answer alone: `decode_step` with a batch of one until done
 The first token is picked from the prefill logits; each further token is one row through the
-batched step, its K/V appended at the next cache index of its own cache, its position one past
-the last. Row indices and positions of all steps are made on the device once, and the picked
-token stays there for its embedding: a step copies one scalar per sequence to the host (the
-token id, for stop tokens and text) and nothing to the device.
+batched step, its K/V appended at the next cache index of its own cache (or its decode-pool
+slot: `conduit_core.kv_pool`), its position one past the last. Row indices and positions of
+all steps are made on the device once, and the picked token stays there for its embedding: a
+step copies one scalar per sequence to the host (the token id, for stop tokens and text) and
+nothing to the device.
 
 Text is detokenized incrementally by the tokenizers library's `DecodeStream` (constant work
 per token). A piece is emitted only once it holds complete characters: a multi-byte

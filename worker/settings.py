@@ -177,7 +177,9 @@ class Settings(BaseSettings):
     max_kv_tokens_in_flight: int = Field(
         65536, ge=1024, le=16_777_216, description="KV cache positions (prompt + answer) one "
         "process's active answers may hold together; a question waits until its cache fits, "
-        "and one that alone needs more is refused (422). 65536 positions are about 3.7 GB for "
+        "and one that alone needs more is refused (422). The decode pool, where the answers "
+        "being generated sit side by side (one attention call a layer for all of them), holds "
+        "at most as many positions again. 65536 positions are about 3.7 GB for "
         "a 7B Qwen2 model in bfloat16 (57 KB a position), 0.5 GB for the builtin default "
         "(float32, 8 KB a position).",
     )
