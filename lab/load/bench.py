@@ -10,7 +10,9 @@ service, every value of `--upload-every` (e.g. `0,10`) runs its own set of load 
 (`--clients`), in the order given: each client loops, every n-th request uploads a small PDF
 into the questions' collection (client i's first at request n - (i mod n), so that uploads
 are spread from the start; 0 = questions only), the others ask a streamed question
-(`--top-k`, `--max-new-tokens`; TTFT = the first token event). A prober process GETs
+(`--top-k`, `--max-new-tokens`; TTFT = the first token event; `tokens_per_answer` and
+`output_tokens_per_s` count the token events, since an answer may stop before its cap and
+answers/s alone would then compare answers of different lengths). A prober process GETs
 `/healthz` every 0.2 s (`healthz_latency_s`: what a liveness probe, its own process, sees);
 a prober thread among the clients does the same (`healthz_in_load_latency_s`: it also waits
 for the load generator's own interpreter lock, which 32 client threads hold most of the
@@ -80,6 +82,7 @@ class Tally:
 
     query: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # token events of each answer
     upload: list[float] = field(default_factory=list)
     healthz: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -141,9 +144,11 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
                         continue
                     last = ""
                     detail = None
+                    tokens = 0
                     for line in r.iter_lines():
                         if line.startswith("event: "):
                             last = line.removeprefix("event: ")
+                            tokens += last == "token"
                             if last == "token" and first is None:
                                 first = time.perf_counter() - t0
                         elif last == "error" and line.startswith("data: "):
@@ -153,6 +158,7 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
                         continue
                 with tally.lock:
                     tally.query.append(time.perf_counter() - t0)
+                    tally.tokens.append(tokens)
                     if first is not None:
                         tally.ttft.append(first)
             except httpx.HTTPError as exc:
@@ -263,6 +269,9 @@ def run_load(url: str, *, clients: int, duration_s: float, pids: dict[str, list[
     return {
         "clients": clients, "duration_s": round(elapsed, 2),
         "throughput_rps": round(done / elapsed, 3),
+        "tokens_per_answer": round(sum(tally.tokens) / len(tally.tokens), 2)
+        if tally.tokens else None,
+        "output_tokens_per_s": round(sum(tally.tokens) / elapsed, 1),
         "query_latency_s": percentiles(tally.query), "ttft_s": percentiles(tally.ttft),
         "upload_latency_s": percentiles(tally.upload),
         "healthz_latency_s": percentiles(probes),

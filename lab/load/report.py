@@ -66,16 +66,17 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The table of runs, a row each, then the "batched vs serial" table (if any run has
     both engines)."""
     out = ["| form | engine | model | max tokens | uploads | clients | answers+uploads/s | "
-           "TTFT p50 s | TTFT p95 s | answer p50 s | /healthz p99 s (probe process / thread "
-           "among clients) | errors | peak RSS MB | RSS within bound (peak of bound MB) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "tokens/answer | TTFT p50 s | TTFT p95 s | answer p50 s | /healthz p99 s (probe "
+           "process / thread among clients) | errors | peak RSS MB | RSS within bound (peak "
+           "of bound MB) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mb"].items())
         errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "none"
         out.append(
             f"| {r['form']} | {r.get('engine', 'serial (before issue 29)')} | {_model(r)} | "
             f"{r.get('max_new_tokens', '-')} | {_uploads(r)} | "
-            f"{r['clients']} | {r['throughput_rps']:.3f} | {_fmt(r['ttft_s']['p50'])} | "
+            f"{r['clients']} | {r['throughput_rps']:.3f} | "
+            f"{_fmt(r.get('tokens_per_answer'), 1)} | {_fmt(r['ttft_s']['p50'])} | "
             f"{_fmt(r['ttft_s']['p95'])} | {_fmt(r['query_latency_s']['p50'])} | "
             f"{_healthz(r)} | {errors} | {rss} | {_within(r)} |")
     table = ratios(rows)
@@ -83,9 +84,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         out += ["", "Batched vs serial (ratio batched / serial; throughput above 1 and TTFT "
                 "below 1 favour batched):", "",
                 "| form | model | max tokens | uploads | clients | throughput ratio | "
-                "TTFT p50 ratio |", "|---|---|---|---|---|---|---|"]
+                "output tokens/s ratio | TTFT p50 ratio |", "|---|---|---|---|---|---|---|---|"]
         out += [f"| {t['form']} | {t['model']} | {t['max_new_tokens']} | {t['uploads']} | "
                 f"{t['clients']} | {_fmt(t['throughput_ratio'], 2)} | "
+                f"{_fmt(t['tokens_ratio'], 2)} | "
                 f"{_fmt(t['ttft_p50_ratio'], 2)} |" for t in table]
     return "\n".join(out) + "\n"
 
@@ -96,8 +98,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each (form, model, max tokens, uploads, clients) with a serial and a batched row:
-    throughput and median TTFT of batched divided by serial's (None where serial's is
-    missing or zero), in the rows' order."""
+    throughput, output tokens/s and median TTFT of batched divided by serial's (None where
+    either is missing or serial's is zero), in the rows' order."""
     last: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for r in rows:
         if r.get("engine") in ("serial", "batched"):
@@ -112,6 +114,8 @@ def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"form": form, "model": model, "max_new_tokens": cap, "uploads": uploads,
                     "clients": clients,
                     "throughput_ratio": _ratio(b["throughput_rps"], s["throughput_rps"]),
+                    "tokens_ratio": _ratio(b.get("output_tokens_per_s"),
+                                           s.get("output_tokens_per_s")),
                     "ttft_p50_ratio": _ratio(b["ttft_s"]["p50"], s["ttft_s"]["p50"])})
     return out
 

@@ -25,6 +25,7 @@ def test_serial_and_batched_with_and_without_uploads(tmp_path: Path) -> None:
         assert r["form"] == "embedded" and r["model"] == "builtin:tiny-qwen2-vl"
         assert (r["max_new_tokens"], r["top_k"], r["clients"]) == (4, 2, 1)
         assert r["query_latency_s"]["count"] > 0 and r["ttft_s"]["p50"] > 0
+        assert 0 < r["tokens_per_answer"] <= 4 and r["output_tokens_per_s"] > 0
         # /healthz from the prober process and from the thread among the clients
         assert r["healthz_latency_s"]["count"] > 0 and r["healthz_in_load_latency_s"]["count"] > 0
         assert set(r["peak_rss_mb"]) == set(r["rss_bound_mb"]) == {"service"}

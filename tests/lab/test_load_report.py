@@ -18,12 +18,16 @@ from lab.load.services import ENGINES
 
 
 def _row(engine: str, clients: int, ttft: float, rps: float | None = None, *,
-         form: str = "embedded", upload_every: int = 0) -> dict[str, Any]:
+         form: str = "embedded", upload_every: int = 0,
+         tokens: float | None = None) -> dict[str, Any]:
     pct = {"count": 3, "p50": ttft, "p95": ttft * 2, "p99": ttft * 2, "max": ttft * 2}
-    return {"form": form, "engine": engine, "model": "builtin:tiny-qwen2-vl",
+    rate = 1.0 / ttft if rps is None else rps
+    counted = {} if tokens is None else {"tokens_per_answer": tokens,
+                                          "output_tokens_per_s": rate * tokens}
+    return {**counted, "form": form, "engine": engine, "model": "builtin:tiny-qwen2-vl",
             "upload_every": upload_every, "max_new_tokens": 64, "top_k": 2,
             "command": "bench", "clients": clients, "duration_s": 20.0,
-            "throughput_rps": 1.0 / ttft if rps is None else rps,
+            "throughput_rps": rate,
             "query_latency_s": pct, "ttft_s": pct, "upload_latency_s": pct,
             "healthz_latency_s": pct, "errors": {}, "peak_rss_mb": {"service": 850.0},
             "peak_process_rss_mb": {"service": 700.0},
@@ -57,7 +61,7 @@ def test_rows_from_before_the_new_fields_still_report() -> None:
 
 def test_batched_vs_serial_ratios() -> None:
     rows = [_row("serial", 1, 0.2, 3.0), _row("batched", 1, 0.3, 2.4),
-            _row("serial", 8, 2.0, 3.0), _row("batched", 8, 0.5, 4.5),
+            _row("serial", 8, 2.0, 3.0, tokens=60), _row("batched", 8, 0.5, 4.5, tokens=40),
             _row("serial", 8, 4.0, 1.0, upload_every=10),  # uploads: its own pair
             _row("batched", 8, 1.0, 2.0, upload_every=10),
             _row("batched", 32, 1.0, 5.0)]  # no serial row at 32 clients: no ratio
@@ -69,8 +73,10 @@ def test_batched_vs_serial_ratios() -> None:
     assert got[("none", 8)] == pytest.approx((1.5, 0.25))
     assert got[("1 in 10", 8)] == pytest.approx((2.0, 0.25))
     md = markdown(rows)
-    assert "| embedded | builtin:tiny-qwen2-vl | 64 | none | 8 | 1.50 | 0.25 |" in md
-    assert "| embedded | builtin:tiny-qwen2-vl | 64 | 1 in 10 | 8 | 2.00 | 0.25 |" in md
+    # output tokens/s: 4.5 * 40 against 3 * 60 (rows before tokens were counted: "-")
+    assert "| embedded | builtin:tiny-qwen2-vl | 64 | none | 8 | 1.50 | 1.00 | 0.25 |" in md
+    assert "| embedded | builtin:tiny-qwen2-vl | 64 | 1 in 10 | 8 | 2.00 | - | 0.25 |" in md
+    assert "| 8 | 4.500 | 40.0 |" in md
     # a repeated run: the last row of each engine counts
     again = ratios([*rows, _row("serial", 8, 1.0, 9.0)])
     assert {(t["uploads"], t["clients"]): t["throughput_ratio"] for t in again}[
