@@ -132,8 +132,7 @@ def test_query_embeddings_are_cached_and_match_batch_embeddings(embedder: Embedd
 
 def test_a_query_embedded_in_a_thread_is_the_same_vector(embedder: Embedder) -> None:
     """`submit_query` (the index embeds the question while BM25 ranks) gives what
-    `embed_query` gives; a batcher inherited through a fork (its thread is gone) is
-    replaced."""
+    `embed_query` gives; a pool inherited through a fork (its threads are gone) is replaced."""
     import os
 
     from worker.retrieval import embedder as module
@@ -141,27 +140,10 @@ def test_a_query_embedded_in_a_thread_is_the_same_vector(embedder: Embedder) -> 
     question = "Which pier did the storm of 1953 damage?"
     vector = embedder.submit_query(question).result(timeout=60)
     assert np.array_equal(vector, embedder.embed_query(question))
-    assert embedder.submit_query(question).result(timeout=0) is vector  # cached: done now
-    assert module._batcher is not None
-    inherited = module._batcher[1]
-    module._batcher = (os.getpid() + 1, inherited)  # as a forked child sees its parent's
+    assert module._pool is not None
+    inherited = module._pool[1]
+    module._pool = (os.getpid() + 1, inherited)  # as a forked child sees its parent's pool
     again = embedder.submit_query(question + " again").result(timeout=60)
-    assert module._batcher[1] is not inherited and module._batcher[0] == os.getpid()
+    assert module._pool[1] is not inherited and module._pool[0] == os.getpid()
     assert np.allclose(again, embedder.embed([question + " again"])[0], atol=1e-6)
-
-
-def test_questions_submitted_together_are_embedded_in_one_call(embedder: Embedder) -> None:
-    """Questions that arrive while the query thread embeds go in its next call; each gets
-    its own vector (as embedded alone, up to the padding's float rounding), a repeated
-    question is embedded once, and all are cached."""
-    from worker.retrieval import embedder as module
-
-    questions = [f"What did the harbour master record in {1900 + i}?" for i in range(12)]
-    futures = [embedder.submit_query(q) for q in [*questions, questions[0]]]
-    vectors = [f.result(timeout=120) for f in futures]
-    assert module._batcher is not None
-    assert max(module._batcher[1].batches[-12:]) > 1  # at least one call took several
-    assert vectors[-1] is vectors[0]
-    for q, v in zip(questions, vectors, strict=False):
-        assert np.allclose(v, embedder.embed([q])[0], atol=1e-5)
-        assert embedder.embed_query(q) is v
+    inherited.shutdown()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +24,8 @@ QUERY_CACHE_SIZE = 1024
 
 _models: dict[tuple[str, str], SentenceTransformer] = {}
 _models_lock = threading.Lock()
-QUERY_BATCH = 32  # questions embedded in one call at most
-_batcher: tuple[int, _QueryBatcher] | None = None  # (pid that made it, the batcher)
-_batcher_lock = threading.Lock()  # not `_models_lock`: a model may load for seconds under it
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the pool)
+_pool_lock = threading.Lock()  # not `_models_lock`: a model may load for seconds under it
 
 
 def default_model_path() -> Path:
@@ -80,21 +79,12 @@ class Embedder:
 
     def embed_query(self, query: str) -> np.ndarray:
         """Embed one query as a `(384,)` unit vector; the last 1,024 queries are cached."""
-        cached = self.cached_query(query)
-        if cached is not None:
-            return cached
-        return self.remember_query(query, self.embed([query])[0])
-
-    def cached_query(self, query: str) -> np.ndarray | None:
-        """The cached embedding of `query`, if it is among the last 1,024."""
         with self._queries_lock:
             cached = self._queries.get(query)
             if cached is not None:
                 self._queries.move_to_end(query)
-            return cached
-
-    def remember_query(self, query: str, vector: np.ndarray) -> np.ndarray:
-        """Cache `vector` (read-only from now on) as the embedding of `query`."""
+                return cached
+        vector = self.embed([query])[0]
         vector.setflags(write=False)
         with self._queries_lock:
             self._queries[query] = vector
@@ -103,79 +93,20 @@ class Embedder:
         return vector
 
     def submit_query(self, query: str) -> Future[np.ndarray]:
-        """`embed_query(query)` in this process's query thread, as a future, so that the
-        caller can rank by BM25 meanwhile (the model runs outside the GIL). Questions
-        submitted while that thread embeds go together in its next `encode` call."""
-        cached = self.cached_query(query)
-        if cached is not None:
-            done: Future[np.ndarray] = Future()
-            done.set_result(cached)
-            return done
-        return _query_batcher().submit(self, query)
+        """Start `embed_query(query)` in a worker thread and return its future, so that the
+        caller can rank by BM25 meanwhile (the model runs outside the GIL)."""
+        return _query_pool().submit(self.embed_query, query)
 
 
-class _QueryBatcher:
-    """One thread that embeds submitted questions, each batch in one `encode` call: those
-    that arrive while a batch runs (concurrent questions under load) form the next. A batch
-    pads its questions to the longest, so a vector may differ from the one computed alone
-    by float rounding (about 1e-7); alone (no load) it is the same computation."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: list[tuple[Embedder, str, Future[np.ndarray]]] = []
-        self.batches: list[int] = []  # questions of its last calls (last = newest)
-        threading.Thread(target=self._run, name="embed-query", daemon=True).start()
-
-    def submit(self, embedder: Embedder, query: str) -> Future[np.ndarray]:
-        future: Future[np.ndarray] = Future()
-        with self._cond:
-            self._pending.append((embedder, query, future))
-            self._cond.notify()
-        return future
-
-    def _take(self) -> list[tuple[Embedder, str, Future[np.ndarray]]]:
-        """Up to `QUERY_BATCH` pending questions of the first one's embedder."""
-        with self._cond:
-            while not self._pending:
-                self._cond.wait()
-            first = self._pending[0][0]
-            batch = [item for item in self._pending if item[0] is first][:QUERY_BATCH]
-            taken = {id(item[2]) for item in batch}
-            self._pending = [item for item in self._pending if id(item[2]) not in taken]
-        return batch
-
-    def _run(self) -> None:
-        while True:
-            batch = self._take()
-            try:
-                found = self._embed(batch[0][0], [query for _, query, _ in batch])
-            except Exception as exc:  # noqa: BLE001 - handed to every caller of the batch
-                for _, _, future in batch:
-                    future.set_exception(exc)
-                continue
-            for _, query, future in batch:
-                future.set_result(found[query])
-
-    def _embed(self, embedder: Embedder, queries: list[str]) -> dict[str, np.ndarray]:
-        """Vectors of `queries`: cached ones as they are, the others (each once) in one call."""
-        found = {q: v for q in queries if (v := embedder.cached_query(q)) is not None}
-        missing = list(dict.fromkeys(q for q in queries if q not in found))
-        if missing:
-            vectors = embedder.embed(missing)
-            found.update({q: embedder.remember_query(q, v.copy())
-                          for q, v in zip(missing, vectors, strict=True)})
-            self.batches = [*self.batches[-63:], len(missing)]
-        return found
-
-
-def _query_batcher() -> _QueryBatcher:
-    """This process's query thread (made again in a forked child: a thread does not survive
-    a fork)."""
-    global _batcher
-    with _batcher_lock:
-        if _batcher is None or _batcher[0] != os.getpid():
-            _batcher = (os.getpid(), _QueryBatcher())
-        return _batcher[1]
+def _query_pool() -> ThreadPoolExecutor:
+    """This process's query-embedding threads (made again in a forked child: a pool's
+    threads do not survive a fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4,
+                                                     thread_name_prefix="embed-query"))
+        return _pool[1]
 
 
 def embedding_to_bytes(vectors: np.ndarray) -> bytes:
