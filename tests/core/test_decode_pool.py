@@ -16,7 +16,7 @@ from conduit_core.answer_state import AnswerState
 from conduit_core.kv_pool import POSITION_STEP
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
-from tests.device import atol
+from tests.device import LOW_PRECISION, atol, same_answer
 
 TOL = atol("logits")
 # (page keys, question, max_new_tokens): different prompt lengths and page counts
@@ -63,7 +63,9 @@ def test_pooled_mixed_and_own_cache_steps_agree(family: str, model_cache: Path) 
         ids, logits, sizes = _run(rt, _requests(rt))
         assert max(sizes) == (3 if label == "pooled" else 2), label
         assert rt.pool.size == 0 and rt.pool.keys is None, label  # all given back, freed
-        assert ids == ref_ids, (family, label)
+        assert all(same_answer(a, b) for a, b in zip(ids, ref_ids, strict=True)), label
+        if LOW_PRECISION:  # bf16 on a GPU: later tokens may part after a near-tie
+            continue
         for got, want in zip(logits, ref_logits, strict=True):
             assert len(got) == len(want)
             for g, w in zip(got, want, strict=True):
@@ -109,7 +111,7 @@ def test_a_step_that_leaves_a_slot_out_stays_exact(model_cache: Path) -> None:
     assert rt.pool.size == 2
     while not a.done:
         rt.step([a])  # b keeps its slot meanwhile
-    assert list(rt.result(a).token_ids) == ref_ids[0]
+    assert same_answer(list(rt.result(a).token_ids), ref_ids[0])
     assert rt.pool.size == 1 and b.decode.slot == 0
 
 
