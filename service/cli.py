@@ -86,8 +86,11 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
+    from worker.heap import freeze_long_lived
 
-    uvicorn.run(create_app(Settings()), host=args.host, port=args.port, log_level="info")
+    app = create_app(Settings())
+    freeze_long_lived()  # the imports' objects: full collections skip them from now on
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0
 
 

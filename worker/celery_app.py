@@ -24,6 +24,7 @@ from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext, build_context
 from worker.errors import AnswerCancelledError, WorkerError
+from worker.heap import freeze_long_lived
 from worker.recovery import mark_failed
 from worker.runners import TokenSink, execute_ingest_job
 from worker.settings import Settings
@@ -256,6 +257,7 @@ def run_worker(settings: Settings, concurrency: int = 2,
 
         start_http_server(settings.worker_metrics_port)  # the engine's series
     threads = worker_threads(settings, concurrency)
+    freeze_long_lived()  # the imports' objects: full collections skip them from now on
     app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={threads}",
                      "--pool=threads" if threads > 1 else "--pool=solo",
                      f"--queues={','.join(queues)}"])

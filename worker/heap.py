@@ -1,0 +1,27 @@
+"""Keep the cyclic garbage collector off the long-lived heap.
+
+A service process holds millions of objects that live as long as it does (torch, transformers,
+their modules). Python's full (generation 2) collection walks all of them, holding the
+interpreter lock: 100-700 ms each in these processes, and one such pause in a Celery worker
+under load stops its engine (every stream of its batch) for that long. The entry points
+(`conduit serve`, `conduit worker`) call `freeze_long_lived` once their imports are done: it
+moves every object alive into the permanent generation (`gc.freeze`), which collections skip,
+so they walk only what was made since (a worker's full collections under load: 73-81 ms
+against 419-637 ms without; lab/load/NOTES.md). Not called where tests build apps
+and contexts by the hundred: frozen objects are never collected, so a process that makes and
+drops many apps would keep them all.
+
+Public API:
+  freeze_long_lived()   collect now, then freeze every object alive
+"""
+
+from __future__ import annotations
+
+import gc
+
+
+def freeze_long_lived() -> None:
+    """Collect what is garbage now, then move every object alive to the permanent
+    generation, where collections no longer walk it."""
+    gc.collect()
+    gc.freeze()
