@@ -67,9 +67,9 @@ def _pool_mask(n_keys: list[int], dtype: torch.dtype, device: torch.device
     if min(n_keys) == n:
         return None
     counts = torch.tensor(n_keys, device=device).view(-1, 1, 1, 1)  # (P, 1, 1, 1)
-    hidden = torch.arange(n, device=device).view(1, 1, 1, -1) >= counts  # (P, 1, 1, n)
-    mask = torch.zeros(hidden.shape, dtype=dtype, device=device)
-    return mask.masked_fill_(hidden, torch.finfo(dtype).min)
+    past = torch.arange(n, device=device).view(1, 1, 1, -1) >= counts  # (P, 1, 1, n)
+    mask = torch.zeros(past.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(past, torch.finfo(dtype).min)
 
 
 @torch.no_grad()
