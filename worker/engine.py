@@ -234,6 +234,9 @@ class AnswerEngine:
             if running:
                 metrics.BATCH_SIZE.observe(len(running))
                 rt.step([t.state for t in running if t.state is not None])
+            for t in active:  # decode slots of the answers that ended (the lock guards the pool)
+                if t.state is not None and t.state.done:
+                    rt.release(t.state)
         self._retire(rt, active)
 
     def _prefill_phase(self, ticket: _Ticket) -> None:
@@ -272,7 +275,6 @@ class AnswerEngine:
             self._cond.notify_all()
         for t in done:
             assert t.state is not None
-            rt.release(t.state)  # its decode slot, also where it ended outside a step
             if t.state.error is not None:
                 if isinstance(t.state.error, AnswerCancelledError):
                     metrics.CANCELLED.inc()
