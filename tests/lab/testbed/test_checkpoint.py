@@ -23,18 +23,18 @@ def test_the_weights_are_in_the_tree():
 
 
 def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path):
-    """50 generated questions (a seed training never drew from), each over its evidence pages
-    plus distractors (6 pages, as `conduit-lab eval answers --pages shown`), rendered from
-    the PDFs as ingest renders them: full prefill answers >= 70% (the committed weights, seed 2
-    of the recipe after its stage 5, 90.2% on the 600-question development probe and 76% on
-    these 50, as its stage 3 before them; the stage-2 weights 68%; not the 85% issue 28 asks
-    for: docs/TESTBED.md); full reuse loses the cross-page families and keeps the rest; the
-    default policy at 10% recovers them."""
+    """200 generated questions (generator seed 127, which neither training nor the tables
+    drew from; fixed before it was first run), each over its evidence pages plus distractors
+    (6 pages, as `conduit-lab eval answers --pages shown`), rendered from the PDFs as ingest
+    renders them: full prefill answers >= 85% (the committed weights: 88% here, 90.0% on the
+    final table's 1,000 questions; on sets of 50 it reads 0.76-0.92 by the draw, which is why
+    this set is larger: docs/TESTBED.md); full reuse loses the cross-page families and keeps the
+    rest; the default policy at 10% recovers them."""
     vlm = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "models")
     assert vlm.adapter.max_image_tokens == 256
     runtime = ReuseRuntime(vlm)
     policy = Settings().policy
-    questions = generate(tmp_path / "set", 50, seed=123)
+    questions = generate(tmp_path / "set", 200, seed=127)
     hits: dict[tuple[str, str], list[bool]] = {}
     for q in questions:
         pdf = pymupdf.open(tmp_path / "set" / "pdfs" / str(q["doc"]))
@@ -57,7 +57,7 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
         return sum(got) / len(got)
 
     everything = ("reference", "split", "legend", "lookup", "pair")
-    assert acc(everything, "full_prefill") >= 0.7, hits
+    assert acc(everything, "full_prefill") >= 0.85, hits
     assert acc(("split",), "full_prefill") >= 0.8, hits  # the family it learned best
     assert acc(CROSS_PAGE, "full_reuse") <= acc(CROSS_PAGE, "full_prefill") - 0.3, hits
     assert acc(("lookup", "pair"), "full_reuse") >= acc(("lookup", "pair"), "full_prefill") - 0.1
