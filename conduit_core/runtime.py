@@ -50,11 +50,8 @@ Public API:
     .warm_labels(prefix, pages) -> FLOPs   the labels computed ahead (evaluations)
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
-    .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text
-        (head rows come from the head cache; text rows before the first refreshed visual
-        token are taken from the scoring pass when it ran on this cache and nothing wrote
-        to the cache since: they are exact; the later text rows then start at layer 1 from
-        its layer-0 output, exact as well, since layer 0's K/V are exact in the stale cache)
+    .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text,
+        reusing what is exact (`conduit_core.refresh_pass`)
     .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed);
         with `assembly.last_only`, hidden is (1, hidden) of the last row
     .refresh_flops(assembly, computed, resume=None) -> LM FLOPs of that refresh, as computed
@@ -81,14 +78,14 @@ from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
 from conduit_core.assembly import Assembly
 from conduit_core.choice_history import ChoiceHistory, even_rows
-from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh, refresh_rows
+from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh
 from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.flops import FlopsModel
 from conduit_core.kv_cache import KVCache
 from conduit_core.kv_pool import DecodePool
 from conduit_core.label_cache import LabelCache, fetch, label_cost, load_labels
-from conduit_core.layer_forward import forward_rows, logits_of
+from conduit_core.layer_forward import logits_of
 from conduit_core.layout import Layout, build_layout
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
@@ -97,8 +94,9 @@ from conduit_core.page_prefill import prefill_pages
 from conduit_core.policies import resolve_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.prompt_head import HeadCache
+from conduit_core.refresh_pass import refresh_pass
 from conduit_core.scoring import ScoreConfig
-from conduit_core.stale_pass import StaleScores, stale_pass, text_from_layer_one
+from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
@@ -222,54 +220,9 @@ class ReuseRuntime:
     @torch.no_grad()
     def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
                 resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`prefill`, also returning the rows it actually computed (R_c,).
-
-        Head rows are exact from the head cache. Text row t's stale-pass result is exact when
-        every key before t is as the refresh will leave it: text rows before t (by
-        induction) and unselected visual rows (stale in both passes). So the text rows before
-        the first refreshed visual row are reused from the scoring pass, provided it ran on
-        this cache and nothing wrote since; the other text rows start at layer 1 from the
-        scoring pass's layer-0 output (exact: `conduit_core.stale_pass.text_from_layer_one`),
-        the visual rows at layer 0. With `resume` (a policy already ran every token
-        through the first layers), the rows start from its hidden states at layer
-        `resume.layer`. With `assembly.last_only` only the last row's state is returned."""
-        layout = assembly.layout
-        stale = assembly.stale
-        scored = (stale is not None and stale.text_hidden is not None
-                  and assembly.stale_writes == assembly.cache.writes)
-        rows, skipped = refresh_rows(layout, assembly.exact_rows, visual_rows, scored)
-        everything = rows.numel() == layout.n
-        reused: list[torch.Tensor] = []  # last-layer states of the rows not computed
-        if not assembly.last_only:
-            if assembly.head is not None:
-                reused.append(assembly.head.hidden)
-            if scored and stale is not None and stale.text_hidden is not None:
-                reused.append(stale.text_hidden[:skipped])
-        if rows.numel() == 0:
-            if assembly.last_only:
-                assert stale is not None and stale.text_hidden is not None
-                return stale.text_hidden[-1:], rows  # the last row is a text row
-            return torch.cat(reused), rows
-        assembly.text_from_one = (scored and resume is None and assembly.layer0_exact
-                                  and stale is not None
-                                  and stale.after_first is not None)
-        if assembly.text_from_one:
-            assert stale is not None
-            hidden = text_from_layer_one(self.adapter, assembly.cache, stale, assembly.embeds,
-                                         layout.position_ids, rows, layout.n)  # (1, R, hidden)
-        else:
-            start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
-            hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
-        pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
-        first = 1 if assembly.text_from_one else 0 if resume is None else resume.layer
-        layers = range(first, len(self.adapter.layers))
-        outputs = torch.tensor([rows.numel() - 1]) if assembly.last_only else None
-        out = forward_rows(self.adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                           plain_causal=everything, layers=layers,
-                           outputs=outputs)[0]  # (R_c | 1, hidden)
-        if reused:
-            out = torch.cat([*(r.to(out.dtype) for r in reused), out])  # (R, hidden)
-        return out, rows
+        """`prefill`, also returning the rows it actually computed (R_c,); which rows it
+        reuses and where each starts: `conduit_core.refresh_pass.refresh_pass`."""
+        return refresh_pass(self.adapter, assembly, visual_rows, resume)
 
     def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
                       resume: Resume | None = None) -> float:
