@@ -1,7 +1,7 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
     conduit-lab eval retrieval|fidelity|answers     quality evaluations
-    conduit-lab bench store|ttft|load|retrieval-scale
+    conduit-lab bench store|ttft|load|load-paired|retrieval-scale
     conduit-lab testbed train|export|generate|probe  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
@@ -119,6 +119,19 @@ def _parser() -> argparse.ArgumentParser:
                       "under this path stem (also when the run is stopped)")
     load.set_defaults(func=_bench_load)
 
+    paired = bench.add_parser("load-paired", help="one client's answer latency on the serial "
+                              "and batched engines, both services up at once, in pairs")
+    paired.add_argument("--form", default="embedded",
+                        help="comma-separated: embedded, distributed (one after the other)")
+    paired.add_argument("--pairs", type=int, default=200, help="question pairs per form")
+    paired.add_argument("--upload-every", type=ints, default=[0],
+                        help="comma-separated: every n-th request uploads to both (0 = none)")
+    paired.add_argument("--max-new-tokens", type=int, default=64)
+    paired.add_argument("--top-k", type=int, default=2)
+    paired.add_argument("--model", default=None, help="CONDUIT_MODEL of both services")
+    paired.add_argument("--out", type=Path, default=results("load") / "paired_one_client.json")
+    paired.set_defaults(func=_bench_load_paired)
+
     scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
                              "retrieval index vs the scan path over synthetic collections")
     scale.add_argument("--pages", type=ints, default=[1000, 10000, 100000])
@@ -176,6 +189,20 @@ def _bench_load(args: argparse.Namespace) -> int:
             from lab.load.report import write_report
 
             print("wrote", *write_report(args.out, args.report))
+    return 0
+
+
+def _bench_load_paired(args: argparse.Namespace) -> int:
+    from lab.load.paired import main
+    from lab.load.services import FORMS
+
+    forms = [f for f in args.form.split(",") if f]
+    if not forms or set(forms) - set(FORMS):
+        raise SystemExit(f"--form takes {' or '.join(FORMS)}, comma-separated")
+    if args.pairs < 1:
+        raise SystemExit("--pairs must be >= 1")
+    main(forms=forms, pairs=args.pairs, upload_every=args.upload_every,
+         max_new_tokens=args.max_new_tokens, top_k=args.top_k, model=args.model, out=args.out)
     return 0
 
 

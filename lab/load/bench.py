@@ -108,6 +108,66 @@ class Ask:
     top_k: int = 2
 
 
+def upload_once(client: httpx.Client, collection: str, tally: Tally, seed: int) -> None:
+    """Upload one small PDF (content from `seed`) into `collection`; its latency or error
+    goes to `tally`."""
+    t0 = time.perf_counter()
+    try:
+        r = client.post(f"/v1/collections/{collection}/documents", files={
+            "file": ("load.pdf", _pdf(seed), "application/pdf")})
+        if r.status_code == 202:
+            with tally.lock:
+                tally.upload.append(time.perf_counter() - t0)
+        else:
+            tally.error(f"upload:{r.status_code}")
+    except httpx.HTTPError as exc:
+        tally.error(f"upload:{type(exc).__name__}")
+
+
+def ask_once(client: httpx.Client, collection: str, question: str, ask: Ask,
+             tally: Tally) -> tuple[float, float | None] | None:
+    """Ask one streamed question; its (latency, TTFT) in seconds also go to `tally`, with its
+    token count. None (and an error counted) when it failed."""
+    body = {"collection_id": collection, "question": question, "top_k": ask.top_k,
+            "max_new_tokens": ask.max_new_tokens}
+    t0 = time.perf_counter()
+    first: float | None = None
+    try:
+        with client.stream("POST", "/v1/query/stream", json=body) as r:
+            if r.status_code != 200:
+                tally.error(f"query:{r.status_code}")
+                return None
+            last = ""
+            detail = None
+            tokens = 0
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    last = line.removeprefix("event: ")
+                    tokens += last == "token"
+                    if last == "token" and first is None:
+                        first = time.perf_counter() - t0
+                elif last == "error" and line.startswith("data: "):
+                    detail = line.removeprefix("data: ")
+            if last != "done":
+                tally.error(f"query:event-{last or 'none'}", detail)
+                return None
+        latency = time.perf_counter() - t0
+        with tally.lock:
+            tally.query.append(latency)
+            tally.tokens.append(tokens)
+            if first is not None:
+                tally.ttft.append(first)
+        return latency, first
+    except httpx.HTTPError as exc:
+        tally.error(f"query:{type(exc).__name__}")
+        return None
+
+
+def question_text(rng: random.Random) -> str:
+    """A question of six load words (retrieval finds the seed document's pages)."""
+    return " ".join(rng.choice(WORDS) for _ in range(6)) + "?"
+
+
 def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threading.Event,
                  tally: Tally, seed: int, ask: Ask) -> None:
     upload_every = ask.upload_every
@@ -120,49 +180,9 @@ def _client_loop(url: str, headers: dict[str, str], collection: str, stop: threa
             # spread from the start, so a level whose clients make fewer than n requests
             # each still uploads at the stated rate
             if upload_every and (n + seed) % upload_every == 0:
-                t0 = time.perf_counter()
-                try:
-                    r = client.post(f"/v1/collections/{collection}/documents", files={
-                        "file": ("load.pdf", _pdf(rng.randrange(1 << 30)), "application/pdf")})
-                    if r.status_code == 202:
-                        with tally.lock:
-                            tally.upload.append(time.perf_counter() - t0)
-                    else:
-                        tally.error(f"upload:{r.status_code}")
-                except httpx.HTTPError as exc:
-                    tally.error(f"upload:{type(exc).__name__}")
-                continue
-            question = " ".join(rng.choice(WORDS) for _ in range(6)) + "?"
-            body = {"collection_id": collection, "question": question, "top_k": ask.top_k,
-                    "max_new_tokens": ask.max_new_tokens}
-            t0 = time.perf_counter()
-            first: float | None = None
-            try:
-                with client.stream("POST", "/v1/query/stream", json=body) as r:
-                    if r.status_code != 200:
-                        tally.error(f"query:{r.status_code}")
-                        continue
-                    last = ""
-                    detail = None
-                    tokens = 0
-                    for line in r.iter_lines():
-                        if line.startswith("event: "):
-                            last = line.removeprefix("event: ")
-                            tokens += last == "token"
-                            if last == "token" and first is None:
-                                first = time.perf_counter() - t0
-                        elif last == "error" and line.startswith("data: "):
-                            detail = line.removeprefix("data: ")
-                    if last != "done":
-                        tally.error(f"query:event-{last or 'none'}", detail)
-                        continue
-                with tally.lock:
-                    tally.query.append(time.perf_counter() - t0)
-                    tally.tokens.append(tokens)
-                    if first is not None:
-                        tally.ttft.append(first)
-            except httpx.HTTPError as exc:
-                tally.error(f"query:{type(exc).__name__}")
+                upload_once(client, collection, tally, rng.randrange(1 << 30))
+            else:
+                ask_once(client, collection, question_text(rng), ask, tally)
 
 
 def _probe_once(client: httpx.Client) -> float | None:

@@ -38,3 +38,23 @@ def test_serial_and_batched_with_and_without_uploads(tmp_path: Path) -> None:
             pytest.approx(1.25 * r["rss_baseline_mb"]["service"] + 128 + 512, abs=0.1)
     assert all(r["upload_latency_s"]["count"] == 0 for r in rows if r["upload_every"] == 0)
     assert all(r["upload_latency_s"]["count"] > 0 for r in rows if r["upload_every"] == 2)
+
+
+def test_paired_one_client_runs_both_engines_at_once(tmp_path: Path) -> None:
+    """`bench load-paired`: both embedded services up together, one client asking each the
+    same questions in alternating order, an upload to both; the pairs' ratios and their
+    interval come from the measured latencies."""
+    from lab.load.paired import main as paired
+
+    out = tmp_path / "paired.json"
+    rows = paired(forms=["embedded"], pairs=4, upload_every=[3], max_new_tokens=4, top_k=2,
+                  model="builtin:tiny-qwen2-vl", out=out)
+    assert json.loads(out.read_text()) == rows
+    (r,) = rows
+    assert r["pairs"] == 4 and r["errors"] == {"serial": {}, "batched": {}}, r
+    assert r["upload_every"] == 3 and r["form"] == "embedded"
+    for k in ("latency_s", "ttft_s"):
+        assert r[f"serial_{k}_p50"] > 0 and r[f"batched_{k}_p50"] > 0
+        low, high = r[f"ratio_{k}_ci95"]
+        assert low <= r[f"ratio_{k}_p50"] <= high
+    assert "| embedded | 1 in 3 | 4 |" in out.with_suffix(".md").read_text()
