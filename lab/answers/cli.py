@@ -54,7 +54,8 @@ def add_answers_command(ev: Any) -> None:
 
 
 def _eval_answers(args: argparse.Namespace) -> int:
-    from lab.answers.runner import AnswerEvalConfig, BudgetOneError, run_answer_eval
+    from lab.answers.config import AnswerEvalConfig
+    from lab.answers.runner import BudgetOneError, run_answer_eval
     from worker.settings import Settings
 
     s = Settings()

@@ -43,14 +43,8 @@ Steps:
 `full_reuse` and `prefix_reuse` ignore the budget: each runs once per question and its
 answer is recorded at every budget. `full_prefill` is the reference row itself.
 
-Public API:
-  AnswerEvalConfig(pdfs, questions, out, model=..., device="cpu", dtype="auto",
-                   policies="all", budgets=(0.05, 0.1, 0.2), pages="gold", top_k=3,
-                   max_pages=8, limit=None, docs=None, max_new_tokens=32, max_page_tokens=None,
-                   work_dir=None, check_budget_one=False, progress=True, command="")
-  PAGES_MODES = ("gold", "retrieved", "shown")
+Public API (the run's configuration, `AnswerEvalConfig`, is in `lab.answers.config`):
   BudgetOneError(RuntimeError)
-  resolve_policies(spec) -> list[str]
   run_answer_eval(config) -> dict   (the document written to `config.out`)
 """
 
@@ -60,18 +54,23 @@ import contextlib
 import json
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from PIL import Image
 from tqdm import tqdm
 
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
-from conduit_core.policies import POLICIES, resolve_policy
+from conduit_core.policies import resolve_policy
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from lab.answers.config import (
+    AnswerEvalConfig,
+    check_config,
+    eval_settings,
+    resolve_policies,
+)
 from lab.answers.corpus import EvalCorpus, ingest_documents
 from lab.answers.grading import agreement, score_answer
 from lab.answers.questions import EvalItem, load_items
@@ -94,74 +93,10 @@ from worker.settings import Settings
 BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check
 CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
-PAGES_MODES = ("gold", "retrieved", "shown")
 
 
 class BudgetOneError(RuntimeError):
     """CONDUIT at budget 1.0 did not reproduce full prefill's first token."""
-
-
-@dataclass(frozen=True)
-class AnswerEvalConfig:
-    """Everything one evaluation run needs (see the module docstring)."""
-
-    pdfs: Path
-    questions: Sequence[Path]
-    out: Path
-    model: str = "builtin:tiny-qwen2-vl"
-    device: str = "cpu"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    policies: str | Sequence[str] = "all"
-    budgets: Sequence[float] = (0.05, 0.1, 0.2)
-    pages: Literal["gold", "retrieved", "shown"] = "gold"
-    top_k: int = 3
-    max_pages: int = 8
-    limit: int | None = None
-    docs: int | None = None  # only the questions of the first N documents (question order)
-    max_new_tokens: int = 32
-    max_page_tokens: int | None = None
-    work_dir: Path | None = None
-    check_budget_one: bool = False
-    progress: bool = True
-    command: str = ""
-    seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # recorded in meta as given
-
-
-def resolve_policies(spec: str | Sequence[str]) -> list[str]:
-    """'all' (every registered policy; full_prefill is the reference row) or names."""
-    if isinstance(spec, str):
-        spec = [p for p in POLICIES] if spec == "all" else [p.strip() for p in spec.split(",")]
-    names = [p for p in dict.fromkeys(spec) if p]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise ValueError(f"unknown policy {', '.join(unknown) or '(none given)'}; known: "
-                         f"{', '.join(sorted(POLICIES))}")
-    return [p for p in names if p != REFERENCE]
-
-
-def _check(cfg: AnswerEvalConfig) -> None:
-    if cfg.pages not in PAGES_MODES:
-        raise ValueError(f"pages must be one of {', '.join(PAGES_MODES)}, got {cfg.pages!r}")
-    if not cfg.budgets or any(not 0.0 <= b <= 1.0 for b in cfg.budgets):
-        raise ValueError(f"budgets must be in [0, 1], got {list(cfg.budgets)}")
-    for name in ("top_k", "max_pages", "max_new_tokens"):
-        if getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name in ("limit", "docs"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if not cfg.pdfs.is_dir():
-        raise ValueError(f"--pdfs {cfg.pdfs} is not a folder")
-
-
-def _settings(cfg: AnswerEvalConfig, home: Path) -> Settings:
-    gold = cfg.pages != "retrieved"  # gold and shown: no OCR, pages prefilled on first use
-    extra: dict[str, Any] = {"ocr": False} if gold else {}
-    if cfg.max_page_tokens is not None:
-        extra["max_page_tokens"] = cfg.max_page_tokens
-    return Settings(home=home, model=cfg.model, device=cfg.device, dtype=cfg.dtype,
-                    redis_url=None, prefill_on_ingest=not gold, **extra)
 
 
 @dataclass
@@ -404,7 +339,7 @@ def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
     Raises `ValueError` (including `QuestionsError` and `RecordsMismatchError`) on bad input
     before any model work, and `BudgetOneError` when `check_budget_one` fails."""
     started = time.perf_counter()
-    _check(cfg)
+    check_config(cfg)
     policies = resolve_policies(cfg.policies)
     items = load_items(cfg.questions)
     selected = _select(items, cfg.docs, cfg.limit)
@@ -415,7 +350,7 @@ def run_answer_eval(cfg: AnswerEvalConfig) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         home = cfg.work_dir or Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="conduit-eval-")))
-        settings = _settings(cfg, home)
+        settings = eval_settings(cfg, home)
         records = Records(cfg.out.with_suffix(".records.jsonl"), _config_key(cfg, settings))
         ctx = build_context(settings)
         stack.callback(ctx.close)

@@ -34,7 +34,8 @@ import torch
 
 from conduit_core.policies import POLICIES
 from lab import DEVSET, results
-from lab.answers.runner import AnswerEvalConfig, BudgetOneError, run_answer_eval
+from lab.answers.config import AnswerEvalConfig
+from lab.answers.runner import BudgetOneError, run_answer_eval
 from lab.gpu import environment
 
 # the set; VLCache's rule (first floor(rho * T_m) tokens of each page) is registered as

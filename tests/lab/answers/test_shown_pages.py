@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from lab.answers.runner import AnswerEvalConfig, run_answer_eval
+from lab.answers.config import AnswerEvalConfig
+from lab.answers.runner import run_answer_eval
 from tests.lab.answers.slice import QUESTIONS, write_slice
 
 Run = tuple[dict[str, Any], list[dict[str, Any]], str]  # the document, the records, the table
