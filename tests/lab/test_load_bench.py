@@ -58,3 +58,20 @@ def test_paired_one_client_runs_both_engines_at_once(tmp_path: Path) -> None:
         low, high = r[f"ratio_{k}_ci95"]
         assert low <= r[f"ratio_{k}_p50"] <= high
     assert "| embedded | 1 in 3 | 4 |" in out.with_suffix(".md").read_text()
+
+
+def test_paired_summary_takes_ratios_pair_by_pair_and_skips_missing_ttfts() -> None:
+    import random
+
+    from lab.load.paired import summary
+
+    rows: list[dict[str, float | None]] = [
+        {"serial_latency_s": 1.0, "batched_latency_s": 0.9, "serial_ttft_s": None,
+         "batched_ttft_s": 0.1},
+        {"serial_latency_s": 2.0, "batched_latency_s": 2.2, "serial_ttft_s": 0.2,
+         "batched_ttft_s": 0.1}]
+    out = summary(rows, random.Random(0))
+    assert (out["serial_latency_s_p50"], out["batched_latency_s_p50"]) == (1.5, 1.55)
+    assert out["ratio_latency_s_p50"] == 1.0  # median of 0.9 and 1.1, not 1.55 / 1.5
+    assert out["ratio_latency_s_ci95"] == [0.9, 1.1]
+    assert (out["serial_ttft_s_p50"], out["ratio_ttft_s_p50"]) == (0.2, 0.5)  # one pair
