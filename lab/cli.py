@@ -1,7 +1,7 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
     conduit-lab eval retrieval|fidelity|answers     quality evaluations
-    conduit-lab bench store|ttft|load|load-paired|retrieval-scale
+    conduit-lab bench store|ttft|load|load-paired|engine|retrieval-scale
     conduit-lab testbed train|export|generate|probe  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
@@ -132,6 +132,18 @@ def _parser() -> argparse.ArgumentParser:
     paired.add_argument("--out", type=Path, default=results("load") / "paired_one_client.json")
     paired.set_defaults(func=_bench_load_paired)
 
+    eng = bench.add_parser("engine", help="the answer engine alone in one process: "
+                           "throughput by slot count and where an answer's engine time goes")
+    eng.add_argument("--model", default="builtin:small-qwen2-vl")
+    eng.add_argument("--slots", type=ints, default=[1, 16],
+                     help="comma-separated answer slots, one level each (1 = serial)")
+    eng.add_argument("--clients", type=int, default=32)
+    eng.add_argument("--duration", type=float, default=40.0, help="seconds per level")
+    eng.add_argument("--max-new-tokens", type=int, default=64)
+    eng.add_argument("--threads", type=int, default=1, help="torch threads")
+    eng.add_argument("--out", type=Path, default=results("load") / "engine_alone.json")
+    eng.set_defaults(func=_bench_engine)
+
     scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
                              "retrieval index vs the scan path over synthetic collections")
     scale.add_argument("--pages", type=ints, default=[1000, 10000, 100000])
@@ -203,6 +215,17 @@ def _bench_load_paired(args: argparse.Namespace) -> int:
         raise SystemExit("--pairs must be >= 1")
     main(forms=forms, pairs=args.pairs, upload_every=args.upload_every,
          max_new_tokens=args.max_new_tokens, top_k=args.top_k, model=args.model, out=args.out)
+    return 0
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from lab.load.engine import main as engine_main
+
+    if min(args.slots) < 1 or args.clients < 1 or args.duration <= 0:
+        raise SystemExit("--slots and --clients must be >= 1 and --duration > 0")
+    engine_main(model=args.model, slots=args.slots, clients=args.clients,
+                duration_s=args.duration, max_new_tokens=args.max_new_tokens,
+                threads=args.threads, out=args.out, command=command_line())
     return 0
 
 

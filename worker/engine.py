@@ -233,7 +233,8 @@ class AnswerEngine:
                     running.append(t)
             if running:
                 metrics.BATCH_SIZE.observe(len(running))
-                rt.step([t.state for t in running if t.state is not None])
+                with metrics.STEP_SECONDS.time():
+                    rt.step([t.state for t in running if t.state is not None])
             for t in active:  # decode slots of the answers that ended (the lock guards the pool)
                 if t.state is not None and t.state.done:
                     rt.release(t.state)
@@ -243,12 +244,15 @@ class AnswerEngine:
         """One phase of the prefilling question; a failure (or its client gone) ends it
         alone."""
         assert ticket.steps is not None
+        start = time.perf_counter()
         try:
             if ticket.cancelled:
                 raise AnswerCancelledError("the client went away")
-            next(ticket.steps)
+            phase = next(ticket.steps)
+            metrics.PHASE_SECONDS.labels(phase).observe(time.perf_counter() - start)
             return
         except StopIteration as done:
+            metrics.PHASE_SECONDS.labels("refreshed").observe(time.perf_counter() - start)
             ticket.state = done.value
             assert ticket.state is not None
             ticket.need = ticket.state.kv_tokens  # the actual cache, not the estimate

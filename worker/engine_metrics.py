@@ -8,6 +8,10 @@ Public API:
   QUEUE_SECONDS   histogram: time a question waited for its slot
   ACTIVE          gauge: answers in the running batch
   CANCELLED       counter: questions whose client went away (queue or batch)
+  STEP_SECONDS    histogram: wall time of one batched decode step
+  PHASE_SECONDS   histogram, label `phase`: wall time of one prefill phase of a question
+                  (`assembled`: page KV loaded and re-rotated; `chosen`: scoring pass and
+                  selection; `refreshed`: refresh and first-token logits)
 """
 
 from __future__ import annotations
@@ -23,3 +27,10 @@ QUEUE_SECONDS = Histogram("conduit_engine_queue_seconds", "Time a question waite
 ACTIVE = Gauge("conduit_engine_active_answers", "Answers in the running batch")
 CANCELLED = Counter("conduit_engine_cancelled_total", "Questions that left the engine because "
                     "their client went away (in the queue or mid-answer)")
+STEP_SECONDS = Histogram("conduit_engine_step_seconds", "Wall time of one batched decode "
+                         "step", buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                          0.5, 1, 2.5))
+PHASE_SECONDS = Histogram("conduit_engine_prefill_phase_seconds", "Wall time of one prefill "
+                          "phase of a question (assembled, chosen, refreshed)", ["phase"],
+                          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+                                   5, 10))

@@ -75,3 +75,26 @@ def test_paired_summary_takes_ratios_pair_by_pair_and_skips_missing_ttfts() -> N
     assert out["ratio_latency_s_p50"] == 1.0  # median of 0.9 and 1.1, not 1.55 / 1.5
     assert out["ratio_latency_s_ci95"] == [0.9, 1.1]
     assert (out["serial_ttft_s_p50"], out["ratio_ttft_s_p50"]) == (0.2, 0.5)  # one pair
+
+
+def test_engine_alone_splits_an_answers_engine_time(tmp_path: Path) -> None:
+    from lab.load.engine import main as engine_main
+
+    out = tmp_path / "engine.json"
+    doc = engine_main(model="builtin:tiny-qwen2-vl", slots=[1, 3], clients=4, duration_s=2.0,
+                      max_new_tokens=8, threads=1, out=out, command="test")
+    assert json.loads(out.read_text()) == doc
+    serial, batched = doc["levels"]
+    for lv in (serial, batched):
+        assert lv["answers"] > 0 and lv["tokens_per_answer"] == 8  # stop tokens off
+        assert lv["prefill_ms_per_answer"] > 0 and lv["step_ms_mean"] > 0
+        assert lv["engine_ms_per_answer"] == pytest.approx(
+            lv["prefill_ms_per_answer"] + lv["decode_ms_per_answer"], abs=0.2)
+        # the timed work of the engine thread fits in the level's wall time (nothing counted
+        # twice): prefills of the answers finished plus every decode step
+        busy_s = (lv["answers"] * lv["prefill_ms_per_answer"]
+                  + lv["decode_steps"] * lv["step_ms_mean"]) / 1e3
+        assert busy_s <= lv["duration_s"] + 1.0
+    assert serial["rows_per_step"] == 1.0 and 1.0 < batched["rows_per_step"] <= 3.0
+    table = out.with_suffix(".md").read_text()
+    assert table.count("\n| 1 | 4 |") == 1 and table.count("\n| 3 | 4 |") == 1

@@ -83,6 +83,33 @@ def test_concurrent_questions_are_batched_and_answer_as_alone(
     assert steps < advanced  # several answers per forward: they were batched
 
 
+def _timings() -> dict[str, float]:
+    """Counts and sums of the step and prefill-phase histograms so far."""
+    names = {"steps": ("conduit_engine_step_seconds_count", {}),
+             "step_s": ("conduit_engine_step_seconds_sum", {})}
+    for phase in ("assembled", "chosen", "refreshed"):
+        names[phase] = ("conduit_engine_prefill_phase_seconds_count", {"phase": phase})
+        names[phase + "_s"] = ("conduit_engine_prefill_phase_seconds_sum", {"phase": phase})
+    return {k: REGISTRY.get_sample_value(n, labels) or 0.0 for k, (n, labels) in names.items()}
+
+
+def test_step_and_prefill_phase_times_are_exported(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    engine = AnswerEngine(lambda: rt, max_active=4)
+    try:
+        before, steps_before = _timings(), _batch_steps()
+        got = _concurrently(engine, requests)
+        after, steps_after = _timings(), _batch_steps()
+    finally:
+        engine.close()
+    assert all(not isinstance(g, BaseException) for g in got)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["steps"] == steps_after[0] - steps_before[0] > 0  # one time per decode step
+    assert delta["step_s"] > 0
+    for phase in ("assembled", "chosen", "refreshed"):  # each question's three phases, timed
+        assert delta[phase] == len(requests) and delta[phase + "_s"] > 0
+
+
 def test_one_slot_is_serial_and_first_come_first_served(
         rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
     engine = AnswerEngine(lambda: rt, max_active=1)
