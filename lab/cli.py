@@ -141,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--duration", type=float, default=40.0, help="seconds per level")
     eng.add_argument("--max-new-tokens", type=int, default=64)
     eng.add_argument("--threads", type=int, default=1, help="torch threads")
+    eng.add_argument("--device", default="cpu", help="cpu or cuda[:N] (float32 on the CPU, "
+                     "bfloat16 on a GPU, as the service)")
     eng.add_argument("--out", type=Path, default=results("load") / "engine_alone.json")
     eng.set_defaults(func=_bench_engine)
 
@@ -225,7 +227,8 @@ def _bench_engine(args: argparse.Namespace) -> int:
         raise SystemExit("--slots and --clients must be >= 1 and --duration > 0")
     engine_main(model=args.model, slots=args.slots, clients=args.clients,
                 duration_s=args.duration, max_new_tokens=args.max_new_tokens,
-                threads=args.threads, out=args.out, command=command_line())
+                threads=args.threads, out=args.out, command=command_line(),
+                device=args.device)
     return 0
 
 

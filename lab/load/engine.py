@@ -99,12 +99,14 @@ def run_level(rt: ReuseRuntime, pages: list[PageInput], *, slots: int, clients: 
 
 
 def run(*, model: str, slots: list[int], clients: int, duration_s: float,
-        max_new_tokens: int, threads: int, command: str) -> dict[str, Any]:
+        max_new_tokens: int, threads: int, command: str, device: str = "cpu"
+        ) -> dict[str, Any]:
     """Every slot count in turn on one loaded model; see the module docstring."""
     torch.set_num_threads(threads)
-    settings = Settings()
+    settings = Settings(device=device)
     with tempfile.TemporaryDirectory() as tmp:
-        rt = ReuseRuntime(load_vlm(model, cache_dir=Path(tmp)))
+        rt = ReuseRuntime(load_vlm(model, device=device, dtype=settings.torch_dtype,
+                                   cache_dir=Path(tmp)))
         rt._stop_ids = []  # every answer decodes max_new_tokens tokens
         kvs = rt.prefill_pages([a4_page(i) for i in range(4)])
         pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
@@ -112,7 +114,8 @@ def run(*, model: str, slots: list[int], clients: int, duration_s: float,
         levels = [run_level(rt, pages, slots=s, clients=clients, duration_s=duration_s,
                             max_new_tokens=max_new_tokens, policy=settings.policy,
                             budget=settings.budget) for s in slots]
-    return {"model": model, "pages": [kv.num_tokens for kv in kvs], "threads": threads,
+    return {"model": model, "device": device, "dtype": settings.torch_dtype,
+            "pages": [kv.num_tokens for kv in kvs], "threads": threads,
             "policy": settings.policy, "budget": settings.budget,
             "max_new_tokens": max_new_tokens, "command": command,
             "date": time.strftime("%Y-%m-%d"), "levels": levels}
@@ -124,7 +127,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"# The answer engine alone ({doc['date']})", "", f"Command: `{doc['command']}`",
              "", f"`{doc['model']}`, pages of {doc['pages']} visual tokens (two a question), "
              f"`{doc['policy']}` at {doc['budget']}, {doc['max_new_tokens']}-token answers, "
-             f"{doc['threads']} torch thread(s), one process, no HTTP.", "",
+             f"{doc['device']} in {doc['dtype']}, {doc['threads']} torch thread(s), one "
+             "process, no HTTP.", "",
              "| slots | clients | answers/s | decode step ms | rows a step | prefill ms / answer "
              "| decode ms / answer | engine ms / answer | throughput vs first: measured | "
              "predicted |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -140,10 +144,11 @@ def markdown(doc: dict[str, Any]) -> str:
 
 
 def main(*, model: str, slots: list[int], clients: int, duration_s: float,
-         max_new_tokens: int, threads: int, out: Path, command: str) -> dict[str, Any]:
+         max_new_tokens: int, threads: int, out: Path, command: str, device: str = "cpu"
+         ) -> dict[str, Any]:
     """Run, write JSON at `out` and markdown beside it, print the table."""
     doc = run(model=model, slots=slots, clients=clients, duration_s=duration_s,
-              max_new_tokens=max_new_tokens, threads=threads, command=command)
+              max_new_tokens=max_new_tokens, threads=threads, command=command, device=device)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     table = markdown(doc)
