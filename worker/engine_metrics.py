@@ -11,7 +11,8 @@ Public API:
   STEP_SECONDS    histogram: wall time of one batched decode step
   PHASE_SECONDS   histogram, label `phase`: wall time of one prefill phase of a question
                   (`assembled`: page KV loaded and re-rotated; `chosen`: scoring pass and
-                  selection; `refreshed`: refresh and first-token logits)
+                  selection; `refreshed`: the refresh, or the cost model's fallback to a
+                  full prefill, and the first token's logits)
 """
 
 from __future__ import annotations
