@@ -252,7 +252,8 @@ class AnswerEngine:
             metrics.PHASE_SECONDS.labels(phase).observe(time.perf_counter() - start)
             return
         except StopIteration as done:
-            metrics.PHASE_SECONDS.labels("refreshed").observe(time.perf_counter() - start)
+            last = metrics.PREFILL_PHASES[-1]
+            metrics.PHASE_SECONDS.labels(last).observe(time.perf_counter() - start)
             ticket.state = done.value
             assert ticket.state is not None
             ticket.need = ticket.state.kv_tokens  # the actual cache, not the estimate

@@ -9,6 +9,7 @@ Public API:
   ACTIVE          gauge: answers in the running batch
   CANCELLED       counter: questions whose client went away (queue or batch)
   STEP_SECONDS    histogram: wall time of one batched decode step
+  PREFILL_PHASES  the `phase` labels, in order
   PHASE_SECONDS   histogram, label `phase`: wall time of one prefill phase of a question
                   (`assembled`: page KV loaded and re-rotated; `chosen`: scoring pass and
                   selection; `refreshed`: the refresh, or the cost model's fallback to a
@@ -31,6 +32,7 @@ CANCELLED = Counter("conduit_engine_cancelled_total", "Questions that left the e
 STEP_SECONDS = Histogram("conduit_engine_step_seconds", "Wall time of one batched decode "
                          "step", buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5, 1, 2.5))
+PREFILL_PHASES = ("assembled", "chosen", "refreshed")  # the runtime yields the first two
 PHASE_SECONDS = Histogram("conduit_engine_prefill_phase_seconds", "Wall time of one prefill "
                           "phase of a question (assembled, chosen, refreshed)", ["phase"],
                           buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,

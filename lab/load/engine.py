@@ -37,9 +37,8 @@ from conduit_core.runtime import ReuseRuntime
 from lab.ttft.default_model import a4_page
 from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.engine import AnswerEngine
+from worker.engine_metrics import PREFILL_PHASES
 from worker.settings import Settings
-
-PHASES = ("assembled", "chosen", "refreshed")
 
 
 def _histograms() -> dict[str, float]:
@@ -49,9 +48,9 @@ def _histograms() -> dict[str, float]:
            "step_s": get("conduit_engine_step_seconds_sum") or 0.0,
            "rows": get("conduit_engine_batch_size_sum") or 0.0,
            "prefills": get("conduit_engine_prefill_phase_seconds_count",
-                           {"phase": "refreshed"}) or 0.0}
+                           {"phase": PREFILL_PHASES[-1]}) or 0.0}
     out["prefill_s"] = sum(get("conduit_engine_prefill_phase_seconds_sum", {"phase": p}) or 0.0
-                           for p in PHASES)
+                           for p in PREFILL_PHASES)
     return out
 
 
@@ -75,13 +74,14 @@ def run_level(rt: ReuseRuntime, pages: list[PageInput], *, slots: int, clients: 
             finished.append((time.perf_counter(), len(result.token_ids)))
             j += 1
 
-    before = _histograms()
+    before, t0 = _histograms(), time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     engine.close()
+    wall_s = time.perf_counter() - t0  # the window and the answers still running at its end
     d = {k: v - before[k] for k, v in _histograms().items()}
     in_window = [n for end, n in finished if end <= stop]
     step_s = d["step_s"] / max(d["steps"], 1.0)
@@ -89,6 +89,7 @@ def run_level(rt: ReuseRuntime, pages: list[PageInput], *, slots: int, clients: 
     tokens = statistics.mean(n for _, n in finished) if finished else 0.0
     prefill_s = d["prefill_s"] / max(d["prefills"], 1.0)
     return {"slots": slots, "clients": clients, "duration_s": duration_s,
+            "wall_s": round(wall_s, 3),
             "answers": len(in_window), "answers_per_s": round(len(in_window) / duration_s, 3),
             "tokens_per_answer": round(tokens, 1), "decode_steps": int(d["steps"]),
             "step_ms_mean": round(1e3 * step_s, 2), "rows_per_step": round(rows, 2),

@@ -17,6 +17,7 @@ from conduit_core.answer_types import AnswerResult
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
 from worker.engine import AnswerEngine, kv_tokens_needed
+from worker.engine_metrics import PREFILL_PHASES
 from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
 
 
@@ -87,7 +88,7 @@ def _timings() -> dict[str, float]:
     """Counts and sums of the step and prefill-phase histograms so far."""
     names = {"steps": ("conduit_engine_step_seconds_count", {}),
              "step_s": ("conduit_engine_step_seconds_sum", {})}
-    for phase in ("assembled", "chosen", "refreshed"):
+    for phase in PREFILL_PHASES:
         names[phase] = ("conduit_engine_prefill_phase_seconds_count", {"phase": phase})
         names[phase + "_s"] = ("conduit_engine_prefill_phase_seconds_sum", {"phase": phase})
     return {k: REGISTRY.get_sample_value(n, labels) or 0.0 for k, (n, labels) in names.items()}
@@ -106,7 +107,7 @@ def test_step_and_prefill_phase_times_are_exported(
     delta = {k: after[k] - before[k] for k in after}
     assert delta["steps"] == steps_after[0] - steps_before[0] > 0  # one time per decode step
     assert delta["step_s"] > 0
-    for phase in ("assembled", "chosen", "refreshed"):  # each question's three phases, timed
+    for phase in PREFILL_PHASES:  # each question's three phases, timed
         assert delta[phase] == len(requests) and delta[phase + "_s"] > 0
 
 
