@@ -1,6 +1,6 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
-    conduit-lab eval retrieval|fidelity|answers     quality evaluations
+    conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
     conduit-lab bench store|ttft|load|load-paired|engine|retrieval-scale
     conduit-lab testbed train|export|generate|probe  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab import command_line, results
-from lab.answers.cli import add_answers_command
+from lab.answers.cli import add_across_command, add_answers_command
 from lab.argtypes import floats, ints
 from lab.gpu.check_args import add_arguments as add_gpu_check_arguments
 from lab.testbed.cli import add_testbed_commands
@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     retr.set_defaults(func=_eval_retrieval)
 
     add_answers_command(ev)
+    add_across_command(ev)
 
     fid = ev.add_parser("fidelity", help="refresh policies against full prefill")
     fid.add_argument("--model", default="builtin:tiny-qwen2-vl")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,45 @@ def add_answers_command(ev: Any) -> None:
                      help="first check that CONDUIT at budget 1.0 reproduces full prefill")
     ans.add_argument("--no-progress", action="store_true")
     ans.set_defaults(func=_eval_answers)
+
+
+def add_across_command(ev: Any) -> None:
+    """Register `eval across` on the `eval` subparsers."""
+    acr = ev.add_parser(
+        "across", help="several checkpoints' answer evaluations: mean and spread per policy",
+        description="Combine `eval answers` documents of the same questions on independently "
+        "trained checkpoints: each policy's mean, min and max over them, and the policy with "
+        "the best mean accuracy at the budget nearest 0.1; writes OUT (JSON), OUT.md, OUT.png.")
+    acr.add_argument("runs", type=Path, nargs="+", help="`eval answers` result JSON files")
+    acr.add_argument("--out", type=Path, required=True, help="combined JSON")
+    acr.set_defaults(func=_eval_across)
+
+
+def _eval_across(args: argparse.Namespace) -> int:
+    from lab.answers.across import combine, discordant, write_markdown, write_plot
+    from worker.settings import Settings
+
+    try:
+        docs = [json.loads(p.read_text()) for p in args.runs]
+        doc = combine(docs, [p.stem for p in args.runs], command_line())
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"cannot combine the runs: {exc}", file=sys.stderr)
+        return 2
+    choice = doc["choice"]
+    if choice["policy"] and choice["runner_up"]:
+        choice["discordant"] = []
+        for path in args.runs:
+            records = path.with_name(path.stem + ".records.jsonl")
+            if records.is_file():
+                lines = records.read_text().splitlines()[1:]
+                d = discordant([json.loads(x) for x in lines if x.strip()], choice["policy"],
+                               choice["runner_up"], choice["budget"])
+                choice["discordant"].append({"run": path.stem, **d})
+    args.out.write_text(json.dumps(doc, indent=1))
+    write_markdown(doc, args.out.with_suffix(".md"), Settings().policy)
+    write_plot(doc, args.out.with_suffix(".png"))
+    print(args.out.with_suffix(".md").read_text())
+    return 0
 
 
 def _eval_answers(args: argparse.Namespace) -> int:

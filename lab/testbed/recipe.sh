@@ -4,8 +4,9 @@
 # Usage: bash lab/testbed/recipe.sh SEED RUNS_DIR [THREADS]
 #   trains stages 2-5 of seed SEED under RUNS_DIR/seedSEED/ (s2 ... s5), exports the stage-5
 #   weights as a model folder, generates the final table's questions (generator seed 31,
-#   1,000, with distractors) once under RUNS_DIR/set, and evaluates every policy at 10% on
-#   them (RUNS_DIR/seedSEED/final_sSEED.json), as the committed checkpoint's row was made.
+#   1,000, with distractors) once under RUNS_DIR/set, and evaluates every policy at 5, 10 and
+#   20% on them (RUNS_DIR/seedSEED/final_sSEED.json), as the committed checkpoint's table was
+#   made; `conduit-lab eval across` then gives each policy's mean and spread over the seeds.
 # Every step is resumable: rerun the same command after a stop; a finished stage is marked
 # DONE, a stopped one continues from its last checkpoint (every 100 steps), the evaluation
 # from its records. About 3.5 hours of training with two threads to itself on the 2-core CPU.
@@ -48,5 +49,6 @@ stage "$R/s5" --init "$R/s4/model.safetensors" --steps 400 --lr 2e-4 --warmup 20
 echo "$(date -u +%FT%TZ) evaluating $R/folder"
 "$PY" -m lab.cli eval answers --pdfs "$RUNS/set/pdfs" --questions "$RUNS/set/questions.jsonl" \
   --out "$R/final_s$SEED.json" --model "$R/folder" --max-page-tokens 256 --policies all \
-  --budgets 0.1 --pages shown --max-new-tokens 4 --work-dir "$R/eval-home"
+  --budgets 0.05,0.1,0.2 --pages shown --max-new-tokens 4 --check-budget-one --no-progress \
+  --work-dir "$R/eval-home"
 echo "$(date -u +%FT%TZ) done: $R/final_s$SEED.json"
