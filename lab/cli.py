@@ -2,7 +2,7 @@
 
     conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
     conduit-lab bench store|ttft|load|load-paired|engine|retrieval-scale
-    conduit-lab testbed train|export|generate|probe  the trained testbed VLM
+    conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
                                                       bash lab/gpu/gpu_check.sh runs it all)

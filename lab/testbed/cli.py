@@ -1,10 +1,11 @@
-"""`conduit-lab testbed train|export|generate|probe` and `conduit-lab demo`: the trained testbed
-model."""
+"""`conduit-lab testbed train|export|generate|probe|criteria` and `conduit-lab demo`: the
+trained testbed model."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,17 @@ def add_testbed_commands(sub: Any) -> None:
                     help="the question's evidence pages, or them plus distractor pages of the "
                     "same document (6 pages in all, in document order)")
     pr.set_defaults(func=_probe)
+
+    cr = tsub.add_parser("criteria", help="issue 28's criteria on final `eval answers` tables, "
+                         "one column per checkpoint")
+    cr.add_argument("runs", type=Path, nargs="+", help="`eval answers` result JSON files")
+    cr.add_argument("--policy", default=None, help="default: CONDUIT_POLICY")
+    cr.add_argument("--budget", type=float, default=0.1)
+    cr.add_argument("--slack", type=float, default=0.0,
+                    help="taken off each accuracy threshold (0.02: the issue's 'within 2 points' "
+                    "for the other checkpoints)")
+    cr.add_argument("--out", type=Path, default=None, help="also write the table here")
+    cr.set_defaults(func=_criteria)
 
     demo = sub.add_parser("demo", help="the whole product on the trained testbed model: upload, "
                           "ask each task family with CONDUIT and full reuse, compare")
@@ -152,4 +164,23 @@ def _probe(args: argparse.Namespace) -> int:
                  pages=args.pages)
     for row in rows:
         print(json.dumps(row))
+    return 0
+
+
+def _criteria(args: argparse.Namespace) -> int:
+    from lab.testbed.criteria import markdown
+    from worker.settings import Settings
+
+    policy = args.policy or Settings().policy
+    try:
+        runs = {p.stem: json.loads(p.read_text()) for p in args.runs}
+        table = markdown(runs, policy, args.slack, args.budget)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"cannot check the runs: {exc}", file=sys.stderr)
+        return 2
+    text = (f"Issue 28's criteria, `{policy}` at {args.budget:g}, accuracy thresholds less "
+            f"{args.slack:g}:\n\n{table}\n")
+    print(text)
+    if args.out:
+        args.out.write_text(text)
     return 0

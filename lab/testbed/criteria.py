@@ -1,0 +1,123 @@
+"""Issue 28's criteria on `eval answers` tables of the page-scale testbed, one row per table.
+
+Each table is an `eval answers` document of the final question set (with distractors). The
+criteria, as the issue states them, with `slack` (the issue allows 2 points on each of the
+other checkpoints) taken off every accuracy threshold (not off the FLOPs and TTFT ones):
+  - full prefill >= 90% overall;
+  - full reuse >= 15 points below full prefill on each cross-page family (reference, split,
+    legend), and within 2 points of it on the within-page lookups. Pair questions need two
+    shown pages, but each value is read on its own page, so stale page KV is not expected to
+    lose them: the issue added that family beside the cross-page ones, and it is held to
+    the policy criteria only;
+  - the default policy at 10%: >= 97% of full prefill's accuracy overall and on every family,
+    LM FLOPs ratio <= 0.20, TTFT >= 3x faster than full prefill, and above every baseline
+    (random, raw attention, value norm, CacheBlend, EPIC) overall.
+
+    conduit-lab testbed criteria final_s0.json final_s1.json answers_page_scale.json \
+        [--policy conduit_per_page] [--slack 0.02] [--out criteria.md]
+
+Public API:
+  CROSS_PAGE, CONTROL, BASELINES
+  Check(name, value, threshold, holds)
+  check(doc, policy, budget=0.1, slack=0.0) -> list[Check]
+  markdown(runs, policy, slack) -> str      one column per run, a criterion per row
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+CROSS_PAGE = ("reference", "split", "legend")  # a page's KV must hold another page's content
+CONTROL = "lookup"  # the within-page control family
+BASELINES = ("random", "raw_attention", "value_norm", "cacheblend", "epic")
+_REFERENCE, _REUSE = "full_prefill", "full_reuse"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One criterion on one table: the measured value, the threshold it is held to (slack
+    applied) and whether it holds."""
+
+    name: str
+    value: float | None
+    threshold: str
+    holds: bool
+
+
+def _cells(doc: Mapping[str, Any]) -> dict[tuple[str, str, float], dict[str, Any]]:
+    return {(r["group"], r["policy"], float(r["budget"])): r for r in doc["rows"]}
+
+
+def _acc(cells: dict, group: str, policy: str, budget: float) -> float | None:
+    row = cells.get((group, policy, budget))
+    return None if row is None else float(row["accuracy"])
+
+
+def _at_least(name: str, value: float | None, bound: float, shown: str) -> Check:
+    return Check(name, value, shown, value is not None and value >= bound - 1e-12)
+
+
+def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
+          slack: float = 0.0) -> list[Check]:
+    """Every criterion of issue 28 on one `eval answers` document; `KeyError` when it lacks
+    the reference, full reuse or `policy` at `budget`."""
+    cells = _cells(doc)
+    families = [g.removeprefix("family=") for g, p, _ in cells
+                if p == _REFERENCE and g.startswith("family=")]
+    full = {g: _acc(cells, g, _REFERENCE, 1.0) for g in ["all", *(f"family={f}" for f in families)]}
+    if full["all"] is None or (("all", policy, budget) not in cells):
+        raise KeyError(f"the table lacks {_REFERENCE} or {policy} at {budget:g}")
+    reuse_budget = next(b for g, p, b in sorted(cells) if p == _REUSE and g == "all")
+    out = [_at_least("full prefill overall", full["all"], 0.90 - slack, f">= {0.90 - slack:.2f}")]
+    for fam in families:
+        gap = (full[f"family={fam}"] or 0.0) - (
+            _acc(cells, f"family={fam}", _REUSE, reuse_budget) or 0.0)
+        if fam == CONTROL:
+            out.append(Check(f"full reuse on {fam}: full prefill minus it", gap,
+                             f"<= {0.02 + slack:.2f}", gap <= 0.02 + slack + 1e-12))
+        elif fam in CROSS_PAGE:
+            out.append(_at_least(f"full reuse on {fam}: full prefill minus it", gap,
+                                 0.15 - slack, f">= {0.15 - slack:.2f}"))
+    mine = cells[("all", policy, budget)]
+    for group in ("all", *(f"family={f}" for f in families)):
+        acc, ref = _acc(cells, group, policy, budget), full.get(group)
+        ratio = None if acc is None or not ref else acc / ref
+        out.append(_at_least(f"{policy} at {budget:g}: ratio to full prefill, "
+                             f"{group.removeprefix('family=')}", ratio, 0.97 - slack,
+                             f">= {0.97 - slack:.2f}"))
+    flops = float(mine["flops_ratio_lm"])
+    out.append(Check(f"{policy} at {budget:g}: LM FLOPs ratio", flops, "<= 0.20",
+                     flops <= 0.20 + 1e-12))
+    speedup = mine.get("ttft_speedup_vs_full")
+    out.append(_at_least(f"{policy} at {budget:g}: TTFT speed-up over full prefill",
+                         None if speedup is None else float(speedup), 3.0, ">= 3"))
+    for base in BASELINES:
+        other = _acc(cells, "all", base, budget)
+        lead = None if other is None else float(mine["accuracy"]) - other
+        out.append(Check(f"{policy} at {budget:g} minus {base}, overall", lead,
+                         f"> {-slack:.2f}" if slack else "> 0", lead is not None and lead > -slack))
+    return out
+
+
+def markdown(runs: Mapping[str, Mapping[str, Any]], policy: str, slack: float = 0.0,
+             budget: float = 0.1) -> str:
+    """One column per run (value, and a cross where the criterion fails), one row per
+    criterion; the runs' thresholds are those of `check` with `slack`."""
+    checks = {name: {c.name: c for c in check(doc, policy, budget, slack)}
+              for name, doc in runs.items()}
+    criteria = {c.name: c.threshold for cs in checks.values() for c in cs.values()}
+    lines = ["| criterion | threshold | " + " | ".join(runs) + " |",
+             "|---|---|" + "---:|" * len(runs)]
+    for crit, threshold in criteria.items():
+        cells = []
+        for name in runs:
+            mine = checks[name].get(crit)
+            value = "-" if mine is None or mine.value is None else f"{mine.value:.3f}"
+            cells.append(value if mine is not None and mine.holds else f"**{value} (no)**")
+        lines.append(f"| {crit} | {threshold} | " + " | ".join(cells) + " |")
+    held = {name: sum(c.holds for c in cs.values()) for name, cs in checks.items()}
+    lines.append("| **criteria held** | | " + " | ".join(
+        f"{held[n]} of {len(checks[n])}" for n in runs) + " |")
+    return "\n".join(lines)
