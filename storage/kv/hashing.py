@@ -14,13 +14,26 @@ Public API:
 
 from __future__ import annotations
 
+import os
 import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import xxhash
 
 PIPELINE_MIN_BYTES = 4 << 20  # below this a pool round trip costs more than it saves
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-hash")
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, the pool)
+_pool_lock = threading.Lock()
+
+
+def _hash_pool() -> ThreadPoolExecutor:
+    """This process's hashing threads, made again in a forked child (a pool's threads do not
+    survive a fork, and an inherited pool would queue work that nothing runs)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=4, thread_name_prefix="kv-hash"))
+        return _pool[1]
 
 
 class StreamingHash:
@@ -37,7 +50,7 @@ class StreamingHash:
         self._done: Future[str] | None = None
         if pipelined:
             self._parts = queue.SimpleQueue()
-            self._done = _POOL.submit(self._drain, self._parts)
+            self._done = _hash_pool().submit(self._drain, self._parts)
 
     def _drain(self, parts: queue.SimpleQueue[memoryview | None]) -> str:
         while (part := parts.get()) is not None:

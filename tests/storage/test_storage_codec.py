@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
+import multiprocessing
 import struct
 from collections.abc import Callable
 
@@ -142,6 +143,24 @@ def test_large_entries_hashed_beside_the_read_verify_every_byte() -> None:
     after = concurrent.futures.ThreadPoolExecutor(1).submit(
         read_page, io.BytesIO(blob).readinto, len(blob))
     assert_same_page(page, after.result(timeout=60))  # a stuck pool would time out here
+
+
+def _read_large_entry(blob: bytes) -> None:
+    page = read_page(io.BytesIO(blob).readinto, len(blob))
+    assert_same_page(make_page(3, (2048, 8, 2, 64, 512)), page)
+
+
+def test_a_forked_child_hashes_beside_its_reads_too() -> None:
+    """The hashing threads are this process's: a child forked after the parent used them
+    (their threads do not survive the fork) gets its own instead of waiting forever."""
+    blob = encode_page(make_page(3, (2048, 8, 2, 64, 512))).to_bytes()
+    _read_large_entry(blob)  # the parent's pool now has threads
+    child = multiprocessing.get_context("fork").Process(target=_read_large_entry, args=(blob,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
 
 
 def test_pages_sharing_a_cached_header_layout_are_each_checked_against_their_own_sum() -> None:
