@@ -25,7 +25,6 @@ import xxhash
 
 from conduit_core.page_kv import ModelFingerprint, PageKV
 from storage.errors import CorruptEntryError
-from storage.kv.hashing import PIPELINE_MIN_BYTES, StreamingHash
 from storage.kv.quant import int8_parts
 
 FORMAT = "conduit.pagekv"
@@ -219,11 +218,9 @@ def read_tensors(readinto: ReadInto, size: int, chunk: int = READ_CHUNK
     """Read an entry of `size` bytes through `readinto` (e.g. a raw file's), verifying it.
 
     One private, uninitialised buffer (`numpy.empty`: no zero-filling pass) receives the
-    bytes, `chunk` bytes per read, each hashed as it lands (on a pool thread beside the next
-    read for entries of `PIPELINE_MIN_BYTES` or more, see `storage.kv.hashing`): the kernel's
-    copy is the only pass over memory besides a cache-hot hash, and the tensors returned view
-    the buffer (no further copy). `CorruptEntryError` for a short read, a bad header or a
-    checksum mismatch.
+    bytes, `chunk` bytes per read, each hashed as it lands: the kernel's copy is the only
+    pass over memory besides a cache-hot hash, and the tensors returned view the buffer (no
+    further copy). `CorruptEntryError` for a short read, a bad header or a checksum mismatch.
     """
     buf = np.empty(size, dtype=np.uint8)
     mv = buf.data
@@ -231,18 +228,14 @@ def read_tensors(readinto: ReadInto, size: int, chunk: int = READ_CHUNK
     offset = header_length(mv[:done])
     done = _fill(readinto, mv, done, min(size, max(offset, done)))
     head = parse_header(mv[:done], size)
-    h = StreamingHash(head.canonical, pipelined=size >= PIPELINE_MIN_BYTES)
-    try:
-        h.update(mv[offset:done])
-        while done < size:
-            start, done = done, _fill(readinto, mv, done, min(size, done + chunk))
-            if done == start:
-                raise CorruptEntryError(f"entry is {done} bytes, expected {size}")
-            h.update(mv[start:done])
-        digest = h.hexdigest()
-    finally:
-        h.close()
-    if f"{CHECKSUM_ALGO}:{digest}" != head.stored_sum:
+    h = xxhash.xxh3_128(head.canonical)
+    h.update(mv[offset:done])
+    while done < size:
+        start, done = done, _fill(readinto, mv, done, min(size, done + chunk))
+        if done == start:
+            raise CorruptEntryError(f"entry is {done} bytes, expected {size}")
+        h.update(mv[start:done])
+    if f"{CHECKSUM_ALGO}:{h.hexdigest()}" != head.stored_sum:
         raise CorruptEntryError("checksum mismatch")
     base = torch.from_numpy(buf[offset:]) if size > offset else None
     return head.tensors(base), head.meta

@@ -9,9 +9,8 @@ are removed. Several processes may share a root: each reads files the others wro
 enforces the budget on what it knows of.
 
 A read copies the file into a private, uninitialised buffer in 1 MB reads, hashing each while
-it is still in the CPU cache (on a pool thread beside the next read, `storage.kv.hashing`),
-and returns tensors viewing the buffer (no second copy: the kernel's copy is the only pass
-over memory). The file is never mapped: a shared or
+it is still in the CPU cache, and returns tensors viewing the buffer (no second copy: the
+kernel's copy is the only pass over memory). The file is never mapped: a shared or
 copy-on-write mapping shows later changes of the file (bytes flipped on disk after a load
 changed the next answer while the memory tier held the mapped tensors), so the bytes served
 are exactly the bytes that were verified, whatever happens to the file afterwards.

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import io
 import json
-import multiprocessing
 import struct
-from collections.abc import Callable
 
 import pytest
 import safetensors
@@ -22,7 +19,6 @@ from storage.kv.codec import (
     encode_tensors,
     read_page,
 )
-from storage.kv.hashing import PIPELINE_MIN_BYTES
 from storage.kv.split import decode_split, encode_split, read_header
 from tests.storage.kv_testkit import QWEN2VL_2B, SMALL, assert_same_page, make_page
 
@@ -114,53 +110,6 @@ def test_reading_in_chunks_verifies_every_byte(chunk: int) -> None:
     for short in (blob[:-1], blob[:100], b""):  # the source ends before the size it had
         with pytest.raises(CorruptEntryError):
             read_page(io.BytesIO(short).readinto, len(blob), chunk)
-
-
-def test_large_entries_hashed_beside_the_read_verify_every_byte() -> None:
-    """Entries of PIPELINE_MIN_BYTES or more are hashed on a pool thread while the next chunk
-    is read: every flipped byte and every truncation is still caught, and a read that fails
-    midway leaves the pool free for the next one."""
-    page = make_page(3, (2048, 8, 2, 64, 512))  # 10 MB in bf16
-    blob = encode_page(page).to_bytes()
-    assert len(blob) >= PIPELINE_MIN_BYTES
-    assert_same_page(page, read_page(io.BytesIO(blob).readinto, len(blob)))
-    for bad in _corruptions(blob):
-        with pytest.raises(CorruptEntryError):
-            read_page(io.BytesIO(bad).readinto, len(bad))
-
-    def failing(after: int) -> Callable[[memoryview], int]:
-        src = io.BytesIO(blob)
-
-        def readinto(view: memoryview) -> int:
-            if src.tell() >= after:
-                raise OSError("device gone")
-            return src.readinto(view)
-        return readinto
-
-    for _ in range(8):  # more failed reads than pool threads: none leaves a task waiting
-        with pytest.raises(OSError, match="device gone"):
-            read_page(failing(3 << 20), len(blob))
-    after = concurrent.futures.ThreadPoolExecutor(1).submit(
-        read_page, io.BytesIO(blob).readinto, len(blob))
-    assert_same_page(page, after.result(timeout=60))  # a stuck pool would time out here
-
-
-def _read_large_entry(blob: bytes) -> None:
-    page = read_page(io.BytesIO(blob).readinto, len(blob))
-    assert_same_page(make_page(3, (2048, 8, 2, 64, 512)), page)
-
-
-def test_a_forked_child_hashes_beside_its_reads_too() -> None:
-    """The hashing threads are this process's: a child forked after the parent used them
-    (their threads do not survive the fork) gets its own instead of waiting forever."""
-    blob = encode_page(make_page(3, (2048, 8, 2, 64, 512))).to_bytes()
-    _read_large_entry(blob)  # the parent's pool now has threads
-    child = multiprocessing.get_context("fork").Process(target=_read_large_entry, args=(blob,))
-    child.start()
-    child.join(timeout=120)
-    if child.is_alive():
-        child.kill()
-    assert child.exitcode == 0
 
 
 def test_pages_sharing_a_cached_header_layout_are_each_checked_against_their_own_sum() -> None:
