@@ -17,6 +17,7 @@ Public API:
                                            runs did not answer the same questions
   choose(rows, budget) -> dict             the policy with the best mean accuracy at `budget`
                                            (ties: lower mean LM FLOPs), and the runner-up
+  at_equal_flops(rows, policy, fixed) -> list   a budget per question against fixed budgets
   discordant(records, a, b, budget) -> dict   questions one policy answers and the other not
   write_markdown(doc, path); write_plot(doc, path)
 """
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lab.answers.results import CACHED_REFERENCE, REFERENCE
+from lab.answers.results import BUDGET_FREE, CACHED_REFERENCE, REFERENCE
 
 METRICS = ("accuracy", "accuracy_ratio_to_full", "agreement_with_full", "flops_ratio_lm",
            "ttft_speedup_vs_full", "ttft_speedup_vs_cached")
@@ -80,11 +81,12 @@ def combine(docs: Sequence[dict[str, Any]], names: Sequence[str], command: str =
 
 
 def choose(rows: Sequence[Row], budget: float) -> dict[str, Any]:
-    """The policy (references excluded) with the best mean accuracy over group `all` at
-    `budget`, ties broken by the lower mean LM FLOPs ratio; with the runner-up and each
-    policy's per-run rank."""
+    """The policy with the best mean accuracy over group `all` at `budget`, ties broken by
+    the lower mean LM FLOPs ratio, among those that spend the budget (the references and the
+    budget-free `full_reuse` and `prefix_reuse`, which recomputes every row after the
+    prompt head, are excluded); with the runner-up and how many runs each is first in."""
     cands = [r for r in rows if r["group"] == "all" and r["budget"] == budget
-             and r["policy"] not in (REFERENCE, CACHED_REFERENCE)]
+             and r["policy"] not in {REFERENCE, CACHED_REFERENCE, *BUDGET_FREE}]
     if not cands:
         return {"budget": budget, "policy": None, "runner_up": None}
     ranked = sorted(cands, key=lambda r: (-r["accuracy"]["mean"],
@@ -98,6 +100,54 @@ def choose(rows: Sequence[Row], budget: float) -> dict[str, Any]:
             "mean_accuracy": ranked[0]["accuracy"]["mean"],
             "runner_up_mean_accuracy": ranked[1]["accuracy"]["mean"] if len(ranked) > 1 else None,
             "first_in_runs": {r["policy"]: w for r, w in zip(ranked, wins, strict=True)}}
+
+
+def at_equal_flops(rows: Sequence[Row], policy: str, fixed: str) -> list[dict[str, Any]]:
+    """`policy` (a budget per question, e.g. `conduit_adaptive`) against `fixed` at its fixed
+    budgets, group `all`, per run: for each budget (cap) of `policy`, its accuracy minus that
+    of the cheapest fixed budget spending at least its mean LM FLOPs (`vs_cheapest_above`;
+    its FLOPs as a share of that budget's: `flops_share_of_cheapest_above`), and minus the
+    fixed rule's accuracy interpolated at its FLOPs on the line through full reuse and the
+    fixed budgets (`vs_interpolated`; accuracy rises concavely with FLOPs, so the line lies
+    below the fixed rule's real curve and flatters `policy`). Nothing when either policy is
+    missing."""
+    cells = {(r["policy"], r["budget"]): r for r in rows if r["group"] == "all"}
+    fixed_rows = sorted((b, r) for (p, b), r in cells.items() if p == fixed)
+    anchor = next((r for (p, _), r in cells.items() if p == "full_reuse"), None)
+    out: list[dict[str, Any]] = []
+    for (p, budget), mine in sorted(cells.items()):
+        if p != policy or not fixed_rows:
+            continue
+        above: list[float | None] = []
+        share: list[float | None] = []
+        interp: list[float | None] = []
+        for i, flops in enumerate(mine["flops_ratio_lm"]["runs"]):
+            acc = mine["accuracy"]["runs"][i]
+            pts = sorted((r["flops_ratio_lm"]["runs"][i], r["accuracy"]["runs"][i])
+                         for _, r in fixed_rows)
+            if anchor is not None:
+                pts = sorted([(anchor["flops_ratio_lm"]["runs"][i],
+                               anchor["accuracy"]["runs"][i]), *pts])
+            costlier = [(f, a) for f, a in pts if f >= flops]
+            above.append(acc - costlier[0][1] if costlier else None)
+            share.append(flops / costlier[0][0] if costlier and costlier[0][0] else None)
+            interp.append(acc - _interpolate(pts, flops))
+        out.append({"budget": budget, "flops_ratio_lm": mine["flops_ratio_lm"],
+                    "accuracy": mine["accuracy"], "fixed": fixed,
+                    "vs_cheapest_above": {**_spread(above), "runs": above},
+                    "flops_share_of_cheapest_above": {**_spread(share), "runs": share},
+                    "vs_interpolated": {**_spread(interp), "runs": interp}})
+    return out
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear y at `x` through `points` (sorted by x), held flat beyond the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return points[-1][1]
 
 
 def discordant(records: Sequence[dict[str, Any]], a: str, b: str, budget: float) -> dict:
@@ -153,6 +203,8 @@ def write_markdown(doc: dict[str, Any], path: Path, default_policy: str | None =
             lines.append(f"- `{d['run']}`: of {d['n']} questions, `{choice['policy']}` alone "
                          f"right on {d['a_only']}, `{choice['runner_up']}` alone on "
                          f"{d['b_only']}.")
+    for fixed in dict.fromkeys(["conduit", choice["policy"] or "conduit"]):
+        lines += _equal_flops_lines(at_equal_flops(rows, "conduit_adaptive", fixed))
     if default_policy:
         lines += ["", f"The service's default policy (`CONDUIT_POLICY`): `{default_policy}`."]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -174,6 +226,25 @@ def _family_lines(rows: Sequence[Row], budget: float) -> list[str]:
             lines.append(f"| {p} | " + " | ".join(
                 _cell(cell[(g, p, b)]["accuracy"]) if (g, p, b) in cell else "-"
                 for g in groups) + " |")
+    return lines
+
+
+def _equal_flops_lines(found: list[dict[str, Any]]) -> list[str]:
+    if not found:
+        return []
+    fixed = found[0]["fixed"]
+    lines = ["", f"A budget per question (`conduit_adaptive`) against `{fixed}` at fixed budgets "
+             "(group all; differences in accuracy, mean (min-max) over the runs; 'cheapest "
+             "above': the cheapest fixed budget spending at least as many LM FLOPs; "
+             "'interpolated': on the line through full reuse and the fixed budgets, which "
+             "flatters the budget per question):", "",
+             "| cap | LM FLOPs | accuracy | vs cheapest above | its FLOPs / that budget's | "
+             "vs interpolated |", "|---:|---:|---:|---:|---:|---:|"]
+    for f in found:
+        lines.append(f"| {f['budget']:.2f} | {_cell(f['flops_ratio_lm'])} | "
+                     f"{_cell(f['accuracy'])} | {_cell(f['vs_cheapest_above'])} | "
+                     f"{_cell(f['flops_share_of_cheapest_above'], 2)} | "
+                     f"{_cell(f['vs_interpolated'])} |")
     return lines
 
 

@@ -31,6 +31,7 @@ answer and the reference:
 
 Public API:
   REFERENCE = "full_prefill";  CACHED_REFERENCE = "full_prefill_cached"
+  BUDGET_FREE    policies whose answers do not depend on the budget (run once per question)
   RecordsMismatchError(ValueError)
   Records(path, config)   .done(id, policy, budget) -> bool   .add(records)   .all() -> list
     .pin_model(revision)   the loaded weights' revision: recorded, or checked against the file's
@@ -50,6 +51,7 @@ from lab.answers.questions import EvalItem
 
 REFERENCE = "full_prefill"
 CACHED_REFERENCE = "full_prefill_cached"  # not a registered policy: a second reference
+BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})  # the same answers at every budget
 Record = dict[str, Any]
 
 

@@ -75,7 +75,14 @@ from lab.answers.corpus import EvalCorpus, ingest_documents
 from lab.answers.grading import agreement, score_answer
 from lab.answers.questions import EvalItem, load_items
 from lab.answers.report import write_plot, write_table
-from lab.answers.results import CACHED_REFERENCE, REFERENCE, Record, Records, build_rows
+from lab.answers.results import (
+    BUDGET_FREE,
+    CACHED_REFERENCE,
+    REFERENCE,
+    Record,
+    Records,
+    build_rows,
+)
 from storage.keys import PageHash
 from storage.metadata import Page
 from worker.answer_job import (
@@ -90,7 +97,6 @@ from worker.context import WorkerContext, build_context
 from worker.ingest_job import ensure_prefilled
 from worker.settings import Settings
 
-BUDGET_FREE = frozenset({"full_reuse", "prefix_reuse"})
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check
 CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.answers.across import choose, combine, discordant
+from lab.answers.across import at_equal_flops, choose, combine, discordant
 from lab.cli import main
 
 META = {"questions_answered": 4, "pages_mode": "shown", "pages_per_question_mean": 6.0,
@@ -91,3 +91,23 @@ def test_command_writes_json_markdown_and_plot(tmp_path: Path,
     capsys.readouterr()
     assert main(["eval", "across", paths[0], str(bad), "--out", str(out)]) == 2
     assert "cannot combine the runs" in capsys.readouterr().err
+
+
+def test_a_budget_per_question_against_fixed_budgets_at_equal_flops() -> None:
+    """The cheapest fixed budget spending at least the per-question budget's FLOPs, and the
+    line through full reuse and the fixed budgets; budget-free policies are never chosen."""
+    def run(adaptive_acc: float) -> dict:
+        rows = [_row("all", "full_prefill", 1.0, 0.9, 1.0),
+                _row("all", "full_reuse", 0.1, 0.4, 0.02),
+                _row("all", "prefix_reuse", 0.1, 0.9, 1.0),
+                _row("all", "conduit", 0.05, 0.8, 0.08), _row("all", "conduit", 0.1, 0.85, 0.14),
+                _row("all", "conduit_adaptive", 0.1, adaptive_acc, 0.05)]
+        return {"meta": META, "rows": rows}
+
+    doc = combine([run(0.82), run(0.78)], ["s0", "s1"])
+    assert doc["choice"]["policy"] == "conduit"  # prefix_reuse's 0.9 is not a budget's
+    (found,) = at_equal_flops(doc["rows"], "conduit_adaptive", "conduit")
+    assert found["vs_cheapest_above"]["runs"] == pytest.approx([0.02, -0.02])
+    assert found["flops_share_of_cheapest_above"]["mean"] == pytest.approx(0.05 / 0.08)
+    assert found["vs_interpolated"]["runs"] == pytest.approx([0.22, 0.18])  # line at 0.6
+    assert at_equal_flops(doc["rows"], "conduit_adaptive", "no_such_policy") == []
