@@ -69,14 +69,17 @@ def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
     full = {g: _acc(cells, g, _REFERENCE, 1.0) for g in ["all", *(f"family={f}" for f in families)]}
     if full["all"] is None or (("all", policy, budget) not in cells):
         raise KeyError(f"the table lacks {_REFERENCE} or {policy} at {budget:g}")
-    reuse_budget = next(b for g, p, b in sorted(cells) if p == _REUSE and g == "all")
+    reuse_budget = next((b for g, p, b in sorted(cells) if p == _REUSE and g == "all"), None)
     out = [_at_least("full prefill overall", full["all"], 0.90 - slack, f">= {0.90 - slack:.2f}")]
     for fam in families:
-        gap = (full[f"family={fam}"] or 0.0) - (
-            _acc(cells, f"family={fam}", _REUSE, reuse_budget) or 0.0)
+        reuse = None if reuse_budget is None else _acc(cells, f"family={fam}", _REUSE,
+                                                       reuse_budget)
+        ref = full[f"family={fam}"]
+        gap = None if reuse is None or ref is None else ref - reuse
         if fam == CONTROL:
             out.append(Check(f"full reuse on {fam}: full prefill minus it", gap,
-                             f"<= {0.02 + slack:.2f}", gap <= 0.02 + slack + 1e-12))
+                             f"<= {0.02 + slack:.2f}",
+                             gap is not None and gap <= 0.02 + slack + 1e-12))
         elif fam in CROSS_PAGE:
             out.append(_at_least(f"full reuse on {fam}: full prefill minus it", gap,
                                  0.15 - slack, f">= {0.15 - slack:.2f}"))

@@ -65,3 +65,10 @@ def test_command(doc: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     capsys.readouterr()
     assert main(["testbed", "criteria", str(TABLE), "--policy", "no_such_policy"]) == 2
     assert "lacks full_prefill or no_such_policy at 0.1" in capsys.readouterr().err
+
+
+def test_a_table_without_full_reuse_fails_its_gaps(doc: dict) -> None:
+    no_reuse = {**doc, "rows": [r for r in doc["rows"] if r["policy"] != "full_reuse"]}
+    gaps = [c for c in check(no_reuse, "conduit_per_page") if c.name.startswith("full reuse")]
+    assert len(gaps) == 4 and not any(c.holds for c in gaps)
+    assert all(c.value is None for c in gaps)
