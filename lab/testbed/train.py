@@ -26,7 +26,7 @@ a fixed set drawn from another seed) is logged to `history.jsonl` and shown on t
 Checkpoints (`checkpoint.safetensors`: model and AdamW state; `state.json`: step and config)
 are written atomically every `ckpt_every` steps, with `curve.png`; `model.safetensors` holds
 the final weights. A resumed run first drops the history records written after its last
-checkpoint (those steps are trained again).
+checkpoint (those steps are trained again); a fresh run into a used folder drops them all.
 
 Public API:
   TrainConfig(out, steps, stop_at, batch_size, lr, warmup, aux_weight, glyph_layer, glyph_weight,
@@ -278,7 +278,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     step = 0
     if resume and (cfg.out / "checkpoint.safetensors").is_file():
         step = _load_checkpoint(cfg.out, model, opt)
-        _trim_history(cfg.out / "history.jsonl", step)
+    _trim_history(cfg.out / "history.jsonl", step)  # a fresh run keeps no earlier records
     heldout = heldout_samples(cfg.seed, cfg.shape, cfg.heldout)
     history = (cfg.out / "history.jsonl").open("a")
     last: dict[str, float] = {}

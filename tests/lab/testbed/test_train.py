@@ -40,6 +40,9 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(tmp_path):
     vlm = load_checkpoint_vlm(resumed / "model.safetensors")  # the weights load back exactly
     state = vlm.model.state_dict()
     assert all(torch.equal(state[k], b[k]) for k in b)
+    train(_cfg(resumed, 2))  # a fresh run into the used folder starts a fresh history
+    steps = [json.loads(x)["step"] for x in (resumed / "history.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
 
 
 def test_export_writes_float16_weights_the_builtin_loads(tmp_path):
