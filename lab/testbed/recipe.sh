@@ -9,7 +9,8 @@
 #   made; `conduit-lab eval across` then gives each policy's mean and spread over the seeds.
 # Every step is resumable: rerun the same command after a stop; a finished stage is marked
 # DONE, a stopped one continues from its last checkpoint (every 100 steps), the evaluation
-# from its records. About 3.5 hours of training with two threads to itself on the 2-core CPU.
+# from its records. 3,200 steps: 3.5 to 6 hours with two threads to itself on this kind of
+# 2-core machine (3.3 to 7 s a step, by the machine), then 45-80 minutes of evaluation.
 set -euo pipefail
 SEED=${1:?seed}; RUNS=${2:?runs folder}; THREADS=${3:-2}
 cd "$(dirname "$0")/../.."
