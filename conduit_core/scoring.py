@@ -95,11 +95,6 @@ class ScoreConfig:
         return rows if self.query_window is None else rows[-self.query_window:]
 
 
-def _head_agg(x: torch.Tensor, how: str) -> torch.Tensor:
-    """Aggregate (H, ...) over query heads."""
-    return x.mean(dim=0) if how == "mean" else x.amax(dim=0)
-
-
 class ScoreAccumulator:
     """Running per-token sums of the scoring pass (see the module docstring)."""
 

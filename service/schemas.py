@@ -16,12 +16,6 @@ MAX_SCOPE_DOCUMENTS = 1000
 MAX_LAYER = 1024
 
 
-class ErrorOut(BaseModel):
-    """Body of every 4xx/5xx response."""
-
-    detail: str
-
-
 class CollectionIn(BaseModel):
     """Create a collection."""
 

@@ -12,7 +12,7 @@ runtime copies them as they are and dequantises on its device with the same form
 
 Public API:
   quantize_keys(keys) -> (int8, scale (L, H, 1, D));  quantize_values(values) -> (int8,
-  scale (L, H, T, 1));  dequantize(q, scale, dtype);  int8_parts(page) -> (keys.q,
+  scale (L, H, T, 1));  int8_parts(page) -> (keys.q,
   keys.scale, values.q, values.scale) of a page in either form (an int8 page as it is)
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from conduit_core.page_kv import PageKV, dequantize_int8
+from conduit_core.page_kv import PageKV
 
 QMAX = 127
 _MIN_SCALE = 1e-30
@@ -41,11 +41,6 @@ def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_values(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token int8 of `(L, H, T, D)` values: int8 tensor and float32 scales `(L, H, T, 1)`."""
     return _quantize(values, dim=3)
-
-
-def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of the quantisers above, cast to `dtype` (`dequantize_int8`)."""
-    return dequantize_int8(q, scale, dtype)
 
 
 def int8_parts(page: PageKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
