@@ -287,18 +287,3 @@ def run_retrieval_eval(
     summary.update(score_rankings(corpus, items, rankings, ks))
     return summary
 
-
-def format_summary(summary: dict[str, object]) -> str:
-    """A few human-readable lines for a summary from `run_retrieval_eval`."""
-    lines = [f"{summary['documents']} documents, {summary['pages']} pages "
-             f"({summary['ocr_pages']} by OCR), {summary['questions']} questions, "
-             f"{summary['scored_questions']} with gold pages"]
-    for name in ("page_recall", "page_hit", "doc_hit"):
-        values = summary.get(name)
-        if isinstance(values, dict):
-            cells = "  ".join(f"@{k}={v:.3f}" for k, v in values.items() if v is not None)
-            lines.append(f"{name:12s} {cells}")
-    failed = summary.get("failed_documents")
-    if isinstance(failed, dict) and failed:
-        lines.append("not ingested: " + "; ".join(f"{k}: {v}" for k, v in failed.items()))
-    return "\n".join(lines)
