@@ -20,6 +20,7 @@ from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError
 from worker.limits import check_question_length
 from worker.page_cache import CacheReport, load_pages
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
 from worker.retrieval.hybrid import Candidate, search
@@ -29,17 +30,6 @@ from worker.retrieval.snippet import Snippet, best_snippet
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
-
-ANSWER_PREFIX = (
-    "You answer questions about the document pages shown. Answer briefly and cite pages "
-    "by their labels."
-)
-
-
-def page_label(filename: str, number: int) -> str:
-    """The text placed before a page in the assembled prompt (and cited with it)."""
-    return f"[{filename} p.{number}]"
-
 
 @dataclass(frozen=True)
 class Citation:

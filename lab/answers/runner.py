@@ -85,16 +85,10 @@ from lab.answers.results import (
 )
 from storage.keys import PageHash
 from storage.metadata import Page
-from worker.answer_job import (
-    ANSWER_PREFIX,
-    Question,
-    effective_options,
-    page_label,
-    reading_order,
-    retrieve,
-)
+from worker.answer_job import Question, effective_options, reading_order, retrieve
 from worker.context import WorkerContext, build_context
 from worker.ingest_job import ensure_prefilled
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check

@@ -35,9 +35,9 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.default_model import a4_page
-from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.engine import AnswerEngine
 from worker.engine_metrics import PREFILL_PHASES
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
 

@@ -30,7 +30,7 @@ from conduit_core.adapters.base import VLMAdapter
 from conduit_core.layout import build_layout
 from lab.testbed.glyphs import ALPHABET, draw_grid
 from lab.testbed.task import FAMILIES, PAGE, Document, Question, Record, Shape, make_document
-from worker.answer_job import ANSWER_PREFIX
+from worker.prompt import ANSWER_PREFIX
 
 
 def page_image(rows: list[str]) -> Image.Image:

@@ -34,7 +34,7 @@ from lab.testbed.probe import (
     refreshed_cells,
 )
 from lab.testbed.task import SLOT
-from worker.answer_job import ANSWER_PREFIX, page_label
+from worker.prompt import ANSWER_PREFIX, page_label
 
 
 def record_cells(s: Sample) -> set[tuple[int, int]]:

@@ -21,7 +21,7 @@ from conduit_core import PageInput, ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
-from worker.answer_job import ANSWER_PREFIX, page_label
+from worker.prompt import ANSWER_PREFIX, page_label
 
 
 def _top(values: list[float], k: int) -> set[int]:

@@ -38,7 +38,7 @@ from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
 from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages
 from lab.testbed.train import model_tensors
-from worker.answer_job import ANSWER_PREFIX, page_label
+from worker.prompt import ANSWER_PREFIX, page_label
 
 PAGE_MODES = ("gold", "distractors")
 SHOWN = 6  # pages shown with distractors (evidence included), as `testbed generate` writes

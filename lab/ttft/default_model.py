@@ -31,7 +31,7 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
-from worker.answer_job import ANSWER_PREFIX, page_label
+from worker.prompt import ANSWER_PREFIX, page_label
 
 MODEL = "builtin:small-qwen2-vl"
 QUESTION = "What is the total amount due on the invoice, and who signed the contract?"

@@ -18,7 +18,7 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
-from worker.answer_job import ANSWER_PREFIX, page_label
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
 

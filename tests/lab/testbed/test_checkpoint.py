@@ -10,8 +10,8 @@ from conduit_core.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.generate import RENDER_DPI, generate
-from worker.answer_job import ANSWER_PREFIX, page_label
 from worker.ingest.render import render_page
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
 CROSS_PAGE = ("reference", "split", "legend")

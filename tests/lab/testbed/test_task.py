@@ -33,8 +33,8 @@ from lab.testbed.task import (
     Shape,
     make_document,
 )
-from worker.answer_job import ANSWER_PREFIX
 from worker.ingest.render import render_page
+from worker.prompt import ANSWER_PREFIX
 from worker.settings import Settings
 
 SMALL = Shape(cols=16, rows=8, pages=(6, 6), shown=(4, 4))  # 128 cells a page: fast batches

@@ -2,6 +2,9 @@
 from weights keeps their vision tower."""
 
 import json
+import os
+import subprocess
+import sys
 
 import torch
 from safetensors.torch import load_file
@@ -118,3 +121,14 @@ def test_an_exported_folder_serves_as_the_builtin_does(tmp_path):
     (kv_a,), (kv_b,) = (ReuseRuntime(v).prefill_pages([page]) for v in (folder, builtin))
     assert kv_a.num_tokens == 256 + 2  # the page's cells between its vision markers
     assert torch.equal(kv_a.keys, kv_b.keys) and torch.equal(kv_a.values, kv_b.values)
+
+
+def test_training_imports_none_of_the_pipelines_libraries():
+    """A training process (on a GPU loan too, where these packages must be carried) lays prompts
+    out as the service does without importing storage, retrieval, ingest or the web stack."""
+    code = ("import sys, lab.testbed.train; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'pymupdf', 'tantivy', "
+            "'bm25s', 'redis', 'celery', 'fastapi', 'storage', 'service'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.stdout.strip() == "[]"
