@@ -165,9 +165,10 @@ def _ingest(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from conduit_core.answer_types import PolicyOptions
     from service.hardening import private_home
-    from worker.answer_job import Question, answer_question, parse_layers
+    from worker.answer_job import Question, answer_question
     from worker.context import build_context
     from worker.errors import WorkerError
+    from worker.policy_options import parse_layers
 
     settings = Settings()
     private_home(settings.home.resolve())  # a prefill writes page KV under it

@@ -7,12 +7,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
-from conduit_core.policies import POLICIES, get_policy, resolve_policy
+from conduit_core.policies import POLICIES, resolve_policy
 from conduit_core.scoring import ScoreConfig
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
@@ -20,6 +20,7 @@ from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError
 from worker.limits import check_question_length
 from worker.page_cache import CacheReport, load_pages
+from worker.policy_options import effective_options
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
@@ -27,7 +28,6 @@ from worker.retrieval.hybrid import Candidate, search
 from worker.retrieval.index.pipeline import index_hits
 from worker.retrieval.query_clean import retrieval_query
 from worker.retrieval.snippet import Snippet, best_snippet
-from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -80,40 +80,6 @@ class Question:
     bm25_weight: float | None = None  # None = the deployment's setting
     dense_weight: float | None = None
     options: PolicyOptions = field(default_factory=PolicyOptions)
-
-
-def parse_layers(text: str | None) -> str | tuple[int, int] | None:
-    """'all' or 'start:stop' (from settings or the CLI) as a `PolicyOptions.score_layers`."""
-    if text is None or text == "all":
-        return text
-    start, _, stop = text.partition(":")
-    return int(start), int(stop)
-
-
-def default_options(settings: Settings) -> PolicyOptions:
-    """The deployment's CONDUIT knobs from settings."""
-    return PolicyOptions(gamma=settings.gamma, score_layers=parse_layers(settings.score_layers),
-                         query_window=settings.query_window, head_agg=settings.head_agg)
-
-
-def merge_options(base: PolicyOptions, override: PolicyOptions) -> PolicyOptions:
-    """`override`'s set knobs over `base`'s."""
-    return PolicyOptions(**{f.name: getattr(override, f.name) if getattr(override, f.name)
-                            is not None else getattr(base, f.name) for f in fields(base)})
-
-
-def effective_options(settings: Settings, policy: str, requested: PolicyOptions
-                      ) -> PolicyOptions:
-    """The knobs `policy` runs with: the request's over the deployment's. The deployment's
-    CONDUIT knobs apply only to policies that take options, and never to a knob that defines
-    a variant (`conduit_no_amp` keeps gamma = 0 whatever `CONDUIT_GAMMA` says); a request
-    that sets a knob for a policy without options, or a defining one, is refused."""
-    chosen = get_policy(policy)
-    if not hasattr(chosen, "with_options"):
-        return requested
-    fixed: frozenset[str] = getattr(chosen, "fixed", frozenset())
-    base = replace(default_options(settings), **dict.fromkeys(fixed))
-    return merge_options(base, requested)
 
 
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,

