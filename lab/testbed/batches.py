@@ -3,7 +3,7 @@
 A sample is one question over a subset of a document's pages: the pages the answer needs plus
 distractor pages of the same document up to `Shape.shown` pages, in document order (the
 service's reading order within a document), each preceded by the service's page
-label and the whole prompt under the service's answer prefix (`worker.answer_job`), laid out
+label and the whole prompt under the service's answer prefix (`worker.prompt`), laid out
 by the runtime's own `build_layout`. Page pixels come from a per-glyph table of patch vectors
 taken from the model's image processor, so no image is resized or normalised per step.
 
