@@ -33,3 +33,35 @@ then
   fi
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
+
+# The large wheels (PDF ingest, the retrieval embedder: `lab/gpu/wheels.sh --large`), carried
+# in parts over several calls into CONDUIT_GPU_LARGE (default .carry; a warm machine keeps
+# ignored paths between calls): once every part is there and the whole checks out, they are
+# installed into the same site; until then a script says which parts are missing and runs
+# without them (its load and answers steps are skipped).
+LARGE_DIR="${CONDUIT_GPU_LARGE:-.carry}"
+if [[ -f "$LARGE_DIR/large-1/whole" ]] && ! "$PY" -c "import pymupdf" 2>/dev/null; then
+  read -r LARGE_SUM LARGE_N < "$LARGE_DIR/large-1/whole"
+  SITE="${CONDUIT_GPU_SITE:-/tmp/conduit-site}"
+  missing=()
+  for (( k = 1; k <= LARGE_N; k++ )); do
+    [[ -f "$LARGE_DIR/large-$k/part" ]] || missing+=("large-$k")
+  done
+  if (( ${#missing[@]} )); then
+    echo "large wheels not installed: ${missing[*]} of $LARGE_N not carried yet" >&2
+  elif [[ ! -f "$SITE/.installed-large-$LARGE_SUM" ]]; then
+    LARGE_TMP=$(mktemp -d)
+    for (( k = 1; k <= LARGE_N; k++ )); do cat "$LARGE_DIR/large-$k/part"; done \
+      > "$LARGE_TMP/large.tar"
+    if [[ "$(sha256sum "$LARGE_TMP/large.tar" | cut -d' ' -f1)" != "$LARGE_SUM" ]]; then
+      echo "large wheels not installed: the parts do not make the whole (sha256)" >&2
+    else
+      tar -xf "$LARGE_TMP/large.tar" -C "$LARGE_TMP"
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$LARGE_TMP"/*.whl || { echo "installing large wheels failed" >&2; exit 2; }
+      touch "$SITE/.installed-large-$LARGE_SUM"
+    fi
+    rm -rf "$LARGE_TMP"
+  fi
+  [[ ":${PYTHONPATH:-}:" == *":$SITE:"* ]] || export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi

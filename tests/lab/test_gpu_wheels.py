@@ -4,6 +4,7 @@ large to carry; lab/gpu/env.sh installs carried wheels for a Python that lacks t
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import os
 import re
@@ -16,6 +17,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 LIST = ROOT / "lab" / "gpu" / "device-wheels.txt"
+LARGE = ROOT / "lab" / "gpu" / "device-wheels-large.txt"
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -23,24 +25,25 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _groups() -> tuple[dict[str, str], set[str], set[str]]:
-    """(carried name -> version, image names, too-large names) as the file lists them."""
-    carried: dict[str, str] = {}
-    groups: dict[str, set[str]] = {"image": set(), "too large": set()}
-    current: set[str] | None = None
+def _pins(path: Path) -> dict[str, str]:
+    """name -> version of a requirements file's `name==version` lines."""
+    pins = (line.split("==") for line in path.read_text().splitlines()
+            if line and not line.startswith("#"))
+    return {_norm(name): version for name, version in pins}
+
+
+def _groups() -> tuple[dict[str, str], set[str], dict[str, str]]:
+    """(carried name -> version, image names, too-large name -> version) as the files list
+    them."""
+    image: set[str] = set()
+    listing = False
     for line in LIST.read_text().splitlines():
-        if line.startswith("# image"):
-            current = groups["image"]
-        elif line.startswith("# too large"):
-            current = groups["too large"]
-        elif line.startswith("#   ") and current is not None:
-            words = line[4:].split()
-            if all(NAME.match(w) for w in words):
-                current.update(words)
-        elif line and not line.startswith("#"):
-            name, version = line.split("==")
-            carried[_norm(name)] = version
-    return carried, groups["image"], groups["too large"]
+        if line.startswith("#   "):
+            if listing:
+                image.update(w for w in line[4:].split() if NAME.match(w))
+        elif line.startswith("#"):
+            listing = line.startswith("# image")
+    return _pins(LIST), image, _pins(LARGE)
 
 
 def _runtime_closure() -> dict[str, str]:
@@ -69,33 +72,35 @@ def _runtime_closure() -> dict[str, str]:
 def test_every_runtime_package_is_carried_on_the_image_or_named_too_large():
     carried, image, large = _groups()
     assert "transformers" in carried and "torch" in image and "pymupdf" in large
-    assert not (set(carried) & image) and not (set(carried) & large) and not (image & large)
+    assert not (set(carried) & image) and not (set(carried) & set(large))
+    assert not (image & set(large))
     closure = _runtime_closure()
-    missing = sorted(set(closure) - set(carried) - image - large)
+    missing = sorted(set(closure) - set(carried) - image - set(large))
     assert not missing, f"add these to lab/gpu/device-wheels.txt: {missing}"
-    stale = {k: (v, closure[k]) for k, v in carried.items() if closure.get(k) != v}
+    pinned = {**carried, **large}
+    stale = {k: (v, closure[k]) for k, v in pinned.items() if closure.get(k) != v}
     assert not stale, f"carried pins differ from the lock (listed, installed): {stale}"
 
 
-def _wheel(folder: Path) -> Path:
-    """A minimal pure-Python wheel of a module `conduit_wheel_probe`."""
-    path = folder / "conduit_wheel_probe-1.0-py3-none-any.whl"
-    info = "conduit_wheel_probe-1.0.dist-info"
+def _wheel(folder: Path, module: str = "conduit_wheel_probe") -> Path:
+    """A minimal pure-Python wheel of a module `module`."""
+    path = folder / f"{module}-1.0-py3-none-any.whl"
+    info = f"{module}-1.0.dist-info"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr("conduit_wheel_probe.py", "CARRIED = True\n")
+        zf.writestr(f"{module}.py", "CARRIED = True\n")
         zf.writestr(f"{info}/METADATA",
-                    "Metadata-Version: 2.1\nName: conduit-wheel-probe\nVersion: 1.0\n")
+                    f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n")
         zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
                     "Root-Is-Purelib: true\nTag: py3-none-any\n")
         zf.writestr(f"{info}/RECORD", "")
     return path
 
 
-def _sourced(python: Path, wheels: Path, site: Path) -> subprocess.CompletedProcess[str]:
-    script = ('source lab/gpu/env.sh && "$PY" -c '
-              '"import conduit_wheel_probe as m; print(m.CARRIED)"')
+def _sourced(python: Path, wheels: Path, site: Path, large: Path | None = None,
+             module: str = "conduit_wheel_probe") -> subprocess.CompletedProcess[str]:
+    script = f'source lab/gpu/env.sh && "$PY" -c "import {module} as m; print(m.CARRIED)"'
     env = {**os.environ, "PYTHON": str(python), "CONDUIT_GPU_WHEELS": str(wheels),
-           "CONDUIT_GPU_SITE": str(site)}
+           "CONDUIT_GPU_SITE": str(site), "CONDUIT_GPU_LARGE": str(large or site / "none")}
     env.pop("PYTHONPATH", None)
     return subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -116,3 +121,39 @@ def test_env_installs_carried_wheels_for_a_python_that_lacks_the_projects_packag
     ours = _sourced(Path(sys.executable), wheels, tmp_path / "untouched")
     assert ours.returncode != 0  # the project's own Python has its packages: nothing installed
     assert not (tmp_path / "untouched").exists()
+
+
+def _parts(folder: Path, wheel: Path, n: int) -> None:
+    """`wheel` in a tar cut into `n` parts laid out as `wheels.sh --large` lays them out."""
+    folder.mkdir(parents=True)
+    tar = folder / "whole.tar"
+    subprocess.run(["tar", "-cf", str(tar), "-C", str(wheel.parent), wheel.name], check=True)
+    data = tar.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    step = -(-len(data) // n)
+    for k in range(n):
+        part = folder / f"large-{k + 1}"
+        part.mkdir()
+        (part / "part").write_bytes(data[k * step:(k + 1) * step])
+        (part / "whole").write_text(f"{digest} {n}\n")
+    tar.unlink()
+
+
+def test_env_installs_the_large_wheels_once_every_part_is_carried(tmp_path):
+    made = tmp_path / "made"
+    made.mkdir()
+    large = tmp_path / "carry"
+    _parts(large, _wheel(made, "conduit_large_probe"), 3)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, timeout=300)
+    python, none, site = bare / "bin" / "python", tmp_path / "no-wheels", tmp_path / "site"
+    (large / "large-2" / "part").rename(tmp_path / "held-back")
+    out = _sourced(python, none, site, large, "conduit_large_probe")
+    assert out.returncode != 0 and "large-2 of 3 not carried yet" in out.stderr
+    good = (tmp_path / "held-back").read_bytes()
+    (large / "large-2" / "part").write_bytes(b"x" + good[1:])  # a part that is not the one
+    out = _sourced(python, none, site, large, "conduit_large_probe")
+    assert out.returncode != 0 and "do not make the whole" in out.stderr
+    (large / "large-2" / "part").write_bytes(good)
+    out = _sourced(python, none, site, large, "conduit_large_probe")
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
