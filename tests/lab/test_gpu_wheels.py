@@ -157,3 +157,22 @@ def test_env_installs_the_large_wheels_once_every_part_is_carried(tmp_path):
     (large / "large-2" / "part").write_bytes(good)
     out = _sourced(python, none, site, large, "conduit_large_probe")
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+def test_testbed_pack_brings_back_each_seeds_last_finished_weights(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "out"
+    for run, finished in [("s0", True), ("s0-stage3", True), ("s0-stage4", False),
+                          ("s1", True), ("s2", False)]:
+        (results / run).mkdir(parents=True)
+        (results / run / "history.jsonl").write_text('{"step": 1}\n')
+        (results / run / "checkpoint.safetensors").write_bytes(b"optimizer state")
+        if finished:
+            (results / run / "model.safetensors").write_bytes(run.encode())
+    subprocess.run(["bash", "lab/gpu/testbed_pack.sh", str(results), str(out)], cwd=ROOT,
+                   check=True, capture_output=True, timeout=60)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "s0-stage3.safetensors", "s1-stage2.safetensors", "testbed_runs.tgz"]
+    assert (out / "s0-stage3.safetensors").read_bytes() == b"s0-stage3"
+    listing = subprocess.run(["tar", "-tzf", str(out / "testbed_runs.tgz")], check=True,
+                             capture_output=True, text=True).stdout
+    assert "./s2/history.jsonl" in listing and ".safetensors" not in listing
