@@ -22,13 +22,16 @@ require_device() {
 # CONDUIT_GPU_SITE (default /tmp/conduit-site), which goes first on PYTHONPATH, so the carried
 # pins (transformers among them) win over the image's.
 WHEELS="${CONDUIT_GPU_WHEELS:-.whl}"
+SITE="${CONDUIT_GPU_SITE:-/tmp/conduit-site}"
+install_into_site() {  # WHEEL...: into $SITE, from these files alone
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "$@"
+}
 if compgen -G "$WHEELS/*.whl" > /dev/null && ! "$PY" -c "import pydantic_settings" 2>/dev/null
 then
-  SITE="${CONDUIT_GPU_SITE:-/tmp/conduit-site}"
   STAMP="$SITE/.installed-$(ls "$WHEELS" | sha256sum | cut -c1-16)"
   if [[ ! -f "$STAMP" ]]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$SITE" "$WHEELS"/*.whl || { echo "installing $WHEELS failed" >&2; exit 2; }
+    install_into_site "$WHEELS"/*.whl || { echo "installing $WHEELS failed" >&2; exit 2; }
     touch "$STAMP"
   fi
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
@@ -42,7 +45,6 @@ fi
 LARGE_DIR="${CONDUIT_GPU_LARGE:-.carry}"
 if [[ -f "$LARGE_DIR/large-1/whole" ]] && ! "$PY" -c "import pymupdf" 2>/dev/null; then
   read -r LARGE_SUM LARGE_N < "$LARGE_DIR/large-1/whole"
-  SITE="${CONDUIT_GPU_SITE:-/tmp/conduit-site}"
   missing=()
   for (( k = 1; k <= LARGE_N; k++ )); do
     [[ -f "$LARGE_DIR/large-$k/part" ]] || missing+=("large-$k")
@@ -57,8 +59,8 @@ if [[ -f "$LARGE_DIR/large-1/whole" ]] && ! "$PY" -c "import pymupdf" 2>/dev/nul
       echo "large wheels not installed: the parts do not make the whole (sha256)" >&2
     else
       tar -xf "$LARGE_TMP/large.tar" -C "$LARGE_TMP"
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$LARGE_TMP"/*.whl || { echo "installing large wheels failed" >&2; exit 2; }
+      install_into_site "$LARGE_TMP"/*.whl \
+        || { echo "installing large wheels failed" >&2; exit 2; }
       touch "$SITE/.installed-large-$LARGE_SUM"
     fi
     rm -rf "$LARGE_TMP"
