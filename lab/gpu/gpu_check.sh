@@ -19,6 +19,9 @@
 # skipped and say so. The packages the machine lacks otherwise travel as wheels (wheels.sh).
 # Results: lab/gpu/results/run-<UTC time>/ (CONDUIT_GPU_RESULTS to choose), steps.txt lists
 # every step's exit code and seconds; the exit code is the first failing step's.
+# CONDUIT_GPU_CHECK_STEPS (comma-separated names) runs those steps alone, the others are listed
+# as not asked for; CONDUIT_GPU_CHECK_DEADLINE_S (default 570) sets the deadline, so that a
+# call can run the correctness steps beside a training and the timing steps after it.
 # CONDUIT_GPU_CHECK_DEVICE=cpu runs the same steps on the CPU at tiny shapes (a dry run of
 # the script itself; the checks and suites it runs are those of the GPU run).
 set -uo pipefail
@@ -27,12 +30,17 @@ source lab/gpu/env.sh  # PY, DEVICE, offline hubs, require_device
 require_device
 OUT="${CONDUIT_GPU_RESULTS:-lab/gpu/results/run-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
-DEADLINE=$(( $(date +%s) + 570 ))
+DEADLINE=$(( $(date +%s) + ${CONDUIT_GPU_CHECK_DEADLINE_S:-570} ))
+ASKED=",${CONDUIT_GPU_CHECK_STEPS:-check_bf16,tests_bf16,check_fp32,ttft,load,tests_fp32,answers},"
 STATUS=0
 
 step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log to OUT/NAME.log
   local name=$1 limit=$2 left t0 rc
   shift 2
+  if [[ $ASKED != *",$name,"* ]]; then
+    echo "$name not asked for" | tee -a "$OUT/steps.txt"
+    return
+  fi
   left=$(( DEADLINE - $(date +%s) ))
   (( left < limit )) && limit=$left
   if (( limit < 30 )); then

@@ -8,10 +8,10 @@ by the runtime's own `build_layout`. Page pixels come from a per-glyph table of 
 taken from the model's image processor, so no image is resized or normalised per step.
 
 Public API:
-  GlyphPatches(processor)          .page_pixels(rows) -> (cells * 4, C * tp * p * p) float32
+  GlyphPatches(processor)          .page_pixels(rows) -> (cells * 4, C * tp * p * p) float32, .page_cells
   Sample(doc, question, pages, doc_name)     one question; .labels(), .text
   draw_sample(rng, shape, follow_ups, shown=None, pair_share=None) -> Sample
-  Batch(ids, position_ids, pixel_values, grids, targets)   targets: (row, col, token) triples
+  Batch(ids, position_ids, cells, table, grids, targets)   .pixel_values; targets: triples
   Layouts(adapter, shape)          memoised build_layout of samples
   make_batch(samples, layouts, patches) -> Batch
   page_image(rows) -> PIL.Image    the page as the ingest path renders it
@@ -52,10 +52,13 @@ class GlyphPatches:
         self.table = pv.view(len(ALPHABET), 4, -1)  # (glyphs, 4, D)
         self.index = {ch: i for i, ch in enumerate(ALPHABET)}
 
+    def page_cells(self, rows: list[str]) -> torch.Tensor:
+        """Each cell's glyph index into `table`, (cells,) int64, cells in raster order."""
+        return torch.tensor([self.index[ch] for line in rows for ch in line])
+
     def page_pixels(self, rows: list[str]) -> torch.Tensor:
         """The processor's pixel_values of a page, (cells * 4, D), cells in raster order."""
-        ids = torch.tensor([self.index[ch] for line in rows for ch in line])
-        return self.table[ids].reshape(-1, self.table.shape[-1])
+        return self.table[self.page_cells(rows)].reshape(-1, self.table.shape[-1])
 
 
 @dataclass
@@ -116,11 +119,15 @@ def draw_sample(rng: random.Random, shape: Shape = PAGE, follow_ups: int = 0,
 
 @dataclass
 class Batch:
-    """Right-padded token ids (B, N), positions (3, B, N), pixels and loss targets."""
+    """Right-padded token ids (B, N), positions (3, B, N), pixels and loss targets.
+
+    Pixels travel as glyph indices plus the glyph table and are gathered where they are used
+    (on the device): a step's pixel values are hundreds of MB, its indices a few kB."""
 
     ids: torch.Tensor
     position_ids: torch.Tensor
-    pixel_values: torch.Tensor
+    cells: torch.Tensor  # (pages * cells,) int64: each shown cell's glyph, pages in order
+    table: torch.Tensor  # (glyphs, 4, D): `GlyphPatches.table`
     grids: torch.Tensor  # (pages, 3)
     aux: torch.Tensor  # (A, 3) int64: batch row, sequence index, target token
     glyphs: torch.Tensor  # (G, 3) int64: every cell's own glyph (batch row, index, token)
@@ -131,6 +138,11 @@ class Batch:
     look_q: torch.Tensor  # (L, 3) int64: batch row, question position, its key cell's position
     look_p: torch.Tensor  # (R, 3) int64: batch row, a key cell, the cell on another page it reads
     held: torch.Tensor  # (H, 3) int64: batch row, a key cell, what it names early (`_held`)
+
+    @property
+    def pixel_values(self) -> torch.Tensor:
+        """The processor's pixel_values of every shown page, (pages * cells * 4, D)."""
+        return self.table[self.cells].reshape(-1, self.table.shape[-1])
 
 
 class Layouts:
@@ -261,7 +273,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     tok = layouts.adapter.tokenizer
     cols = layouts.shape.cols
     t = _Targets()
-    rows_ids, rows_pos, pixels = [], [], []
+    rows_ids, rows_pos, cells = [], [], []
     for b, s in enumerate(samples):
         ids, pos, starts, nxt = layouts.layout(s)
         start_of = dict(zip(s.pages, starts, strict=True))
@@ -286,7 +298,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
             if r.page in start_of and r.family in ("lookup", "legend"):
                 t.held.append((b, cell_at[r.key], layouts.token_of(_held(s.doc, r))))
         for start, page in zip(starts, s.pages, strict=True):
-            pixels.append(patches.page_pixels(s.doc.pages[page]))
+            cells.append(patches.page_cells(s.doc.pages[page]))
             for cell, ch in s.doc.aux_targets(page, s.pages):
                 t.aux.append((b, start + 1 + cell, layouts.token_of(ch)))
             t.glyphs += [(b, start + 1 + cell, layouts.token_of(ch))
@@ -303,7 +315,7 @@ def make_batch(samples: list[Sample], layouts: Layouts, patches: GlyphPatches) -
     def triples(x: list[tuple[int, int, int]]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long).view(-1, 3)
 
-    return Batch(ids=ids_t, position_ids=pos_t, pixel_values=torch.cat(pixels),
+    return Batch(ids=ids_t, position_ids=pos_t, cells=torch.cat(cells), table=patches.table,
                  grids=layouts.grid.view(1, 3).repeat(n_pages, 1),
                  aux=triples(t.aux), glyphs=triples(t.glyphs), answer=triples(t.answer),
                  answer_end=torch.tensor(t.answer_end, dtype=torch.bool),

@@ -208,7 +208,8 @@ def _load_checkpoint(out: Path, model: Any, opt: torch.optim.AdamW) -> int:
     for key, v in tensors.items():
         if key.startswith("opt."):
             name, field = key[4:].rsplit(".", 1)
-            opt.state[params[name]][field] = v
+            p = params[name]  # Adam keeps `step` on the CPU, its moments beside the parameter
+            opt.state[p][field] = v if field == "step" else v.to(p.device)
     return int(json.loads((out / "state.json").read_text())["step"])
 
 
@@ -336,7 +337,7 @@ def _trim_history(path: Path, step: int) -> None:
 def _to(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
-    for name in ("ids", "position_ids", "pixel_values", "grids", "aux", "glyphs", "answer",
+    for name in ("ids", "position_ids", "cells", "table", "grids", "aux", "glyphs", "answer",
                  "answer_end", "follow", "ask", "look_q", "look_p", "held"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch
