@@ -140,5 +140,6 @@ def blocked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         o = F.scaled_dot_product_attention(
             qq, keys[:, :, :blk.n_keys], values[:, :, :blk.n_keys], attn_mask=blk.mask,
             scale=scaling)  # (B, G, rep*c, hd)
-        out[:, blk.start:blk.stop] = o.view(b, heads, c, hd).transpose(1, 2)
+        out[:, blk.start:blk.stop] = o.reshape(b, heads, c, hd).transpose(1, 2)  # CUDA kernels
+        # may return o non-contiguous: reshape copies only then
     return out

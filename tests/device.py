@@ -27,6 +27,12 @@ TEST_DTYPE = os.environ.get("CONDUIT_TEST_DTYPE", "float32")
 TORCH_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                "float16": torch.float16}[TEST_DTYPE]
 LOW_PRECISION = TORCH_DTYPE != torch.float32
+if TEST_DEVICE.startswith("cuda") and not LOW_PRECISION:
+    # float32 means float32 here: cuDNN runs convolutions (the vision towers' patch
+    # embeddings) in TF32 by default, which alone moved a batched page prefill 2e-3 from a
+    # single one on an H200 (lab/gpu/results/h200-20261204)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 # (rtol, atol) per kind and dtype. float32: the suite's historical bounds (two float32 paths
 # summing in another order). bfloat16: logits of the tiny random models are O(1) and pass

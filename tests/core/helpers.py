@@ -56,7 +56,7 @@ def direct_keys(vlm: LoadedVLM, layer_inputs: tuple[torch.Tensor, ...], rows: sl
         x = layer.input_layernorm(h[rows]).unsqueeze(0)  # (1, T, hidden)
         with torch.no_grad():
             k = attn.k_proj(x).view(1, x.shape[1], -1, attn.head_dim).transpose(1, 2)
-            pos = new_positions.unsqueeze(1)  # (P, 1, T)
+            pos = new_positions.to(k.device).unsqueeze(1)  # (P, 1, T)
             cos, sin = lm.rotary_emb(k, pos if pos.shape[0] == 3 else pos[0])
             apply = sys.modules[type(attn).__module__].apply_rotary_pos_emb
             _, k_rot = apply(k, k, cos, sin)

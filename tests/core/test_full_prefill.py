@@ -69,5 +69,5 @@ def test_text_only_request(model_cache: Path) -> None:
     logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
     ids = asm.layout.token_ids.view(1, -1)
     with torch.no_grad():
-        ref = vlm.model(input_ids=ids).logits[0]
+        ref = vlm.model(input_ids=ids.to(logits.device)).logits[0]
     assert (logits - ref).abs().max().item() <= atol("logits")

@@ -66,7 +66,7 @@ def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> N
     asm = _assemble(runtime)
     runtime.scoring(asm)
     k = asm.cache.keys[0, :, :, :1].clone()  # (B, G, 1, hd)
-    asm.cache.write(0, torch.tensor([0]), k, asm.cache.values[0, :, :, :1].clone())
+    asm.cache.write(0, torch.tensor([0], device=k.device), k, asm.cache.values[0, :, :, :1].clone())
     visual = _visual_choice(asm)
     _, computed = runtime.refresh(asm, visual)
     assert torch.equal(computed, torch.cat([asm.fresh_text_rows(), visual]).unique())
