@@ -140,8 +140,9 @@ def check_rerotation(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
         errs.append(rel_err(got, want))
         layers = [max(e, rel_err(g, w)) for e, g, w in zip(layers, got, want, strict=True)]
         shifts.append(int(new_pos[0, 0] - kv.position_ids[0, 0]))
-    tol = _tol(rt, "keys")  # per_layer: layer 0 reads the same embeddings in both paths, so
-    # its error is the rotation's alone; deeper layers add the page prefill's own rounding
+    tol = _tol(rt, "keys")  # per_layer (each relative to its layer's largest key): layer 0
+    # reads the same embeddings in both paths, so its error is the rotation's alone; deeper
+    # layers add the page prefill's own rounding
     return {"rel_err": max(errs), "per_page": errs, "per_layer": layers, "shifts": shifts,
             "tolerance": tol, "passed": max(errs) <= tol and any(s != 0 for s in shifts)}
 

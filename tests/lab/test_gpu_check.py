@@ -36,6 +36,8 @@ def test_the_check_passes_on_cpu(dtype: str, tmp_path: Path) -> None:
                                "stale_quality"}, model
         assert checks["rerotation"]["rel_err"] <= checks["rerotation"]["tolerance"]
         assert any(s != 0 for s in checks["rerotation"]["shifts"])
+        per_layer = checks["rerotation"]["per_layer"]  # the rotation alone at layer 0
+        assert len(per_layer) > 1 and max(per_layer) >= checks["rerotation"]["rel_err"]
         for name in ("same_layout", "one_layer"):
             for row in checks[name]["budgets"]:
                 assert row["rel_err"] <= checks[name]["tolerance"], (model, name, row)
@@ -107,6 +109,20 @@ def test_the_script_needs_a_gpu_or_says_how_to_run_on_the_cpu() -> None:
     done = subprocess.run(["bash", str(ROOT / "lab/gpu/gpu_check.sh")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "CONDUIT_GPU_CHECK_DEVICE=cpu" in done.stderr
+
+
+def test_the_script_runs_the_steps_asked_for(tmp_path: Path) -> None:
+    """`lab/gpu/loan.sh` runs the correctness steps beside a training and the timing steps
+    after it: each run of the script does the steps it is asked for and lists the others."""
+    env = {**os.environ, "CONDUIT_GPU_CHECK_DEVICE": "cpu", "CONDUIT_GPU_RESULTS": str(tmp_path),
+           "CONDUIT_GPU_CHECK_STEPS": "check_fp32", "CONDUIT_GPU_CHECK_DEADLINE_S": "200"}
+    done = subprocess.run(["bash", str(ROOT / "lab/gpu/gpu_check.sh")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = (tmp_path / "steps.txt").read_text()
+    assert "check_fp32 rc=0" in steps and "check_bf16 not asked for" in steps
+    assert "tests_bf16 not asked for" in steps and "ttft not asked for" in steps
+    assert json.loads((tmp_path / "check_fp32" / "check.json").read_text())["passed"]
 
 
 def test_conduit_lab_gpu_check_takes_the_same_options() -> None:
