@@ -8,7 +8,8 @@ by the runtime's own `build_layout`. Page pixels come from a per-glyph table of 
 taken from the model's image processor, so no image is resized or normalised per step.
 
 Public API:
-  GlyphPatches(processor)          .page_pixels(rows) -> (cells * 4, C * tp * p * p) float32, .page_cells
+  GlyphPatches(processor)          .page_pixels(rows) -> (cells * 4, C * tp * p * p) float32
+                                   .page_cells(rows) -> (cells,) glyph indices into .table
   Sample(doc, question, pages, doc_name)     one question; .labels(), .text
   draw_sample(rng, shape, follow_ups, shown=None, pair_share=None) -> Sample
   Batch(ids, position_ids, cells, table, grids, targets)   .pixel_values; targets: triples

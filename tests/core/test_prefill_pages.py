@@ -42,4 +42,5 @@ def test_page_kv_contents(runtime: ReuseRuntime) -> None:
     ctx = page_context(runtime.adapter, page.token_ids, page.image_grid)
     seg = ctx.segments[0]
     layer0 = reference_hidden_states(runtime.vlm, ctx.token_ids, [IMAGES["b"]])[0]
-    assert (page.embeds.to(layer0.device) - layer0[seg.start:seg.stop]).abs().max().item() <= atol("keys")
+    stored = page.embeds.to(layer0.device)  # pages are kept on the host
+    assert (stored - layer0[seg.start:seg.stop]).abs().max().item() <= atol("keys")

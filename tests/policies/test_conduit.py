@@ -193,7 +193,8 @@ def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> 
     asm = cached.runtime.assemble(PREFIX, pages, QUESTION)
     stale, _ = cached.runtime.scoring(asm)
     peaks = torch.stack([stale.attention[s.start:s.stop].max() for s in asm.layout.segments])
-    assert torch.allclose(torch.tensor(asm.page_attention(), device=peaks.device), peaks / peaks.sum(), atol=1e-5)
+    shares = torch.tensor(asm.page_attention(), device=peaks.device)
+    assert torch.allclose(shares, peaks / peaks.sum(), atol=1e-5)
     reuse = cached.runtime.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                                 policy="full_reuse", max_new_tokens=1))
     assert reuse.page_attention == ()
