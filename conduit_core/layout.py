@@ -6,16 +6,18 @@ the concatenation. Positions come from the family's own rule over the whole layo
 
 Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
 label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
-and a refresh recomputes a label only with its whole page (`refreshed_label_rows`).
+and a refresh recomputes a label only with its whole page (`refreshed_label_rows`), or, with
+`fresh_labels`, every label whatever it refreshes of the page (the scoring pass still reads
+them stale).
 
 Public API:
   Segment(start, length, page)          a page segment's (or a page label's) span
   Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
-         stale_labels=False)
+         stale_labels=False, fresh_labels=False)
     .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
     .refreshed_label_rows(visual_rows)
   build_layout(adapter, prefix, labels, segments, image_grids, question,
-               stale_labels=False) -> Layout
+               stale_labels=False, fresh_labels=False) -> Layout
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
 """
 
@@ -54,6 +56,7 @@ class Layout:
     prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
     labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
     stale_labels: bool = False  # labels come from the label cache, stale like their pages
+    fresh_labels: bool = False  # with stale_labels: every refresh recomputes every label
 
     @property
     def n(self) -> int:
@@ -78,12 +81,15 @@ class Layout:
 
     def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
         """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
-        the pages it refreshes whole (none unless `stale_labels`)."""
-        if not self.stale_labels or visual_rows.numel() == 0:
+        the pages it refreshes whole, or all of them with `fresh_labels` (none unless
+        `stale_labels`)."""
+        if not self.stale_labels or (visual_rows.numel() == 0 and not self.fresh_labels):
             return torch.zeros(0, dtype=torch.long)
-        chosen = torch.zeros(self.n, dtype=torch.bool)
-        chosen[visual_rows.to(torch.long).cpu()] = True
-        whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
+        whole = {s.page for s in self.segments}
+        if not self.fresh_labels:
+            chosen = torch.zeros(self.n, dtype=torch.bool)
+            chosen[visual_rows.to(torch.long).cpu()] = True
+            whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
         spans = [torch.arange(s.start, s.stop) for s in self.labels if s.page in whole]
         return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
 
@@ -113,6 +119,7 @@ def build_layout(
     image_grids: list[torch.Tensor],
     question: str,
     stale_labels: bool = False,
+    fresh_labels: bool = False,
 ) -> Layout:
     """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
     pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
@@ -133,7 +140,8 @@ def build_layout(
     pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
     return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
                   head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")),
-                  labels=label_spans, stale_labels=stale_labels)
+                  labels=label_spans, stale_labels=stale_labels,
+                  fresh_labels=stale_labels and fresh_labels)
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

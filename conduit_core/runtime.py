@@ -2,7 +2,8 @@
 
 Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
-               label_entries=1024, never_above_full=True, page_loads="batched",
+               label_entries=1024, label_refresh="page", never_above_full=True,
+               page_loads="batched",
                decode_slots=16, decode_positions=65536)
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
@@ -11,6 +12,9 @@ Public API:
         pages (`conduit_core.label_cache`; needs head_cache); False computes them as text
         rows in every pass (before 2026-12-02 the only way). A label computed for an
         answer is charged to it. label_entries: labels kept (least recently used dropped).
+    label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
+        the pages it refreshes whole, "always" every label (the scoring pass reads them
+        stale; `Layout.fresh_labels`).
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
@@ -99,6 +103,7 @@ from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
+LABEL_REFRESH = ("page", "always")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
 
@@ -107,10 +112,14 @@ class ReuseRuntime:
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
+                 label_refresh: str = "page",
                  never_above_full: bool = True, page_loads: str = "batched",
                  decode_slots: int = 16, decode_positions: int = 65536):
         if page_loads not in PAGE_LOADS:
             raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
+        if label_refresh not in LABEL_REFRESH:
+            raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
+                             f"got {label_refresh!r}")
         if label_cache and not head_cache:
             raise ValueError("label_cache needs head_cache: labels are computed after the head")
         self.page_loads = page_loads
@@ -121,6 +130,7 @@ class ReuseRuntime:
         self.costs = RowCosts(self.adapter, self.flops)
         self.heads: HeadCache | None = HeadCache() if head_cache else None
         self.labels: LabelCache | None = LabelCache(label_entries) if label_cache else None
+        self.label_refresh = label_refresh
         self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
@@ -151,7 +161,8 @@ class ReuseRuntime:
         grids = [p.kv.image_grid for p in pages]
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
                               [p.kv.token_ids for p in pages], grids, question,
-                              stale_labels=self.labels is not None and bool(pages))
+                              stale_labels=self.labels is not None and bool(pages),
+                              fresh_labels=self.label_refresh == "always")
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         load = load_per_page if self.page_loads == "per_page" else load_pages

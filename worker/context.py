@@ -60,6 +60,7 @@ class WorkerContext:
                 self._runtime = ReuseRuntime(self._vlm, head_cache=s.head_cache,
                                              label_cache=s.label_cache and s.head_cache,
                                              label_entries=s.label_cache_entries,
+                                             label_refresh=s.label_refresh,
                                              never_above_full=s.never_above_full,
                                              decode_slots=s.max_active_answers,
                                              decode_positions=s.max_kv_tokens_in_flight)

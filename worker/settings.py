@@ -96,6 +96,11 @@ class Settings(BaseSettings):
         True, description="Compute each page label once after the prompt head and reuse it "
         "stale like its page (recomputed with its whole page); off = labels are text rows, "
         "computed in both passes. Off whenever head_cache is off.")
+    label_refresh: Literal["page", "always"] = Field(
+        "page", description="With the label cache, the labels a refresh recomputes: 'page' "
+        "those of the pages it refreshes whole; 'always' every label (the scoring pass reads "
+        "them stale; about 0.03 more of a full prefill's LM FLOPs for six 13-token labels, see "
+        "docs/TESTBED.md, 'Stale labels').")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "

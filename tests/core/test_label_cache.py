@@ -101,6 +101,40 @@ def test_label_refreshed_with_its_whole_page(labelled: ReuseRuntime) -> None:
                                rows).any())
 
 
+def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> None:
+    """label_refresh="always": the scoring pass reads the labels stale, the refresh
+    recomputes every one of them at any budget (full reuse too); the FLOPs are predicted and
+    a refresh of every page still equals full prefill."""
+    rt = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
+    page_only = ReuseRuntime(runtime.vlm, never_above_full=False)
+    pages = _pages(rt)
+    layout = rt.assemble(PREFIX, pages, QUESTION).layout
+    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
+    assert layout.fresh_labels and layout.stale_labels
+    assert torch.equal(layout.refreshed_label_rows(torch.zeros(0, dtype=torch.long)),
+                       label_rows)
+    for policy in ("conduit", "full_reuse"):
+        req = AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=0.1,
+                            max_new_tokens=2)
+        rt.answer(req)  # the labels are in the cache from here on
+        page_only.answer(req)
+        fresh, stale = probe_refresh(rt, req, last_only=True), probe_refresh(page_only, req,
+                                                                            last_only=True)
+        assert bool(torch.isin(label_rows, fresh.rows).all())
+        assert not bool(torch.isin(label_rows, stale.rows).any())
+        assert torch.equal(fresh.visual_rows, stale.visual_rows)  # the same choice
+        assert fresh.refresh_flops > stale.refresh_flops
+        result = rt.answer(req)
+        assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
+    with pytest.raises(ValueError, match="label_refresh"):
+        ReuseRuntime(runtime.vlm, label_refresh="sometimes")
+    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+                                            budget=1.0), last_only=True)
+    images = [IMAGES["a"], IMAGES["b"], IMAGES["c"]]
+    full = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
+    torch.testing.assert_close(whole.logits[-1], full.logits[-1], **tol("logits"))
+
+
 def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
     assert rt.labels is not None
