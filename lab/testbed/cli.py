@@ -168,6 +168,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _criteria(args: argparse.Namespace) -> int:
+    from lab import command_line
     from lab.testbed.criteria import markdown
     from worker.settings import Settings
 
@@ -179,7 +180,7 @@ def _criteria(args: argparse.Namespace) -> int:
         print(f"cannot check the runs: {exc}", file=sys.stderr)
         return 2
     text = (f"Issue 28's criteria, `{policy}` at {args.budget:g}, accuracy thresholds less "
-            f"{args.slack:g}:\n\n{table}\n")
+            f"{args.slack:g}:\n\n{table}\n\nProduced by `{command_line()}`.\n")
     print(text)
     if args.out:
         args.out.write_text(text)

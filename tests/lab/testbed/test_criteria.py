@@ -62,6 +62,7 @@ def test_command(doc: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert text.startswith("Issue 28's criteria, `conduit_per_page` at 0.1, accuracy "
                            "thresholds less 0.02")
     assert "| 18 of 18 |" in text
+    assert "Produced by `conduit-lab " in text  # the command that made it, as typed
     capsys.readouterr()
     assert main(["testbed", "criteria", str(TABLE), "--policy", "no_such_policy"]) == 2
     assert "lacks full_prefill or no_such_policy at 0.1" in capsys.readouterr().err
