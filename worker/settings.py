@@ -97,10 +97,11 @@ class Settings(BaseSettings):
         "stale like its page (recomputed with its whole page); off = labels are text rows, "
         "computed in both passes. Off whenever head_cache is off.")
     label_refresh: Literal["page", "always"] = Field(
-        "page", description="With the label cache, the labels a refresh recomputes: 'page' "
-        "those of the pages it refreshes whole; 'always' every label (the scoring pass reads "
-        "them stale; about 0.03 more of a full prefill's LM FLOPs for six 13-token labels, see "
-        "docs/TESTBED.md, 'Stale labels').")
+        "always", description="With the label cache, the labels a refresh recomputes: "
+        "'always' every label (the scoring pass reads them stale), 'page' only those of the "
+        "pages it refreshes whole (0.05 less of a full prefill's LM FLOPs for six 13-token "
+        "labels, and answers lost where a model reads the labels: docs/TESTBED.md, 'Three "
+        "checkpoints of the whole recipe').")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "

@@ -278,6 +278,7 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
         "policy_options": {p: _knobs(s, p) for p in run.policies},
         "head_cache": s.head_cache, "label_cache": s.label_cache,
+        "label_refresh": s.label_refresh,
         "never_above_full": s.never_above_full,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
         "questions_in_files": len(items), "questions_selected": len(selected),

@@ -10,7 +10,9 @@
 # Every step is resumable: rerun the same command after a stop; a finished stage is marked
 # DONE, a stopped one continues from its last checkpoint (every 100 steps), the evaluation
 # from its records. 3,200 steps: 3.5 to 6 hours with two threads to itself on this kind of
-# 2-core machine (3.3 to 7 s a step, by the machine), then 45-80 minutes of evaluation.
+# 2-core machine (3.3 to 7 s a step, by the machine), then 45-80 minutes of evaluation
+# (30 minutes a seed on 2026-12-04). On a GPU loan the training takes 8.5 minutes a seed
+# (lab/gpu/loan.sh); its weights then go to RUNS_DIR/seedSEED/s5/ with each stage marked DONE.
 set -euo pipefail
 SEED=${1:?seed}; RUNS=${2:?runs folder}; THREADS=${3:-2}
 cd "$(dirname "$0")/../.."

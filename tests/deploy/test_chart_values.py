@@ -20,7 +20,7 @@ EVERY_KEY: dict[str, Any] = {
     "kv_int8": True, "max_upload_bytes": 128 * 2**20, "max_pages": 900, "render_dpi": 144,
     "max_page_pixels": 4_000_000, "ingest_timeout_s": 1234.5, "ocr": False,
     "prefill_on_ingest": False, "policy": "cacheblend", "budget": 0.25, "gamma": 2.0,
-    "head_cache": False, "label_cache": False, "label_refresh": "always",
+    "head_cache": False, "label_cache": False, "label_refresh": "page",
     "label_cache_entries": 64,
     "never_above_full": False, "max_active_answers": 4, "torch_threads": 3,
     "max_kv_tokens_in_flight": 200_000, "worker_metrics_port": 9464,
