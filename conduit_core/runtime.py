@@ -14,7 +14,7 @@ Public API:
         answer is charged to it. label_entries: labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
         the pages it refreshes whole, "always" every label (the scoring pass reads them
-        stale; `Layout.fresh_labels`).
+        stale; `Layout.fresh_labels`; the service's default, `CONDUIT_LABEL_REFRESH`).
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
