@@ -26,21 +26,25 @@ def _set(doc: dict, group: str, policy: str, budget: float, **fields: float) -> 
             r.update(fields)
 
 
-def test_the_committed_table_holds_every_criterion(doc: dict) -> None:
+def test_the_committed_table_holds_all_but_one_criterion(doc: dict) -> None:
+    """Remade with the page labels recomputed by the refresh (the service's default since
+    2026-12-04): split records keep 192 of 198 questions, one short of 97%."""
     checks = check(doc, "conduit_per_page")
-    assert all(c.holds for c in checks), [c for c in checks if not c.holds]
+    missed = [c for c in checks if not c.holds]
+    assert [c.name for c in missed] == ["conduit_per_page at 0.1: ratio to full prefill, split"]
+    assert missed[0].value == pytest.approx(192 / 198, abs=1e-3)
     names = [c.name for c in checks]
     assert "full reuse on pair: full prefill minus it" not in names  # not a cross-page family
     assert "full reuse on legend: full prefill minus it" in names
     assert sum(n.startswith("conduit_per_page at 0.1 minus ") for n in names) == 5
     by = {c.name: c for c in checks}
-    assert by["conduit_per_page at 0.1: LM FLOPs ratio"].value == pytest.approx(0.132, abs=5e-4)
+    assert by["conduit_per_page at 0.1: LM FLOPs ratio"].value == pytest.approx(0.181, abs=5e-4)
 
 
 def test_misses_are_reported_and_slack_forgives_only_accuracy(doc: dict) -> None:
     worse = copy.deepcopy(doc)
     _set(worse, "all", "full_prefill", 1.0, accuracy=0.885)
-    _set(worse, "all", "raw_attention", 0.1, accuracy=0.91)  # 0.013 above the policy's 0.897
+    _set(worse, "all", "raw_attention", 0.1, accuracy=0.91)  # 0.017 above the policy's 0.893
     _set(worse, "all", "conduit_per_page", 0.1, flops_ratio_lm=0.205)
     strict = {c.name: c.holds for c in check(worse, "conduit_per_page")}
     assert not strict["full prefill overall"]
@@ -52,7 +56,7 @@ def test_misses_are_reported_and_slack_forgives_only_accuracy(doc: dict) -> None
     assert not slack["conduit_per_page at 0.1: LM FLOPs ratio"]  # no slack on FLOPs
     table = markdown({"committed": doc, "worse": worse}, "conduit_per_page")
     assert "| full prefill overall | >= 0.90 | 0.900 | **0.885 (no)** |" in table
-    assert table.endswith("| **criteria held** | | 18 of 18 | 15 of 18 |")
+    assert table.endswith("| **criteria held** | | 17 of 18 | 14 of 18 |")
 
 
 def test_command(doc: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
