@@ -6,6 +6,8 @@
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
                                                       bash lab/gpu/gpu_check.sh runs it all)
+    conduit-lab gpu rerotation-split [...]            a re-rotation error split up
+                                                      (lab/gpu/rerotation_split.py)
 
 Every `--out` default writes into the subject's `results/` folder under `lab/`. The parser is
 built without importing torch; each command imports its subject when it runs.
@@ -167,6 +169,15 @@ def _parser() -> argparse.ArgumentParser:
                            "forward, timings with host copies, a profiler trace")
     add_gpu_check_arguments(check)
     check.set_defaults(func=_gpu_check)
+    split = gpu.add_parser("rerotation-split", help="split a re-rotation error into the "
+                           "vision features', the rotation's and depth's shares")
+    split.add_argument("--shape", default="tiny", help="a lab.ttft.model shape")
+    split.add_argument("--layers", type=int, default=None, help="cut the language model")
+    split.add_argument("--vision-depth", type=int, default=None, help="cut the vision tower")
+    split.add_argument("--dtype", default="float32", choices=["float32", "bfloat16",
+                                                               "float16"])
+    split.add_argument("--device", default="cpu")
+    split.set_defaults(func=_rerotation_split)
 
     add_testbed_commands(sub)
     return p
@@ -176,6 +187,14 @@ def _gpu_check(args: argparse.Namespace) -> int:
     from lab.gpu.gpu_check import run as run_gpu_check
 
     return run_gpu_check(args, command_line())
+
+
+def _rerotation_split(args: argparse.Namespace) -> int:
+    from lab.gpu.rerotation_split import rerotation_split
+
+    print(json.dumps(rerotation_split(args.shape, args.layers, args.vision_depth, args.dtype,
+                                      args.device), indent=1))
+    return 0
 
 
 def _bench_load(args: argparse.Namespace) -> int:

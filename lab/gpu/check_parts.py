@@ -9,8 +9,12 @@ over max |reference| (logits, keys), so one bound serves models whose logits are
                     transformers model's own forward on the same prompt: all rows' logits
   rerotation        cached page keys re-rotated under a new prefix (an image before the
                     second page: under M-RoPE its shift is not a token count) against keys
-                    computed afresh at the new positions from the page's own layer inputs
-                    with the model's own norm, k_proj and rotary embedding
+                    computed afresh at the new positions with the model's own language
+                    model, norm, k_proj and rotary embedding from the page's cached layer-0
+                    embeddings: layer 0 within the keys bound (the rotation alone, same
+                    inputs on both sides), every layer within the logits bound (the page
+                    prefill's rounding added); the vision features' own difference is
+                    reported (the full_prefill check judges it)
   same_layout       pages cut from a full prefill and reused in that same layout (their
                     stale K/V are exact), CONDUIT at budgets 0.1 and 0.99 on the answer path
                     (head cache, scoring pass, masked blocked refresh, last layer trimmed):
@@ -31,6 +35,9 @@ Every scoring pass's scores (norm-weighted and raw attention) must be finite.
 Public API:
   TOLERANCES: {dtype: {"logits": rel, "keys": rel}}
   rel_err(got, ref) -> float
+  page_labels(n) -> ["Page 1:\n", ...]
+  fresh_keys(rt, page, new_positions) -> (L, kv, T, hd)   the rerotation check's reference
+  vision_rel_err(rt, page, image) -> float   cached embeddings vs the model's own forward
   check_full_prefill(rt, images, prefix, question) -> dict
   check_rerotation(rt, images, prefix, question) -> dict
   check_same_layout(rt, images, prefix, question, budgets) -> dict
@@ -77,7 +84,7 @@ def _tol(rt: ReuseRuntime, kind: str) -> float:
     return TOLERANCES[str(rt.adapter.dtype).removeprefix("torch.")][kind]
 
 
-def _labels(n: int) -> list[str]:
+def page_labels(n: int) -> list[str]:
     return [f"Page {i + 1}:\n" for i in range(n)]
 
 
@@ -93,7 +100,7 @@ def _model_logits(vlm: LoadedVLM, token_ids: torch.Tensor,
 def check_full_prefill(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
                        question: str) -> dict[str, Any]:
     """All rows' logits of the runtime's full prefill against the model's own forward."""
-    asm = rt.assemble_fresh(prefix, list(zip(_labels(len(images)), images, strict=True)),
+    asm = rt.assemble_fresh(prefix, list(zip(page_labels(len(images)), images, strict=True)),
                             question)
     got = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))  # (N, vocab)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)  # (N, vocab)
@@ -105,15 +112,22 @@ def check_full_prefill(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
 
 
 @torch.no_grad()
-def _fresh_keys(rt: ReuseRuntime, page: PageKV, image: Image.Image,
-                new_positions: torch.Tensor) -> torch.Tensor:
-    """Keys (L, kv, T, hd) of a page's tokens at `new_positions` (P, T), computed from their
-    layer inputs in the page's canonical context with the model's own modules."""
+def fresh_keys(rt: ReuseRuntime, page: PageKV, new_positions: torch.Tensor
+                ) -> torch.Tensor:
+    """Keys (L, kv, T, hd) of a page's tokens at `new_positions` (P, T), computed afresh with
+    the model's own modules (language model, norm, k_proj, rotary embedding) from the layer
+    inputs of the page's canonical context, the segment's being the page's cached layer-0
+    embeddings: both sides start from the same values, so the vision tower's rounding is
+    left out (the full_prefill check covers it)."""
     adapter = rt.adapter
     ctx = page_context(adapter, page.token_ids, page.image_grid)
     seg = ctx.segments[0]
-    kwargs = adapter.reference_inputs(ctx.token_ids, adapter.prepare_pages([image]))
-    hidden = rt.vlm.model(**kwargs, output_hidden_states=True).hidden_states
+    embeds = adapter.embed_tokens(ctx.token_ids)  # (N, hidden)
+    embeds[seg.start:seg.stop] = page.embeds.to(embeds.device, embeds.dtype)
+    pos = ctx.position_ids.to(adapter.device).unsqueeze(1)  # (P, 1, N)
+    hidden = adapter.language_model(inputs_embeds=embeds.unsqueeze(0),
+                                    position_ids=pos if adapter.rope_axes == 3 else pos[0],
+                                    output_hidden_states=True).hidden_states
     pos = new_positions.to(adapter.device).unsqueeze(1)  # (P, 1, T)
     out = []
     for layer, h in zip(adapter.layers, hidden, strict=False):
@@ -126,25 +140,38 @@ def _fresh_keys(rt: ReuseRuntime, page: PageKV, image: Image.Image,
     return torch.stack(out)
 
 
+@torch.no_grad()
+def vision_rel_err(rt: ReuseRuntime, page: PageKV, image: Image.Image) -> float:
+    """The page's cached layer-0 embeddings against the model's own forward of the image."""
+    adapter = rt.adapter
+    ctx = page_context(adapter, page.token_ids, page.image_grid)
+    seg = ctx.segments[0]
+    kwargs = adapter.reference_inputs(ctx.token_ids, adapter.prepare_pages([image]))
+    first = rt.vlm.model(**kwargs, output_hidden_states=True).hidden_states[0]
+    return rel_err(page.embeds, first[0, seg.start:seg.stop])
+
+
 def check_rerotation(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
                      question: str) -> dict[str, Any]:
-    """Re-rotated cached keys against keys computed afresh at the new positions."""
+    """Re-rotated cached keys against keys computed afresh at the new positions from the
+    same layer inputs: `rel_err` at layer 0 (the rotation's own error), `per_layer` at every
+    layer (the page prefill's rounding added, judged by the logits bound), `vision_rel_err`
+    the cached embeddings against the model's own vision features (reported)."""
     kvs = rt.prefill_pages(images)
     asm = rt.assemble(prefix, [PageInput(lab, kv) for lab, kv in
-                               zip(_labels(len(kvs)), kvs, strict=True)], question)
-    errs, shifts, layers = [], [], [0.0] * len(rt.adapter.layers)
-    for seg, kv, image in zip(asm.layout.segments, kvs, images, strict=True):
+                               zip(page_labels(len(kvs)), kvs, strict=True)], question)
+    shifts, layers = [], [0.0] * len(rt.adapter.layers)
+    for seg, kv in zip(asm.layout.segments, kvs, strict=True):
         new_pos = asm.layout.position_ids[:, seg.start:seg.stop]  # (P, T)
-        want = _fresh_keys(rt, kv, image, new_pos)  # (L, kv, T, hd)
+        want = fresh_keys(rt, kv, new_pos)  # (L, kv, T, hd)
         got = asm.cache.keys[:, 0, :, seg.start:seg.stop]
-        errs.append(rel_err(got, want))
         layers = [max(e, rel_err(g, w)) for e, g, w in zip(layers, got, want, strict=True)]
         shifts.append(int(new_pos[0, 0] - kv.position_ids[0, 0]))
-    tol = _tol(rt, "keys")  # per_layer (each relative to its layer's largest key): layer 0
-    # reads the same embeddings in both paths, so its error is the rotation's alone; deeper
-    # layers add the page prefill's own rounding
-    return {"rel_err": max(errs), "per_page": errs, "per_layer": layers, "shifts": shifts,
-            "tolerance": tol, "passed": max(errs) <= tol and any(s != 0 for s in shifts)}
+    vision = max(vision_rel_err(rt, kv, image) for kv, image in zip(kvs, images, strict=True))
+    tol, deep = _tol(rt, "keys"), _tol(rt, "logits")
+    return {"rel_err": layers[0], "per_layer": layers, "shifts": shifts, "tolerance": tol,
+            "deep_tolerance": deep, "vision_rel_err": vision,
+            "passed": layers[0] <= tol and max(layers) <= deep and any(s != 0 for s in shifts)}
 
 
 @torch.no_grad()
@@ -200,7 +227,7 @@ def check_same_layout(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
     (the labels as text rows: a cached label is stale, not cut from this layout)."""
     rt = ReuseRuntime(rt.vlm, label_cache=False, never_above_full=rt.never_above_full,
                       page_loads=rt.page_loads)
-    labels = _labels(len(images))
+    labels = page_labels(len(images))
     fresh = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
     rt.prefill(fresh, fresh.layout.visual_rows())  # exact K/V of every row
     cut = []
@@ -238,7 +265,7 @@ def check_one_layer(vlm: LoadedVLM, images: list[Image.Image], prefix: str, ques
     """The one-layer model: reuse under a new prefix is exact at every budget."""
     rt = ReuseRuntime(one_layer(vlm), never_above_full=False)
     kvs = rt.prefill_pages(images)
-    labels = _labels(len(images))
+    labels = page_labels(len(images))
     asm = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)[-1]  # (vocab,)
     pages = [PageInput(lab, kv) for lab, kv in zip(labels, kvs, strict=True)]
@@ -251,7 +278,7 @@ def check_stale_quality(rt: ReuseRuntime, images: list[Image.Image], prefix: str
                         question: str, budgets: list[float]) -> dict[str, Any]:
     """Full depth, new prefix: how close CONDUIT gets to full prefill (reported)."""
     kvs = rt.prefill_pages(images)
-    labels = _labels(len(images))
+    labels = page_labels(len(images))
     asm = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)[-1]  # (vocab,)
     pages = [PageInput(lab, kv) for lab, kv in zip(labels, kvs, strict=True)]
@@ -263,5 +290,5 @@ def request(prefix: str, kvs: list[PageKV], question: str, policy: str, budget: 
             max_new_tokens: int) -> AnswerRequest:
     """An answer request over cached pages labelled Page 1..n."""
     return AnswerRequest(prefix, [PageInput(lab, kv) for lab, kv in
-                                  zip(_labels(len(kvs)), kvs, strict=True)], question,
+                                  zip(page_labels(len(kvs)), kvs, strict=True)], question,
                          policy=policy, budget=budget, max_new_tokens=max_new_tokens)

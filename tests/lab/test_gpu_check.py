@@ -19,6 +19,7 @@ from conduit_core.row_attention import RowBlock
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu import check_parts as parts
 from lab.gpu.gpu_check import PREFIX, QUESTION, _page, main
+from lab.gpu.rerotation_split import rerotation_split
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = [_page(1, (224, 280)), _page(2, (300, 200)), _page(3, (180, 360))]
@@ -131,3 +132,18 @@ def test_conduit_lab_gpu_check_takes_the_same_options() -> None:
     args = _parser().parse_args(["gpu", "check", "--device", "cpu", "--dtype", "float32",
                                  "--skip-timings"])
     assert args.func is _gpu_check and args.device == "cpu" and args.skip_timings
+
+
+def test_the_rerotation_split_finds_a_wrong_rotation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In float32 every share of the split is rounding; a shift off by one position shows in
+    the rotation's share (and every layer's), not in the vision features'."""
+    right = rerotation_split(layers=2)
+    for page in right["pages"]:
+        assert max(page["vision"], page["rotation_runtime"], page["rotation_model"],
+                   *page["per_layer"]) <= parts.TOLERANCES["float32"]["keys"]
+    real = page_loads.shift_cos_sin
+    monkeypatch.setattr(page_loads, "shift_cos_sin",
+                        lambda adapter, delta, device: real(adapter, delta + 1, device))
+    for page in rerotation_split(layers=2)["pages"]:
+        assert page["rotation_runtime"] > 1e-2 and min(page["per_layer"]) > 1e-2
+        assert page["vision"] <= parts.TOLERANCES["float32"]["keys"]
