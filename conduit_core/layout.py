@@ -8,16 +8,17 @@ Labels are text rows, computed in every pass, unless the layout has `stale_label
 label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
 and a refresh recomputes a label only with its whole page (`refreshed_label_rows`), or, with
 `fresh_labels`, every label whatever it refreshes of the page (the scoring pass still reads
-them stale).
+them stale); with `labels_in_budget` too, those label rows count against the refresh budget
+(`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
 
 Public API:
   Segment(start, length, page)          a page segment's (or a page label's) span
   Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
-         stale_labels=False, fresh_labels=False)
+         stale_labels=False, fresh_labels=False, labels_in_budget=False)
     .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
-    .refreshed_label_rows(visual_rows)
+    .refreshed_label_rows(visual_rows), .budget_label_rows()
   build_layout(adapter, prefix, labels, segments, image_grids, question,
-               stale_labels=False, fresh_labels=False) -> Layout
+               stale_labels=False, fresh_labels=False, labels_in_budget=False) -> Layout
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
 """
 
@@ -57,6 +58,7 @@ class Layout:
     labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
     stale_labels: bool = False  # labels come from the label cache, stale like their pages
     fresh_labels: bool = False  # with stale_labels: every refresh recomputes every label
+    labels_in_budget: bool = False  # with fresh_labels: those rows count against the budget
 
     @property
     def n(self) -> int:
@@ -93,6 +95,13 @@ class Layout:
         spans = [torch.arange(s.start, s.stop) for s in self.labels if s.page in whole]
         return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
 
+    def budget_label_rows(self) -> int:
+        """Label rows every refresh recomputes that count against its budget (0 unless
+        `labels_in_budget`)."""
+        if not (self.fresh_labels and self.labels_in_budget):
+            return 0
+        return sum(s.length for s in self.labels)
+
     def visual_rows(self) -> torch.Tensor:
         """Sequence indices of page segment tokens, ascending (N_v,)."""
         return torch.nonzero(self.segment_mask()).view(-1)
@@ -120,6 +129,7 @@ def build_layout(
     question: str,
     stale_labels: bool = False,
     fresh_labels: bool = False,
+    labels_in_budget: bool = False,
 ) -> Layout:
     """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
     pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
@@ -141,7 +151,8 @@ def build_layout(
     return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
                   head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")),
                   labels=label_spans, stale_labels=stale_labels,
-                  fresh_labels=stale_labels and fresh_labels)
+                  fresh_labels=stale_labels and fresh_labels,
+                  labels_in_budget=stale_labels and fresh_labels and labels_in_budget)
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

@@ -2,7 +2,9 @@
 
 A policy is a function `(ctx: PolicyContext) -> torch.Tensor` returning the sequence indices
 of the visual (page segment) tokens to refresh; the runtime then recomputes those plus all
-text tokens. Budget k = round(budget * N_v).
+text tokens. Budget k = round(budget * N_v), or, where every refresh recomputes L cached
+label rows inside the budget (`Layout.budget_label_rows`), round(budget * (N_v + L)) - L
+(at least 0): the refreshed rows then stay within the same share of the cached ones.
 
 Public API:
   PolicyContext(layout, budget, seed, scorer, cache, embeds, adapter)
@@ -74,8 +76,11 @@ class PolicyContext:
 
     @property
     def k(self) -> int:
-        """Refresh budget in tokens: `budget_tokens(budget, N_v)`, the one rounding rule."""
-        return budget_tokens(self.budget, int(self.visual_rows.numel()))
+        """Refresh budget in visual tokens: `budget_tokens(budget, N_v)`, the one rounding
+        rule, less the label rows charged to the budget (module docstring)."""
+        labels = self.layout.budget_label_rows()
+        n_v = int(self.visual_rows.numel())
+        return max(0, budget_tokens(self.budget, n_v + labels) - labels)
 
     def scores(self, config: ScoreConfig | None = None) -> StaleScores:
         """The scoring pass result for `config` (computed on first call; its FLOPs are

@@ -2,7 +2,7 @@
 
 Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
-               label_entries=1024, label_refresh="page", never_above_full=True,
+               label_entries=1024, label_refresh="always", never_above_full=True,
                page_loads="batched",
                decode_slots=16, decode_positions=65536)
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
@@ -14,7 +14,8 @@ Public API:
         answer is charged to it. label_entries: labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
         the pages it refreshes whole, "always" every label (the scoring pass reads them
-        stale; `Layout.fresh_labels`; the service's default, `CONDUIT_LABEL_REFRESH`).
+        stale; `Layout.fresh_labels`; the default, as the service's `CONDUIT_LABEL_REFRESH`),
+        "budget" every label, its rows counted against the refresh budget.
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
@@ -103,7 +104,7 @@ from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
-LABEL_REFRESH = ("page", "always")
+LABEL_REFRESH = ("page", "always", "budget")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
 
@@ -112,7 +113,7 @@ class ReuseRuntime:
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
-                 label_refresh: str = "page",
+                 label_refresh: str = "always",
                  never_above_full: bool = True, page_loads: str = "batched",
                  decode_slots: int = 16, decode_positions: int = 65536):
         if page_loads not in PAGE_LOADS:
@@ -162,7 +163,8 @@ class ReuseRuntime:
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
                               [p.kv.token_ids for p in pages], grids, question,
                               stale_labels=self.labels is not None and bool(pages),
-                              fresh_labels=self.label_refresh == "always")
+                              fresh_labels=self.label_refresh != "page",
+                              labels_in_budget=self.label_refresh == "budget")
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         load = load_per_page if self.page_loads == "per_page" else load_pages

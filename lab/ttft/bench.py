@@ -16,7 +16,10 @@ tokens. Methods, each timed to the first generated token:
   conduit_labels_off           conduit with the page labels as text rows, computed in both
                                passes (no label cache; every other reuse method takes them
                                stale from it, `conduit_core.label_cache`, warmed in the
-                               warm-up round)
+                               warm-up round; the refresh recomputes every cached
+                               label, `label_refresh="always"`, the service's default)
+  conduit_labels_page          conduit with a cached label recomputed only with its whole
+                               page (`label_refresh="page"`)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
@@ -34,7 +37,8 @@ before the request, Linux VmHWM reset through /proc/self/clear_refs), and the sc
 own peak memory (`scoring_peak_mb`, CONDUIT rows).
 
 Public API:
-  METHODS; Method(name, policy, budget, head_cache=True, label_cache=True)
+  METHODS; Method(name, policy, budget, head_cache=True, label_cache=True,
+                  label_refresh="always")
   run_ttft_bench(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32,
                  tiers=("memory", "disk", "redis"), repeats=5, warmup=1, pages_sweep=None,
                  out=None, device="cpu", dtype="float32", threads=1, sweep_repeats=None,
@@ -84,6 +88,7 @@ class Method:
     budget: float
     head_cache: bool = True  # the prompt head from the runtime's head cache
     label_cache: bool = True  # page labels stale from the runtime's label cache
+    label_refresh: str = "always"  # which cached labels a refresh recomputes (the runtime's)
 
 
 METHODS = (Method("full_prefill", None, 1.0),
@@ -92,6 +97,7 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit", "conduit", 0.10),
            Method("conduit_head_off", "conduit", 0.10, head_cache=False, label_cache=False),
            Method("conduit_labels_off", "conduit", 0.10, label_cache=False),
+           Method("conduit_labels_page", "conduit", 0.10, label_refresh="page"),
            Method("cacheblend", "cacheblend", 0.15))
 _BY_NAME = {m.name: m for m in METHODS}
 
@@ -156,16 +162,22 @@ class PeakMemory:
             self.peak = self._status("VmHWM") - self._base
 
 
+def _variant(m: Method) -> tuple[bool, bool, str]:
+    """The runtime options a method needs (the key of `_Runner.variants`)."""
+    return m.head_cache, m.label_cache, m.label_refresh
+
+
 class _Runner:
     """Runs one method on one tier for a fixed request."""
 
     def __init__(self, rt: ReuseRuntime, work: Workload, images: list[Image.Image],
                  tiers: BenchTiers, keys: Sequence[Any]) -> None:
         self.rt, self.work, self.images, self.tiers, self.keys = rt, work, images, tiers, keys
-        self.variants = {(m.head_cache, m.label_cache): ReuseRuntime(
+        self.variants = {_variant(m): ReuseRuntime(
             rt.vlm, head_cache=m.head_cache, label_cache=m.label_cache,
-            never_above_full=rt.never_above_full) for m in METHODS
-            if (m.head_cache, m.label_cache) != (rt.heads is not None, rt.labels is not None)}
+            label_refresh=m.label_refresh, never_above_full=rt.never_above_full)
+            for m in METHODS if _variant(m) != (rt.heads is not None, rt.labels is not None,
+                                                rt.label_refresh)}
 
     def once(self, method: Method, tier: str, *, memory: bool = False) -> Sample:
         rt, w = self.rt, self.work
@@ -183,7 +195,7 @@ class _Runner:
             with measured:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
-                runtime = self.variants.get((method.head_cache, method.label_cache), rt)
+                runtime = self.variants.get(_variant(method), rt)
                 res = runtime.answer(AnswerRequest(w.prefix, pages, w.question,
                                                    policy=method.policy, budget=method.budget,
                                                    max_new_tokens=1))

@@ -7,7 +7,9 @@ refresh covers them.
 * at a partial budget the labels are not recomputed: fewer rows and FLOPs than with labels as
   text rows; a label is recomputed with its whole page and only then;
 * an answer computes the labels its refresh keeps stale, after the cost model planned them:
-  charged to it once, predicted, none for a page refreshed whole; the cache is bounded.
+  charged to it once, predicted, none for a page refreshed whole; the cache is bounded;
+* with `label_refresh` "always" every refresh recomputes every label, with "budget" inside
+  the refresh budget (fewer visual tokens).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def _pages(rt: ReuseRuntime) -> list[PageInput]:
 
 @pytest.fixture
 def labelled(runtime: ReuseRuntime) -> ReuseRuntime:
-    return ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    """Labels refreshed only with their whole page (`label_refresh="page"`)."""
+    return ReuseRuntime(runtime.vlm, label_cache=True, label_refresh="page",
+                        never_above_full=False)
 
 
 def test_first_label_equals_full_prefill_rows(labelled: ReuseRuntime) -> None:
@@ -106,7 +110,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     recomputes every one of them at any budget (full reuse too); the FLOPs are predicted and
     a refresh of every page still equals full prefill."""
     rt = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
-    page_only = ReuseRuntime(runtime.vlm, never_above_full=False)
+    page_only = ReuseRuntime(runtime.vlm, label_refresh="page", never_above_full=False)
     pages = _pages(rt)
     layout = rt.assemble(PREFIX, pages, QUESTION).layout
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
@@ -135,8 +139,43 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     torch.testing.assert_close(whole.logits[-1], full.logits[-1], **tol("logits"))
 
 
+def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
+    """label_refresh="budget": every label is recomputed as with "always", and its rows come
+    off the visual tokens, so the stale rows a refresh recomputes stay round(budget *
+    (N_v + L)); FLOPs predicted; a refresh of every page still equals full prefill."""
+    rt = ReuseRuntime(runtime.vlm, label_refresh="budget", never_above_full=False)
+    always = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
+    pages = _pages(rt)
+    layout = rt.assemble(PREFIX, pages, QUESTION).layout
+    n_labels = sum(s.length for s in layout.labels)
+    n_visual = int(layout.visual_rows().numel())
+    assert layout.budget_label_rows() == n_labels > 0
+    assert always.assemble(PREFIX, pages, QUESTION).layout.budget_label_rows() == 0
+    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
+    req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.5,
+                        max_new_tokens=2)
+    rt.answer(req)  # the labels are in the cache from here on
+    got, full_share = probe_refresh(rt, req, last_only=True), probe_refresh(always, req,
+                                                                            last_only=True)
+    assert bool(torch.isin(label_rows, got.rows).all())
+    assert got.visual_rows.numel() == round(0.5 * (n_visual + n_labels)) - n_labels
+    assert full_share.visual_rows.numel() == round(0.5 * n_visual)
+    assert got.refresh_flops < full_share.refresh_flops
+    result = rt.answer(req)
+    assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
+    small = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.01)
+    assert probe_refresh(rt, small, last_only=True).visual_rows.numel() == 0  # not below 0
+    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+                                            budget=1.0), last_only=True)
+    images = [IMAGES["a"], IMAGES["b"], IMAGES["c"]]
+    full = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
+    assert whole.visual_rows.numel() == n_visual
+    torch.testing.assert_close(whole.logits[-1], full.logits[-1], **tol("logits"))
+
+
 def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
-    rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    rt = ReuseRuntime(runtime.vlm, label_cache=True, label_refresh="page",
+                      never_above_full=False)
     assert rt.labels is not None
     pages = _pages(rt)
 

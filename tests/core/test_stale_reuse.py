@@ -54,6 +54,7 @@ def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
 
 
 def test_no_refreshed_visual_token_reuses_every_text_row(runtime: ReuseRuntime) -> None:
+    runtime = ReuseRuntime(runtime.vlm, label_refresh="page")  # no label refreshed either
     fast, slow = _assemble(runtime), _assemble(runtime)
     runtime.scoring(fast)
     none = torch.zeros(0, dtype=torch.long)
@@ -63,6 +64,7 @@ def test_no_refreshed_visual_token_reuses_every_text_row(runtime: ReuseRuntime) 
 
 
 def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> None:
+    runtime = ReuseRuntime(runtime.vlm, label_refresh="page")  # the text rows alone
     asm = _assemble(runtime)
     runtime.scoring(asm)
     k = asm.cache.keys[0, :, :, :1].clone()  # (B, G, 1, hd)

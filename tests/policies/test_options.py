@@ -3,8 +3,11 @@ refused by policies that have no knobs."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
+from conduit_core import ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, PolicyOptions
 from conduit_core.errors import InvalidRequestError
 from conduit_core.policies import get_policy, resolve_policy
@@ -87,3 +90,16 @@ def test_ablations_keep_their_defining_knobs() -> None:
     assert per_page.config.score.head_agg == "max"  # type: ignore[attr-defined]
     with pytest.raises(InvalidRequestError, match="gamma"):
         resolve_policy("conduit_per_page", PolicyOptions(gamma=1.0))
+
+
+def test_the_runtime_defaults_are_the_services() -> None:
+    """Lab benches build a `ReuseRuntime` with its defaults: they measure what the service
+    runs only while those equal the service's settings."""
+    defaults = {name: p.default for name, p in
+                inspect.signature(ReuseRuntime.__init__).parameters.items()}
+    s = Settings()
+    assert defaults["head_cache"] == s.head_cache
+    assert defaults["label_cache"] == s.label_cache
+    assert defaults["label_entries"] == s.label_cache_entries
+    assert defaults["label_refresh"] == s.label_refresh
+    assert defaults["never_above_full"] == s.never_above_full
