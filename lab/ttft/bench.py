@@ -20,6 +20,8 @@ tokens. Methods, each timed to the first generated token:
                                label, `label_refresh="always"`, the service's default)
   conduit_labels_page          conduit with a cached label recomputed only with its whole
                                page (`label_refresh="page"`)
+  conduit_labels_budget        conduit with every label recomputed inside the 10% budget
+                               (`label_refresh="budget"`: fewer visual tokens)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
@@ -98,6 +100,7 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit_head_off", "conduit", 0.10, head_cache=False, label_cache=False),
            Method("conduit_labels_off", "conduit", 0.10, label_cache=False),
            Method("conduit_labels_page", "conduit", 0.10, label_refresh="page"),
+           Method("conduit_labels_budget", "conduit", 0.10, label_refresh="budget"),
            Method("cacheblend", "cacheblend", 0.15))
 _BY_NAME = {m.name: m for m in METHODS}
 
