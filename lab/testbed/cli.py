@@ -80,6 +80,9 @@ def add_testbed_commands(sub: Any) -> None:
     cr.add_argument("--slack", type=float, default=0.0,
                     help="taken off each accuracy threshold (0.02: the issue's 'within 2 points' "
                     "for the other checkpoints)")
+    cr.add_argument("--intervals", action="store_true",
+                    help="95%% paired bootstrap intervals from each table's .records.jsonl "
+                    "(written beside it by `eval answers`)")
     cr.add_argument("--out", type=Path, default=None, help="also write the table here")
     cr.set_defaults(func=_criteria)
 
@@ -170,17 +173,22 @@ def _probe(args: argparse.Namespace) -> int:
 def _criteria(args: argparse.Namespace) -> int:
     from lab import command_line
     from lab.testbed.criteria import markdown
+    from lab.testbed.intervals import read_scores, records_beside
     from worker.settings import Settings
 
     policy = args.policy or Settings().policy
     try:
         runs = {p.stem: json.loads(p.read_text()) for p in args.runs}
-        table = markdown(runs, policy, args.slack, args.budget)
+        scores = ({p.stem: read_scores(records_beside(p)) for p in args.runs}
+                  if args.intervals else None)
+        table = markdown(runs, policy, args.slack, args.budget, scores)
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot check the runs: {exc}", file=sys.stderr)
         return 2
+    shown = " (in brackets: 95% paired bootstrap intervals over the questions)" \
+        if args.intervals else ""
     text = (f"Issue 28's criteria, `{policy}` at {args.budget:g}, accuracy thresholds less "
-            f"{args.slack:g}:\n\n{table}\n\nProduced by `{command_line()}`.\n")
+            f"{args.slack:g}{shown}:\n\n{table}\n\nProduced by `{command_line()}`.\n")
     print(text)
     if args.out:
         args.out.write_text(text)

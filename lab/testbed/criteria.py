@@ -14,20 +14,28 @@ other checkpoints) taken off every accuracy threshold (not off the FLOPs and TTF
     (random, raw attention, value norm, CacheBlend, EPIC) overall.
 
     conduit-lab testbed criteria final_s0.json final_s1.json answers_page_scale.json \
-        [--policy conduit_per_page] [--slack 0.02] [--out criteria.md]
+        [--policy conduit_per_page] [--slack 0.02] [--intervals] [--out criteria.md]
+
+With the runs' per-question records (`scores`; `--intervals` reads each table's
+`.records.jsonl` beside it), every accuracy criterion also gets a 95% paired bootstrap
+interval over the questions (`lab.testbed.intervals`): how far the question sample leaves
+a criterion undecided.
 
 Public API:
   CROSS_PAGE, CONTROL, BASELINES
-  Check(name, value, threshold, holds)
-  check(doc, policy, budget=0.1, slack=0.0) -> list[Check]
-  markdown(runs, policy, slack) -> str      one column per run, a criterion per row
+  Check(name, value, threshold, holds, interval=None)
+  check(doc, policy, budget=0.1, slack=0.0, scores=None) -> list[Check]
+  markdown(runs, policy, slack, budget=0.1, scores=None) -> str   one column per run, a
+      criterion per row
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+from lab.testbed.intervals import Interval, Scores, family_of, mean_interval, paired_interval
 
 CROSS_PAGE = ("reference", "split", "legend")  # a page's KV must hold another page's content
 CONTROL = "lookup"  # the within-page control family
@@ -44,6 +52,7 @@ class Check:
     value: float | None
     threshold: str
     holds: bool
+    interval: Interval | None = None  # 95% paired bootstrap over the questions
 
 
 def _cells(doc: Mapping[str, Any]) -> dict[tuple[str, str, float], dict[str, Any]]:
@@ -59,10 +68,56 @@ def _at_least(name: str, value: float | None, bound: float, shown: str) -> Check
     return Check(name, value, shown, value is not None and value >= bound - 1e-12)
 
 
+class _Intervals:
+    """Bootstrap intervals of one run's criteria from its per-question scores."""
+
+    def __init__(self, scores: Scores) -> None:
+        self.scores = scores
+        self.ids: dict[str, list[str]] = {"all": sorted(scores[(_REFERENCE, 1.0)])}
+        for qid in self.ids["all"]:
+            self.ids.setdefault(f"family={family_of(qid)}", []).append(qid)
+
+    def mean(self, group: str, policy: str, budget: float) -> Interval | None:
+        a = self.scores.get((policy, budget))
+        return None if a is None else mean_interval(a, self.ids[group])
+
+    def paired(self, group: str, a: tuple[str, float], b: tuple[str, float],
+               op: str) -> Interval | None:
+        x, y = self.scores.get(a), self.scores.get(b)
+        return None if x is None or y is None else paired_interval(x, y, self.ids[group], op)
+
+
 def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
-          slack: float = 0.0) -> list[Check]:
-    """Every criterion of issue 28 on one `eval answers` document; `KeyError` when it lacks
+          slack: float = 0.0, scores: Scores | None = None) -> list[Check]:
+    """Every criterion of issue 28 on one `eval answers` document (with `scores`, its
+    per-question records, each accuracy criterion's interval too); `KeyError` when it lacks
     the reference, full reuse or `policy` at `budget`."""
+    checks = _check(doc, policy, budget, slack)
+    if scores is None:
+        return checks
+    iv = _Intervals(scores)
+    reuse_budget = min((b for p, b in scores if p == _REUSE), default=None)
+    full, mine = (_REFERENCE, 1.0), (policy, budget)
+    out = []
+    for c in checks:
+        interval = None
+        if c.name == "full prefill overall":
+            interval = iv.mean("all", *full)
+        elif c.name.startswith("full reuse on ") and reuse_budget is not None:
+            fam = c.name.removeprefix("full reuse on ").split(":")[0]
+            interval = iv.paired(f"family={fam}", full, (_REUSE, reuse_budget), "diff")
+        elif ": ratio to full prefill, " in c.name:
+            group = c.name.split(": ratio to full prefill, ")[1]
+            interval = iv.paired(group if group == "all" else f"family={group}", mine, full,
+                                 "ratio")
+        elif " minus " in c.name:
+            base = c.name.split(" minus ")[1].removesuffix(", overall")
+            interval = iv.paired("all", mine, (base, budget), "diff")
+        out.append(replace(c, interval=interval))
+    return out
+
+
+def _check(doc: Mapping[str, Any], policy: str, budget: float, slack: float) -> list[Check]:
     cells = _cells(doc)
     families = [g.removeprefix("family=") for g, p, _ in cells
                 if p == _REFERENCE and g.startswith("family=")]
@@ -105,10 +160,12 @@ def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
 
 
 def markdown(runs: Mapping[str, Mapping[str, Any]], policy: str, slack: float = 0.0,
-             budget: float = 0.1) -> str:
-    """One column per run (value, and a cross where the criterion fails), one row per
-    criterion; the runs' thresholds are those of `check` with `slack`."""
-    checks = {name: {c.name: c for c in check(doc, policy, budget, slack)}
+             budget: float = 0.1, scores: Mapping[str, Scores] | None = None) -> str:
+    """One column per run (value, its interval where the run's scores are given, and a cross
+    where the criterion fails), one row per criterion; the runs' thresholds are those of
+    `check` with `slack`."""
+    scores = scores or {}
+    checks = {name: {c.name: c for c in check(doc, policy, budget, slack, scores.get(name))}
               for name, doc in runs.items()}
     criteria = {c.name: c.threshold for cs in checks.values() for c in cs.values()}
     lines = ["| criterion | threshold | " + " | ".join(runs) + " |",
@@ -118,6 +175,8 @@ def markdown(runs: Mapping[str, Mapping[str, Any]], policy: str, slack: float = 
         for name in runs:
             mine = checks[name].get(crit)
             value = "-" if mine is None or mine.value is None else f"{mine.value:.3f}"
+            if mine is not None and mine.interval is not None:
+                value += f" [{mine.interval.lo:.3f}, {mine.interval.hi:.3f}]"
             cells.append(value if mine is not None and mine.holds else f"**{value} (no)**")
         lines.append(f"| {crit} | {threshold} | " + " | ".join(cells) + " |")
     held = {name: sum(c.holds for c in cs.values()) for name, cs in checks.items()}
