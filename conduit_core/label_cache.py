@@ -9,9 +9,10 @@ shares), kept here by (head, label) token ids, and re-rotated into place in each
 cache (`conduit_core.rotation`: RoPE composes, so only the position shift changes). A label
 is then stale in both passes, exactly like the page tokens around it: its layer-0 K/V are
 exact (they depend only on the token and its position), its deeper K/V miss the pages that
-precede it in the question. It is recomputed when the refresh recomputes its whole page
-(`Layout.refreshed_label_rows`), so a refresh of every page token, the fallback to a full
-prefill, stays exact.
+precede it in the question (the first label, right after the head, misses nothing: it is
+exact). The refresh recomputes a stale label with its whole page, or, with the runtime's
+`label_refresh` "always" / "budget", every stale one (`Layout.refreshed_label_rows`), so a
+refresh of every page token, the fallback to a full prefill, stays exact.
 
 Entries live with the loaded model (a restarted process rebuilds them on first use) in a
 bounded LRU. An answer fills its label rows after the cost model has planned it

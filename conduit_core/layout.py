@@ -8,7 +8,9 @@ Labels are text rows, computed in every pass, unless the layout has `stale_label
 label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
 and a refresh recomputes a label only with its whole page (`refreshed_label_rows`), or, with
 `fresh_labels`, every label whatever it refreshes of the page (the scoring pass still reads
-them stale); with `labels_in_budget` too, those label rows count against the refresh budget
+them stale) but the first when it directly follows the head, unless its page is refreshed
+whole: the label cache computed it in that exact context, so it is not stale; with
+`labels_in_budget` too, those label rows count against the refresh budget
 (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
 
 Public API:
@@ -83,24 +85,29 @@ class Layout:
 
     def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
         """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
-        the pages it refreshes whole, or all of them with `fresh_labels` (none unless
-        `stale_labels`)."""
+        the pages it refreshes whole, and with `fresh_labels` every other label but one right
+        after the head (exact as cached; none unless `stale_labels`)."""
         if not self.stale_labels or (visual_rows.numel() == 0 and not self.fresh_labels):
             return torch.zeros(0, dtype=torch.long)
-        whole = {s.page for s in self.segments}
-        if not self.fresh_labels:
-            chosen = torch.zeros(self.n, dtype=torch.bool)
-            chosen[visual_rows.to(torch.long).cpu()] = True
-            whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
-        spans = [torch.arange(s.start, s.stop) for s in self.labels if s.page in whole]
+        chosen = torch.zeros(self.n, dtype=torch.bool)
+        chosen[visual_rows.to(torch.long).cpu()] = True
+        whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
+        stale = {s.start for s in self._stale_labels()} if self.fresh_labels else set()
+        spans = [torch.arange(s.start, s.stop) for s in self.labels
+                 if s.page in whole or s.start in stale]
         return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
+
+    def _stale_labels(self) -> list[Segment]:
+        """The labels whose cached K/V are stale: all but one right after the head, which
+        was cached in its exact context (the head alone precedes it)."""
+        return [s for s in self.labels if s.start != self.head]
 
     def budget_label_rows(self) -> int:
         """Label rows every refresh recomputes that count against its budget (0 unless
         `labels_in_budget`)."""
         if not (self.fresh_labels and self.labels_in_budget):
             return 0
-        return sum(s.length for s in self.labels)
+        return sum(s.length for s in self._stale_labels())
 
     def visual_rows(self) -> torch.Tensor:
         """Sequence indices of page segment tokens, ascending (N_v,)."""

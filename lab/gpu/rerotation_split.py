@@ -28,9 +28,23 @@ from typing import Any
 import torch
 
 from conduit_core.answer_types import PageInput
+from conduit_core.loader import LoadedVLM
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu.check_parts import fresh_keys, page_labels, rel_err, vision_rel_err
 from lab.ttft import model as bench_model
+
+
+def _build(shape: str, layers: int | None, vision_depth: int | None, tokens: int,
+           device: str, dtype: torch.dtype) -> LoadedVLM:
+    """The bench model of `shape` cut to `layers` / `vision_depth` layers (registered in
+    `SHAPES` only while it is built)."""
+    name = _cut_shape(shape, layers, vision_depth)
+    try:
+        return bench_model.build_bench_vlm(name, tokens_per_page=tokens, device=device,
+                                           dtype=dtype)
+    finally:
+        if name != shape:
+            del bench_model.SHAPES[name]
 
 
 def _cut_shape(shape: str, layers: int | None, vision_depth: int | None) -> str:
@@ -81,9 +95,7 @@ def rerotation_split(shape: str = "tiny", layers: int | None = None,
                      vision_depth: int | None = None, dtype: str = "float32",
                      device: str = "cpu", pages: int = 2, tokens: int = 64) -> dict[str, Any]:
     """The module docstring's four errors for each of `pages` pages of `tokens` tokens."""
-    name = _cut_shape(shape, layers, vision_depth)
-    vlm = bench_model.build_bench_vlm(name, tokens_per_page=tokens, device=device,
-                                      dtype=getattr(torch, dtype))
+    vlm = _build(shape, layers, vision_depth, tokens, device, getattr(torch, dtype))
     rt = ReuseRuntime(vlm, never_above_full=False)
     work = bench_model.make_workload(vlm, pages, 32)
     images = bench_model.bench_pages(pages, tokens)
@@ -101,4 +113,4 @@ def rerotation_split(shape: str = "tiny", layers: int | None = None,
                     "rotation_runtime": rel_err(got[0], truth),
                     "rotation_model": rel_err(_keys_model(rt, embeds, positions), truth),
                     "per_layer": [rel_err(g, f) for g, f in zip(got, fresh, strict=True)]})
-    return {"shape": name, "dtype": dtype, "device": device, "tokens": tokens, "pages": out}
+    return {"shape": vlm.name, "dtype": dtype, "device": device, "tokens": tokens, "pages": out}

@@ -107,13 +107,16 @@ def test_label_refreshed_with_its_whole_page(labelled: ReuseRuntime) -> None:
 
 def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> None:
     """label_refresh="always": the scoring pass reads the labels stale, the refresh
-    recomputes every one of them at any budget (full reuse too); the FLOPs are predicted and
-    a refresh of every page still equals full prefill."""
+    recomputes every one of them at any budget (full reuse too) but the first, which the
+    label cache computed in its exact context right after the head; the FLOPs are predicted
+    and a refresh of every page still equals full prefill."""
     rt = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
     page_only = ReuseRuntime(runtime.vlm, label_refresh="page", never_above_full=False)
     pages = _pages(rt)
     layout = rt.assemble(PREFIX, pages, QUESTION).layout
-    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
+    first = layout.labels[0]
+    assert first.start == layout.head
+    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
     assert layout.fresh_labels and layout.stale_labels
     assert torch.equal(layout.refreshed_label_rows(torch.zeros(0, dtype=torch.long)),
                        label_rows)
@@ -125,6 +128,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
         fresh, stale = probe_refresh(rt, req, last_only=True), probe_refresh(page_only, req,
                                                                             last_only=True)
         assert bool(torch.isin(label_rows, fresh.rows).all())
+        assert not bool(torch.isin(torch.arange(first.start, first.stop), fresh.rows).any())
         assert not bool(torch.isin(label_rows, stale.rows).any())
         assert torch.equal(fresh.visual_rows, stale.visual_rows)  # the same choice
         assert fresh.refresh_flops > stale.refresh_flops
@@ -147,11 +151,11 @@ def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
     always = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
     pages = _pages(rt)
     layout = rt.assemble(PREFIX, pages, QUESTION).layout
-    n_labels = sum(s.length for s in layout.labels)
+    n_labels = sum(s.length for s in layout.labels[1:])  # the first is exact as cached
     n_visual = int(layout.visual_rows().numel())
     assert layout.budget_label_rows() == n_labels > 0
     assert always.assemble(PREFIX, pages, QUESTION).layout.budget_label_rows() == 0
-    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
+    label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
     req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.5,
                         max_new_tokens=2)
     rt.answer(req)  # the labels are in the cache from here on
