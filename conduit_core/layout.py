@@ -59,7 +59,7 @@ class Layout:
     prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
     labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
     stale_labels: bool = False  # labels come from the label cache, stale like their pages
-    fresh_labels: bool = False  # with stale_labels: every refresh recomputes every label
+    fresh_labels: bool = False  # with stale_labels: every refresh recomputes every stale label
     labels_in_budget: bool = False  # with fresh_labels: those rows count against the budget
 
     @property
