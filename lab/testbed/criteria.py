@@ -69,22 +69,25 @@ def _at_least(name: str, value: float | None, bound: float, shown: str) -> Check
 
 
 class _Intervals:
-    """Bootstrap intervals of one run's criteria from its per-question scores."""
+    """Bootstrap intervals of one run's criteria from its per-question scores (none without
+    them): each method returns None where a row it needs is missing."""
 
-    def __init__(self, scores: Scores) -> None:
-        self.scores = scores
-        self.ids: dict[str, list[str]] = {"all": sorted(scores[(_REFERENCE, 1.0)])}
+    def __init__(self, scores: Scores | None) -> None:
+        self.scores = scores or {}
+        self.ids: dict[str, list[str]] = {"all": sorted(self.scores.get((_REFERENCE, 1.0), {}))}
         for qid in self.ids["all"]:
             self.ids.setdefault(f"family={family_of(qid)}", []).append(qid)
 
-    def mean(self, group: str, policy: str, budget: float) -> Interval | None:
-        a = self.scores.get((policy, budget))
-        return None if a is None else mean_interval(a, self.ids[group])
+    def mean(self, group: str, row: tuple[str, float]) -> Interval | None:
+        a = self.scores.get(row)
+        return None if a is None or group not in self.ids else mean_interval(a, self.ids[group])
 
-    def paired(self, group: str, a: tuple[str, float], b: tuple[str, float],
+    def paired(self, group: str, a: tuple[str, float], b: tuple[str, float] | None,
                op: str) -> Interval | None:
-        x, y = self.scores.get(a), self.scores.get(b)
-        return None if x is None or y is None else paired_interval(x, y, self.ids[group], op)
+        x, y = self.scores.get(a), None if b is None else self.scores.get(b)
+        if x is None or y is None or group not in self.ids:
+            return None
+        return paired_interval(x, y, self.ids[group], op)
 
 
 def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
@@ -92,32 +95,7 @@ def check(doc: Mapping[str, Any], policy: str, budget: float = 0.1,
     """Every criterion of issue 28 on one `eval answers` document (with `scores`, its
     per-question records, each accuracy criterion's interval too); `KeyError` when it lacks
     the reference, full reuse or `policy` at `budget`."""
-    checks = _check(doc, policy, budget, slack)
-    if scores is None:
-        return checks
     iv = _Intervals(scores)
-    reuse_budget = min((b for p, b in scores if p == _REUSE), default=None)
-    full, mine = (_REFERENCE, 1.0), (policy, budget)
-    out = []
-    for c in checks:
-        interval = None
-        if c.name == "full prefill overall":
-            interval = iv.mean("all", *full)
-        elif c.name.startswith("full reuse on ") and reuse_budget is not None:
-            fam = c.name.removeprefix("full reuse on ").split(":")[0]
-            interval = iv.paired(f"family={fam}", full, (_REUSE, reuse_budget), "diff")
-        elif ": ratio to full prefill, " in c.name:
-            group = c.name.split(": ratio to full prefill, ")[1]
-            interval = iv.paired(group if group == "all" else f"family={group}", mine, full,
-                                 "ratio")
-        elif " minus " in c.name:
-            base = c.name.split(" minus ")[1].removesuffix(", overall")
-            interval = iv.paired("all", mine, (base, budget), "diff")
-        out.append(replace(c, interval=interval))
-    return out
-
-
-def _check(doc: Mapping[str, Any], policy: str, budget: float, slack: float) -> list[Check]:
     cells = _cells(doc)
     families = [g.removeprefix("family=") for g, p, _ in cells
                 if p == _REFERENCE and g.startswith("family=")]
@@ -125,26 +103,32 @@ def _check(doc: Mapping[str, Any], policy: str, budget: float, slack: float) -> 
     if full["all"] is None or (("all", policy, budget) not in cells):
         raise KeyError(f"the table lacks {_REFERENCE} or {policy} at {budget:g}")
     reuse_budget = next((b for g, p, b in sorted(cells) if p == _REUSE and g == "all"), None)
-    out = [_at_least("full prefill overall", full["all"], 0.90 - slack, f">= {0.90 - slack:.2f}")]
+    ref_row, mine_row = (_REFERENCE, 1.0), (policy, budget)
+    reuse_row = None if reuse_budget is None else (_REUSE, reuse_budget)
+    out = [replace(_at_least("full prefill overall", full["all"], 0.90 - slack,
+                             f">= {0.90 - slack:.2f}"), interval=iv.mean("all", ref_row))]
     for fam in families:
         reuse = None if reuse_budget is None else _acc(cells, f"family={fam}", _REUSE,
                                                        reuse_budget)
         ref = full[f"family={fam}"]
         gap = None if reuse is None or ref is None else ref - reuse
+        interval = iv.paired(f"family={fam}", ref_row, reuse_row, "diff")
         if fam == CONTROL:
             out.append(Check(f"full reuse on {fam}: full prefill minus it", gap,
                              f"<= {0.02 + slack:.2f}",
-                             gap is not None and gap <= 0.02 + slack + 1e-12))
+                             gap is not None and gap <= 0.02 + slack + 1e-12, interval))
         elif fam in CROSS_PAGE:
-            out.append(_at_least(f"full reuse on {fam}: full prefill minus it", gap,
-                                 0.15 - slack, f">= {0.15 - slack:.2f}"))
+            out.append(replace(_at_least(f"full reuse on {fam}: full prefill minus it", gap,
+                                         0.15 - slack, f">= {0.15 - slack:.2f}"),
+                               interval=interval))
     mine = cells[("all", policy, budget)]
     for group in ("all", *(f"family={f}" for f in families)):
         acc, ref = _acc(cells, group, policy, budget), full.get(group)
         ratio = None if acc is None or not ref else acc / ref
-        out.append(_at_least(f"{policy} at {budget:g}: ratio to full prefill, "
-                             f"{group.removeprefix('family=')}", ratio, 0.97 - slack,
-                             f">= {0.97 - slack:.2f}"))
+        out.append(replace(_at_least(f"{policy} at {budget:g}: ratio to full prefill, "
+                                     f"{group.removeprefix('family=')}", ratio, 0.97 - slack,
+                                     f">= {0.97 - slack:.2f}"),
+                           interval=iv.paired(group, mine_row, ref_row, "ratio")))
     flops = float(mine["flops_ratio_lm"])
     out.append(Check(f"{policy} at {budget:g}: LM FLOPs ratio", flops, "<= 0.20",
                      flops <= 0.20 + 1e-12))
@@ -155,7 +139,8 @@ def _check(doc: Mapping[str, Any], policy: str, budget: float, slack: float) -> 
         other = _acc(cells, "all", base, budget)
         lead = None if other is None else float(mine["accuracy"]) - other
         out.append(Check(f"{policy} at {budget:g} minus {base}, overall", lead,
-                         f"> {-slack:.2f}" if slack else "> 0", lead is not None and lead > -slack))
+                         f"> {-slack:.2f}" if slack else "> 0", lead is not None and lead > -slack,
+                         iv.paired("all", mine_row, (base, budget), "diff")))
     return out
 
 
