@@ -6,31 +6,36 @@ the concatenation. Positions come from the family's own rule over the whole layo
 
 Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
 label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
-and a refresh recomputes a label only with its whole page (`refreshed_label_rows`), or, with
-`fresh_labels`, every label whatever it refreshes of the page (the scoring pass still reads
-them stale) but the first when it directly follows the head, unless its page is refreshed
-whole: the label cache computed it in that exact context, so it is not stale; with
-`labels_in_budget` too, those label rows count against the refresh budget
-(`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
+and `label_refresh` says which labels a refresh recomputes (`refreshed_label_rows`): "page"
+a label only with its whole page; "always" every label whatever it refreshes of the pages
+(the scoring pass still reads them stale) but the first when it directly follows the head,
+unless its page is refreshed whole: the label cache computed it in that exact context, so
+it is not stale; "budget" the same labels as "always", their rows counted against the
+refresh budget (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
 
 Public API:
   Segment(start, length, page)          a page segment's (or a page label's) span
   Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
-         stale_labels=False, fresh_labels=False, labels_in_budget=False)
+         stale_labels=False, label_refresh="page")
     .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
     .refreshed_label_rows(visual_rows), .budget_label_rows()
   build_layout(adapter, prefix, labels, segments, image_grids, question,
-               stale_labels=False, fresh_labels=False, labels_in_budget=False) -> Layout
+               stale_labels=False, label_refresh="page") -> Layout
+  LabelRefresh = Literal["page", "always", "budget"];  LABEL_REFRESH (its values)
   page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
 from conduit_core.adapters.base import VLMAdapter
+
+LabelRefresh = Literal["page", "always", "budget"]
+LABEL_REFRESH: tuple[LabelRefresh, ...] = get_args(LabelRefresh)
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,7 @@ class Layout:
     prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
     labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
     stale_labels: bool = False  # labels come from the label cache, stale like their pages
-    fresh_labels: bool = False  # with stale_labels: every refresh recomputes every stale label
-    labels_in_budget: bool = False  # with fresh_labels: those rows count against the budget
+    label_refresh: LabelRefresh = "page"  # with stale_labels: which labels a refresh recomputes
 
     @property
     def n(self) -> int:
@@ -85,14 +89,15 @@ class Layout:
 
     def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
         """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
-        the pages it refreshes whole, and with `fresh_labels` every other label but one right
-        after the head (exact as cached; none unless `stale_labels`)."""
-        if not self.stale_labels or (visual_rows.numel() == 0 and not self.fresh_labels):
+        the pages it refreshes whole, and unless `label_refresh` is "page" every other label
+        but one right after the head (exact as cached; none unless `stale_labels`)."""
+        every = self.label_refresh != "page"
+        if not self.stale_labels or (visual_rows.numel() == 0 and not every):
             return torch.zeros(0, dtype=torch.long)
         chosen = torch.zeros(self.n, dtype=torch.bool)
         chosen[visual_rows.to(torch.long).cpu()] = True
         whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
-        stale = {s.start for s in self._stale_labels()} if self.fresh_labels else set()
+        stale = {s.start for s in self._stale_labels()} if every else set()
         spans = [torch.arange(s.start, s.stop) for s in self.labels
                  if s.page in whole or s.start in stale]
         return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
@@ -104,8 +109,8 @@ class Layout:
 
     def budget_label_rows(self) -> int:
         """Label rows every refresh recomputes that count against its budget (0 unless
-        `labels_in_budget`)."""
-        if not (self.fresh_labels and self.labels_in_budget):
+        `stale_labels` and `label_refresh` "budget")."""
+        if not (self.stale_labels and self.label_refresh == "budget"):
             return 0
         return sum(s.length for s in self._stale_labels())
 
@@ -135,8 +140,7 @@ def build_layout(
     image_grids: list[torch.Tensor],
     question: str,
     stale_labels: bool = False,
-    fresh_labels: bool = False,
-    labels_in_budget: bool = False,
+    label_refresh: LabelRefresh = "page",
 ) -> Layout:
     """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
     pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
@@ -157,9 +161,7 @@ def build_layout(
     pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
     return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
                   head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")),
-                  labels=label_spans, stale_labels=stale_labels,
-                  fresh_labels=stale_labels and fresh_labels,
-                  labels_in_budget=stale_labels and fresh_labels and labels_in_budget)
+                  labels=label_spans, stale_labels=stale_labels, label_refresh=label_refresh)
 
 
 def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,

@@ -13,9 +13,10 @@ Public API:
         rows in every pass (before 2026-12-02 the only way). A label computed for an
         answer is charged to it. label_entries: labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
-        the pages it refreshes whole, "always" every label (the scoring pass reads them
-        stale; `Layout.fresh_labels`; the default, as the service's `CONDUIT_LABEL_REFRESH`),
-        "budget" every label, its rows counted against the refresh budget.
+        the pages it refreshes whole, "always" every stale label (the scoring pass reads them
+        stale; the first, right after the head, is exact as cached; `Layout.label_refresh`;
+        the default, as the service's `CONDUIT_LABEL_REFRESH`), "budget" the same labels,
+        their rows counted against the refresh budget.
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
@@ -91,7 +92,7 @@ from conduit_core.kv_cache import KVCache
 from conduit_core.kv_pool import DecodePool
 from conduit_core.label_cache import LabelCache, fetch, label_cost, load_labels
 from conduit_core.layer_forward import logits_of
-from conduit_core.layout import Layout, build_layout
+from conduit_core.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
 from conduit_core.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.page_loads import load_pages, load_per_page
@@ -104,7 +105,6 @@ from conduit_core.scoring import ScoreConfig
 from conduit_core.stale_pass import StaleScores, stale_pass
 
 PAGE_LOADS = ("batched", "per_page")
-LABEL_REFRESH = ("page", "always", "budget")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
 
@@ -113,7 +113,7 @@ class ReuseRuntime:
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
-                 label_refresh: str = "always",
+                 label_refresh: LabelRefresh = "always",
                  never_above_full: bool = True, page_loads: str = "batched",
                  decode_slots: int = 16, decode_positions: int = 65536):
         if page_loads not in PAGE_LOADS:
@@ -163,8 +163,7 @@ class ReuseRuntime:
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
                               [p.kv.token_ids for p in pages], grids, question,
                               stale_labels=self.labels is not None and bool(pages),
-                              fresh_labels=self.label_refresh != "page",
-                              labels_in_budget=self.label_refresh == "budget")
+                              label_refresh=self.label_refresh)
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         load = load_per_page if self.page_loads == "per_page" else load_pages

@@ -98,11 +98,12 @@ class Settings(BaseSettings):
         "computed in both passes. Off whenever head_cache is off.")
     label_refresh: Literal["page", "always", "budget"] = Field(
         "always", description="With the label cache, the labels a refresh recomputes: "
-        "'always' every label (the scoring pass reads them stale), 'page' only those of the "
-        "pages it refreshes whole (0.05 less of a full prefill's LM FLOPs for six 13-token "
-        "labels, and answers lost where a model reads the labels: docs/TESTBED.md, 'Three "
-        "checkpoints of the whole recipe'), 'budget' every label with its rows counted "
-        "against the refresh budget (fewer visual tokens refreshed, the same share of rows).")
+        "'always' every stale one (the scoring pass reads them stale; the first, right after "
+        "the head, is exact as cached), 'page' only those of the pages it refreshes whole "
+        "(0.045 less of a full prefill's LM FLOPs for six 13-token labels, and answers lost "
+        "where a model reads the labels: docs/TESTBED.md, 'Three checkpoints of the whole "
+        "recipe'), 'budget' the same labels as 'always' with their rows counted against the "
+        "refresh budget (fewer visual tokens refreshed, the same share of rows).")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "

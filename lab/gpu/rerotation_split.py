@@ -3,7 +3,8 @@
 `check_rerotation` (lab.gpu.check_parts) compares a page's re-rotated cached keys with keys
 computed afresh. This splits such an error, per page, on a random-weight Qwen2.5-VL of a
 bench shape (`lab.ttft.model.SHAPES`) whose language model and vision tower may be cut to
-fewer layers (the widths, and so the rounding of one layer, stay):
+fewer layers (the widths, and so the rounding of one layer, stay; the vocabulary is cut to
+8,192, which no key depends on):
   vision            cached layer-0 embeddings vs the model's own forward of the image alone
   rotation_runtime  re-rotated layer-0 keys vs keys in float64 from the cached embeddings
   rotation_model    transformers' own path (same embeddings, same positions, the model's
@@ -28,38 +29,21 @@ from typing import Any
 import torch
 
 from conduit_core.answer_types import PageInput
-from conduit_core.loader import LoadedVLM
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu.check_parts import fresh_keys, page_labels, rel_err, vision_rel_err
 from lab.ttft import model as bench_model
+from lab.ttft.model import ModelShape
 
 
-def _build(shape: str, layers: int | None, vision_depth: int | None, tokens: int,
-           device: str, dtype: torch.dtype) -> LoadedVLM:
-    """The bench model of `shape` cut to `layers` / `vision_depth` layers (registered in
-    `SHAPES` only while it is built)."""
-    name = _cut_shape(shape, layers, vision_depth)
-    try:
-        return bench_model.build_bench_vlm(name, tokens_per_page=tokens, device=device,
-                                           dtype=dtype)
-    finally:
-        if name != shape:
-            del bench_model.SHAPES[name]
-
-
-def _cut_shape(shape: str, layers: int | None, vision_depth: int | None) -> str:
-    """Register `shape` cut to `layers` / `vision_depth` layers; return its name."""
-    if layers is None and vision_depth is None:
-        return shape
+def _cut(shape: str, layers: int | None, vision_depth: int | None) -> ModelShape:
+    """`SHAPES[shape]` cut to `layers` / `vision_depth` layers (the widths kept)."""
     base = bench_model.SHAPES[shape]
     text = dict(base.text, num_hidden_layers=layers or base.text["num_hidden_layers"])
     depth = vision_depth or base.vision["depth"]
     vision = dict(base.vision, depth=depth, fullatt_block_indexes=[
         i for i in base.vision["fullatt_block_indexes"] if i < depth] or [depth - 1])
-    name = f"{shape}-cut-{text['num_hidden_layers']}-{depth}"
-    bench_model.SHAPES[name] = dataclasses.replace(base, text=text, vision=vision,
-                                                   vocab=8192, notes=f"{shape}, cut")
-    return name
+    return dataclasses.replace(base, text=text, vision=vision, vocab=8192,
+                               notes=f"{shape}, cut")
 
 
 def _keys64(rt: ReuseRuntime, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -78,24 +62,16 @@ def _keys64(rt: ReuseRuntime, embeds: torch.Tensor, positions: torch.Tensor) -> 
     return adapter.apply_rotary(k, cos.double(), sin.double())[0]
 
 
-def _keys_model(rt: ReuseRuntime, embeds: torch.Tensor, positions: torch.Tensor
-                ) -> torch.Tensor:
-    """Layer-0 keys (kv, T, hd) of `embeds` by the model's own modules in its dtype."""
-    adapter = rt.adapter
-    layer = adapter.layers[0]
-    attn = layer.self_attn
-    x = layer.input_layernorm(embeds.unsqueeze(0))  # (1, T, hidden)
-    k = attn.k_proj(x).view(1, x.shape[1], -1, attn.head_dim).transpose(1, 2)
-    cos, sin = adapter.rotary(k, positions.to(adapter.device).unsqueeze(1))
-    return adapter.apply_rotary(k, cos, sin)[0]
-
-
 @torch.no_grad()
 def rerotation_split(shape: str = "tiny", layers: int | None = None,
                      vision_depth: int | None = None, dtype: str = "float32",
                      device: str = "cpu", pages: int = 2, tokens: int = 64) -> dict[str, Any]:
     """The module docstring's four errors for each of `pages` pages of `tokens` tokens."""
-    vlm = _build(shape, layers, vision_depth, tokens, device, getattr(torch, dtype))
+    cut = layers is not None or vision_depth is not None
+    name = f"{shape}-cut-{layers}-{vision_depth}" if cut else shape
+    vlm = bench_model.build_bench_vlm(name, tokens_per_page=tokens, device=device,
+                                      dtype=getattr(torch, dtype),
+                                      spec=_cut(shape, layers, vision_depth) if cut else None)
     rt = ReuseRuntime(vlm, never_above_full=False)
     work = bench_model.make_workload(vlm, pages, 32)
     images = bench_model.bench_pages(pages, tokens)
@@ -106,11 +82,10 @@ def rerotation_split(shape: str = "tiny", layers: int | None = None,
     for seg, kv, image in zip(asm.layout.segments, kvs, images, strict=True):
         positions = asm.layout.position_ids[:, seg.start:seg.stop]  # (P, T)
         got = asm.cache.keys[:, 0, :, seg.start:seg.stop]  # (L, kv, T, hd)
-        embeds = kv.embeds.to(rt.adapter.device, rt.adapter.dtype)  # (T, hidden)
-        truth = _keys64(rt, embeds, positions)
-        fresh = fresh_keys(rt, kv, positions)  # (L, kv, T, hd)
+        truth = _keys64(rt, kv.embeds.to(rt.adapter.device, rt.adapter.dtype), positions)
+        fresh = fresh_keys(rt, kv, positions)  # (L, kv, T, hd); layer 0 from the same embeds
         out.append({"vision": vision_rel_err(rt, kv, image),
                     "rotation_runtime": rel_err(got[0], truth),
-                    "rotation_model": rel_err(_keys_model(rt, embeds, positions), truth),
+                    "rotation_model": rel_err(fresh[0], truth),
                     "per_layer": [rel_err(g, f) for g, f in zip(got, fresh, strict=True)]})
     return {"shape": vlm.name, "dtype": dtype, "device": device, "tokens": tokens, "pages": out}

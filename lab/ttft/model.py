@@ -16,7 +16,8 @@ cells), so its segment is those tokens plus the two vision delimiters.
 
 Public API:
   SHAPES: dict[str, ModelShape]
-  build_bench_vlm(shape, *, tokens_per_page, device="cpu", dtype=torch.float32, seed=0)
+  build_bench_vlm(shape, *, tokens_per_page, device="cpu", dtype=torch.float32, seed=0,
+                  spec=None)   spec: a ModelShape not in SHAPES, named `shape`
       -> LoadedVLM
   page_grid(tokens) -> (rows, cols)            merged-token grid of a page, rows <= cols
   bench_pages(n, tokens_per_page) -> list[PIL.Image]
@@ -113,13 +114,15 @@ def _config(shape: ModelShape, tok: Any) -> Qwen2_5_VLConfig:
 
 
 def build_bench_vlm(shape: str, *, tokens_per_page: int, device: str = "cpu",
-                    dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedVLM:
-    """A random-weight Qwen2.5-VL of `SHAPES[shape]` on `device` in `dtype` (weights are
-    initialised directly there), pages capped at `tokens_per_page` visual tokens."""
-    if shape not in SHAPES:
+                    dtype: torch.dtype = torch.float32, seed: int = 0,
+                    spec: ModelShape | None = None) -> LoadedVLM:
+    """A random-weight Qwen2.5-VL of `SHAPES[shape]` (or of `spec`, named `shape`) on
+    `device` in `dtype` (weights are initialised directly there), pages capped at
+    `tokens_per_page` visual tokens."""
+    if spec is None and shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; known: {sorted(SHAPES)}")
     tok = _tokenizer()
-    config = _config(SHAPES[shape], tok)
+    config = _config(spec or SHAPES[shape], tok)
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(

@@ -117,7 +117,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     first = layout.labels[0]
     assert first.start == layout.head
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
-    assert layout.fresh_labels and layout.stale_labels
+    assert layout.label_refresh == "always" and layout.stale_labels
     assert torch.equal(layout.refreshed_label_rows(torch.zeros(0, dtype=torch.long)),
                        label_rows)
     for policy in ("conduit", "full_reuse"):

@@ -4,12 +4,14 @@ refused by policies that have no knobs."""
 from __future__ import annotations
 
 import inspect
+from typing import get_args
 
 import pytest
 
 from conduit_core import ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, PolicyOptions
 from conduit_core.errors import InvalidRequestError
+from conduit_core.layout import LABEL_REFRESH
 from conduit_core.policies import get_policy, resolve_policy
 from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.refresh_probe import probe_refresh
@@ -102,4 +104,5 @@ def test_the_runtime_defaults_are_the_services() -> None:
     assert defaults["label_cache"] == s.label_cache
     assert defaults["label_entries"] == s.label_cache_entries
     assert defaults["label_refresh"] == s.label_refresh
+    assert get_args(Settings.model_fields["label_refresh"].annotation) == LABEL_REFRESH
     assert defaults["never_above_full"] == s.never_above_full
