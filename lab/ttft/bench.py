@@ -69,6 +69,7 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.layout import LabelRefresh
 from conduit_core.loader import DTYPES
 from conduit_core.page_kv import PageKV
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
@@ -90,7 +91,7 @@ class Method:
     budget: float
     head_cache: bool = True  # the prompt head from the runtime's head cache
     label_cache: bool = True  # page labels stale from the runtime's label cache
-    label_refresh: str = "always"  # which cached labels a refresh recomputes (the runtime's)
+    label_refresh: LabelRefresh = "always"  # which cached labels a refresh recomputes
 
 
 METHODS = (Method("full_prefill", None, 1.0),
@@ -165,7 +166,7 @@ class PeakMemory:
             self.peak = self._status("VmHWM") - self._base
 
 
-def _variant(m: Method) -> tuple[bool, bool, str]:
+def _variant(m: Method) -> tuple[bool, bool, LabelRefresh]:
     """The runtime options a method needs (the key of `_Runner.variants`)."""
     return m.head_cache, m.label_cache, m.label_refresh
 
