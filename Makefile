@@ -1,11 +1,13 @@
 # conduit: two commands. `make run` serves the embedded default; `make test` runs the suite.
-# The install step installs the product with its dev tools, then the lab (`conduit-lab`).
+# The install step installs the product with its dev tools, then the lab (`conduit-lab`), every
+# package at the version constraints.txt (the lock) names, so that a clean clone installs what
+# the tests were run against; `make lock` rewrites the lock from the installed environment.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml lab/pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml lab/pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: run test lint install system-deps
+.PHONY: run test lint install lock system-deps
 
 # Debian packages the tests use (Redis, Tesseract's English data, headless Chromium and its
 # driver for the browser tests). Installed only if missing, and only when running as root;
@@ -15,14 +17,19 @@ DEBIAN_PACKAGES := redis-server tesseract-ocr tesseract-ocr-eng chromium chromiu
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml lab/pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml lab/pyproject.toml constraints.txt
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e '.[dev]'
-	$(BIN)/pip install -e ./lab
+	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt -e ./lab
 	touch $(STAMP)
 
 install: $(STAMP)
+
+lock:
+	{ sed -n 1,2p constraints.txt; $(BIN)/pip freeze --all --exclude-editable \
+		| grep -v -E '^(conduit|pip)==' | sed 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 run: install
 	$(BIN)/conduit serve --host 127.0.0.1 --port 8000

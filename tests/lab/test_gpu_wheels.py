@@ -18,6 +18,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[2]
 LIST = ROOT / "lab" / "gpu" / "device-wheels.txt"
 LARGE = ROOT / "lab" / "gpu" / "device-wheels-large.txt"
+LOCK = ROOT / "constraints.txt"
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -77,9 +78,21 @@ def test_every_runtime_package_is_carried_on_the_image_or_named_too_large():
     closure = _runtime_closure()
     missing = sorted(set(closure) - set(carried) - image - set(large))
     assert not missing, f"add these to lab/gpu/device-wheels.txt: {missing}"
+    lock = _pins(LOCK)
     pinned = {**carried, **large}
-    stale = {k: (v, closure[k]) for k, v in pinned.items() if closure.get(k) != v}
-    assert not stale, f"carried pins differ from the lock (listed, installed): {stale}"
+    stale = {k: (v, lock.get(k)) for k, v in pinned.items() if lock.get(k) != v}
+    assert not stale, f"carried pins differ from the lock (listed, locked): {stale}"
+
+
+def test_the_install_follows_the_lock():
+    """`make install` installs every runtime package at the lock's version (constraints.txt),
+    so a clean clone runs what the lock names, not whatever the index holds that day."""
+    lock = _pins(LOCK)
+    closure = _runtime_closure()
+    unlocked = sorted(set(closure) - set(lock))
+    assert not unlocked, f"runtime packages missing from constraints.txt (make lock): {unlocked}"
+    drift = {k: (lock[k], v) for k, v in closure.items() if v.split("+")[0] != lock[k]}
+    assert not drift, f"installed versions differ from the lock (locked, installed): {drift}"
 
 
 def _wheel(folder: Path, module: str = "conduit_wheel_probe") -> Path:
