@@ -55,6 +55,7 @@ from conduit_core.layer_forward import computed_key_counts
 from conduit_core.layout import Layout
 from conduit_core.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.scoring import ScoreConfig
+from conduit_core.stale_pass import fused_layers
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,21 @@ class RowCosts:
     def scoring(self, layout: Layout, text_rows: torch.Tensor, config: ScoreConfig,
                 last_only: bool) -> float:
         """The scoring pass: `text_rows` through every layer, plus the scored question rows'
-        probabilities and the value norms at the scored layers."""
+        probabilities and the value norms at the scored layers; at the layers where the
+        probabilities give the attention output (`fused_layers`), the rows' attention is
+        that product with the values instead of the layer's own."""
         n_layers = len(self.adapter.layers)
-        scored_layers = len(range(n_layers)[config.layer_slice(n_layers)])
-        scored = config.scored_rows(int(layout.question_rows().numel()), layout.prompt)
-        extras = self.flops.scoring(int(scored.numel()), layout.n, scored_layers)
-        return self.refresh(layout, text_rows, last_only) + extras
+        layers = range(n_layers)[config.layer_slice(n_layers)]
+        n_scored = int(config.scored_rows(int(layout.question_rows().numel()),
+                                          layout.prompt).numel())
+        extras = self.flops.scoring(n_scored, layout.n, len(layers))
+        cost = self.refresh(layout, text_rows, last_only) + extras
+        fused = len(fused_layers(layers, n_layers, n_scored, int(text_rows.numel()), last_only))
+        if fused:
+            counts = computed_key_counts(self.adapter, text_rows, layout.n)  # (R,)
+            own = fused * self.flops.lm.pair_cost * float(counts.double().sum())
+            cost += self.flops.value_mix(float(text_rows.numel()) * layout.n, fused) - own
+        return cost
 
     def bound(self, layout: Layout, rows: torch.Tensor, last_only: bool,
               start_layer: int = 0) -> float:

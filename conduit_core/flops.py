@@ -40,6 +40,7 @@ Public API:
                                                      rows whose last layer runs in full only
                                                      for the output rows
   scoring_flops(shape, n_question, n_keys, n_layers) -> float   the scoring pass's extras
+  value_mix_flops(shape, key_count, n_layers) -> float   probabilities times values
   full_prefill_flops(shape, n) -> float
   VisionShape(...)  .from_config(config)             Qwen2/2.5-VL: a ViT over a patch grid
   TiledVisionShape(...)  .from_config(config)        LLaVA-OneVision / InternVL: fixed tiles
@@ -142,6 +143,13 @@ def scoring_flops(shape: LMShape, n_question: int, n_keys: int, n_layers: int) -
     pairs = n_question * n_keys * shape.heads * (2 * shape.head_dim + SCORE_PAIR_FLOPS)
     norms = 2 * shape.kv_heads * shape.head_dim * n_keys
     return float(n_layers * (pairs + norms))
+
+
+def value_mix_flops(shape: LMShape, key_count: float, n_layers: int) -> float:
+    """Probabilities times values over `key_count` (row, key) pairs in all, for every query
+    head, at `n_layers` layers: 2 H dh per pair. The scoring pass's attention output where
+    its probabilities stand in for the layer's attention (`conduit_core.stale_pass`)."""
+    return float(n_layers * key_count * 2 * shape.heads * shape.head_dim)
 
 
 def full_prefill_flops(shape: LMShape, n: int) -> float:
@@ -335,6 +343,10 @@ class FlopsModel:
     def scoring(self, n_question: int, n_keys: int, n_layers: int) -> float:
         """The scoring pass's probabilities and value norms (see `scoring_flops`)."""
         return scoring_flops(self.lm, n_question, n_keys, n_layers)
+
+    def value_mix(self, key_count: float, n_layers: int) -> float:
+        """Probabilities times values over `key_count` pairs (see `value_mix_flops`)."""
+        return value_mix_flops(self.lm, key_count, n_layers)
 
     def full(self, n: int) -> float:
         """Language-model FLOPs of a full causal prefill of `n` tokens."""

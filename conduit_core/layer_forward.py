@@ -16,7 +16,10 @@ Public API:
                              sdpa too (for A/B measurements and tests); blocked_rows(on)
                              sets it within a with-block
   causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
-  LayerObserver = Callable[[int, q, keys, values], None]
+  LayerObserver = Callable[[int, q, keys, values], attention output or None]
+      an observer that computed the layer's attention output (B, R, heads, hd) of every row
+      returns it, and the layer uses it instead of computing its own (the scoring pass forms
+      its rows' probabilities anyway); None: the layer computes it
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
                observer=None, layers=None, outputs=None)
       -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
@@ -49,7 +52,7 @@ from conduit_core.row_attention import (
     row_blocks,
 )
 
-LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]
+LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
 BLOCKED_ATTENTION = True
 
 
@@ -113,7 +116,8 @@ def forward_rows(
     last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
     `observer(layer, q, keys, values)` sees each layer's rotated queries
     (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
-    layer's write.
+    layer's write; what it returns, if not None, is the layer's attention output
+    (B, R, heads, hd) of every row.
     """
     impl = _attn_impl(adapter)
     mask: torch.Tensor | None = None
@@ -141,12 +145,13 @@ def forward_rows(
         k = adapter.apply_rotary(k, cos, sin)
         cache.write(li, rows, k, v)
         keys, values = cache.view(li, n_keys)  # (B, kv_heads, n_keys, hd)
-        if observer is not None:
-            observer(li, q, keys, values)
+        attended = observer(li, q, keys, values) if observer is not None else None
         if li == last and outputs is not None and outputs.numel() < r:
             return _output_rows(adapter, attn, layer, residual, q, keys, values, rows,
-                                outputs.to(adapter.device), n_keys, impl, mask)
-        if blocks is not None:
+                                outputs.to(adapter.device), n_keys, impl, mask, attended)
+        if attended is not None:
+            out = attended  # (B, R, heads, hd)
+        elif blocks is not None:
             out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R, heads, hd)
         else:
             out, _ = _attention_fn(attn, impl)(
@@ -162,12 +167,15 @@ def forward_rows(
 def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Tensor,
                  q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
                  outputs: torch.Tensor, n_keys: int, impl: str,
-                 mask: torch.Tensor | None) -> torch.Tensor:
-    """The last layer's attention and MLP for the rows at positions `outputs` only."""
+                 mask: torch.Tensor | None, attended: torch.Tensor | None) -> torch.Tensor:
+    """The last layer's attention and MLP for the rows at positions `outputs` only
+    (`attended`: every row's attention output, already computed)."""
     sub = rows[outputs]  # (R_o,) sequence indices
     q = q[:, :, outputs]  # (B, heads, R_o, hd)
     b, r_o = q.shape[0], int(sub.numel())
-    if impl == "sdpa" and BLOCKED_ATTENTION:
+    if attended is not None:
+        out = attended[:, outputs]  # (B, R_o, heads, hd)
+    elif impl == "sdpa" and BLOCKED_ATTENTION:
         rep = q.shape[1] // keys.shape[1]
         chunk, span = block_shape(adapter.device)
         blocks = row_blocks(sub, n_keys, q.dtype, rep, chunk, adapter.device, span)

@@ -10,6 +10,11 @@ rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a l
 is bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
 one). Only the configured layers and question rows are scored.
 
+Where the scored rows are every text row of the pass (the default: every row after the last
+page), their probabilities also give each scored layer's attention output (times the values,
+in float32), so the layer does not compute the same QK^T a second time (`fused_layers`); at
+the last layer of an answer (`last_only`) the layer computes its one output row itself.
+
 Public API:
   SCORE_CHUNK_ELEMENTS = 2**24   probabilities formed at once (64 MiB in float32)
   StaleScores(weighted, attention, config, question_rows, text_rows, text_hidden=None,
@@ -29,6 +34,8 @@ Public API:
     probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
   stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
              config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
+  fused_layers(scored_layers, n_layers, n_scored, n_text, last_only) -> list[int]
+      the scored layers whose attention output the scoring's probabilities give
   text_from_layer_one(adapter, cache, stale, embeds, position_ids, rows, n_keys)
       -> (1, R, hidden) the refresh rows' inputs of layer 1: the visual rows run through
       layer 0 now (reading the exact layer-0 cache), the text rows taken from `stale`
@@ -60,6 +67,16 @@ class StaleScores:
     text_hidden: torch.Tensor | None = None  # (N_t | 1, hidden) last-layer hidden states
     after_first: torch.Tensor | None = None  # (N_t, hidden) after layer 0 (exact)
     probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
+
+
+def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int,
+                 last_only: bool) -> list[int]:
+    """The scored layers at which the scoring pass's probabilities are the layer's attention:
+    all of them when the scored rows are every text row of the pass (none otherwise), but the
+    last layer under `last_only` (only its last row's output is computed there)."""
+    if n_text == 0 or n_scored != n_text:
+        return []
+    return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
 
 
 def stale_pass(
@@ -94,15 +111,18 @@ def stale_pass(
     # keys before the earliest scored row are visible to every scored row: only the columns
     # from there on need the causal mask
     first = int(scored_rows.min()) if n_q else n_keys
+    fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only)
     kept: list[torch.Tensor] = []
 
-    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor | None:
         if layer not in acc.layers or n_q == 0:
-            return
+            return None
         scaling = adapter.layers[layer].self_attn.scaling
         k = keys[0].float().transpose(1, 2)  # (G, hd, N): query head h reads KV head h // rep
         norms = torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32)  # (G, N)
-        layer_probs = []
+        v = values[0].float() if layer in fused else None  # (G, N, hd)
+        layer_probs, mixed = [], []
         for start in range(0, n_q, chunk):
             rows = scored_rows[start:start + chunk]  # (c,)
             c = rows.numel()
@@ -115,10 +135,16 @@ def stale_pass(
             scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
             probs = torch.softmax(scores, dim=-1)  # (H, c, N)
             acc.add(probs, norms)
+            if v is not None:  # the rows' attention output, GQA as in the scores
+                out = torch.matmul(probs.view(kv_heads, rep * c, n_keys), v)  # (G, rep*c, hd)
+                mixed.append(out.view(heads, c, -1))  # (H, c, hd)
             if keep_probs:
                 layer_probs.append(probs)
         if keep_probs:
             kept.append(torch.cat(layer_probs, dim=1))  # (H, Q', N)
+        if v is None:
+            return None
+        return torch.cat(mixed, dim=1).transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)

@@ -14,8 +14,9 @@ import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.assembly import Assembly
+from conduit_core.layer_forward import forward_rows
 from conduit_core.scoring import ScoreConfig, token_scores
-from conduit_core.stale_pass import StaleScores, stale_pass
+from conduit_core.stale_pass import StaleScores, fused_layers, stale_pass
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.device import atol, tol
@@ -106,4 +107,47 @@ def test_layer_by_layer_reduction_equals_the_all_layers_reference(
                                        atol=1e-7, rtol=1e-5)
             if config != ScoreConfig():  # each knob has its own effect
                 assert not torch.allclose(want, default, atol=1e-7, rtol=1e-4), config
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("last_only", [False, True])
+def test_the_scoring_probabilities_give_the_layers_attention(
+        name: str, last_only: bool, model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the scored rows are every text row (the default), the pass takes each scored
+    layer's attention output from its own probabilities (`fused_layers`); its hidden states
+    and K/V equal a plain forward of the same rows over the same cache, question rows taken
+    whole and in chunks of 2, and it is charged less than the unfused pass."""
+    rt = ReuseRuntime(load_builtin(name, model_cache))
+    pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    inputs = [PageInput("Page 1:", pages[0]), PageInput("Page 2:", pages[1])]
+    n_layers = len(rt.adapter.layers)
+    for chunk in (None, 2):
+        if chunk is not None:
+            heads = rt.adapter.text_config.num_attention_heads
+            monkeypatch.setattr("conduit_core.stale_pass.SCORE_CHUNK_ELEMENTS",
+                                chunk * heads * 4096)
+        asm = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
+        ref = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
+        text, layout = asm.fresh_text_rows(), asm.layout
+        assert torch.equal(text, layout.question_rows())  # every text row is scored
+        fused = fused_layers(range(n_layers), n_layers, text.numel(), text.numel(), last_only)
+        assert fused == list(range(n_layers - 1 if last_only else n_layers))
+        scores, charged = rt.scoring(asm)
+        pos = layout.position_ids[:, text].unsqueeze(1)  # (P, 1, N_t)
+        hidden = ref.embeds[text].unsqueeze(0)  # (1, N_t, hidden)
+        with torch.no_grad():
+            first = forward_rows(rt.adapter, ref.cache, hidden, text, pos, n_keys=layout.n,
+                                 layers=range(1))  # (1, N_t, hidden)
+            outputs = torch.tensor([text.numel() - 1]) if last_only else None
+            last = forward_rows(rt.adapter, ref.cache, first, text, pos, n_keys=layout.n,
+                                layers=range(1, n_layers), outputs=outputs)
+        assert scores.after_first is not None and scores.text_hidden is not None
+        torch.testing.assert_close(scores.after_first, first[0], **tol("logits"))
+        torch.testing.assert_close(scores.text_hidden, last[0], **tol("logits"))
+        torch.testing.assert_close(asm.cache.keys[:, :, :, text], ref.cache.keys[:, :, :, text],
+                                   **tol("keys"))
+        unfused = (rt.costs.refresh(layout, text, last_only)
+                   + rt.flops.scoring(text.numel(), layout.n, n_layers))
+        assert charged < unfused
         monkeypatch.undo()

@@ -17,6 +17,7 @@ from conduit_core.flops import (
     full_prefill_flops,
     linear_cost,
     rows_flops,
+    value_mix_flops,
     vision_flops,
     vision_shape,
     vision_tower_flops,
@@ -45,6 +46,13 @@ def test_refresh_rows_by_hand() -> None:
     assert rows_flops(SMALL, [0, 2]) == 1280.0
     assert rows_flops(SMALL, [0, 2], n_layers=1) == 640.0
     assert rows_flops(SMALL, []) == 0.0
+
+
+def test_value_mix_by_hand() -> None:
+    # probabilities times values: 2 H dh per (row, key) pair per layer = 2 * 2 * 2 * 5 pairs
+    assert value_mix_flops(SMALL, 5, 1) == 40.0
+    assert value_mix_flops(SMALL, 5, 2) == 80.0
+    assert value_mix_flops(SMALL, 5, 2) == SMALL.pair_cost * 5 * 2 / 2  # half of attention
 
 
 def test_scoring_plus_refresh_below_full_only_for_small_sets() -> None:
