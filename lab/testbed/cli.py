@@ -1,4 +1,4 @@
-"""`conduit-lab testbed train|export|generate|probe|criteria` and `conduit-lab demo`: the
+"""`conduit-lab testbed train|export|generate|probe|criteria|paired` and `conduit-lab demo`: the
 trained testbed model."""
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def add_testbed_commands(sub: Any) -> None:
     pr.add_argument("--pages", choices=["gold", "distractors"], default="gold",
                     help="the question's evidence pages, or them plus distractor pages of the "
                     "same document (6 pages in all, in document order)")
+    pr.add_argument("--records", type=Path, default=None,
+                    help="also write every question's score per policy here (JSON lines, as "
+                    "`eval answers` writes X.records.jsonl), for `testbed paired`")
     pr.set_defaults(func=_probe)
 
     cr = tsub.add_parser("criteria", help="issue 28's criteria on final `eval answers` tables, "
@@ -85,6 +88,16 @@ def add_testbed_commands(sub: Any) -> None:
                     "(written beside it by `eval answers`)")
     cr.add_argument("--out", type=Path, default=None, help="also write the table here")
     cr.set_defaults(func=_criteria)
+
+    pa = tsub.add_parser("paired", help="one policy against full prefill and the other "
+                         "policies, per checkpoint and pooled, with paired intervals")
+    pa.add_argument("records", type=Path, nargs="+",
+                    help="per-question records, one file per checkpoint (`testbed probe "
+                    "--records`, or the X.records.jsonl `eval answers` writes)")
+    pa.add_argument("--policy", default=None, help="default: CONDUIT_POLICY")
+    pa.add_argument("--budget", type=float, default=0.1)
+    pa.add_argument("--out", type=Path, default=None, help="also write the table here")
+    pa.set_defaults(func=_paired)
 
     demo = sub.add_parser("demo", help="the whole product on the trained testbed model: upload, "
                           "ask each task family with CONDUIT and full reuse, compare")
@@ -153,6 +166,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     from conduit_core.testbed_model import WEIGHTS
+    from lab import command_line
     from lab.testbed.probe import load_checkpoint_vlm, probe
 
     weights = args.weights or WEIGHTS
@@ -160,13 +174,46 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"no weights at {weights}: train with `conduit-lab testbed train` and pass --weights "
               "RUN/model.safetensors (or copy it there)")
         return 2
-    vlm = load_checkpoint_vlm(weights)
+    try:
+        vlm = load_checkpoint_vlm(weights)
+    except ValueError as exc:
+        print(exc)
+        return 2
+    records: list[dict[str, object]] | None = [] if args.records else None
     rows = probe(vlm, n=args.n, seed=args.seed,
                  policies=tuple(p for p in args.policies.split(",") if p),
                  budgets=tuple(float(b) for b in args.budgets.split(",") if b),
-                 pages=args.pages)
+                 pages=args.pages, records=records)
     for row in rows:
         print(json.dumps(row))
+    if args.records and records is not None:
+        header = {"config": {"command": command_line(), "weights": str(weights), "n": args.n,
+                             "seed": args.seed, "pages": args.pages}}
+        args.records.parent.mkdir(parents=True, exist_ok=True)
+        args.records.write_text("".join(json.dumps(r) + "\n" for r in [header, *records]))
+    return 0
+
+
+def _paired(args: argparse.Namespace) -> int:
+    from lab import command_line
+    from lab.testbed.intervals import read_scores
+    from lab.testbed.paired import paired_table
+    from worker.settings import Settings
+
+    policy = args.policy or Settings().policy
+    try:
+        runs = {p.name.removesuffix(".jsonl").removesuffix(".records"): read_scores(p)
+                for p in args.records}
+        table = paired_table(runs, policy, args.budget)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"cannot compare the records: {exc}", file=sys.stderr)
+        return 2
+    text = (f"`{policy}` at {args.budget:g} against full prefill and the other policies at "
+            f"{args.budget:g}, on the same questions (in brackets: 95% paired bootstrap "
+            f"intervals over the questions):\n\n{table}\n\nProduced by `{command_line()}`.\n")
+    print(text)
+    if args.out:
+        args.out.write_text(text)
     return 0
 
 

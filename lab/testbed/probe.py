@@ -13,7 +13,10 @@ against a full prefill of the same layout.
 Public API:
   PAGE_MODES = ("gold", "distractors");  SHOWN = 6
   load_checkpoint_vlm(path) -> LoadedVLM      a training checkpoint or a weights file
-  probe(vlm, n, seed, policies, budgets, pages) -> list[dict]   rows per (family, policy, budget)
+  probe(vlm, n, seed, policies, budgets, pages, records=None) -> list[dict]
+      rows per (family, policy, budget); `records`, a list, gets one record per question and
+      row as `eval answers` writes them ({"id", "policy", "budget", "score"}; the id
+      `q<i>-<family>-s<seed>`), for `lab.testbed.intervals`
   probe_samples(n, seed, pages) -> Iterator[Sample]   the probe's samples over the shown pages
   refreshed_cells(runtime, assembly, sample, policy, budget, seed) -> [(page, cell) | None]
   key_cells(sample) -> [(page, cell)]          the asked records' key (= result) cells
@@ -46,9 +49,16 @@ MAX_NEW_TOKENS = 4  # a pair's answer is three tokens ("5 7"), then the end of t
 
 
 def load_checkpoint_vlm(path: Path) -> LoadedVLM:
-    """The testbed model with weights from `path` (checkpoint or plain weights file)."""
+    """The testbed model with weights from `path` (checkpoint or plain weights file); a file
+    whose tensors are not the testbed model's (a model folder's `model.safetensors`, whose
+    names differ) is refused rather than leaving weights random."""
     model, processor = build_testbed(weights=None)
-    model.load_state_dict(model_tensors(path), strict=False)
+    loaded = model.load_state_dict(model_tensors(path), strict=False)
+    missing = set(loaded.missing_keys) - {"lm_head.weight"}  # tied to the embeddings
+    if missing or loaded.unexpected_keys:
+        raise ValueError(f"{path} does not hold the testbed model's tensors ({len(missing)} "
+                         f"missing, {len(loaded.unexpected_keys)} unexpected; for a model "
+                         "folder pass the run's checkpoint or `testbed export` it to a file)")
     model.tie_weights()
     model.eval()
     adapter = Qwen2VLAdapter(model, processor, processor.tokenizer, MAX_IMAGE_TOKENS)
@@ -94,7 +104,8 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
 def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
           budgets: tuple[float, ...] = (0.1,), pages: str = "gold",
-          label_cache: bool = True) -> list[dict[str, object]]:
+          label_cache: bool = True,
+          records: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget, over the pages of
     `probe_samples(n, seed, pages)`; with the share of questions whose asked key cells were
     all refreshed and the mean LM FLOPs ratio to a full prefill. `label_cache`: page labels
@@ -104,7 +115,13 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     covered: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     flops: dict[tuple[str, str, float], list[float]] = defaultdict(list)
-    for s in probe_samples(n, seed, pages):
+    def record(qid: str, policy: str, budget: float, right: bool) -> None:
+        if records is not None:
+            records.append({"id": qid, "policy": policy, "budget": budget,
+                            "score": float(right)})
+
+    for i, s in enumerate(probe_samples(n, seed, pages)):
+        qid = f"q{i}-{s.question.family}-s{seed}"
         images = [page_image(s.doc.pages[p]) for p in s.pages]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
@@ -112,6 +129,7 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
         full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
                                            s.text, max_new_tokens=MAX_NEW_TOKENS)
         hits[(fam, "full_prefill", 1.0)].append(full.text.strip() == want)
+        record(qid, "full_prefill", 1.0, full.text.strip() == want)
         flops[(fam, "full_prefill", 1.0)].append(full.flops_ratio_lm)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
         runtime.warm_labels(ANSWER_PREFIX, inputs)  # the labels, with the pages
@@ -122,6 +140,7 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
                                     seed=0)
                 res = runtime.answer(req)
                 hits[(fam, policy, budget)].append(res.text.strip() == want)
+                record(qid, policy, budget, res.text.strip() == want)
                 flops[(fam, policy, budget)].append(res.flops_ratio_lm)
                 covered[(fam, policy, budget)].append(_covers(runtime, req, s))
     rows = []
