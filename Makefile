@@ -1,10 +1,12 @@
 # conduit: two commands. `make run` serves the embedded default; `make test` runs the suite.
 # The install step installs the product with its dev tools, then the lab (`conduit-lab`), every
 # package at the version constraints.txt (the lock) names, so that a clean clone installs what
-# the tests were run against; `make lock` rewrites the lock from the installed environment.
+# the tests were run against (the build backend too: --build-constraint; pip itself is pinned
+# here); `make lock` rewrites the lock from the installed environment.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+PIP_VERSION := 26.3
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml lab/pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: run test lint install lock system-deps
@@ -18,10 +20,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml lab/pyproject.toml constraints.txt
-	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -c constraints.txt -e '.[dev]'
-	$(BIN)/pip install -c constraints.txt -e ./lab
+	$(BIN)/pip install pip==$(PIP_VERSION)
+	$(BIN)/pip install -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -c constraints.txt --build-constraint constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt --build-constraint constraints.txt -e ./lab
 	touch $(STAMP)
 
 install: $(STAMP)
