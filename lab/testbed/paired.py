@@ -57,15 +57,17 @@ def _column(scores: Scores, policy: str, budget: float) -> dict[str, str]:
     for other, b in sorted(k for k in scores if k[1] == budget and k[0] != policy):
         theirs = scores[(other, b)]
         both = [i for i in ids if i in theirs]
-        cells[f"minus {other}"] = _cell(_mean(mine, both) - _mean(theirs, both),
-                                        paired_interval(mine, theirs, both, "diff"))
+        for fam in ["all", *families]:
+            sub = both if fam == "all" else [i for i in both if family_of(i) == fam]
+            cells[f"minus {other}, {fam}"] = _cell(_mean(mine, sub) - _mean(theirs, sub),
+                                                   paired_interval(mine, theirs, sub, "diff"))
     return cells
 
 
 def paired_table(runs: Mapping[str, Scores], policy: str, budget: float) -> str:
     """Markdown: a column per run and the pooled one, a row per statistic (accuracy of full
-    prefill and of `policy` at `budget`, its ratio to full prefill overall and per family, its
-    lead over every other policy at `budget`), each value with its 95% interval."""
+    prefill and of `policy` at `budget`, its ratio to full prefill and its lead over every
+    other policy at `budget`, overall and per family), each value with its 95% interval."""
     if not runs:
         raise ValueError("no runs")
     columns = {name: _column(scores, policy, budget) for name, scores in runs.items()}

@@ -50,10 +50,12 @@ def test_the_paired_table_per_checkpoint_and_pooled(tmp_path: Path) -> None:
     assert rows["ratio to full prefill, split"][0].startswith("0.900 [")
     assert rows["ratio to full prefill, split"][1].startswith("1.000 [1.000, 1.000]")
     assert rows["ratio to full prefill, split"][2].startswith("0.950 [")
-    assert rows["minus base"][0].startswith("0.040 [")  # 8 lookups of 200 questions
-    assert rows["minus base"][2].startswith("0.020 [")  # 8 of 400
-    lo = float(rows["minus base"][0].split("[")[1].split(",")[0])
+    assert rows["minus base, all"][0].startswith("0.040 [")  # 8 lookups of 200 questions
+    assert rows["minus base, all"][2].startswith("0.020 [")  # 8 of 400
+    lo = float(rows["minus base, all"][0].split("[")[1].split(",")[0])
     assert 0 < lo < 0.04  # resolved: every resample keeps the lead
+    assert rows["minus base, lookup"][0].startswith("0.200 [")  # 8 of 40 lookups
+    assert rows["minus base, split"][0].startswith("0.000 [0.000, 0.000]")
     assert main(["testbed", "paired", str(a), "--policy", "absent"]) == 2
     with pytest.raises(ValueError):
         paired_table({}, "mine", 0.1)
