@@ -5,8 +5,11 @@ before (`Document.source`), which the question itself does not look at. The defa
 refreshes the key cell in every question, yet keeps only about 96% of full prefill's split
 answers (docs/TESTBED.md, "How sure"). Here each split question (probe samples, evidence
 plus distractors) is answered by full prefill, by a policy, by the policy plus the source
-cell (one more token), and by the policy plus one other cell of the source's page that the
-policy left stale (the control: one more token anywhere there), on the same pages:
+cell (one more token), by the policy plus one other cell of the source's page that the
+policy left stale (the control: one more token anywhere there), by the policy plus the key
+page's first row (the key cell and the cells after it on its row, which read the unresolved
+key in the page's own prefill) and by the policy plus another row of that page (its control),
+on the same pages:
 
     python -m lab.testbed.oracle --weights W --n 300 --seed 9191 [--policy P] [--budget B]
 
@@ -14,7 +17,8 @@ prints a JSON line per arm: the share answered right and the share whose source 
 policy refreshed on its own.
 
 Public API:
-  ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell")
+  ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell",
+          "plus_key_row", "plus_other_row")
   split_oracle(vlm, n, seed, policy, budget) -> dict[arm, float] and "source_refreshed"
 """
 
@@ -38,7 +42,8 @@ from lab.testbed.batches import Sample, page_image
 from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, probe_samples
 from worker.prompt import ANSWER_PREFIX, page_label
 
-ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell")
+ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell", "plus_key_row",
+        "plus_other_row")
 _ORACLE = "oracle_split"  # registered for this process only
 
 
@@ -50,6 +55,13 @@ def _source_rows(s: Sample, segment_starts: list[int]) -> tuple[int, range] | No
         return None
     first = segment_starts[s.pages.index(found[0])] + 1  # +1: the page's start token
     return first + found[1], range(first, first + s.doc.shape.cells)
+
+
+def _key_page_rows(s: Sample, segment_starts: list[int], row: int) -> list[int]:
+    """The sequence indices of row `row` of the asked record's (key's) page."""
+    cols = s.doc.shape.cols
+    first = segment_starts[s.pages.index(s.question.records[0].page)] + 1 + row * cols
+    return list(range(first, first + cols))
 
 
 def split_oracle(vlm: LoadedVLM, n: int = 300, seed: int = 9191,
@@ -78,11 +90,14 @@ def split_oracle(vlm: LoadedVLM, n: int = 300, seed: int = 9191,
         chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
         control = rng.choice([r for r in page_rows if r not in chosen and r != source])
+        key_row = _key_page_rows(s, starts, 0)
+        other_row = _key_page_rows(s, starts, rng.randrange(1, s.doc.shape.rows))
         full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
                                            s.text, max_new_tokens=MAX_NEW_TOKENS)
         right["full_prefill"] += full.text.strip() == s.question.answer
         for arm, rows in (("policy_alone", []), ("plus_source", [source]),
-                          ("plus_other_cell", [control])):
+                          ("plus_other_cell", [control]), ("plus_key_row", key_row),
+                          ("plus_other_row", other_row)):
             extra[:] = rows
             res = runtime.answer(AnswerRequest(
                 prefix=ANSWER_PREFIX, pages=inputs, question=s.text,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conduit_core.testbed_model import WEIGHTS
-from lab.testbed.oracle import ARMS, _source_rows, _with_rows, split_oracle
+from lab.testbed.oracle import ARMS, _key_page_rows, _source_rows, _with_rows, split_oracle
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
 
 
@@ -25,6 +25,10 @@ def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
     assert source - first == (split.doc.shape.rows - 1) * split.doc.shape.cols
     row, col = divmod(source - first, split.doc.shape.cols)
     assert split.doc.pages[key_page - 1][row][col] == split.question.answer  # the value
+    key_row = _key_page_rows(split, starts, 0)
+    key_first = starts[split.pages.index(key_page)] + 1
+    assert key_row[0] == key_first + split.question.records[0].cell  # the key cell, row 0
+    assert len(key_row) == split.doc.shape.cols
 
 
 def test_the_arms_on_a_few_questions() -> None:
