@@ -34,8 +34,8 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.loader import LoadedVLM
-from conduit_core.policies import get_policy, register_policy
-from conduit_core.policy_context import PolicyContext
+from conduit_core.policies import POLICIES, get_policy, register_policy
+from conduit_core.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import Sample, page_image
@@ -71,6 +71,15 @@ def split_oracle(vlm: LoadedVLM, n: int = 300, seed: int = 9191,
     base = get_policy(policy)
     extra: list[int] = []
     register_policy(_ORACLE, _with_rows(base, extra))
+    try:
+        return _answer_splits(runtime, base, extra, n, seed, budget)
+    finally:
+        POLICIES.pop(_ORACLE, None)  # leave the registry as the product ships it
+
+
+def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int], n: int,
+                   seed: int, budget: float) -> dict[str, float]:
+    """`split_oracle`'s loop, with the oracle policy registered (its rows: `extra`)."""
     rng = random.Random(f"oracle:{seed}")
     right = dict.fromkeys(ARMS, 0)
     asked = covered = 0

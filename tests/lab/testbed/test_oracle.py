@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from conduit_core.policies import POLICIES
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.oracle import ARMS, _key_page_rows, _source_rows, _with_rows, split_oracle
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
@@ -36,7 +37,9 @@ def test_the_arms_on_a_few_questions() -> None:
     select = _with_rows(lambda ctx: torch.tensor([5, 3]), extra)
     extra[:] = [9, 3]
     assert select(None).tolist() == [3, 5, 9]  # type: ignore[arg-type]
+    before = set(POLICIES)
     out = split_oracle(load_checkpoint_vlm(WEIGHTS), n=3, seed=3)
+    assert set(POLICIES) == before  # the oracle's policy is gone again
     assert out["questions"] == 3
     assert set(ARMS) <= set(out) and all(0 <= out[a] <= 1 for a in ARMS)
     assert 0 <= out["source_refreshed"] <= 1
