@@ -33,13 +33,14 @@ from pathlib import Path
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.assembly import Assembly
 from conduit_core.loader import LoadedVLM
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import Sample, page_image
-from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, probe_samples
+from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, page_cell_rows, probe_samples
 from worker.prompt import ANSWER_PREFIX, page_label
 
 ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell", "plus_key_row",
@@ -47,21 +48,21 @@ ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell", "plus_
 _ORACLE = "oracle_split"  # registered for this process only
 
 
-def _source_rows(s: Sample, segment_starts: list[int]) -> tuple[int, range] | None:
+def _source_rows(assembly: Assembly, s: Sample) -> tuple[int, range] | None:
     """The sequence index of the asked split record's source cell and the rows of its page's
     cells; None if that page is not shown."""
     found = s.doc.source(s.question.records[0])
     if found is None or found[0] not in s.pages:
         return None
-    first = segment_starts[s.pages.index(found[0])] + 1  # +1: the page's start token
-    return first + found[1], range(first, first + s.doc.shape.cells)
+    rows = page_cell_rows(assembly, s, found[0])
+    return rows[found[1]], rows
 
 
-def _key_page_rows(s: Sample, segment_starts: list[int], row: int) -> list[int]:
+def _key_page_rows(assembly: Assembly, s: Sample, row: int) -> list[int]:
     """The sequence indices of row `row` of the asked record's (key's) page."""
     cols = s.doc.shape.cols
-    first = segment_starts[s.pages.index(s.question.records[0].page)] + 1 + row * cols
-    return list(range(first, first + cols))
+    return list(page_cell_rows(assembly, s, s.question.records[0].page)[row * cols:
+                                                                       (row + 1) * cols])
 
 
 def split_oracle(vlm: LoadedVLM, n: int = 300, seed: int = 9191,
@@ -91,16 +92,15 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
         kvs = runtime.prefill_pages(images)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
         assembly = runtime.assemble(ANSWER_PREFIX, inputs, s.text)
-        starts = [seg.start for seg in assembly.layout.segments]
-        found = _source_rows(s, starts)
+        found = _source_rows(assembly, s)
         if found is None:
             continue
         source, page_rows = found
         chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
         control = rng.choice([r for r in page_rows if r not in chosen and r != source])
-        key_row = _key_page_rows(s, starts, 0)
-        other_row = _key_page_rows(s, starts, rng.randrange(1, s.doc.shape.rows))
+        key_row = _key_page_rows(assembly, s, 0)
+        other_row = _key_page_rows(assembly, s, rng.randrange(1, s.doc.shape.rows))
         full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
                                            s.text, max_new_tokens=MAX_NEW_TOKENS)
         right["full_prefill"] += full.text.strip() == s.question.answer

@@ -18,6 +18,7 @@ Public API:
       row as `eval answers` writes them ({"id", "policy", "budget", "score"}; the id
       `q<i>-<family>-s<seed>`), for `lab.testbed.intervals`
   probe_samples(n, seed, pages) -> Iterator[Sample]   the probe's samples over the shown pages
+  page_cell_rows(assembly, sample, page) -> range   sequence indices of a shown page's cells
   refreshed_cells(runtime, assembly, sample, policy, budget, seed) -> [(page, cell) | None]
   key_cells(sample) -> [(page, cell)]          the asked records' key (= result) cells
 """
@@ -89,14 +90,19 @@ def key_cells(s: Sample) -> list[tuple[int, int]]:
     return [(r.page, r.cell) for r in s.question.records]
 
 
+def page_cell_rows(assembly: Assembly, s: Sample, page: int) -> range:
+    """The sequence indices of shown page `page`'s glyph cells, in cell order (after the
+    page's start token)."""
+    start = assembly.layout.segments[s.pages.index(page)].start + 1
+    return range(start, start + s.doc.shape.cells)
+
+
 def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy: str,
                     budget: float, seed: int | None = 0) -> list[tuple[int, int] | None]:
     """The tokens `policy` refreshes at `budget`, each as (page, cell) of `s`, or None for a
     token that is no glyph cell (a page's delimiters)."""
-    cells: dict[int, tuple[int, int]] = {}  # sequence index -> (page, cell)
-    for seg, page in zip(assembly.layout.segments, s.pages, strict=True):
-        for cell in range(s.doc.shape.cells):
-            cells[seg.start + 1 + cell] = (page, cell)
+    cells = {row: (page, cell) for page in s.pages
+             for cell, row in enumerate(page_cell_rows(assembly, s, page))}
     chosen = get_policy(policy)(runtime.policy_context(assembly, budget, seed)).tolist()
     return [cells.get(i) for i in chosen]
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from conduit_core.answer_types import PageInput
 from conduit_core.policies import POLICIES
+from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
+from lab.testbed.batches import page_image
 from lab.testbed.oracle import ARMS, _key_page_rows, _source_rows, _with_rows, split_oracle
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
+from worker.prompt import ANSWER_PREFIX, page_label
 
 
 def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
@@ -16,19 +20,23 @@ def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
                  if s.question.family == "split")
     key_page = split.question.records[0].page
     assert key_page - 1 in split.pages  # the source page is evidence, always shown
-    cells = split.doc.shape.cells
-    starts = [100 + i * (cells + 2) for i in range(len(split.pages))]  # start token, cells, end
-    found = _source_rows(split, starts)
+    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS))
+    kvs = runtime.prefill_pages([page_image(split.doc.pages[p]) for p in split.pages])
+    assembly = runtime.assemble(ANSWER_PREFIX, [
+        PageInput(page_label(split.doc_name, p + 1), kv)
+        for p, kv in zip(split.pages, kvs, strict=True)], split.text)
+    found = _source_rows(assembly, split)
     assert found is not None
     source, page_rows = found
-    first = starts[split.pages.index(key_page - 1)] + 1
-    assert page_rows == range(first, first + cells)
+    segment = assembly.layout.segments[split.pages.index(key_page - 1)]
+    first = segment.start + 1  # after the page's start token
+    assert page_rows == range(first, first + split.doc.shape.cells)
     assert source - first == (split.doc.shape.rows - 1) * split.doc.shape.cols
     row, col = divmod(source - first, split.doc.shape.cols)
     assert split.doc.pages[key_page - 1][row][col] == split.question.answer  # the value
-    key_row = _key_page_rows(split, starts, 0)
-    key_first = starts[split.pages.index(key_page)] + 1
-    assert key_row[0] == key_first + split.question.records[0].cell  # the key cell, row 0
+    key_row = _key_page_rows(assembly, split, 0)
+    key_segment = assembly.layout.segments[split.pages.index(key_page)]
+    assert key_row[0] == key_segment.start + 1 + split.question.records[0].cell  # the key
     assert len(key_row) == split.doc.shape.cols
 
 
