@@ -276,12 +276,18 @@ class ReuseRuntime:
              key: Hashable | None = None) -> RefreshPlan:
         """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
         cached embeddings (`conduit_core.cost_model.plan_refresh`); with `key`, a
-        forward-pass policy's rows are placed from `self.choices` under it."""
+        forward-pass policy's rows are placed from `self.choices` under it. A policy with no
+        cost profile is run here to learn its rows; it reads the cache, so pending labels are
+        loaded first, all of them (their cost is in the plan)."""
         place = even_rows if key is None else partial(self.choices.rows, key)
+        loaded = 0.0
+        if assembly.labels_pending and getattr(policy, "cost_profile", None) is None:
+            loaded = self.label_cost(assembly)
+            self.load_labels(assembly)
         plan = plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
                             assembly.last_only, ctx, policy, place,
                             text_from_one=assembly.layer0_exact)
-        return plan.plus(self.label_cost(assembly, self._whole_labels(assembly, plan)))
+        return plan.plus(loaded + self.label_cost(assembly, self._whole_labels(assembly, plan)))
 
     @staticmethod
     def _whole_labels(assembly: Assembly, plan: RefreshPlan) -> torch.Tensor | None:

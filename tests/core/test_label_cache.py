@@ -9,7 +9,9 @@ refresh covers them.
 * an answer computes the labels its refresh keeps stale, after the cost model planned them:
   charged to it once, predicted, none for a page refreshed whole; the cache is bounded;
 * with `label_refresh` "always" every refresh recomputes every label, with "budget" inside
-  the refresh budget (fewer visual tokens).
+  the refresh budget (fewer visual tokens);
+* a policy the cost model must run to learn its rows (no cost profile) reads the labels'
+  stale K/V, as one with a profile does, not rows still unwritten.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, AnswerResult
 from conduit_core.cost_model import refresh_rows
 from conduit_core.label_cache import LabelCache
+from conduit_core.policies import POLICIES, get_policy, register_policy
+from conduit_core.policy_context import PolicyContext
 from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from tests.core.helpers import IMAGES
 from tests.device import tol
@@ -224,3 +228,29 @@ def test_warmed_labels_are_charged_to_no_answer(runtime: ReuseRuntime) -> None:
     req = AnswerRequest(PREFIX, pages, QUESTION, policy="random", budget=0.1, max_new_tokens=2)
     first, second = rt.answer(req), rt.answer(req)
     assert first.flops_used_lm == second.flops_used_lm  # the first paid for no label
+
+
+def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime) -> None:
+    rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    pages = _pages(rt)
+    ref = rt.assemble(PREFIX, pages, QUESTION)  # labels loaded; kept alive: its memory is not
+    spans = ref.layout.labels  # handed to the answer's cache
+    conduit = get_policy("conduit")
+    seen: list[torch.Tensor] = []
+
+    def profileless(ctx: PolicyContext) -> torch.Tensor:  # run by the cost model itself
+        seen.append(torch.cat([ctx.cache.keys[:, 0, :, s.start:s.stop] for s in spans], -2))
+        return conduit(ctx)
+
+    assert getattr(conduit, "cost_profile", None) is not None
+    register_policy("profileless", profileless)
+    try:
+        got = rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
+                                      budget=0.1, max_new_tokens=4))
+    finally:
+        POLICIES.pop("profileless")
+    want = torch.cat([ref.cache.keys[:, 0, :, s.start:s.stop] for s in spans], -2)
+    torch.testing.assert_close(seen[0], want, rtol=0, atol=0)  # (L, kv, labels, hd)
+    plain = rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1,
+                                    max_new_tokens=4))
+    assert got.token_ids == plain.token_ids
