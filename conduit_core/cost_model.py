@@ -200,10 +200,13 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     fallback, from_start = min(suffix, whole), whole < suffix
     profile: Callable[[PolicyContext], PolicyCost] | None = getattr(policy, "cost_profile",
                                                                     None)
-    if profile is None:
+    if profile is None:  # the policy runs now; a forward pass it ran is spent (extra_flops)
         visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
-        rows, _ = refresh_rows(layout, exact_rows, visual, scored=False)
-        return RefreshPlan(costs.refresh(layout, rows, last_only), fallback, visual, from_start)
+        scored = bool(ctx.extra_flops)
+        rows, _ = refresh_rows(layout, exact_rows, visual, scored=scored)
+        refresh = (costs.after_scoring(layout, rows, last_only) if scored and text_from_one
+                   else costs.refresh(layout, rows, last_only))
+        return RefreshPlan(ctx.extra_flops + refresh, fallback, visual, from_start)
     cost = profile(ctx)
     guess = place(visual_all, cost.k)  # (k,)
     predicted = 0.0

@@ -254,7 +254,11 @@ class ReuseRuntime:
     def scoring(self, assembly: Assembly,
                 config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
         """The scoring pass over the assembled cache and its FLOPs (the text rows' forward
-        as computed, plus the scored rows' float32 probabilities and value norms)."""
+        as computed, plus the scored rows' float32 probabilities and value norms). The pass
+        reads every stale row: labels still pending (a policy the cost model runs before the
+        answer path loads them) are loaded first."""
+        if assembly.labels_pending:
+            self.load_labels(assembly)
         layout = assembly.layout
         config = config or ScoreConfig()
         text, question = assembly.fresh_text_rows(), layout.question_rows()
@@ -277,16 +281,14 @@ class ReuseRuntime:
         """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
         cached embeddings (`conduit_core.cost_model.plan_refresh`); with `key`, a
         forward-pass policy's rows are placed from `self.choices` under it. A policy with no
-        cost profile is run here to learn its rows; it reads the cache, so pending labels are
-        loaded first, all of them (their cost is in the plan)."""
+        cost profile runs here to learn its rows; labels its scoring pass computed are in the
+        plan."""
         place = even_rows if key is None else partial(self.choices.rows, key)
-        loaded = 0.0
-        if assembly.labels_pending and getattr(policy, "cost_profile", None) is None:
-            loaded = self.label_cost(assembly)
-            self.load_labels(assembly)
+        before = assembly.label_flops
         plan = plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
                             assembly.last_only, ctx, policy, place,
                             text_from_one=assembly.layer0_exact)
+        loaded = assembly.label_flops - before
         return plan.plus(loaded + self.label_cost(assembly, self._whole_labels(assembly, plan)))
 
     @staticmethod

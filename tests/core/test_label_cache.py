@@ -11,7 +11,8 @@ refresh covers them.
 * with `label_refresh` "always" every refresh recomputes every label, with "budget" inside
   the refresh budget (fewer visual tokens);
 * a policy the cost model must run to learn its rows (no cost profile) reads the labels'
-  stale K/V, as one with a profile does, not rows still unwritten.
+  stale K/V in its scoring pass, as one with a profile does, not rows still unwritten; its
+  plan counts that pass and the labels it computed.
 """
 
 from __future__ import annotations
@@ -232,25 +233,31 @@ def test_warmed_labels_are_charged_to_no_answer(runtime: ReuseRuntime) -> None:
 
 def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
+    assert rt.labels is not None
     pages = _pages(rt)
     ref = rt.assemble(PREFIX, pages, QUESTION)  # labels loaded; kept alive: its memory is not
     spans = ref.layout.labels  # handed to the answer's cache
+    rt.labels.clear()  # the answer computes them (charged, and predicted)
     conduit = get_policy("conduit")
     seen: list[torch.Tensor] = []
 
     def profileless(ctx: PolicyContext) -> torch.Tensor:  # run by the cost model itself
+        rows = conduit(ctx)  # its scoring pass read the cache, labels included
         seen.append(torch.cat([ctx.cache.keys[:, 0, :, s.start:s.stop] for s in spans], -2))
-        return conduit(ctx)
+        return rows
 
     assert getattr(conduit, "cost_profile", None) is not None
     register_policy("profileless", profileless)
     try:
-        got = rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
-                                      budget=0.1, max_new_tokens=4))
+        got, again = (rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
+                                              budget=0.1, max_new_tokens=4)) for _ in range(2))
     finally:
         POLICIES.pop("profileless")
     want = torch.cat([ref.cache.keys[:, 0, :, s.start:s.stop] for s in spans], -2)
     torch.testing.assert_close(seen[0], want, rtol=0, atol=0)  # (L, kv, labels, hd)
+    assert got.flops_used_lm > again.flops_used_lm  # the labels charged to the first
+    for result in (got, again):
+        assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=1e-9)
     plain = rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1,
                                     max_new_tokens=4))
     assert got.token_ids == plain.token_ids
