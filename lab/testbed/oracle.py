@@ -8,18 +8,36 @@ plus distractors) is answered by full prefill, by a policy, by the policy plus t
 cell (one more token), by the policy plus one other cell of the source's page that the
 policy left stale (the control: one more token anywhere there), by the policy plus the key
 page's first row (the key cell and the cells after it on its row, which read the unresolved
-key in the page's own prefill) and by the policy plus another row of that page (its control),
-on the same pages:
+key in the page's own prefill), by the policy plus another row of that page (its control),
+by the policy plus a whole shown page (the key's, the source's, or a distractor's: every row
+of its segment) and by the policy plus every page (the sanity arm: every reused row
+recomputed, which should answer as full prefill does). Parts of the source's page narrow
+down what the whole page gives: the record ("7=", the source and the cell after it), its
+last row (the record, then blank cells), that row plus the segment's end token, the end
+token alone, the rest (the start token and every row above the last), the start token alone
+and the rows above the last without it, split in halves (120 cells each) and by kind (the
+cells holding a glyph, the blank ones), the row above the source's, the glyphs of the three
+rows above it, and the cells above the source's record (its two columns); and the
+delimiters of every shown page (their start tokens, or their start and end tokens), on the
+same pages:
 
     python -m lab.testbed.oracle --weights W --n 300 --seed 9191 [--policy P] [--budget B]
+        [--arms ARM,ARM,...]
 
-prints a JSON line per arm: the share answered right and the share whose source cell the
-policy refreshed on its own.
+prints one JSON line: each arm's share answered right, and the share whose source cell the
+policy refreshed on its own. Results and what they show: lab/testbed/results/split_oracle.md.
 
 Public API:
   ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell",
-          "plus_key_row", "plus_other_row")
-  split_oracle(vlm, n, seed, policy, budget) -> dict[arm, float] and "source_refreshed"
+          "plus_key_row", "plus_other_row", "plus_key_page", "plus_source_page",
+          "plus_distractor_page", "plus_all_pages", "plus_source_record",
+          "plus_source_row", "plus_source_tail", "plus_source_end", "plus_source_rest",
+          "plus_source_start", "plus_source_body", "plus_source_upper", "plus_source_lower",
+          "plus_source_glyphs", "plus_source_blanks", "plus_source_row_above",
+          "plus_source_near_glyphs", "plus_source_columns", "plus_all_starts",
+          "plus_all_delimiters")
+  split_oracle(vlm, n, seed, policy, budget, arms=ARMS) -> dict[arm, float] and
+      "source_refreshed" (and "distractor_shown": questions with a distractor page)
 """
 
 from __future__ import annotations
@@ -44,7 +62,12 @@ from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, page_cell_row
 from worker.prompt import ANSWER_PREFIX, page_label
 
 ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell", "plus_key_row",
-        "plus_other_row")
+        "plus_other_row", "plus_key_page", "plus_source_page", "plus_distractor_page",
+        "plus_all_pages", "plus_source_record", "plus_source_row", "plus_source_tail",
+        "plus_source_end", "plus_source_rest", "plus_source_start", "plus_source_body",
+        "plus_source_upper", "plus_source_lower", "plus_source_glyphs", "plus_source_blanks",
+        "plus_source_row_above", "plus_source_near_glyphs", "plus_source_columns",
+        "plus_all_starts", "plus_all_delimiters")
 _ORACLE = "oracle_split"  # registered for this process only
 
 
@@ -65,24 +88,77 @@ def _key_page_rows(assembly: Assembly, s: Sample, row: int) -> list[int]:
                                                                        (row + 1) * cols])
 
 
+def _segment_rows(assembly: Assembly, s: Sample, page: int) -> list[int]:
+    """Every sequence index of shown page `page`'s segment (delimiters included)."""
+    seg = assembly.layout.segments[s.pages.index(page)]
+    return list(range(seg.start, seg.stop))
+
+
 def split_oracle(vlm: LoadedVLM, n: int = 300, seed: int = 9191,
-                 policy: str = "conduit_per_page", budget: float = 0.1) -> dict[str, float]:
-    """The share of `n` split questions each arm answers right (see the module docstring)."""
+                 policy: str = "conduit_per_page", budget: float = 0.1,
+                 arms: tuple[str, ...] = ARMS) -> dict[str, float]:
+    """The share of `n` split questions each arm in `arms` answers right (see the module
+    docstring); a distractor-page arm counts only questions that show a distractor."""
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}; known: {', '.join(ARMS)}")
     runtime = ReuseRuntime(vlm, never_above_full=False)
     base = get_policy(policy)
     extra: list[int] = []
     register_policy(_ORACLE, _with_rows(base, extra))
     try:
-        return _answer_splits(runtime, base, extra, n, seed, budget)
+        return _answer_splits(runtime, base, extra, n, seed, budget, arms)
     finally:
         POLICIES.pop(_ORACLE, None)  # leave the registry as the product ships it
 
 
+def _arm_rows(assembly: Assembly, s: Sample, source: int, page_rows: range,
+              chosen: set[int], rng: random.Random) -> dict[str, list[int] | None]:
+    """The rows each reuse arm adds to the policy's choice (None: the arm does not apply).
+    The source cell opens its page's last row (`Document.source`)."""
+    key_page = s.question.records[0].page
+    control = rng.choice([r for r in page_rows if r not in chosen and r != source])
+    other_row = _key_page_rows(assembly, s, rng.randrange(1, s.doc.shape.rows))
+    distractors = [p for p in s.pages if p not in (key_page, key_page - 1)]
+    distractor = rng.choice(distractors) if distractors else None
+    source_page = _segment_rows(assembly, s, key_page - 1)  # [start token, cells, end token]
+    body = list(range(source_page[0] + 1, source))  # the cells above the last row
+    half = len(body) // 2
+    grid = "".join(s.doc.pages[key_page - 1])  # the source page's glyphs, cell order
+    glyphs = [r for i, r in enumerate(body) if grid[i] != " "]
+    cols = s.doc.shape.cols
+    return {
+        "policy_alone": [], "plus_source": [source], "plus_other_cell": [control],
+        "plus_key_row": _key_page_rows(assembly, s, 0), "plus_other_row": other_row,
+        "plus_key_page": _segment_rows(assembly, s, key_page),
+        "plus_source_page": _segment_rows(assembly, s, key_page - 1),
+        "plus_distractor_page": (None if distractor is None
+                                 else _segment_rows(assembly, s, distractor)),
+        "plus_all_pages": [r for p in s.pages for r in _segment_rows(assembly, s, p)],
+        "plus_source_record": [source, source + 1],  # the value and its "="
+        "plus_source_row": list(range(source, source + s.doc.shape.cols)),  # the last row
+        "plus_source_tail": list(range(source, source_page[-1] + 1)),  # and the end token
+        "plus_source_end": [source_page[-1]],
+        "plus_source_rest": list(range(source_page[0], source)),
+        "plus_source_start": [source_page[0]],
+        "plus_source_body": body,
+        "plus_source_upper": body[:half], "plus_source_lower": body[half:],
+        "plus_source_glyphs": glyphs, "plus_source_blanks": sorted(set(body) - set(glyphs)),
+        "plus_source_row_above": body[-cols:],
+        "plus_source_near_glyphs": [r for r in glyphs if r >= body[-3 * cols]],
+        "plus_source_columns": [r for i, r in enumerate(body) if i % cols < 2],
+        "plus_all_starts": [seg.start for seg in assembly.layout.segments],
+        "plus_all_delimiters": [r for seg in assembly.layout.segments
+                                for r in (seg.start, seg.stop - 1)],
+    }
+
+
 def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int], n: int,
-                   seed: int, budget: float) -> dict[str, float]:
+                   seed: int, budget: float, arms: tuple[str, ...]) -> dict[str, float]:
     """`split_oracle`'s loop, with the oracle policy registered (its rows: `extra`)."""
     rng = random.Random(f"oracle:{seed}")
-    right = dict.fromkeys(ARMS, 0)
+    right = dict.fromkeys(arms, 0)
+    applied = dict.fromkeys(arms, 0)
     asked = covered = 0
     samples = (s for s in probe_samples(20 * n, seed, "distractors")
                if s.question.family == "split")
@@ -98,24 +174,29 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
         source, page_rows = found
         chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
-        control = rng.choice([r for r in page_rows if r not in chosen and r != source])
-        key_row = _key_page_rows(assembly, s, 0)
-        other_row = _key_page_rows(assembly, s, rng.randrange(1, s.doc.shape.rows))
-        full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
-                                           s.text, max_new_tokens=MAX_NEW_TOKENS)
-        right["full_prefill"] += full.text.strip() == s.question.answer
-        for arm, rows in (("policy_alone", []), ("plus_source", [source]),
-                          ("plus_other_cell", [control]), ("plus_key_row", key_row),
-                          ("plus_other_row", other_row)):
+        extras = _arm_rows(assembly, s, source, page_rows, chosen, rng)
+        if "full_prefill" in arms:
+            full = runtime.answer_full_prefill(
+                ANSWER_PREFIX, list(zip(labels, images, strict=True)), s.text,
+                max_new_tokens=MAX_NEW_TOKENS)
+            right["full_prefill"] += full.text.strip() == s.question.answer
+            applied["full_prefill"] += 1
+        for arm in arms:
+            rows = extras.get(arm)
+            if arm == "full_prefill" or rows is None:
+                continue
             extra[:] = rows
             res = runtime.answer(AnswerRequest(
                 prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
                 policy=_ORACLE, budget=budget, max_new_tokens=MAX_NEW_TOKENS, seed=0))
             right[arm] += res.text.strip() == s.question.answer
+            applied[arm] += 1
         asked += 1
         if asked == n:
             break
-    out = {arm: right[arm] / max(asked, 1) for arm in ARMS}
+    out = {arm: right[arm] / max(applied[arm], 1) for arm in arms}
+    if "plus_distractor_page" in arms:
+        out["distractor_shown"] = applied["plus_distractor_page"] / max(asked, 1)
     return {**out, "source_refreshed": covered / max(asked, 1), "questions": float(asked)}
 
 
@@ -136,10 +217,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=9191)
     ap.add_argument("--policy", default="conduit_per_page")
     ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--arms", default=",".join(ARMS),
+                    help=f"comma-separated arms to run (default all: {', '.join(ARMS)})")
     args = ap.parse_args()
     torch.set_num_threads(1)
     result = split_oracle(load_checkpoint_vlm(args.weights), args.n, args.seed, args.policy,
-                          args.budget)
+                          args.budget, tuple(args.arms.split(",")))
     print(json.dumps({"weights": str(args.weights), "policy": args.policy,
                       "budget": args.budget, **result}))
 
