@@ -18,8 +18,11 @@ token alone, the rest (the start token and every row above the last), the start 
 and the rows above the last without it, split in halves (120 cells each) and by kind (the
 cells holding a glyph, the blank ones), the row above the source's, the glyphs of the three
 rows above it, and the cells above the source's record (its two columns); and the
-delimiters of every shown page (their start tokens, or their start and end tokens), on the
-same pages:
+delimiters of every shown page (their start tokens, or their start and end tokens). Two arms
+need no knowledge of the answer, a rule a policy could apply: where the policy refreshed
+the first cell of a page whose document page before is shown just before it, the last two
+or four rows of that earlier page too (`plus_boundary_2`, `plus_boundary_4`); the mean number
+of rows each adds to the policy's choice is reported (`*_rows`). On the same pages:
 
     python -m lab.testbed.oracle --weights W --n 300 --seed 9191 [--policy P] [--budget B]
         [--arms ARM,ARM,...]
@@ -35,9 +38,10 @@ Public API:
           "plus_source_start", "plus_source_body", "plus_source_upper", "plus_source_lower",
           "plus_source_glyphs", "plus_source_blanks", "plus_source_row_above",
           "plus_source_near_glyphs", "plus_source_columns", "plus_all_starts",
-          "plus_all_delimiters")
+          "plus_all_delimiters", "plus_boundary_2", "plus_boundary_4")
   split_oracle(vlm, n, seed, policy, budget, arms=ARMS) -> dict[arm, float] and
-      "source_refreshed" (and "distractor_shown": questions with a distractor page)
+      "source_refreshed" (and "distractor_shown": questions with a distractor page;
+      "plus_boundary_*_rows": rows that arm added on average)
 """
 
 from __future__ import annotations
@@ -67,7 +71,8 @@ ARMS = ("full_prefill", "policy_alone", "plus_source", "plus_other_cell", "plus_
         "plus_source_end", "plus_source_rest", "plus_source_start", "plus_source_body",
         "plus_source_upper", "plus_source_lower", "plus_source_glyphs", "plus_source_blanks",
         "plus_source_row_above", "plus_source_near_glyphs", "plus_source_columns",
-        "plus_all_starts", "plus_all_delimiters")
+        "plus_all_starts", "plus_all_delimiters", "plus_boundary_2", "plus_boundary_4")
+_BOUNDARY = {"plus_boundary_2": 2, "plus_boundary_4": 4}  # arm -> rows of the earlier page
 _ORACLE = "oracle_split"  # registered for this process only
 
 
@@ -150,7 +155,18 @@ def _arm_rows(assembly: Assembly, s: Sample, source: int, page_rows: range,
         "plus_all_starts": [seg.start for seg in assembly.layout.segments],
         "plus_all_delimiters": [r for seg in assembly.layout.segments
                                 for r in (seg.start, seg.stop - 1)],
+        **{arm: _boundary_rows(assembly, s, chosen, n) for arm, n in _BOUNDARY.items()},
     }
+
+
+def _boundary_rows(assembly: Assembly, s: Sample, chosen: set[int], rows: int) -> list[int]:
+    """The last `rows` rows of each shown page whose next document page is shown right after
+    it with its first cell in `chosen` (a rule that needs no knowledge of the answer)."""
+    out: list[int] = []
+    for before, after in zip(s.pages, s.pages[1:], strict=False):
+        if after == before + 1 and page_cell_rows(assembly, s, after)[0] in chosen:
+            out += page_cell_rows(assembly, s, before)[-rows * s.doc.shape.cols:]
+    return out
 
 
 def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int], n: int,
@@ -159,6 +175,7 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
     rng = random.Random(f"oracle:{seed}")
     right = dict.fromkeys(arms, 0)
     applied = dict.fromkeys(arms, 0)
+    added = dict.fromkeys(_BOUNDARY, 0)
     asked = covered = 0
     samples = (s for s in probe_samples(20 * n, seed, "distractors")
                if s.question.family == "split")
@@ -175,6 +192,8 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
         chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
         extras = _arm_rows(assembly, s, source, page_rows, chosen, rng)
+        for arm in added:
+            added[arm] += len(set(extras[arm] or []) - chosen)
         if "full_prefill" in arms:
             full = runtime.answer_full_prefill(
                 ANSWER_PREFIX, list(zip(labels, images, strict=True)), s.text,
@@ -197,6 +216,7 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
     out = {arm: right[arm] / max(applied[arm], 1) for arm in arms}
     if "plus_distractor_page" in arms:
         out["distractor_shown"] = applied["plus_distractor_page"] / max(asked, 1)
+    out.update({f"{arm}_rows": added[arm] / max(asked, 1) for arm in added if arm in arms})
     return {**out, "source_refreshed": covered / max(asked, 1), "questions": float(asked)}
 
 

@@ -16,6 +16,7 @@ from lab.testbed.batches import page_image
 from lab.testbed.oracle import (
     ARMS,
     _arm_rows,
+    _boundary_rows,
     _key_page_rows,
     _segment_rows,
     _source_rows,
@@ -70,6 +71,11 @@ def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
     assert all(r >= source - 3 * cols for r in arms["plus_source_near_glyphs"])
     assert arms["plus_source_columns"][-2:] == [source - cols, source - cols + 1]
     assert len(arms["plus_source_columns"]) == 2 * (split.doc.shape.rows - 1)
+    key_first = key_segment.start + 1  # the key: the first cell of its page, after the source's
+    for n in (2, 4):
+        rows = _boundary_rows(assembly, split, {key_first}, n)
+        assert rows == list(range(source + cols - n * cols, source + cols))
+        assert _boundary_rows(assembly, split, set(), n) == []  # no first cell chosen
     starts = arms["plus_all_starts"]
     assert len(starts) == len(split.pages) and page[0] in starts and whole[0] in starts
     assert set(arms["plus_all_delimiters"]) == set(starts) | {
