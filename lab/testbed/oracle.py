@@ -136,12 +136,12 @@ def _arm_rows(assembly: Assembly, s: Sample, source: int, page_rows: range,
         "policy_alone": [], "plus_source": [source], "plus_other_cell": [control],
         "plus_key_row": _key_page_rows(assembly, s, 0), "plus_other_row": other_row,
         "plus_key_page": _segment_rows(assembly, s, key_page),
-        "plus_source_page": _segment_rows(assembly, s, key_page - 1),
+        "plus_source_page": source_page,
         "plus_distractor_page": (None if distractor is None
                                  else _segment_rows(assembly, s, distractor)),
         "plus_all_pages": [r for p in s.pages for r in _segment_rows(assembly, s, p)],
         "plus_source_record": [source, source + 1],  # the value and its "="
-        "plus_source_row": list(range(source, source + s.doc.shape.cols)),  # the last row
+        "plus_source_row": list(range(source, source + cols)),  # the last row
         "plus_source_tail": list(range(source, source_page[-1] + 1)),  # and the end token
         "plus_source_end": [source_page[-1]],
         "plus_source_rest": list(range(source_page[0], source)),
