@@ -11,8 +11,17 @@ wins on the development seed and holds on the final seed is registered in
     python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE \
         [--policies REGISTERED,...] [--candidates CANDIDATE,...]
 
+A candidate beyond those choices, from the split oracle (`results/split_oracle.md`): a split
+record's key reads the value ending the page before among that page's last rows, and with
+them stale it takes a neighbour's digit. `BoundaryRule` wraps a policy: where the policy's
+choice starts a page (the page's first token after its opening delimiter), the last
+`tokens` tokens of the page shown before it are refreshed too, inside the same budget (the
+wrapped policy chooses fewer). It needs no answer, and no page numbers: the page shown
+before, whatever document page it is.
+
 Public API:
-  CANDIDATES: dict[str, ConduitPolicy]
+  CANDIDATES: dict[str, RefreshPolicy]
+  BoundaryRule(base, tokens)       a RefreshPolicy (above)
   register() -> list[str]          the candidates' names, now in `POLICIES`
 """
 
@@ -20,17 +29,51 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from conduit_core.policies import register_policy
+import torch
+
+from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from conduit_core.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.scoring import ScoreConfig
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
 _QL = ScoreConfig(query_rows="question", value_norm="layer")
 
-CANDIDATES: dict[str, ConduitPolicy] = {
+
+
+@dataclass(frozen=True)
+class BoundaryRule:
+    """`base`'s choice, with the last `tokens` tokens of the page before each page whose first
+    token it chose, within `base`'s budget (module docstring)."""
+
+    base: RefreshPolicy
+    tokens: int
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """The rows to refresh: the boundary rows, then `base`'s choice at the budget left."""
+        chosen = self.base(ctx).to(torch.long).cpu()  # (k,)
+        picked = set(chosen.tolist())
+        segments = ctx.layout.segments
+        extra: set[int] = set()
+        for before, page in zip(segments, segments[1:], strict=False):
+            if page.start + 1 in picked:  # its first token, after the opening delimiter
+                extra.update(range(max(before.start + 1, before.stop - 1 - self.tokens),
+                                   before.stop - 1))  # before its closing delimiter
+        if not extra or not ctx.k:
+            return chosen
+        keep = max(0, ctx.k - len(extra - picked))
+        labels, n_v = ctx.layout.budget_label_rows(), int(ctx.visual_rows.numel())
+        left = replace(ctx, budget=(keep + labels) / (n_v + labels))  # .k == keep (PolicyContext.k)
+        fewer = self.base(left)  # the same scoring pass (its results are shared)
+        rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))])
+        return rows.unique()  # (<= k + rounding,)
+
+
+CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_question_rows": ConduitPolicy(ConduitConfig(score=_Q)),
     "cv_layer_norms": ConduitPolicy(ConduitConfig(score=_L)),
     "cv_question_layer": ConduitPolicy(ConduitConfig(score=_QL)),
@@ -53,6 +96,9 @@ CANDIDATES: dict[str, ConduitPolicy] = {
     "cv_no_amp_mass_50_floor_25": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.5,
                                                               floor=0.25)),
     "cv_no_amp_mass_70_floor_50": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.7, floor=0.5)),
+    # the page boundary inside the budget: the last 2 or 4 rows of a 16-cell testbed page
+    "cv_boundary_32": BoundaryRule(get_policy("conduit_per_page"), 32),
+    "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),
 }
 
 
