@@ -9,7 +9,7 @@ wins on the development seed and holds on the final seed is registered in
 `conduit_core.policies` for good; the rest stay here.
 
     python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE \
-        [--policies REGISTERED,...] [--candidates CANDIDATE,...]
+        [--policies REGISTERED,...] [--candidates CANDIDATE,...] [--records FILE]
 
 A candidate beyond those choices, from the split oracle (`results/split_oracle.md`): a split
 record's key reads the value ending the page before among that page's last rows, and with
@@ -111,6 +111,7 @@ def register() -> list[str]:
 
 def main() -> None:
     """Probe the registered CONDUIT family and the candidates on one checkpoint."""
+    from lab import command_line
     from lab.testbed.probe import load_checkpoint_vlm, probe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -127,6 +128,8 @@ def main() -> None:
                     help="page labels as text rows (before 2026-12-02), not stale from the "
                     "label cache (conduit_core.label_cache)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--records", type=Path, default=None,
+                    help="also write every answer's score here, for `testbed paired`")
     args = ap.parse_args()
     every = register()
     candidates = every if args.candidates is None else [
@@ -135,9 +138,10 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown candidates: {', '.join(unknown)}")
     names = [p for p in args.policies.split(",") if p] + candidates
+    records: list[dict[str, object]] | None = [] if args.records else None
     rows = probe(load_checkpoint_vlm(args.weights), n=args.n, seed=args.seed,
                  policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
-                 pages=args.pages, label_cache=args.label_cache)
+                 pages=args.pages, label_cache=args.label_cache, records=records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"weights": str(args.weights), "n": args.n,
                                     "seed": args.seed, "pages": args.pages,
@@ -145,6 +149,11 @@ def main() -> None:
                                    indent=1))
     for row in rows:
         print(json.dumps(row))
+    if args.records and records is not None:
+        header = {"config": {"command": command_line(), "weights": str(args.weights),
+                             "n": args.n, "seed": args.seed, "pages": args.pages}}
+        args.records.parent.mkdir(parents=True, exist_ok=True)
+        args.records.write_text("".join(json.dumps(r) + "\n" for r in [header, *records]))
 
 
 if __name__ == "__main__":
