@@ -24,7 +24,7 @@ the first cell of a page whose document page before is shown just before it, the
 or four rows of that earlier page too (`plus_boundary_2`, `plus_boundary_4`); the mean number
 of rows each adds to the policy's choice is reported (`*_rows`). On the same pages:
 
-    python -m lab.testbed.oracle --weights W --n 300 --seed 9191 [--policy P] [--budget B]
+    python -m lab.testbed.oracle --weights W --n 600 --seed 9393 [--policy P] [--budget B]
         [--arms ARM,ARM,...]
 
 prints one JSON line: each arm's share answered right, and the share whose source cell the
@@ -233,8 +233,8 @@ def main() -> None:
     """Run the oracle on one checkpoint and print one JSON line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--weights", type=Path, default=WEIGHTS)
-    ap.add_argument("--n", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=9191)
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--seed", type=int, default=9393)
     ap.add_argument("--policy", default="conduit_per_page")
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--arms", default=",".join(ARMS),

@@ -44,7 +44,6 @@ _L = ScoreConfig(value_norm="layer")
 _QL = ScoreConfig(query_rows="question", value_norm="layer")
 
 
-
 @dataclass(frozen=True)
 class BoundaryRule:
     """`base`'s choice, with the last `tokens` tokens of the page before each page whose first
