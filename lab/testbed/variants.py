@@ -16,12 +16,13 @@ record's key reads the value ending the page before among that page's last rows,
 them stale it takes a neighbour's digit. `BoundaryRule` wraps a policy: where the policy's
 choice starts a page (the page's first token after its opening delimiter), the last
 `tokens` tokens of the page shown before it are refreshed too, inside the same budget (the
-wrapped policy chooses fewer). It needs no answer, and no page numbers: the page shown
-before, whatever document page it is.
+wrapped policy chooses fewer) or, with `inside=False`, on top of it (the oracle's boundary
+arm; compared with the wrapped policy at the budget of equal mean FLOPs). It needs no
+answer, and no page numbers: the page shown before, whatever document page it is.
 
 Public API:
   CANDIDATES: dict[str, RefreshPolicy]
-  BoundaryRule(base, tokens)       a RefreshPolicy (above)
+  BoundaryRule(base, tokens, inside=True)   a RefreshPolicy (above)
   register() -> list[str]          the candidates' names, now in `POLICIES`
 """
 
@@ -47,10 +48,11 @@ _QL = ScoreConfig(query_rows="question", value_norm="layer")
 @dataclass(frozen=True)
 class BoundaryRule:
     """`base`'s choice, with the last `tokens` tokens of the page before each page whose first
-    token it chose, within `base`'s budget (module docstring)."""
+    token it chose, within `base`'s budget or on top of it (module docstring)."""
 
     base: RefreshPolicy
     tokens: int
+    inside: bool = True
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """The rows to refresh: the boundary rows, then `base`'s choice at the budget left."""
@@ -64,6 +66,8 @@ class BoundaryRule:
                                    before.stop - 1))  # before its closing delimiter
         if not extra or not ctx.k:
             return chosen
+        if not self.inside:
+            return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (> k,)
         keep = max(0, ctx.k - len(extra - picked))
         labels, n_v = ctx.layout.budget_label_rows(), int(ctx.visual_rows.numel())
         left = replace(ctx, budget=(keep + labels) / (n_v + labels))  # .k == keep (PolicyContext.k)
@@ -98,6 +102,7 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     # the page boundary inside the budget: the last 2 or 4 rows of a 16-cell testbed page
     "cv_boundary_32": BoundaryRule(get_policy("conduit_per_page"), 32),
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),
+    "cv_boundary_32_over": BoundaryRule(get_policy("conduit_per_page"), 32, inside=False),
 }
 
 

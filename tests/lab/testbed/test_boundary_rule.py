@@ -45,3 +45,15 @@ def test_a_chosen_page_start_brings_the_end_of_the_page_before() -> None:
         return torch.arange(first.start + 1, first.start + 1 + c.k)
 
     assert torch.equal(BoundaryRule(elsewhere, 16)(ctx), elsewhere(ctx))
+
+
+def test_on_top_of_the_budget_the_base_choice_stays_whole() -> None:
+    ctx = _context()
+    first, second = ctx.layout.segments[0], ctx.layout.segments[1]
+
+    def base(c: PolicyContext) -> torch.Tensor:  # page 2's first token, then its next ones
+        return torch.arange(second.start + 1, second.start + 1 + c.k)
+
+    rows = BoundaryRule(base, 16, inside=False)(ctx).tolist()
+    end = list(range(first.stop - 17, first.stop - 1))
+    assert rows == sorted(end + base(ctx).tolist())  # every base row, and the 16 on top
