@@ -20,9 +20,16 @@ wrapped policy chooses fewer) or, with `inside=False`, on top of it (the oracle'
 arm; compared with the wrapped policy at the budget of equal mean FLOPs). It needs no
 answer, and no page numbers: the page shown before, whatever document page it is.
 
+`WithoutDelimiters` wraps a CONDUIT-scored policy so that it spends none of its budget on
+the pages' opening and closing delimiters (the wrapped policy's choice at a larger budget,
+the delimiters dropped, the k best-scored rows kept): the testbed's choices
+(`results/choices_perpage.json`) show the default refreshing about ten of a question's
+twelve, and the split oracle found adding them recovers nothing.
+
 Public API:
   CANDIDATES: dict[str, RefreshPolicy]
   BoundaryRule(base, tokens, inside=True)   a RefreshPolicy (above)
+  WithoutDelimiters(base)          a RefreshPolicy (above)
   register() -> list[str]          the candidates' names, now in `POLICIES`
 """
 
@@ -43,6 +50,12 @@ from conduit_core.scoring import ScoreConfig
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
 _QL = ScoreConfig(query_rows="question", value_norm="layer")
+
+
+def _at_k(ctx: PolicyContext, k: int) -> PolicyContext:
+    """`ctx` with the budget whose `PolicyContext.k` is `k` (the same scoring pass)."""
+    labels, n_v = ctx.layout.budget_label_rows(), int(ctx.visual_rows.numel())
+    return replace(ctx, budget=(k + labels) / (n_v + labels))
 
 
 @dataclass(frozen=True)
@@ -69,11 +82,35 @@ class BoundaryRule:
         if not self.inside:
             return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (> k,)
         keep = max(0, ctx.k - len(extra - picked))
-        labels, n_v = ctx.layout.budget_label_rows(), int(ctx.visual_rows.numel())
-        left = replace(ctx, budget=(keep + labels) / (n_v + labels))  # .k == keep (PolicyContext.k)
-        fewer = self.base(left)  # the same scoring pass (its results are shared)
+        fewer = self.base(_at_k(ctx, keep))  # the same scoring pass (its results are shared)
         rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))])
         return rows.unique()  # (<= k + rounding,)
+
+
+@dataclass(frozen=True)
+class WithoutDelimiters:
+    """`base`'s choice with no page delimiter in it, as many rows as `base` would choose
+    (module docstring)."""
+
+    base: RefreshPolicy
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """`base`'s top rows that are not delimiters, at most `ctx.k` of them."""
+        segments = ctx.layout.segments
+        delimiters = torch.tensor([r for s in segments for r in (s.start, s.stop - 1)])
+        n_v, k = int(ctx.visual_rows.numel()), ctx.k
+        wanted = k
+        while True:  # at most one step more per delimiter the choice held
+            chosen = self.base(_at_k(ctx, wanted) if wanted != k else ctx)
+            kept = chosen[~torch.isin(chosen.cpu(), delimiters)]  # (<= wanted,)
+            if kept.numel() >= k or wanted >= n_v:
+                break
+            wanted = min(n_v, wanted + k - int(kept.numel()))
+        if kept.numel() <= k:
+            return kept
+        weighted = ctx.scores().weighted.cpu()  # (N,) the pass `base` scored with
+        top = weighted[kept.cpu()].topk(k).indices  # the k best of a larger budget's choice
+        return kept[top].sort().values  # (k,)
 
 
 CANDIDATES: dict[str, RefreshPolicy] = {
@@ -103,6 +140,7 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_boundary_32": BoundaryRule(get_policy("conduit_per_page"), 32),
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),
     "cv_boundary_32_over": BoundaryRule(get_policy("conduit_per_page"), 32, inside=False),
+    "cv_no_delimiters": WithoutDelimiters(get_policy("conduit_per_page")),
 }
 
 

@@ -57,3 +57,16 @@ def test_on_top_of_the_budget_the_base_choice_stays_whole() -> None:
     rows = BoundaryRule(base, 16, inside=False)(ctx).tolist()
     end = list(range(first.stop - 17, first.stop - 1))
     assert rows == sorted(end + base(ctx).tolist())  # every base row, and the 16 on top
+
+
+def test_without_delimiters_the_budget_goes_to_page_tokens() -> None:
+    from conduit_core.policies import get_policy
+    from lab.testbed.variants import WithoutDelimiters
+
+    ctx = _context()
+    delimiters = {r for s in ctx.layout.segments for r in (s.start, s.stop - 1)}
+    base = get_policy("conduit_per_page")
+    assert delimiters & set(base(ctx).tolist())  # the default spends budget on them here
+    rows = WithoutDelimiters(base)(ctx).tolist()
+    assert len(rows) == ctx.k and not delimiters & set(rows)
+    assert set(rows) <= set(ctx.visual_rows.tolist())
