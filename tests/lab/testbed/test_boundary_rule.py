@@ -1,17 +1,19 @@
 """The page-boundary candidate (`lab.testbed.variants.BoundaryRule`): where its base policy's
-choice starts a page, the last tokens of the page before come too, inside the budget."""
+choice starts a page, the last tokens of the page before come too, inside the budget or on
+top of it; and `WithoutDelimiters`, the base's budget kept off the page delimiters."""
 
 from __future__ import annotations
 
 import torch
 
 from conduit_core.answer_types import PageInput
+from conduit_core.policies import get_policy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
-from lab.testbed.variants import BoundaryRule
+from lab.testbed.variants import BoundaryRule, WithoutDelimiters
 from worker.prompt import ANSWER_PREFIX, page_label
 
 
@@ -60,9 +62,6 @@ def test_on_top_of_the_budget_the_base_choice_stays_whole() -> None:
 
 
 def test_without_delimiters_the_budget_goes_to_page_tokens() -> None:
-    from conduit_core.policies import get_policy
-    from lab.testbed.variants import WithoutDelimiters
-
     ctx = _context()
     delimiters = {r for s in ctx.layout.segments for r in (s.start, s.stop - 1)}
     base = get_policy("conduit_per_page")
