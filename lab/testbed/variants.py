@@ -26,10 +26,20 @@ the delimiters dropped, the k best-scored rows kept): the testbed's choices
 (`results/choices_perpage.json`) show the default refreshing about ten of a question's
 twelve, and the split oracle found adding them recovers nothing.
 
+`SecondHop` asks which stale tokens the refreshed tokens themselves read, a signal the
+question rows' attention cannot give (a split record's key reads the page before, which the
+question does not look at): `base` chooses `first` of the budget; a probe pass runs those
+rows through the first `layers` layers (default all) over a copy of the cache, its attention
+summed over heads, rows and those layers per key; the rest of the budget goes to the stale
+page tokens read most. The probe is charged (`ctx.extra_flops`); the refresh then recomputes
+the whole choice as usual.
+
 Public API:
   CANDIDATES: dict[str, RefreshPolicy]
   BoundaryRule(base, tokens, inside=True)   a RefreshPolicy (above)
   WithoutDelimiters(base)          a RefreshPolicy (above)
+  SecondHop(base, first=0.8, layers=None)   a RefreshPolicy (above)
+  read_mass(ctx, rows, layers) -> ((N,) attention read per key, the probe's cache copy)
   register() -> list[str]          the candidates' names, now in `POLICIES`
 """
 
@@ -42,10 +52,14 @@ from pathlib import Path
 
 import torch
 
+from conduit_core.flops import LMShape, rows_flops
+from conduit_core.kv_cache import KVCache
+from conduit_core.layer_forward import computed_key_counts, forward_rows
 from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.scoring import ScoreConfig
+from conduit_core.selection import topk_positions
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
@@ -113,6 +127,63 @@ class WithoutDelimiters:
         return kept[top].sort().values  # (k,)
 
 
+@dataclass(frozen=True)
+class SecondHop:
+    """`base`'s choice at `first` of the budget, then the stale page tokens those rows read
+    most in a probe pass (module docstring)."""
+
+    base: RefreshPolicy
+    first: float = 0.8
+    layers: int | None = None  # probe layers, from the first (None: every layer)
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """`base`'s rows at round(first * k), then the k - that best read stale page rows."""
+        k = ctx.k
+        fewer = _at_k(ctx, round(self.first * k))
+        chosen = self.base(fewer).to(torch.long).cpu().sort().values  # (k1,)
+        ctx.extra_flops = fewer.extra_flops  # the scoring pass, if `fewer` ran it
+        if chosen.numel() in (0, k):
+            return chosen
+        read, _ = read_mass(ctx, chosen, self.layers)  # (N,)
+        rest = ctx.visual_rows[~torch.isin(ctx.visual_rows, chosen)]  # (N_v - k1,)
+        more = rest[topk_positions(read[rest], k - int(chosen.numel()))]  # (k - k1,)
+        return torch.cat([chosen, more]).sort().values  # (k,)
+
+
+@torch.no_grad()
+def read_mass(ctx: PolicyContext, rows: torch.Tensor,
+              layers: int | None) -> tuple[torch.Tensor, KVCache]:
+    """Attention `rows` (R,) pay each key (N,) when recomputed over the assembled cache through
+    the first `layers` layers, summed over those layers, heads and rows, and the copy of the
+    cache the probe ran on (its rows written); the probe is charged."""
+    adapter, layout = ctx.adapter, ctx.layout
+    run = range(len(adapter.layers) if layers is None else min(layers, len(adapter.layers)))
+    cache = KVCache(ctx.cache.keys.clone(), ctx.cache.values.clone())
+    dev_rows = rows.to(adapter.device)
+    later = torch.arange(layout.n, device=adapter.device)[None, :] > dev_rows[:, None]  # (R, N)
+    read = torch.zeros(layout.n, dtype=torch.float32, device=adapter.device)
+
+    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor:
+        rep = q.shape[1] // keys.shape[1]
+        keys = keys.repeat_interleave(rep, dim=1).float()  # (1, heads, N, hd)
+        values = values.repeat_interleave(rep, dim=1).float()  # (1, heads, N, hd)
+        logits = q.float() @ keys.transpose(-1, -2)  # (1, heads, R, N)
+        logits = logits * adapter.layers[layer].self_attn.scaling
+        probs = logits.masked_fill(later, float("-inf")).softmax(-1)  # (1, heads, R, N)
+        read.add_(probs.sum(dim=(0, 1, 2)))
+        return (probs @ values).transpose(1, 2).to(q.dtype)  # (1, R, heads, hd)
+
+    hidden = ctx.embeds[dev_rows.to(ctx.embeds.device)].unsqueeze(0)  # (1, R, hidden)
+    pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
+    forward_rows(adapter, cache, hidden, rows, pos, n_keys=layout.n, observer=observe,
+                 layers=run)
+    ctx.extra_flops += rows_flops(LMShape.from_config(adapter.text_config), rows,
+                                  n_layers=len(run),
+                                  key_counts=computed_key_counts(adapter, rows, layout.n))
+    return read.cpu(), cache
+
+
 CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_question_rows": ConduitPolicy(ConduitConfig(score=_Q)),
     "cv_layer_norms": ConduitPolicy(ConduitConfig(score=_L)),
@@ -141,6 +212,10 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),
     "cv_boundary_32_over": BoundaryRule(get_policy("conduit_per_page"), 32, inside=False),
     "cv_no_delimiters": WithoutDelimiters(get_policy("conduit_per_page")),
+    # the stale tokens the refreshed ones read: 80% or 60% of the budget first, a probe pass
+    "cv_second_hop_80": SecondHop(get_policy("conduit_per_page"), 0.8),
+    "cv_second_hop_60": SecondHop(get_policy("conduit_per_page"), 0.6),
+    "cv_second_hop_80_l2": SecondHop(get_policy("conduit_per_page"), 0.8, layers=2),
 }
 
 

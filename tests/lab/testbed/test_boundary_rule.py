@@ -1,19 +1,22 @@
 """The page-boundary candidate (`lab.testbed.variants.BoundaryRule`): where its base policy's
 choice starts a page, the last tokens of the page before come too, inside the budget or on
-top of it; and `WithoutDelimiters`, the base's budget kept off the page delimiters."""
+top of it; `WithoutDelimiters`, the base's budget kept off the page delimiters; and
+`SecondHop`, the rest of the budget to the stale tokens the base's rows read."""
 
 from __future__ import annotations
 
 import torch
 
 from conduit_core.answer_types import PageInput
+from conduit_core.kv_cache import KVCache
+from conduit_core.layer_forward import forward_rows
 from conduit_core.policies import get_policy
 from conduit_core.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
-from lab.testbed.variants import BoundaryRule, WithoutDelimiters
+from lab.testbed.variants import BoundaryRule, SecondHop, WithoutDelimiters, _at_k, read_mass
 from worker.prompt import ANSWER_PREFIX, page_label
 
 
@@ -69,3 +72,35 @@ def test_without_delimiters_the_budget_goes_to_page_tokens() -> None:
     rows = WithoutDelimiters(base)(ctx).tolist()
     assert len(rows) == ctx.k and not delimiters & set(rows)
     assert set(rows) <= set(ctx.visual_rows.tolist())
+
+
+def test_second_hop_adds_what_the_refreshed_rows_read() -> None:
+    ctx = _context()
+    base = get_policy("conduit_per_page")
+    first = base(_at_k(ctx, round(0.8 * ctx.k)))  # runs the scoring pass (on the copy)
+    n = ctx.layout.n
+    keys = ctx.cache.keys[:, :, :, :n].clone()  # after the scoring pass's writes
+    rows = SecondHop(base, 0.8)(ctx)
+    assert torch.equal(ctx.cache.keys[:, :, :, :n], keys)  # the probe ran on a copy
+    assert ctx.extra_flops > 0  # the probe is charged
+    chosen, more = set(first.tolist()), set(rows.tolist()) - set(first.tolist())
+    assert rows.numel() == ctx.k and chosen <= set(rows.tolist())
+    read, _ = read_mass(ctx, first.to(torch.long).cpu().sort().values, None)
+    rest = sorted(set(ctx.visual_rows.tolist()) - chosen)
+    assert min(read[sorted(more)]) >= max(read[sorted(set(rest) - more)])  # the most read
+
+
+def test_the_probe_reads_a_distribution_and_attends_as_the_plain_pass() -> None:
+    ctx = _context()
+    rows = torch.tensor([70, 100, 340, 620, 900])  # page tokens on four pages
+    read, probed = read_mass(ctx, rows, None)  # (N,)
+    layers, heads = len(ctx.adapter.layers), ctx.adapter.text_config.num_attention_heads
+    assert abs(float(read.sum()) - layers * heads * rows.numel()) < 1e-3  # each row's softmax
+    assert float(read[int(rows.max()) + 1:].abs().sum()) == 0.0  # causal: nothing after
+    plain = KVCache(ctx.cache.keys.clone(), ctx.cache.values.clone())
+    hidden = ctx.embeds[rows].unsqueeze(0)  # (1, R, hidden)
+    forward_rows(ctx.adapter, plain, hidden, rows, ctx.layout.position_ids[:, rows].unsqueeze(1),
+                 n_keys=ctx.layout.n)
+    for layer in range(1, layers):  # written from the layer before's attention output
+        torch.testing.assert_close(probed.keys[layer][:, :, rows], plain.keys[layer][:, :, rows],
+                                   rtol=1e-4, atol=1e-4)
