@@ -39,6 +39,8 @@ Public API:
           "plus_source_glyphs", "plus_source_blanks", "plus_source_row_above",
           "plus_source_near_glyphs", "plus_source_columns", "plus_all_starts",
           "plus_all_delimiters", "plus_boundary_2", "plus_boundary_4")
+  source_cell(assembly, sample) -> (source row, its page's cell rows) | None
+  near_glyph_rows(assembly, sample, source) -> the plus_source_near_glyphs rows
   split_oracle(vlm, n, seed, policy, budget, arms=ARMS) -> dict[arm, float] and
       "source_refreshed" (and "distractor_shown": questions with a distractor page;
       "plus_boundary_*_rows": rows that arm added on average)
@@ -76,7 +78,7 @@ _BOUNDARY = {"plus_boundary_2": 2, "plus_boundary_4": 4}  # arm -> rows of the e
 _ORACLE = "oracle_split"  # registered for this process only
 
 
-def _source_rows(assembly: Assembly, s: Sample) -> tuple[int, range] | None:
+def source_cell(assembly: Assembly, s: Sample) -> tuple[int, range] | None:
     """The sequence index of the asked split record's source cell and the rows of its page's
     cells; None if that page is not shown."""
     found = s.doc.source(s.question.records[0])
@@ -127,10 +129,8 @@ def _arm_rows(assembly: Assembly, s: Sample, source: int, page_rows: range,
     distractors = [p for p in s.pages if p not in (key_page, key_page - 1)]
     distractor = rng.choice(distractors) if distractors else None
     source_page = _segment_rows(assembly, s, key_page - 1)  # [start token, cells, end token]
-    body = list(range(source_page[0] + 1, source))  # the cells above the last row
+    body, glyphs = _source_body(assembly, s, source)
     half = len(body) // 2
-    grid = "".join(s.doc.pages[key_page - 1])  # the source page's glyphs, cell order
-    glyphs = [r for i, r in enumerate(body) if grid[i] != " "]
     cols = s.doc.shape.cols
     return {
         "policy_alone": [], "plus_source": [source], "plus_other_cell": [control],
@@ -150,13 +150,29 @@ def _arm_rows(assembly: Assembly, s: Sample, source: int, page_rows: range,
         "plus_source_upper": body[:half], "plus_source_lower": body[half:],
         "plus_source_glyphs": glyphs, "plus_source_blanks": sorted(set(body) - set(glyphs)),
         "plus_source_row_above": body[-cols:],
-        "plus_source_near_glyphs": [r for r in glyphs if r >= body[-3 * cols]],
+        "plus_source_near_glyphs": near_glyph_rows(assembly, s, source),
         "plus_source_columns": [r for i, r in enumerate(body) if i % cols < 2],
         "plus_all_starts": [seg.start for seg in assembly.layout.segments],
         "plus_all_delimiters": [r for seg in assembly.layout.segments
                                 for r in (seg.start, seg.stop - 1)],
         **{arm: _boundary_rows(assembly, s, chosen, n) for arm, n in _BOUNDARY.items()},
     }
+
+
+def _source_body(assembly: Assembly, s: Sample, source: int) -> tuple[list[int], list[int]]:
+    """The sequence indices of the source page's cells above its last row, and of those
+    holding a glyph."""
+    body = list(range(_segment_rows(assembly, s, s.question.records[0].page - 1)[0] + 1,
+                      source))
+    grid = "".join(s.doc.pages[s.question.records[0].page - 1])  # its glyphs, cell order
+    return body, [r for i, r in enumerate(body) if grid[i] != " "]
+
+
+def near_glyph_rows(assembly: Assembly, s: Sample, source: int) -> list[int]:
+    """The glyph cells of the three rows above the source cell `source` (the split oracle's
+    arm that recovers full prefill's split answers)."""
+    body, glyphs = _source_body(assembly, s, source)
+    return [r for r in glyphs if r >= body[-3 * s.doc.shape.cols]]
 
 
 def _boundary_rows(assembly: Assembly, s: Sample, chosen: set[int], rows: int) -> list[int]:
@@ -185,7 +201,7 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
         kvs = runtime.prefill_pages(images)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
         assembly = runtime.assemble(ANSWER_PREFIX, inputs, s.text)
-        found = _source_rows(assembly, s)
+        found = source_cell(assembly, s)
         if found is None:
             continue
         source, page_rows = found

@@ -39,6 +39,7 @@ Public API:
   BoundaryRule(base, tokens, inside=True)   a RefreshPolicy (above)
   WithoutDelimiters(base)          a RefreshPolicy (above)
   SecondHop(base, first=0.8, layers=None)   a RefreshPolicy (above)
+  at_k(ctx, k) -> PolicyContext   `ctx` at the budget of k rows (the same scoring pass)
   read_mass(ctx, rows, layers) -> ((N,) attention read per key, the probe's cache copy)
   register() -> list[str]          the candidates' names, now in `POLICIES`
 """
@@ -66,7 +67,7 @@ _L = ScoreConfig(value_norm="layer")
 _QL = ScoreConfig(query_rows="question", value_norm="layer")
 
 
-def _at_k(ctx: PolicyContext, k: int) -> PolicyContext:
+def at_k(ctx: PolicyContext, k: int) -> PolicyContext:
     """`ctx` with the budget whose `PolicyContext.k` is `k` (the same scoring pass)."""
     labels, n_v = ctx.layout.budget_label_rows(), int(ctx.visual_rows.numel())
     return replace(ctx, budget=(k + labels) / (n_v + labels))
@@ -96,7 +97,7 @@ class BoundaryRule:
         if not self.inside:
             return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (> k,)
         keep = max(0, ctx.k - len(extra - picked))
-        fewer = self.base(_at_k(ctx, keep))  # the same scoring pass (its results are shared)
+        fewer = self.base(at_k(ctx, keep))  # the same scoring pass (its results are shared)
         rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))])
         return rows.unique()  # (<= k + rounding,)
 
@@ -115,7 +116,7 @@ class WithoutDelimiters:
         n_v, k = int(ctx.visual_rows.numel()), ctx.k
         wanted = k
         while True:  # at most one step more per delimiter the choice held
-            chosen = self.base(_at_k(ctx, wanted) if wanted != k else ctx)
+            chosen = self.base(at_k(ctx, wanted) if wanted != k else ctx)
             kept = chosen[~torch.isin(chosen.cpu(), delimiters)]  # (<= wanted,)
             if kept.numel() >= k or wanted >= n_v:
                 break
@@ -139,7 +140,7 @@ class SecondHop:
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
         """`base`'s rows at round(first * k), then the k - that best read stale page rows."""
         k = ctx.k
-        fewer = _at_k(ctx, round(self.first * k))
+        fewer = at_k(ctx, round(self.first * k))
         chosen = self.base(fewer).to(torch.long).cpu().sort().values  # (k1,)
         ctx.extra_flops = fewer.extra_flops  # the scoring pass, if `fewer` ran it
         if chosen.numel() in (0, k):

@@ -16,7 +16,7 @@ from conduit_core.runtime import ReuseRuntime
 from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
-from lab.testbed.variants import BoundaryRule, SecondHop, WithoutDelimiters, _at_k, read_mass
+from lab.testbed.variants import BoundaryRule, SecondHop, WithoutDelimiters, at_k, read_mass
 from worker.prompt import ANSWER_PREFIX, page_label
 
 
@@ -77,7 +77,7 @@ def test_without_delimiters_the_budget_goes_to_page_tokens() -> None:
 def test_second_hop_adds_what_the_refreshed_rows_read() -> None:
     ctx = _context()
     base = get_policy("conduit_per_page")
-    first = base(_at_k(ctx, round(0.8 * ctx.k)))  # runs the scoring pass (on the copy)
+    first = base(at_k(ctx, round(0.8 * ctx.k)))  # runs the scoring pass (on the copy)
     n = ctx.layout.n
     keys = ctx.cache.keys[:, :, :, :n].clone()  # after the scoring pass's writes
     rows = SecondHop(base, 0.8)(ctx)

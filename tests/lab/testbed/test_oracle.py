@@ -19,8 +19,8 @@ from lab.testbed.oracle import (
     _boundary_rows,
     _key_page_rows,
     _segment_rows,
-    _source_rows,
     _with_rows,
+    source_cell,
     split_oracle,
 )
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
@@ -37,7 +37,7 @@ def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
     assembly = runtime.assemble(ANSWER_PREFIX, [
         PageInput(page_label(split.doc_name, p + 1), kv)
         for p, kv in zip(split.pages, kvs, strict=True)], split.text)
-    found = _source_rows(assembly, split)
+    found = source_cell(assembly, split)
     assert found is not None
     source, page_rows = found
     segment = assembly.layout.segments[split.pages.index(key_page - 1)]
