@@ -31,8 +31,9 @@ question rows' attention cannot give (a split record's key reads the page before
 question does not look at): `base` chooses `first` of the budget; a probe pass runs those
 rows through the first `layers` layers (default all) over a copy of the cache, its attention
 summed over heads, rows and those layers per key; the rest of the budget goes to the stale
-page tokens read most. The probe is charged (`ctx.extra_flops`); the refresh then recomputes
-the whole choice as usual.
+page tokens read most. The probe is charged (`ctx.extra_flops`) as the runtime's blocked
+causal attention would compute it (the probe here forms every key's logit and masks the later
+ones, a lab shortcut); the refresh then recomputes the whole choice as usual.
 
 Public API:
   CANDIDATES: dict[str, RefreshPolicy]
