@@ -22,15 +22,12 @@ import argparse
 import json
 from pathlib import Path
 
-from conduit_core.answer_types import PageInput
 from conduit_core.loader import LoadedVLM
 from conduit_core.policies import get_policy
 from conduit_core.runtime import ReuseRuntime
-from lab.testbed.batches import page_image
-from lab.testbed.oracle import near_glyph_rows, source_cell
-from lab.testbed.probe import load_checkpoint_vlm, probe_samples
+from lab.testbed.oracle import near_glyph_rows, split_cases
+from lab.testbed.probe import load_checkpoint_vlm
 from lab.testbed.variants import SecondHop, at_k
-from worker.prompt import ANSWER_PREFIX, page_label
 
 CHOICES = ("default_10", "default_first", "second_hop_10", "default_20")
 
@@ -41,16 +38,8 @@ def near_cells_held(vlm: LoadedVLM, n: int, seed: int, first: float = 0.8) -> di
     runtime = ReuseRuntime(vlm, never_above_full=False)
     base = get_policy("conduit_per_page")
     out = dict.fromkeys(("questions", "near", *CHOICES), 0)
-    for s in probe_samples(20 * n, seed, "distractors"):
-        if s.question.family != "split":
-            continue
-        kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
-        assembly = runtime.assemble(ANSWER_PREFIX, [
-            PageInput(page_label(s.doc_name, p + 1), kv)
-            for p, kv in zip(s.pages, kvs, strict=True)], s.text)
-        found = source_cell(assembly, s)
-        if found is None:
-            continue
+    for case in split_cases(runtime, n, seed):
+        assembly = case.assembly
         ctx = runtime.policy_context(assembly, 0.1, 0)
         chosen = {
             "default_10": base(ctx),
@@ -58,13 +47,11 @@ def near_cells_held(vlm: LoadedVLM, n: int, seed: int, first: float = 0.8) -> di
             "second_hop_10": SecondHop(base, first)(ctx),
             "default_20": base(runtime.policy_context(assembly, 0.2, 0)),
         }
-        near = set(near_glyph_rows(assembly, s, found[0]))
+        near = set(near_glyph_rows(assembly, case.sample, case.source))
         out["questions"] += 1
         out["near"] += len(near)
         for name, rows in chosen.items():
             out[name] += len(near & set(rows.tolist()))
-        if out["questions"] == n:
-            break
     return out
 
 

@@ -41,6 +41,8 @@ Public API:
           "plus_all_delimiters", "plus_boundary_2", "plus_boundary_4")
   source_cell(assembly, sample) -> (source row, its page's cell rows) | None
   near_glyph_rows(assembly, sample, source) -> the plus_source_near_glyphs rows
+  SplitCase, split_cases(runtime, n, seed) -> the first n split questions whose source page
+      is shown, prefilled and assembled
   split_oracle(vlm, n, seed, policy, budget, arms=ARMS) -> dict[arm, float] and
       "source_refreshed" (and "distractor_shown": questions with a distractor page;
       "plus_boundary_*_rows": rows that arm added on average)
@@ -51,10 +53,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
@@ -185,17 +189,28 @@ def _boundary_rows(assembly: Assembly, s: Sample, chosen: set[int], rows: int) -
     return out
 
 
-def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int], n: int,
-                   seed: int, budget: float, arms: tuple[str, ...]) -> dict[str, float]:
-    """`split_oracle`'s loop, with the oracle policy registered (its rows: `extra`)."""
-    rng = random.Random(f"oracle:{seed}")
-    right = dict.fromkeys(arms, 0)
-    applied = dict.fromkeys(arms, 0)
-    added = dict.fromkeys(_BOUNDARY, 0)
-    asked = covered = 0
-    samples = (s for s in probe_samples(20 * n, seed, "distractors")
-               if s.question.family == "split")
-    for s in samples:
+@dataclass(frozen=True)
+class SplitCase:
+    """One split question, its pages prefilled and assembled as the service answers it."""
+
+    sample: Sample
+    images: list[Image.Image]  # the shown pages, in order
+    labels: list[str]  # their page labels
+    inputs: list[PageInput]  # their page KV under those labels
+    assembly: Assembly
+    source: int  # the source cell's sequence index
+    page_rows: range  # the sequence indices of its page's cells
+
+
+def split_cases(runtime: ReuseRuntime, n: int, seed: int) -> Iterator[SplitCase]:
+    """The first `n` split questions of `probe_samples(.., seed, "distractors")` whose source
+    page is shown, each prefilled and assembled when it is asked for."""
+    given = 0
+    for s in probe_samples(20 * n, seed, "distractors"):
+        if given == n:
+            return
+        if s.question.family != "split":
+            continue
         images = [page_image(s.doc.pages[p]) for p in s.pages]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
@@ -204,15 +219,28 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
         found = source_cell(assembly, s)
         if found is None:
             continue
-        source, page_rows = found
+        yield SplitCase(s, images, labels, inputs, assembly, *found)
+        given += 1
+
+
+def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int], n: int,
+                   seed: int, budget: float, arms: tuple[str, ...]) -> dict[str, float]:
+    """`split_oracle`'s loop, with the oracle policy registered (its rows: `extra`)."""
+    rng = random.Random(f"oracle:{seed}")
+    right = dict.fromkeys(arms, 0)
+    applied = dict.fromkeys(arms, 0)
+    added = dict.fromkeys(_BOUNDARY, 0)
+    asked = covered = 0
+    for case in split_cases(runtime, n, seed):
+        s, assembly, source, inputs = case.sample, case.assembly, case.source, case.inputs
         chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
-        extras = _arm_rows(assembly, s, source, page_rows, chosen, rng)
+        extras = _arm_rows(assembly, s, source, case.page_rows, chosen, rng)
         for arm in added:
             added[arm] += len(set(extras[arm] or []) - chosen)
         if "full_prefill" in arms:
             full = runtime.answer_full_prefill(
-                ANSWER_PREFIX, list(zip(labels, images, strict=True)), s.text,
+                ANSWER_PREFIX, list(zip(case.labels, case.images, strict=True)), s.text,
                 max_new_tokens=MAX_NEW_TOKENS)
             right["full_prefill"] += full.text.strip() == s.question.answer
             applied["full_prefill"] += 1
@@ -227,8 +255,6 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
             right[arm] += res.text.strip() == s.question.answer
             applied[arm] += 1
         asked += 1
-        if asked == n:
-            break
     out = {arm: right[arm] / max(applied[arm], 1) for arm in arms}
     if "plus_distractor_page" in arms:
         out["distractor_shown"] = applied["plus_distractor_page"] / max(asked, 1)

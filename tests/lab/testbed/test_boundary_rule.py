@@ -104,3 +104,17 @@ def test_the_probe_reads_a_distribution_and_attends_as_the_plain_pass() -> None:
     for layer in range(1, layers):  # written from the layer before's attention output
         torch.testing.assert_close(probed.keys[layer][:, :, rows], plain.keys[layer][:, :, rows],
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_second_hop_charges_its_scoring_pass_and_its_probe() -> None:
+    base = get_policy("conduit_per_page")
+    hop = _context()
+    rows = SecondHop(base, 0.8)(hop)  # runs the scoring pass itself, on a smaller budget
+    alone = _context()
+    first = base(alone)  # the same scoring pass, charged to this context
+    scoring = alone.extra_flops
+    read_mass(alone, base(at_k(alone, round(0.8 * alone.k))).to(torch.long).cpu().sort().values,
+              None)
+    probe = alone.extra_flops - scoring
+    assert scoring > 0 and probe > 0 and first.numel() == rows.numel()
+    assert abs(hop.extra_flops - (scoring + probe)) <= 1e-6 * hop.extra_flops
