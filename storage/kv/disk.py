@@ -8,7 +8,7 @@ rebuilt from the files at startup (recency from mtime), when stray temp files le
 are removed. Several processes may share a root: each reads files the others wrote and
 enforces the budget on what it knows of.
 
-A read copies the file into a private, uninitialised buffer in 1 MB reads, hashing each while
+A read copies the file into a private, uninitialised buffer in 512 KB reads, hashing each while
 it is still in the CPU cache, and returns tensors viewing the buffer (no second copy: the
 kernel's copy is the only pass over memory). The file is never mapped: a shared or
 copy-on-write mapping shows later changes of the file (bytes flipped on disk after a load

@@ -70,7 +70,7 @@ def _flip_in_place(path: Path, pos: int) -> None:
 def test_warm_read_of_a_file_changed_since_the_last_read_is_a_miss(tmp_path: Path,
                                                                     where: float) -> None:
     store = DiskKVStore(tmp_path, 1 << 30)
-    page = make_page(3, (2048, 4, 2, 64, 128))  # several 1 MB read chunks
+    page = make_page(3, (2048, 4, 2, 64, 128))  # several read chunks (READ_CHUNK)
     store.put_many({_k(3): page})
     path = store.path(_k(3))
     first = store.get_many([_k(3)])[_k(3)]  # the file is now in the page cache
