@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
-    from conduit_core.builtin import builtin_names
-    from conduit_core.loader import LoadedVLM, load_vlm
+    from conduit_core.model.builtin import builtin_names
+    from conduit_core.model.loader import LoadedVLM, load_vlm
     from conduit_core.page_kv import ModelFingerprint, PageKV
     from conduit_core.runtime import ReuseRuntime
 
@@ -33,9 +33,9 @@ _EXPORTS = {
     "AnswerRequest": "conduit_core.answer_types",
     "AnswerResult": "conduit_core.answer_types",
     "PageInput": "conduit_core.answer_types",
-    "builtin_names": "conduit_core.builtin",
-    "LoadedVLM": "conduit_core.loader",
-    "load_vlm": "conduit_core.loader",
+    "builtin_names": "conduit_core.model.builtin",
+    "LoadedVLM": "conduit_core.model.loader",
+    "load_vlm": "conduit_core.model.loader",
     "ModelFingerprint": "conduit_core.page_kv",
     "PageKV": "conduit_core.page_kv",
     "ReuseRuntime": "conduit_core.runtime",

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit_core.adapters.base import VLMAdapter
 from conduit_core.answer_types import AnswerResult
-from conduit_core.cost_model import RefreshPlan, RowCosts
+from conduit_core.cost.cost_model import RefreshPlan, RowCosts
 from conduit_core.decode import DecodeState
-from conduit_core.layout import Layout
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.prompt.layout import Layout
 
 
 @dataclass

@@ -40,8 +40,9 @@ class PageInput:
 class PolicyOptions:
     """Per-request knobs of the CONDUIT family (`conduit`, `conduit_no_amp`, `conduit_per_page`).
 
-    Every field None = the registered policy's own value. See `conduit_core.scoring.ScoreConfig`
-    and `conduit_core.policies.conduit.ConduitConfig` for meanings and bounds.
+    Every field None = the registered policy's own value. See
+    `conduit_core.policies.scoring.ScoreConfig` and `conduit_core.policies.conduit.ConduitConfig`
+    for meanings and bounds.
     gamma:         amplification exponent >= 0 (0 = no image-level amplification).
     score_layers:  "all" or a half-open (start, stop) range of decoder layers to score with.
     query_window:  score with only the last w question tokens (None = all of them).
@@ -110,7 +111,7 @@ class AnswerResult:
     stop_reason: str = field(default="length")  # "stop" (a stop token) or "length"
     head_tokens: int = 0  # leading prompt tokens taken exact from the head cache (not charged)
     fallback: bool = False  # the policy was predicted to cost more than a full prefill from
-    # the cached page embeddings, which ran instead (`conduit_core.cost_model`)
+    # the cached page embeddings, which ran instead (`conduit_core.cost.cost_model`)
     predicted_flops_lm: float = 0.0  # the policy's LM FLOPs as predicted before it ran
     fallback_flops_lm: float = 0.0  # a full prefill from cached embeddings, as predicted
     # how much the question looked at each page in the scoring pass (request order; its

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit_core.kv_cache import KVCache
-from conduit_core.layout import Layout
-from conduit_core.prompt_head import HeadKV
-from conduit_core.stale_pass import StaleScores
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.passes.stale_pass import StaleScores
+from conduit_core.prompt.layout import Layout
+from conduit_core.prompt.prompt_head import HeadKV
 
 
 @dataclass

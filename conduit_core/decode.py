@@ -10,14 +10,15 @@ Public API:
       one answer between its prefill and its last token (.done, .error, .output(),
       .kv_tokens)
   decode_step(adapter, states: list[DecodeState], pool=None) -> None   every unfinished state
-      one token further, the forwards of all of them in one batch (`conduit_core.batch_forward`);
-      with a `DecodePool`, states take slots at their first step and give them back when done
+      one token further, the forwards of all of them in one batch
+      (`conduit_core.passes.batch_forward`); with a `DecodePool`, states take slots at their
+      first step and give them back when done
   decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
          stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
       one answer alone: `decode_step` with a batch of one until done
 The first token is picked from the prefill logits; each further token is one row through the
 batched step, its K/V appended at the next cache index of its own cache (or its decode-pool
-slot: `conduit_core.kv_pool`), its position one past the last. Row indices and positions of
+slot: `conduit_core.kv.kv_pool`), its position one past the last. Row indices and positions of
 all steps are made on the device once, and the picked token stays there for its embedding: a
 step copies one scalar per sequence to the host (the token id, for stop tokens and text) and
 nothing to the device.
@@ -41,11 +42,11 @@ from typing import Any
 import torch
 from tokenizers.decoders import DecodeStream
 
-from conduit_core.adapters.base import VLMAdapter
 from conduit_core.answer_types import TokenCallback, TokenId
-from conduit_core.batch_forward import StepRow, forward_step
-from conduit_core.kv_cache import KVCache
-from conduit_core.kv_pool import DecodePool
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.kv_pool import DecodePool
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.batch_forward import StepRow, forward_step
 
 
 class Sampler:

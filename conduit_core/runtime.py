@@ -7,9 +7,9 @@ Public API:
                decode_slots=16, decode_positions=65536)
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
-        (`conduit_core.prompt_head`); False computes it with every question.
+        (`conduit_core.prompt.prompt_head`); False computes it with every question.
     label_cache: page labels are computed once after the head and reused stale like their
-        pages (`conduit_core.label_cache`; needs head_cache); False computes them as text
+        pages (`conduit_core.prompt.label_cache`; needs head_cache); False computes them as text
         rows in every pass (before 2026-12-02 the only way). A label computed for an
         answer is charged to it. label_entries: labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
@@ -18,11 +18,11 @@ Public API:
         the default, as the service's `CONDUIT_LABEL_REFRESH`), "budget" the same labels,
         their rows counted against the refresh budget.
     never_above_full: before a policy runs, its LM FLOPs are predicted
-        (`conduit_core.cost_model`); where they exceed a full prefill from the cached page
+        (`conduit_core.cost.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
     page_loads: "batched" (one staged host buffer, one non-blocking copy, every page
         re-rotated in a few operations) or "per_page" (the path before it, kept for A/B
-        measurements); both fill the cache with the same values (`conduit_core.page_loads`).
+        measurements); both fill the cache with the same values (`conduit_core.kv.page_loads`).
     decode_slots, decode_positions: the answers being generated share one `DecodePool` of at
         most this many slots and positions (`.pool`; one attention call a layer for all of
         them); an answer it cannot hold decodes from its own cache.
@@ -57,7 +57,7 @@ Public API:
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text,
-        reusing what is exact (`conduit_core.refresh_pass`)
+        reusing what is exact (`conduit_core.passes.refresh_pass`)
     .refresh(assembly, visual_rows, resume=None) -> (hidden (R, hidden), rows computed);
         with `assembly.last_only`, hidden is (1, hidden) of the last row
     .refresh_flops(assembly, computed, resume=None) -> LM FLOPs of that refresh, as computed
@@ -65,9 +65,9 @@ Public API:
     .scoring(assembly, config=ScoreConfig()) -> (StaleScores, flops)
     .policy_context(assembly, budget, seed=None) -> PolicyContext
     .plan(assembly, ctx, policy, key=None) -> RefreshPlan   predicted LM FLOPs of the policy
-        and of the fallback (`conduit_core.cost_model`); a forward-pass policy's k rows are
+        and of the fallback (`conduit_core.cost.cost_model`); a forward-pass policy's k rows are
         placed where its choices under the same `key` (policy, options, budget) fell before
-        (`.choices`, a `conduit_core.choice_history.ChoiceHistory`; answers record theirs)
+        (`.choices`, a `conduit_core.cost.choice_history.ChoiceHistory`; answers record theirs)
   (the Assembly it works on: `conduit_core.assembly`)
 """
 
@@ -83,26 +83,26 @@ from PIL import Image
 from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
 from conduit_core.assembly import Assembly
-from conduit_core.choice_history import ChoiceHistory, even_rows
-from conduit_core.cost_model import RefreshPlan, RowCosts, plan_refresh
+from conduit_core.cost.choice_history import ChoiceHistory, even_rows
+from conduit_core.cost.cost_model import RefreshPlan, RowCosts, plan_refresh
+from conduit_core.cost.flops import FlopsModel
 from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
-from conduit_core.flops import FlopsModel
-from conduit_core.kv_cache import KVCache
-from conduit_core.kv_pool import DecodePool
-from conduit_core.label_cache import LabelCache, fetch, label_cost, load_labels
-from conduit_core.layer_forward import logits_of
-from conduit_core.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
-from conduit_core.loader import LoadedVLM
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.kv_pool import DecodePool
+from conduit_core.kv.page_loads import load_pages, load_per_page
+from conduit_core.kv.page_prefill import prefill_pages
+from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
-from conduit_core.page_loads import load_pages, load_per_page
-from conduit_core.page_prefill import prefill_pages
+from conduit_core.passes.layer_forward import logits_of
+from conduit_core.passes.refresh_pass import refresh_pass
+from conduit_core.passes.stale_pass import StaleScores, stale_pass
 from conduit_core.policies import resolve_policy
-from conduit_core.policy_context import PolicyContext, RefreshPolicy, Resume
-from conduit_core.prompt_head import HeadCache
-from conduit_core.refresh_pass import refresh_pass
-from conduit_core.scoring import ScoreConfig
-from conduit_core.stale_pass import StaleScores, stale_pass
+from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.prompt.label_cache import LabelCache, fetch, label_cost, load_labels
+from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
+from conduit_core.prompt.prompt_head import HeadCache
 
 PAGE_LOADS = ("batched", "per_page")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
@@ -202,7 +202,7 @@ class ReuseRuntime:
 
     def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
         """Fill the stale label rows of `assembly` from the label cache, computing the labels
-        it lacks (`conduit_core.label_cache.load_labels`); labels in rows `skip` (their pages
+        it lacks (`conduit_core.prompt.label_cache.load_labels`); labels in rows `skip` (their pages
         are refreshed whole) are left to the refresh."""
         if self.labels is not None:
             load_labels(self.labels, self.adapter, self.costs, assembly, skip)
@@ -233,13 +233,13 @@ class ReuseRuntime:
     def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
                 resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`prefill`, also returning the rows it actually computed (R_c,); which rows it
-        reuses and where each starts: `conduit_core.refresh_pass.refresh_pass`."""
+        reuses and where each starts: `conduit_core.passes.refresh_pass.refresh_pass`."""
         return refresh_pass(self.adapter, assembly, visual_rows, resume)
 
     def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
                       resume: Resume | None = None) -> float:
         """Language-model FLOPs of a `refresh` that computed rows `computed`, charged as
-        its attention computes them (see `conduit_core.flops`)."""
+        its attention computes them (see `conduit_core.cost.flops`)."""
         if assembly.text_from_one:
             return self.costs.after_scoring(assembly.layout, computed, assembly.last_only)
         return self.costs.refresh(assembly.layout, computed, assembly.last_only,
@@ -279,7 +279,7 @@ class ReuseRuntime:
     def plan(self, assembly: Assembly, ctx: PolicyContext, policy: RefreshPolicy,
              key: Hashable | None = None) -> RefreshPlan:
         """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
-        cached embeddings (`conduit_core.cost_model.plan_refresh`); with `key`, a
+        cached embeddings (`conduit_core.cost.cost_model.plan_refresh`); with `key`, a
         forward-pass policy's rows are placed from `self.choices` under it. A policy with no
         cost profile runs here to learn its rows; labels its scoring pass computed are in the
         plan."""

@@ -13,7 +13,7 @@ from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
 from conduit_core.policies import POLICIES, resolve_policy
-from conduit_core.scoring import ScoreConfig
+from conduit_core.policies.scoring import ScoreConfig
 from storage.keys import PageHash
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit_core.cost_model import PolicyCost
-from conduit_core.flops import LMShape, rows_flops
-from conduit_core.layer_forward import computed_key_counts, forward_rows
-from conduit_core.policy_context import PolicyContext, Resume
-from conduit_core.selection import budget_tokens, topk_positions
+from conduit_core.cost.cost_model import PolicyCost
+from conduit_core.cost.flops import LMShape, rows_flops
+from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
+from conduit_core.policies.policy_context import PolicyContext, Resume
+from conduit_core.policies.selection import budget_tokens, topk_positions
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class CacheBlendPolicy:
             raise ValueError(f"ratio must be in [0, 1] or None, got {self.ratio}")
 
     def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
-        """The work `__call__` will do (for `conduit_core.cost_model`)."""
+        """The work `__call__` will do (for `conduit_core.cost.cost_model`)."""
         n_v = int(ctx.visual_rows.numel())
         k = ctx.k if self.ratio is None else budget_tokens(self.ratio, n_v)
         return PolicyCost(check_layers=min(self.check_layer, len(ctx.adapter.layers) - 1) + 1,

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit_core.policy_context import PolicyContext
-from conduit_core.selection import first_per_page, quota_split
+from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.selection import first_per_page, quota_split
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conduit_core.policy_context import PolicyContext
+from conduit_core.policies.policy_context import PolicyContext
 
 
 def select(ctx: PolicyContext) -> torch.Tensor:

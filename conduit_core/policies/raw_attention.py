@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conduit_core.cost_model import PolicyCost
-from conduit_core.policy_context import PolicyContext
-from conduit_core.scoring import ScoreConfig
-from conduit_core.selection import pool_within_pages, topk_positions
+from conduit_core.cost.cost_model import PolicyCost
+from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.policies.selection import pool_within_pages, topk_positions
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class RawAttentionPolicy:
             raise ValueError(f"pool must be 'max' or 'avg', got {self.pool!r}")
 
     def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
-        """The work `__call__` will do (for `conduit_core.cost_model`)."""
+        """The work `__call__` will do (for `conduit_core.cost.cost_model`)."""
         scores = 0 < ctx.k < ctx.visual_rows.numel()
         return PolicyCost(scoring=self.score if scores else None, k=ctx.k)
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conduit_core.policy_context import PolicyContext
-from conduit_core.scoring import ScoreConfig
-from conduit_core.selection import topk_positions
+from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.policies.selection import topk_positions
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,6 @@ from tqdm import tqdm
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
 from conduit_core.policies import resolve_policy
-from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from lab.answers.config import (
     AnswerEvalConfig,
     check_config,
@@ -83,6 +82,7 @@ from lab.answers.results import (
     Records,
     build_rows,
 )
+from lab.refresh_probe import probe_full_prefill, probe_refresh
 from storage.keys import PageHash
 from storage.metadata import Page
 from worker.answer_job import Question, reading_order, retrieve

@@ -40,12 +40,12 @@ from typing import Any
 import torch
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES
-from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.runtime import ReuseRuntime
 from lab.fidelity.data import FidelityCase, make_cases
 from lab.fidelity.report import write_plot, write_table
+from lab.refresh_probe import probe_full_prefill, probe_refresh
 
 DEFAULT_BUDGETS = (0.05, 0.1, 0.2)
 

@@ -57,10 +57,10 @@ from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
-from conduit_core.layout import page_context
-from conduit_core.loader import LoadedVLM
+from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.policies import get_policy
+from conduit_core.prompt.layout import page_context
 from conduit_core.runtime import ReuseRuntime
 
 # Relative error bounds (max |diff| / max |reference|). float32: two float32 paths that sum

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from lab import results
 from lab.gpu import check_parts as parts

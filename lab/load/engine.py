@@ -32,7 +32,7 @@ import torch
 from prometheus_client import REGISTRY
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.default_model import a4_page
 from worker.engine import AnswerEngine

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.adapters.base import VLMAdapter
-from conduit_core.layout import build_layout
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.prompt.layout import build_layout
 from lab.testbed.glyphs import ALPHABET, draw_grid
 from lab.testbed.task import FAMILIES, PAGE, Document, Question, Record, Shape, make_document
 from worker.prompt import ANSWER_PREFIX

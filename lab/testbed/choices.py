@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from conduit_core.answer_types import PageInput
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import Sample, page_image
 from lab.testbed.probe import (
     PAGE_MODES,

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
 from worker.prompt import ANSWER_PREFIX, page_label

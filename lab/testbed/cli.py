@@ -133,7 +133,7 @@ def _train(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import torch
 
-    from conduit_core.testbed_model import WEIGHTS
+    from conduit_core.model.testbed_model import WEIGHTS
     from lab.testbed.train import export_folder, export_weights
 
     if not args.source.is_file():
@@ -165,7 +165,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from conduit_core.testbed_model import WEIGHTS
+    from conduit_core.model.testbed_model import WEIGHTS
     from lab import command_line
     from lab.testbed.probe import load_checkpoint_vlm, probe
 

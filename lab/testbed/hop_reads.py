@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-from conduit_core.loader import LoadedVLM
+from conduit_core.model.loader import LoadedVLM
 from conduit_core.policies import get_policy
 from conduit_core.runtime import ReuseRuntime
 from lab.testbed.oracle import near_glyph_rows, split_cases

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.batches import GlyphPatches, Layouts, Sample, batch_hidden, make_batch, shown_pages
 from lab.testbed.pairs import SHOWN, load_model
 from lab.testbed.task import PAGE, make_document

@@ -62,11 +62,11 @@ from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
-from conduit_core.loader import LoadedVLM
+from conduit_core.model.loader import LoadedVLM
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.policies import POLICIES, get_policy, register_policy
-from conduit_core.policy_context import PolicyContext, RefreshPolicy
+from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import Sample, page_image
 from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, page_cell_rows, probe_samples
 from worker.prompt import ANSWER_PREFIX, page_label

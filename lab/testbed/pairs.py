@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.batches import GlyphPatches, Layouts, batch_hidden, draw_sample, make_batch
 from lab.testbed.probe import load_checkpoint_vlm
 from lab.testbed.task import PAGE

@@ -58,8 +58,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
-from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from conduit_core.model.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, build_testbed
 from lab.testbed.batches import (
     Batch,
     GlyphPatches,

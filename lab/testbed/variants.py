@@ -54,14 +54,14 @@ from pathlib import Path
 
 import torch
 
-from conduit_core.flops import LMShape, rows_flops
-from conduit_core.kv_cache import KVCache
-from conduit_core.layer_forward import computed_key_counts, forward_rows
+from conduit_core.cost.flops import LMShape, rows_flops
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
 from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
-from conduit_core.policy_context import PolicyContext, RefreshPolicy
-from conduit_core.scoring import ScoreConfig
-from conduit_core.selection import topk_positions
+from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.policies.selection import topk_positions
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
@@ -245,7 +245,7 @@ def main() -> None:
                     help="comma-separated candidates to probe (default: every one; '' none)")
     ap.add_argument("--no-label-cache", dest="label_cache", action="store_false",
                     help="page labels as text rows (before 2026-12-02), not stale from the "
-                    "label cache (conduit_core.label_cache)")
+                    "label cache (conduit_core.prompt.label_cache)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--records", type=Path, default=None,
                     help="also write every answer's score here, for `testbed paired`")

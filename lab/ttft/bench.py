@@ -15,7 +15,7 @@ tokens. Methods, each timed to the first generated token:
                                method takes the head from the cache)
   conduit_labels_off           conduit with the page labels as text rows, computed in both
                                passes (no label cache; every other reuse method takes them
-                               stale from it, `conduit_core.label_cache`, warmed in the
+                               stale from it, `conduit_core.prompt.label_cache`, warmed in the
                                warm-up round; the refresh recomputes every cached
                                label, `label_refresh="always"`, the service's default)
   conduit_labels_page          conduit with a cached label recomputed only with its whole
@@ -69,11 +69,11 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.layout import LabelRefresh
-from conduit_core.loader import DTYPES
+from conduit_core.model.loader import DTYPES
 from conduit_core.page_kv import PageKV
-from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
+from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
+from lab.refresh_probe import probe_full_prefill, probe_refresh
 from lab.ttft.model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
 from lab.ttft.report import write_outputs
 from lab.ttft.tiers import TIER_NOTES, BenchTiers, sync

@@ -29,7 +29,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
 from worker.prompt import ANSWER_PREFIX, page_label
 

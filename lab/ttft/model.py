@@ -41,12 +41,12 @@ from transformers import (
     Qwen2VLImageProcessorPil,
 )
 
-from conduit_core.adapters.qwen2_5_vl import Qwen2_5_VLAdapter
-from conduit_core.builtin_models import QWEN_SPECIAL_TOKENS, chatml_template
-from conduit_core.loader import LoadedVLM
+from conduit_core.model.adapters.qwen2_5_vl import Qwen2_5_VLAdapter
+from conduit_core.model.builtin_models import QWEN_SPECIAL_TOKENS, chatml_template
+from conduit_core.model.loader import LoadedVLM
+from conduit_core.model.processors import ImageOnlyQwen2_5_VLProcessor
+from conduit_core.model.tiny_tokenizer import build_tokenizer
 from conduit_core.page_kv import ModelFingerprint
-from conduit_core.processors import ImageOnlyQwen2_5_VLProcessor
-from conduit_core.tiny_tokenizer import build_tokenizer
 from lab.fidelity.data import render_page
 
 CELL = 28  # pixels per merged visual token side (patch 14 x merge 2)

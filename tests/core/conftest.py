@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conduit_core.loader import LoadedVLM, load_vlm
+from conduit_core.model.loader import LoadedVLM, load_vlm
 from conduit_core.runtime import ReuseRuntime
 from tests.device import TEST_DEVICE, TEST_DTYPE
 

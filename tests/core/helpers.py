@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from conduit_core.assembly import Assembly
-from conduit_core.loader import LoadedVLM
+from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.runtime import ReuseRuntime
 

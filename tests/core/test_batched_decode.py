@@ -12,7 +12,7 @@ import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_state import AnswerState
-from conduit_core.layer_forward import forward_rows, logits_of
+from conduit_core.passes.layer_forward import forward_rows, logits_of
 from conduit_core.policies import POLICIES
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES

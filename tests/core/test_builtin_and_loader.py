@@ -15,7 +15,7 @@ from tests.core.conftest import FAMILIES, load_builtin
 
 
 def test_builtin_names() -> None:
-    from conduit_core.builtin_models import BUILDERS
+    from conduit_core.model.builtin_models import BUILDERS
 
     randoms = [*FAMILIES, "builtin:small-qwen2-vl"]  # the service's default is random too
     assert sorted(builtin_names()) == sorted([*randoms, "builtin:testbed-qwen2-vl"])
@@ -92,7 +92,7 @@ def test_a_builtin_another_process_finished_first_is_kept(
     """Two processes materialise the same builtin at once (two Celery workers on one home):
     the one that finishes second keeps the first one's folder, which that process may be
     loading from, instead of replacing it."""
-    from conduit_core import builtin
+    from conduit_core.model import builtin
 
     real_build = builtin._build
     won: list[int] = []

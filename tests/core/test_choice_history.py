@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conduit_core.choice_history import ChoiceHistory, even_rows, quantile_rows
+from conduit_core.cost.choice_history import ChoiceHistory, even_rows, quantile_rows
 
 VISUAL = torch.cat([torch.arange(10, 110), torch.arange(120, 220), torch.arange(230, 330)])
 

@@ -13,7 +13,7 @@ import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_state import AnswerState
-from conduit_core.kv_pool import POSITION_STEP
+from conduit_core.kv.kv_pool import POSITION_STEP
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.device import LOW_PRECISION, atol, same_answer

@@ -11,8 +11,8 @@ import torch
 from transformers import InternVLConfig, InternVLForConditionalGeneration
 
 from conduit_core import ReuseRuntime, load_vlm
-from conduit_core.builtin_models import tiny_internvl
 from conduit_core.errors import UnsupportedModelError
+from conduit_core.model.builtin_models import tiny_internvl
 from tests.core.helpers import IMAGES, reference_logits
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conduit_core import loader
-from conduit_core.adapters.base import SUPPORTED_ATTENTION
 from conduit_core.errors import UnsupportedModelError
-from conduit_core.layer_forward import forward_rows
-from conduit_core.loader import load_vlm
+from conduit_core.model import loader
+from conduit_core.model.adapters.base import SUPPORTED_ATTENTION
+from conduit_core.model.loader import load_vlm
+from conduit_core.passes.layer_forward import forward_rows
 from conduit_core.runtime import ReuseRuntime
 from tests.core.conftest import load_builtin
 from tests.device import TEST_DEVICE

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conduit_core import PageInput, ReuseRuntime, layer_forward
+from conduit_core import PageInput, ReuseRuntime
+from conduit_core.passes import layer_forward
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, full_logits, page_from_assembly, reference_logits
 from tests.device import atol

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
-from conduit_core.kv_cache import KVCache
-from conduit_core.page_loads import load_pages
-from conduit_core.rotation import rerotate, rerotate_into, shift_tables
-from conduit_core.staging import stage
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.page_loads import load_pages
+from conduit_core.kv.staging import stage
+from conduit_core.prompt.rotation import rerotate, rerotate_into, shift_tables
 from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES
 from tests.device import TEST_DEVICE

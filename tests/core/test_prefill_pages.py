@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conduit_core import ReuseRuntime
-from conduit_core.layout import page_context
+from conduit_core.prompt.layout import page_context
 from tests.core.helpers import IMAGES, reference_hidden_states
 from tests.device import atol
 

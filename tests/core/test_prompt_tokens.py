@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conduit_core.adapters.base import TOKENIZED_PIECE_CHARS
+from conduit_core.model.adapters.base import TOKENIZED_PIECE_CHARS
 from tests.core.conftest import load_builtin
 
 

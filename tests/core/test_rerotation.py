@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
-from conduit_core.adapters.base import check_rope
 from conduit_core.errors import UnsupportedModelError
-from conduit_core.layout import page_context
-from conduit_core.rotation import rerotate, segment_delta
+from conduit_core.model.adapters.base import check_rope
+from conduit_core.prompt.layout import page_context
+from conduit_core.prompt.rotation import rerotate, segment_delta
 from tests.core.conftest import MROPE, load_builtin
 from tests.core.helpers import (
     IMAGES,

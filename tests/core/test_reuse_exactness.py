@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
-from conduit_core.diagnostics import kv_error, reuse_kv_error
 from conduit_core.policies import get_policy
+from lab.diagnostics import kv_error, reuse_kv_error
 from tests.core.helpers import IMAGES, full_logits
 from tests.device import atol, same_answer
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conduit_core import AnswerRequest, PageInput, ReuseRuntime, layer_forward
-from conduit_core.refresh_probe import probe_refresh
-from conduit_core.row_attention import (
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime
+from conduit_core.passes import layer_forward
+from conduit_core.passes.row_attention import (
     ROW_CHUNK,
     ROW_SPAN,
     block_bounds,
@@ -17,6 +17,7 @@ from conduit_core.row_attention import (
     causal_row_mask,
     row_blocks,
 )
+from lab.refresh_probe import probe_refresh
 from tests.core.helpers import IMAGES
 from tests.device import tol
 

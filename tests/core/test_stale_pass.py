@@ -14,9 +14,9 @@ import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.assembly import Assembly
-from conduit_core.layer_forward import forward_rows
-from conduit_core.scoring import ScoreConfig, token_scores
-from conduit_core.stale_pass import StaleScores, fused_layers, stale_pass
+from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.stale_pass import StaleScores, fused_layers, stale_pass
+from conduit_core.policies.scoring import ScoreConfig, token_scores
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.device import atol, tol
@@ -30,7 +30,7 @@ def _scoring(rt: ReuseRuntime, asm: Assembly, config: ScoreConfig,
     layout = asm.layout
     if chunk is not None and monkeypatch is not None:
         heads = rt.adapter.text_config.num_attention_heads
-        monkeypatch.setattr("conduit_core.stale_pass.SCORE_CHUNK_ELEMENTS",
+        monkeypatch.setattr("conduit_core.passes.stale_pass.SCORE_CHUNK_ELEMENTS",
                             chunk * heads * layout.n)
     return stale_pass(rt.adapter, asm.cache, asm.embeds, layout.position_ids,
                       layout.text_rows(), layout.question_rows(), layout.n, config,
@@ -125,7 +125,7 @@ def test_the_scoring_probabilities_give_the_layers_attention(
     for chunk in (None, 2):
         if chunk is not None:
             heads = rt.adapter.text_config.num_attention_heads
-            monkeypatch.setattr("conduit_core.stale_pass.SCORE_CHUNK_ELEMENTS",
+            monkeypatch.setattr("conduit_core.passes.stale_pass.SCORE_CHUNK_ELEMENTS",
                                 chunk * heads * 4096)
         asm = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
         ref = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)

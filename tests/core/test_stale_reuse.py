@@ -8,7 +8,7 @@ import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.assembly import Assembly
-from conduit_core.diagnostics import kv_error
+from lab.diagnostics import kv_error
 from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES
 from tests.device import atol, tol

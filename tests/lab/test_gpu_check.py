@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from conduit_core import page_loads
-from conduit_core.loader import load_vlm
-from conduit_core.row_attention import RowBlock
+from conduit_core.kv import page_loads
+from conduit_core.model.loader import load_vlm
+from conduit_core.passes.row_attention import RowBlock
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu import check_parts as parts
 from lab.gpu.gpu_check import PREFIX, QUESTION, _page, main
@@ -82,7 +82,7 @@ def test_a_wrong_rerotation_fails_the_check(rt: ReuseRuntime,
 def test_a_refresh_that_sees_later_keys_fails_the_check(
         rt: ReuseRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row blocks without their causal masks (rows read keys after their own)."""
-    from conduit_core import layer_forward
+    from conduit_core.passes import layer_forward
 
     real = layer_forward.row_blocks
 

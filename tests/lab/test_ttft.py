@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conduit_core import layer_forward
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.passes import layer_forward
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu.ttft import main as gpu_main
 from lab.ttft.ab import run_ab

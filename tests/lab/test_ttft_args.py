@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conduit_core.loader import DTYPES
+from conduit_core.model.loader import DTYPES
 from lab.ttft.args import DTYPE_NAMES, SHAPE_NAMES
 from lab.ttft.model import SHAPES
 

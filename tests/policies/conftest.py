@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from conduit_core.answer_types import PageInput
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
 from conduit_core.page_kv import PageKV
 from conduit_core.runtime import ReuseRuntime
 from tests.device import TEST_DEVICE, TEST_DTYPE

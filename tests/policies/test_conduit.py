@@ -10,11 +10,11 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.assembly import Assembly
+from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies import get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
-from conduit_core.policy_context import PolicyContext
-from conduit_core.scoring import ScoreConfig, token_scores
-from conduit_core.stale_pass import StaleScores
+from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.scoring import ScoreConfig, token_scores
 
 from .conftest import CachedPages
 

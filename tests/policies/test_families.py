@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.builtin import builtin_names
-from conduit_core.flops import LMShape, full_prefill_flops, trimmed_rows_flops
-from conduit_core.loader import load_vlm
+from conduit_core.cost.flops import LMShape, full_prefill_flops, trimmed_rows_flops
+from conduit_core.model.builtin import builtin_names
+from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES
-from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
 from conduit_core.runtime import ReuseRuntime
+from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.device import TEST_DEVICE, TEST_DTYPE, tol
 
 from .conftest import PAGE_SIZES, text_page

@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conduit_core.builtin import builtin_names
-from conduit_core.flops import (
+from conduit_core.cost.flops import (
     LMShape,
     TiledVisionShape,
     VisionShape,
@@ -22,7 +21,8 @@ from conduit_core.flops import (
     vision_shape,
     vision_tower_flops,
 )
-from conduit_core.loader import load_vlm
+from conduit_core.model.builtin import builtin_names
+from conduit_core.model.loader import load_vlm
 
 from .conftest import text_page
 

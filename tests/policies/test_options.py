@@ -11,10 +11,10 @@ import pytest
 from conduit_core import ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, PolicyOptions
 from conduit_core.errors import InvalidRequestError
-from conduit_core.layout import LABEL_REFRESH
 from conduit_core.policies import get_policy, resolve_policy
 from conduit_core.policies.conduit import ConduitPolicy
-from conduit_core.refresh_probe import probe_refresh
+from conduit_core.prompt.layout import LABEL_REFRESH
+from lab.refresh_probe import probe_refresh
 from tests.policies.conftest import CachedPages
 from worker.policy_options import effective_options
 from worker.settings import Settings

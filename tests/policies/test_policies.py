@@ -7,19 +7,19 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.flops import (
+from conduit_core.cost.flops import (
     LMShape,
     full_prefill_flops,
     rows_flops,
     trimmed_rows_flops,
     vision_flops,
 )
+from conduit_core.passes.row_attention import block_shape
 from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
-from conduit_core.refresh_probe import probe_full_prefill, probe_refresh
-from conduit_core.row_attention import block_shape
+from conduit_core.policies.selection import budget_tokens
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.selection import budget_tokens
+from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.device import TEST_DEVICE, same_answer, tol
 
 from .conftest import CachedPages

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conduit_core.scoring import ScoreConfig, token_scores
-from conduit_core.selection import (
+from conduit_core.policies.scoring import ScoreConfig, token_scores
+from conduit_core.policies.selection import (
     budget_tokens,
     first_per_page,
     mass_k,

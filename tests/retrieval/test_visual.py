@@ -47,7 +47,7 @@ def test_unsupported_checkpoint_is_refused(tmp_path: Path) -> None:
 def tiny_colqwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, ColQwen2Processor
 
-    from conduit_core.builtin_models import tiny_qwen2_vl
+    from conduit_core.model.builtin_models import tiny_qwen2_vl
 
     vlm, processor = tiny_qwen2_vl()
     torch.manual_seed(0)

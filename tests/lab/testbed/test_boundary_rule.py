@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 
 from conduit_core.answer_types import PageInput
-from conduit_core.kv_cache import KVCache
-from conduit_core.layer_forward import forward_rows
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.testbed_model import WEIGHTS
+from conduit_core.passes.layer_forward import forward_rows
 from conduit_core.policies import get_policy
-from conduit_core.policy_context import PolicyContext
+from conduit_core.policies.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.probe import load_checkpoint_vlm, probe_samples
 from lab.testbed.variants import BoundaryRule, SecondHop, WithoutDelimiters, at_k, read_mass

@@ -6,9 +6,9 @@ policy recovers (docs/TESTBED.md)."""
 import pymupdf
 
 from conduit_core import AnswerRequest, PageInput
-from conduit_core.loader import load_vlm
+from conduit_core.model.loader import load_vlm
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.generate import RENDER_DPI, generate
 from worker.ingest.render import render_page
 from worker.prompt import ANSWER_PREFIX, page_label

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.hop_reads import CHOICES, near_cells_held
 from lab.testbed.probe import load_checkpoint_vlm
 

@@ -3,7 +3,7 @@ its own glyph after layer 0, the glyph target), counts every question once per c
 reads what NOTES reports: the letter column answered right on most questions, and the key
 cell's last layer resolving the digit under "#1" on most."""
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.legends import legend_counts
 from lab.testbed.pairs import load_model
 

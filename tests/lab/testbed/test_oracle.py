@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from conduit_core.answer_types import PageInput
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.policies import POLICIES
 from conduit_core.runtime import ReuseRuntime
-from conduit_core.testbed_model import WEIGHTS
 from lab.testbed.batches import page_image
 from lab.testbed.oracle import (
     ARMS,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.cli import main
 from lab.testbed.intervals import family_of, read_scores
 from lab.testbed.paired import POOLED, paired_table

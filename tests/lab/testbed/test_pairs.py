@@ -3,7 +3,7 @@ learned the pair family): both value positions are read right on most questions,
 question is counted once per position. Seed 0's stage-3 weights, which did not learn it, read
 7 and 7 of these 16 right: the test fails on them."""
 
-from conduit_core.testbed_model import WEIGHTS
+from conduit_core.model.testbed_model import WEIGHTS
 from lab.testbed.pairs import load_model, pair_positions
 
 

@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
-from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from conduit_core.model.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, build_testbed
 from lab.testbed.batches import GlyphPatches, Layouts, batch_hidden, draw_sample, make_batch
 from lab.testbed.tap import Tap
 from lab.testbed.task import Shape

@@ -10,9 +10,9 @@ import pymupdf
 import pytest
 import torch
 
-from conduit_core.adapters.qwen2_vl import Qwen2VLAdapter
-from conduit_core.layout import build_layout
-from conduit_core.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from conduit_core.model.adapters.qwen2_vl import Qwen2VLAdapter
+from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, build_testbed
+from conduit_core.prompt.layout import build_layout
 from lab.testbed.batches import (
     GlyphPatches,
     Layouts,

@@ -9,7 +9,7 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from conduit_core.testbed_model import build_testbed
+from conduit_core.model.testbed_model import build_testbed
 from lab.testbed.probe import load_checkpoint_vlm
 from lab.testbed.task import FAMILIES, Shape
 from lab.testbed.train import TrainConfig, export_weights, model_tensors, save_weights, train
@@ -105,9 +105,9 @@ def test_an_exported_folder_serves_as_the_builtin_does(tmp_path):
     same weights (here the committed ones)."""
     from PIL import Image, ImageDraw
 
-    from conduit_core.loader import load_vlm
+    from conduit_core.model.loader import load_vlm
+    from conduit_core.model.testbed_model import WEIGHTS
     from conduit_core.runtime import ReuseRuntime
-    from conduit_core.testbed_model import WEIGHTS
     from lab.testbed.train import export_folder
 
     export_folder(WEIGHTS, tmp_path / "folder")

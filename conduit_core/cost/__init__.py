@@ -1,0 +1,1 @@
+"""FLOPs: what an answer is predicted to cost and what it is charged."""

@@ -1,0 +1,126 @@
+"""Decode slots: the caches of the answers being generated, side by side in one pair of
+tensors, so that a batched decode step attends for all of them in one call a layer.
+
+An answer's prefill fills its own `KVCache` (batch one, its own capacity). At its first decode
+step, when a slot is free and the pool can hold it, its first `n_keys` positions are copied
+into a slot once (`admit`: one copy an answer, never one a step) and its `DecodeState.cache`
+becomes that slot, a view (L, 1, kv_heads, capacity, hd) of the pool; its own cache is then
+free. The occupied slots are always 0..size-1: an answer that ends (`release`) hands its slot
+to the pool's last answer (one copy of that answer's cache), so a step's pooled rows read the
+view `keys[layer, :size, :, :n]` with a mask, never a gathered copy.
+
+The pool grows (slots doubling up to `max_slots`, positions a slot holds rounded up to
+`POSITION_STEP`) while `slots * capacity <= max_positions`; an answer it cannot hold decodes
+from its own cache on the per-sequence path of `batch_forward.forward_step`. Positions past an
+answer's keys are zero in its slot (masked, but never NaN from uninitialised memory), and the
+tensors are dropped when the last answer leaves, so an idle pool holds no memory.
+
+Public API:
+  POSITION_STEP = 64
+  DecodePool(adapter, max_slots=16, max_positions=65536)
+    .size                      occupied slots (0..size-1)
+    .keys, .values             (L, slots, kv_heads, capacity, hd), or None while empty
+    .admit(state) -> bool      move a decoding answer's cache into a slot (False: no room)
+    .release(state)            free the slot of an answer that ended (no-op if it has none)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.adapters.base import VLMAdapter
+
+if TYPE_CHECKING:
+    from conduit_core.decode import DecodeState
+
+POSITION_STEP = 64  # a slot's capacity grows in multiples of this
+
+
+class DecodePool:
+    """Slots 0..size-1 of one (L, slots, kv_heads, capacity, hd) pair, one decoding answer
+    each (see the module docstring)."""
+
+    def __init__(self, adapter: VLMAdapter, max_slots: int = 16, max_positions: int = 65536):
+        if max_slots < 1 or max_positions < 1:
+            raise ValueError("need max_slots >= 1 and max_positions >= 1")
+        self.adapter = adapter
+        self.max_slots = max_slots
+        self.max_positions = max_positions
+        self.keys: torch.Tensor | None = None  # (L, slots, kv_heads, capacity, hd)
+        self.values: torch.Tensor | None = None
+        self.owners: list[DecodeState] = []  # owners[i] holds slot i
+
+    @property
+    def size(self) -> int:
+        """Occupied slots."""
+        return len(self.owners)
+
+    def _shape(self) -> tuple[int, int]:
+        """(slots, capacity) allocated now; (0, 0) while empty."""
+        return (0, 0) if self.keys is None else (int(self.keys.shape[1]),
+                                                 int(self.keys.shape[3]))
+
+    def admit(self, state: DecodeState) -> bool:
+        """Move `state`'s cache into the next slot (growing the pool if it may); False when
+        the pool is full or would exceed `max_positions` (the state keeps its own cache)."""
+        need = state.kv_tokens
+        slots, capacity = self._shape()
+        if self.size == self.max_slots:
+            return False
+        want_slots = slots if self.size < slots else min(self.max_slots, max(1, 2 * slots))
+        want_capacity = max(capacity, -(-need // POSITION_STEP) * POSITION_STEP)
+        if (want_slots, want_capacity) != (slots, capacity):
+            if want_slots * want_capacity > self.max_positions:
+                return False
+            self._grow(want_slots, want_capacity)
+        slot = self.size
+        self.owners.append(state)
+        self._place(slot, state.cache, state.n_keys + state.picked - 1)
+        state.slot = slot
+        state.cache = self._view(slot)
+        return True
+
+    def release(self, state: DecodeState) -> None:
+        """Free `state`'s slot; the last slot's answer moves into it."""
+        slot = state.slot
+        if slot is None:
+            return
+        state.slot = None
+        last = self.owners.pop()
+        if last is not state:
+            self.owners[slot] = last
+            self._place(slot, last.cache, last.kv_tokens)
+            last.slot = slot
+            last.cache = self._view(slot)
+        if not self.owners:
+            self.keys = self.values = None
+
+    def _view(self, slot: int) -> KVCache:
+        assert self.keys is not None and self.values is not None
+        return KVCache(keys=self.keys[:, slot:slot + 1], values=self.values[:, slot:slot + 1])
+
+    def _place(self, slot: int, cache: KVCache, n: int) -> None:
+        """Copy positions [0, n) of `cache` into `slot` and zero the rest of the slot."""
+        assert self.keys is not None and self.values is not None
+        n = min(n, cache.capacity)
+        for pool, src in ((self.keys, cache.keys), (self.values, cache.values)):
+            pool[:, slot:slot + 1, :, :n] = src[:, :, :, :n]
+            pool[:, slot:slot + 1, :, n:] = 0
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        """Reallocate (zeroed) as (slots, capacity) and view every owner's slot anew."""
+        cfg = self.adapter.text_config
+        head_dim = self.adapter.layers[0].self_attn.head_dim
+        shape = (len(self.adapter.layers), slots, cfg.num_key_value_heads, capacity, head_dim)
+        keys = torch.zeros(shape, dtype=self.adapter.dtype, device=self.adapter.device)
+        values = torch.zeros_like(keys)
+        if self.keys is not None and self.values is not None:
+            old_slots, old_capacity = self._shape()
+            keys[:, :old_slots, :, :old_capacity] = self.keys
+            values[:, :old_slots, :, :old_capacity] = self.values
+        self.keys, self.values = keys, values
+        for i, owner in enumerate(self.owners):
+            owner.cache = self._view(i)

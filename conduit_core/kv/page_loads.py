@@ -1,0 +1,134 @@
+"""Filling an assembled cache from cached pages: the batched load and the per-page one.
+
+`load_pages` (the runtime's default), on an accelerator: every page tensor a question needs
+is laid out in one host buffer, pinned where CUDA is available (all pages' keys and values at
+their places in the span of the prompt from the first page to the last, the embeddings and
+int8 scales after them; `conduit_core.kv.staging.HostStage`), and the buffer crosses to the
+device in one non-blocking copy; int8 pages cross as int8 plus scales and are dequantised
+there. Then the keys of all pages turn into the cache in a few operations, each row by its
+own page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label rows
+between pages are written too, with whatever the buffer held there: like every text row,
+they are computed before anything reads them), the values go in with one copy and the
+embeddings with one indexed copy.
+On the CPU the pages already are where the cache is: each page turns straight from its own
+tensors into its rows, all layers at once in steps that fit the core's cache; the staged
+path (`stage_on_cpu=True`) gives the same values, and is what the tests run on a CPU.
+`load_per_page` is the path before it (a blocking copy per page and tensor, one rotation per
+page and layer), kept for A/B measurements (`ReuseRuntime(page_loads="per_page")`). All
+leave exactly the same values in the page rows (tests/core/test_page_loads.py).
+
+Public API:
+  load_pages(adapter, layout, kvs, cache, embeds, stage_on_cpu=False) -> None
+      embeds (N, hidden) filled in place
+  load_per_page(adapter, layout, kvs, cache, embeds) -> None
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.staging import HostStage
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.page_kv import PageKV, dequantize_int8
+from conduit_core.prompt.layout import Layout
+from conduit_core.prompt.rotation import (
+    rerotate,
+    rerotate_into,
+    rotate_chunk_elements,
+    segment_delta,
+    shift_cos_sin,
+    shift_tables,
+)
+
+
+def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,
+               embeds: torch.Tensor, stage_on_cpu: bool = False) -> None:
+    """Write the pages' re-rotated keys, values and embeddings (N, hidden) into their rows
+    of the batch-1 cache (module docstring)."""
+    if not kvs:
+        return
+    if not all(kv.quantized for kv in kvs):  # a mixed question: the float form throughout
+        kvs = [kv.dequantized() for kv in kvs]
+    deltas = [segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
+              for seg, kv in zip(layout.segments, kvs, strict=True)]
+    if adapter.device.type == "cpu" and not stage_on_cpu:
+        _load_in_place(adapter, layout, kvs, deltas, cache, embeds)
+    else:
+        _load_staged(adapter, layout, kvs, deltas, cache, embeds)
+
+
+def _load_in_place(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
+                   cache: KVCache, embeds: torch.Tensor) -> None:
+    """The CPU: each page's own tensors turned and copied straight into its rows."""
+    for seg, kv, delta in zip(layout.segments, kvs, deltas, strict=True):
+        rows = slice(seg.start, seg.stop)
+        keys, values = kv.keys, kv.values  # (L, kv, T, hd)
+        if kv.key_scale is not None and kv.value_scale is not None and kv.kv_dtype:
+            keys = dequantize_int8(keys, kv.key_scale, kv.kv_dtype)
+            values = dequantize_int8(values, kv.value_scale, kv.kv_dtype)
+        cos, sin = shift_cos_sin(adapter, delta, keys.device)  # (hd,) each
+        rerotate_into(keys, cos.view(1, -1), sin.view(1, -1), cache.keys[:, 0, :, rows])
+        cache.values[:, 0, :, rows] = values
+        embeds[rows] = kv.embeds  # (T, hidden)
+
+
+def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
+                 cache: KVCache, embeds: torch.Tensor) -> None:
+    """An accelerator: one host buffer, one copy, then a few operations for all pages."""
+    dev = adapter.device
+    first, last = layout.segments[0].start, layout.segments[-1].stop
+    n_layers, heads, _, hd = kvs[0].keys.shape
+    span, tokens = last - first, sum(kv.num_tokens for kv in kvs)
+    kv_dtype = kvs[0].kv_dtype  # int8 pages: the dtype they dequantise to
+    specs = [((n_layers, heads, span, hd), kvs[0].keys.dtype),
+             ((n_layers, heads, span, hd), kvs[0].values.dtype),
+             ((tokens, kvs[0].embeds.shape[-1]), kvs[0].embeds.dtype)]
+    if kv_dtype is not None:  # key scales per page and channel, value scales per row
+        specs += [((n_layers, heads, len(kvs), hd), torch.float32),
+                  ((n_layers, heads, span, 1), torch.float32)]
+    staged = HostStage(specs, dev)
+    deltas_at, lengths, at, done = [], [], first, 0
+    for i, (seg, kv, delta) in enumerate(zip(layout.segments, kvs, deltas, strict=True)):
+        rows, t = slice(seg.start - first, seg.stop - first), kv.num_tokens
+        staged.host[0][:, :, rows] = kv.keys  # (L, kv, T, hd) at its place in the span
+        staged.host[1][:, :, rows] = kv.values
+        staged.host[2][done:done + t] = kv.embeds  # (T, hidden)
+        if kv.key_scale is not None and kv.value_scale is not None:
+            staged.host[3][:, :, i:i + 1] = kv.key_scale  # (L, kv, 1, hd)
+            staged.host[4][:, :, rows] = kv.value_scale  # (L, kv, T, 1)
+        deltas_at += [0, delta]  # the label rows before the page: any values, not turned
+        lengths += [seg.start - at, t]
+        at, done = seg.stop, done + t
+    keys, values, page_embeds, *scales = staged.to_device()  # the one copy
+    cos, sin = shift_tables(adapter, deltas_at, lengths, dev)  # (span, hd) each
+    dst_k, dst_v = cache.keys[:, 0, :, first:last], cache.values[:, 0, :, first:last]
+    if kv_dtype is None:
+        rerotate_into(keys, cos, sin, dst_k)  # (L, kv, span, hd), a few operations
+        dst_v.copy_(values)
+    else:
+        page_of = torch.repeat_interleave(
+            torch.arange(len(kvs)).repeat_interleave(2),  # a gap and a page per page
+            torch.tensor(lengths)).to(dev)  # (span,) the page of each row
+        step = max(1, rotate_chunk_elements(dev) // (heads * span * hd))  # layers per step
+        for lo in range(0, n_layers, step):
+            hi = lo + step
+            k = dequantize_int8(keys[lo:hi], scales[0][lo:hi].index_select(2, page_of),
+                                kv_dtype)  # (l, kv, span, hd)
+            rerotate_into(k, cos, sin, dst_k[lo:hi])
+            dst_v[lo:hi] = dequantize_int8(values[lo:hi], scales[1][lo:hi], kv_dtype)
+    rows_all = torch.cat([torch.arange(s.start, s.stop) for s in layout.segments])  # (T,)
+    embeds.index_copy_(0, rows_all.to(dev), page_embeds.to(embeds.dtype))  # (N, hidden)
+
+
+def load_per_page(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,
+                  embeds: torch.Tensor) -> None:
+    """The per-page load: a blocking copy per page and tensor, one rotation per page and
+    layer; int8 pages dequantised on the host first."""
+    dev = adapter.device
+    for seg, kv in zip(layout.segments, [kv.dequantized() for kv in kvs], strict=True):
+        delta = segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
+        rerotate(adapter, kv.keys.to(dev), delta,
+                 out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd) in place
+        cache.values[:, 0, :, seg.start:seg.stop] = kv.values  # copied to the device
+        embeds[seg.start:seg.stop] = kv.embeds.to(embeds.device, embeds.dtype)

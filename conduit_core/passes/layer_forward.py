@@ -1,0 +1,195 @@
+"""Layer-by-layer forward of an arbitrary token subset over the runtime's KV cache.
+
+Rows are sequence indices; each row computes q/k/v at its explicit position with the decoder
+layer's own modules (norms, projections, rotary embedding, attention kernel, MLP), writes its
+k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
+the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
+both `sdpa` and `eager`. Under `sdpa` a masked subset runs blocked (`row_attention`: row
+blocks read only the keys they can see, GQA folded into rows, block masks built once, the
+block shape chosen per device by `row_attention.block_shape`); `eager` gets the model's own
+attention function with one (1, 1, R, n_keys) mask. Other attention implementations
+(flash_attention_2, flex_attention, ...) are refused (`UnsupportedModelError`): they would
+get a dense additive mask they do not honour, or a wrong one.
+
+Public API:
+  BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
+                             sdpa too (for A/B measurements and tests); blocked_rows(on)
+                             sets it within a with-block
+  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
+  LayerObserver = Callable[[int, q, keys, values], attention output or None]
+      an observer that computed the layer's attention output (B, R, heads, hd) of every row
+      returns it, and the layer uses it instead of computing its own (the scoring pass forms
+      its rows' probabilities anyway); None: the layer computes it
+  forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
+               observer=None, layers=None, outputs=None)
+      -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
+      at the last layer run, rows outside `outputs` only project and write their K/V (their
+      attention output and MLP are not needed by anything: a key or value of a later layer
+      does not exist, and no logit is read from them)
+  computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
+      keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
+      causal r + 1 on the plain causal path, the block's limit when blocked, else n_keys
+  logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.adapters.base import VLMAdapter, check_attention
+from conduit_core.passes.row_attention import (
+    block_bounds,
+    block_shape,
+    blocked_attention,
+    causal_row_mask,
+    row_blocks,
+)
+
+LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
+BLOCKED_ATTENTION = True
+
+
+@contextmanager
+def blocked_rows(on: bool) -> Iterator[None]:
+    """Within the block, `BLOCKED_ATTENTION` is `on` (A/B measurements and tests)."""
+    global BLOCKED_ATTENTION
+    saved, BLOCKED_ATTENTION = BLOCKED_ATTENTION, on
+    try:
+        yield
+    finally:
+        BLOCKED_ATTENTION = saved
+
+
+def _attention_fn(attn: Any, impl: str) -> Callable[..., tuple[torch.Tensor, object]]:
+    eager = sys.modules[type(attn).__module__].eager_attention_forward  # type: ignore[attr-defined]
+    if impl == "eager":
+        return eager  # type: ignore[no-any-return]
+    return ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)  # type: ignore[no-any-return]
+
+
+def _attn_impl(adapter: VLMAdapter) -> str:
+    impl = adapter.attn_implementation
+    check_attention(impl, adapter.family)  # also after a model.set_attn_implementation()
+    return impl
+
+
+def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
+                        plain_causal: bool = False) -> torch.Tensor:
+    """Keys each of `rows` (R,) attends to as `forward_rows` computes them: (R,) int64."""
+    rows = rows.to(torch.long).cpu()
+    impl = _attn_impl(adapter)
+    if plain_causal and impl != "eager":
+        return rows + 1
+    if impl == "sdpa" and BLOCKED_ATTENTION:
+        counts = torch.empty_like(rows)
+        chunk, span = block_shape(adapter.device)
+        for start, stop, limit in block_bounds(rows, n_keys, chunk, span):
+            counts[start:stop] = limit
+        return counts
+    return torch.full_like(rows, n_keys)
+
+
+def forward_rows(
+    adapter: VLMAdapter,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    n_keys: int,
+    plain_causal: bool = False,
+    observer: LayerObserver | None = None,
+    layers: range | None = None,
+    outputs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
+    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`.
+
+    `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
+    last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
+    `observer(layer, q, keys, values)` sees each layer's rotated queries
+    (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
+    layer's write; what it returns, if not None, is the layer's attention output
+    (B, R, heads, hd) of every row.
+    """
+    impl = _attn_impl(adapter)
+    mask: torch.Tensor | None = None
+    blocks = None
+    needs_mask = not (plain_causal and impl != "eager")
+    if needs_mask and impl == "sdpa" and BLOCKED_ATTENTION:
+        cfg = adapter.text_config
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        chunk, span = block_shape(adapter.device)
+        blocks = row_blocks(rows, n_keys, hidden.dtype, rep, chunk, adapter.device, span)
+    rows = rows.to(adapter.device)
+    if needs_mask and blocks is None:
+        mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
+    cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
+    b, r, _ = hidden.shape
+    run = layers if layers is not None else range(len(adapter.layers))
+    last = run[-1] if len(run) else -1
+    for li in run:
+        layer = adapter.layers[li]
+        attn = layer.self_attn
+        residual = hidden
+        h = layer.input_layernorm(hidden)  # (B, R, hidden)
+        q, k, v = adapter.qkv(attn, h)  # (B, heads|kv_heads, R, hd)
+        q = adapter.apply_rotary(q, cos, sin)
+        k = adapter.apply_rotary(k, cos, sin)
+        cache.write(li, rows, k, v)
+        keys, values = cache.view(li, n_keys)  # (B, kv_heads, n_keys, hd)
+        attended = observer(li, q, keys, values) if observer is not None else None
+        if li == last and outputs is not None and outputs.numel() < r:
+            return _output_rows(adapter, attn, layer, residual, q, keys, values, rows,
+                                outputs.to(adapter.device), n_keys, impl, mask, attended)
+        if attended is not None:
+            out = attended  # (B, R, heads, hd)
+        elif blocks is not None:
+            out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R, heads, hd)
+        else:
+            out, _ = _attention_fn(attn, impl)(
+                attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling,
+                is_causal=mask is None and r > 1,
+            )  # (B, R, heads, hd)
+        hidden = residual + attn.o_proj(out.reshape(b, r, -1))
+        residual = hidden
+        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden
+
+
+def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Tensor,
+                 q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                 outputs: torch.Tensor, n_keys: int, impl: str,
+                 mask: torch.Tensor | None, attended: torch.Tensor | None) -> torch.Tensor:
+    """The last layer's attention and MLP for the rows at positions `outputs` only
+    (`attended`: every row's attention output, already computed)."""
+    sub = rows[outputs]  # (R_o,) sequence indices
+    q = q[:, :, outputs]  # (B, heads, R_o, hd)
+    b, r_o = q.shape[0], int(sub.numel())
+    if attended is not None:
+        out = attended[:, outputs]  # (B, R_o, heads, hd)
+    elif impl == "sdpa" and BLOCKED_ATTENTION:
+        rep = q.shape[1] // keys.shape[1]
+        chunk, span = block_shape(adapter.device)
+        blocks = row_blocks(sub, n_keys, q.dtype, rep, chunk, adapter.device, span)
+        out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R_o, heads, hd)
+    else:
+        sub_mask = (mask[:, :, outputs] if mask is not None
+                    else causal_row_mask(sub, n_keys, q.dtype))  # (1, 1, R_o, n_keys)
+        out, _ = _attention_fn(attn, impl)(attn, q, keys, values, sub_mask, dropout=0.0,
+                                           scaling=attn.scaling, is_causal=False)
+    hidden = residual[:, outputs] + attn.o_proj(out.reshape(b, r_o, -1))  # (B, R_o, hidden)
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def logits_of(adapter: VLMAdapter, hidden: torch.Tensor) -> torch.Tensor:
+    """Vocabulary logits (B, R, vocab) in float32 of last-layer hidden states (B, R, hidden)."""
+    logits: torch.Tensor = adapter.lm_head(adapter.language_model.norm(hidden))
+    return logits.float()

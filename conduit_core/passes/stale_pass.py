@@ -1,0 +1,188 @@
+"""The scoring ("stale") pass: text rows over the assembled, not yet refreshed cache.
+
+All text tokens run through all layers against the stale, re-rotated page KV (exact causal
+mask, writing their own fresh K/V). At each scored layer the scored question rows' attention
+probabilities over all keys are formed (softmax over all N keys, per query head; query head h
+reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
+at once into two per-token sums (`conduit_core.policies.scoring.ScoreAccumulator`). Nothing of a
+layer outlives it: peak memory is one layer's statistics, not (L, H, Q, N), and the question
+rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question
+is bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
+one). Only the configured layers and question rows are scored.
+
+Where the scored rows are every text row of the pass (the default: every row after the last
+page), their probabilities also give each scored layer's attention output (times the values,
+in float32), so the layer does not compute the same QK^T a second time (`fused_layers`); at
+the last layer of an answer (`last_only`) the layer computes its one output row itself.
+
+Public API:
+  SCORE_CHUNK_ELEMENTS = 2**24   probabilities formed at once (64 MiB in float32)
+  StaleScores(weighted, attention, config, question_rows, text_rows, text_hidden=None,
+              probs=None)
+    weighted     (N,) float32, CONDUIT's s_j = mean over scored layers and question rows of
+                 agg over heads of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values)
+    attention    (N,) float32, the same without the value norm (raw attention)
+    text_hidden  (N_t, hidden) last-layer hidden states of text_rows (the runtime reuses the
+                 rows before the first refreshed visual token: they are already exact), or
+                 (1, hidden) of the last text row only with last_only (the answer path: the
+                 other rows' last-layer attention output and MLP are then never computed)
+    after_first  (N_t, hidden) text_rows' hidden states after decoder layer 0 (None for a
+                 one-layer model). Layer 0's K/V of every token are exact in the stale
+                 cache (a page token's layer-0 input is its own embedding, its key only
+                 re-rotated), so these are exact too: a refresh starts its text rows at
+                 layer 1 from them (`text_from_layer_one`)
+    probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
+  stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
+             config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
+  fused_layers(scored_layers, n_layers, n_scored, n_text, last_only) -> list[int]
+      the scored layers whose attention output the scoring's probabilities give
+  text_from_layer_one(adapter, cache, stale, embeds, position_ids, rows, n_keys)
+      -> (1, R, hidden) the refresh rows' inputs of layer 1: the visual rows run through
+      layer 0 now (reading the exact layer-0 cache), the text rows taken from `stale`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.policies.scoring import ScoreAccumulator, ScoreConfig
+
+SCORE_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass
+class StaleScores:
+    """Per-token scores from the stale pass (see the module docstring)."""
+
+    weighted: torch.Tensor  # (N,) float32
+    attention: torch.Tensor  # (N,) float32
+    config: ScoreConfig
+    question_rows: torch.Tensor  # (n_question,) sequence indices
+    text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
+    text_hidden: torch.Tensor | None = None  # (N_t | 1, hidden) last-layer hidden states
+    after_first: torch.Tensor | None = None  # (N_t, hidden) after layer 0 (exact)
+    probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
+
+
+def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int,
+                 last_only: bool) -> list[int]:
+    """The scored layers at which the scoring pass's probabilities are the layer's attention:
+    all of them when the scored rows are every text row of the pass (none otherwise), but the
+    last layer under `last_only` (only its last row's output is computed there)."""
+    if n_text == 0 or n_scored != n_text:
+        return []
+    return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
+
+
+def stale_pass(
+    adapter: VLMAdapter,
+    cache: KVCache,
+    embeds: torch.Tensor,
+    position_ids: torch.Tensor,
+    text_rows: torch.Tensor,
+    question_rows: torch.Tensor,
+    n_keys: int,
+    config: ScoreConfig | None = None,
+    keep_probs: bool = False,
+    last_only: bool = False,
+    n_prompt: int = 0,
+) -> StaleScores:
+    """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
+    the attention of `question_rows` (a subset of text_rows, the last `n_prompt` of them the
+    generation prompt) layer by layer."""
+    config = config or ScoreConfig()
+    device = adapter.device
+    text_rows = text_rows.to(device)
+    question_rows = question_rows.to(device)
+    heads = adapter.text_config.num_attention_heads
+    kv_heads = cache.keys.shape[2]
+    rep = heads // kv_heads
+    acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device,
+                           n_prompt)
+    scored_rows = question_rows[acc.rows.to(device)]  # (Q',)
+    pick = torch.searchsorted(text_rows, scored_rows)  # (Q',) places inside text_rows
+    n_q = scored_rows.numel()
+    chunk = max(1, SCORE_CHUNK_ELEMENTS // (heads * n_keys))
+    # keys before the earliest scored row are visible to every scored row: only the columns
+    # from there on need the causal mask
+    first = int(scored_rows.min()) if n_q else n_keys
+    fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only)
+    kept: list[torch.Tensor] = []
+
+    def observe(layer: int, q: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor) -> torch.Tensor | None:
+        if layer not in acc.layers or n_q == 0:
+            return None
+        scaling = adapter.layers[layer].self_attn.scaling
+        k = keys[0].float().transpose(1, 2)  # (G, hd, N): query head h reads KV head h // rep
+        norms = torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32)  # (G, N)
+        v = values[0].float() if layer in fused else None  # (G, N, hd)
+        layer_probs, mixed = [], []
+        for start in range(0, n_q, chunk):
+            rows = scored_rows[start:start + chunk]  # (c,)
+            c = rows.numel()
+            qq = q[0, :, pick[start:start + chunk]].float()  # (H, c, hd)
+            scores = torch.matmul(qq.view(kv_heads, rep * c, -1), k)  # (G, rep*c, N)
+            scores = scores.view(heads, c, n_keys)  # (H, c, N)
+            scores.mul_(scaling)
+            hidden_keys = (torch.arange(first, n_keys, device=device).view(1, -1)
+                           > rows.view(-1, 1))  # (c, N - first)
+            scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)  # (H, c, N)
+            acc.add(probs, norms)
+            if v is not None:  # the rows' attention output, GQA as in the scores
+                out = torch.matmul(probs.view(kv_heads, rep * c, n_keys), v)  # (G, rep*c, hd)
+                mixed.append(out.view(heads, c, -1))  # (H, c, hd)
+            if keep_probs:
+                layer_probs.append(probs)
+        if keep_probs:
+            kept.append(torch.cat(layer_probs, dim=1))  # (H, Q', N)
+        if v is None:
+            return None
+        return torch.cat(mixed, dim=1).transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
+
+    hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
+    pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
+    outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
+    n_layers = len(adapter.layers)
+    after_first = None
+    if n_layers > 1:  # layer 0 alone first, to keep its output (the same operations)
+        hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
+                              observer=observe, layers=range(1))  # (1, N_t, hidden)
+        after_first = hidden[0]
+    out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe,
+                       layers=range(0 if after_first is None else 1, n_layers),
+                       outputs=outputs)  # (1, N_t | 1, hidden)
+    weighted, attention = acc.result()
+    return StaleScores(weighted=weighted, attention=attention, config=config,
+                       question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
+                       after_first=after_first, probs=torch.stack(kept) if kept else None)
+
+
+def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,
+                        embeds: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor,
+                        n_keys: int) -> torch.Tensor:
+    """The inputs of decoder layer 1 of a refresh's `rows` (R,) ascending, (1, R, hidden):
+    its visual rows (those not in `stale.text_rows`) run through layer 0 now, over a layer-0
+    cache that is exact; its text rows are `stale.after_first` (their layer 0 ran over the
+    same keys in the scoring pass). The caller runs every row from layer 1 on."""
+    assert stale.after_first is not None
+    rows = rows.to(torch.long).cpu()
+    text_rows = stale.text_rows.cpu()
+    is_text = torch.isin(rows, text_rows)  # (R,)
+    visual = rows[~is_text]  # (V,)
+    out = torch.empty(1, rows.numel(), embeds.shape[-1], dtype=embeds.dtype,
+                      device=embeds.device)  # (1, R, hidden)
+    if visual.numel():
+        pos = position_ids[:, visual].unsqueeze(1)  # (P, 1, V)
+        out[:, ~is_text.to(out.device)] = forward_rows(
+            adapter, cache, embeds[visual.to(embeds.device)].unsqueeze(0), visual, pos,
+            n_keys=n_keys, layers=range(1)).to(out.dtype)  # (1, V, hidden)
+    place = torch.searchsorted(text_rows, rows[is_text])  # (R - V,) places in text_rows
+    out[:, is_text.to(out.device)] = stale.after_first[place.to(out.device)].to(out.dtype)
+    return out

@@ -1,0 +1,95 @@
+"""What a refresh policy sees: the seam between the runtime and `conduit_core/policies/`.
+
+A policy is a function `(ctx: PolicyContext) -> torch.Tensor` returning the sequence indices
+of the visual (page segment) tokens to refresh; the runtime then recomputes those plus all
+text tokens. Budget k = round(budget * N_v), or, where every refresh recomputes L cached
+label rows inside the budget (`Layout.budget_label_rows`), round(budget * (N_v + L)) - L
+(at least 0): the refreshed rows then stay within the same share of the cached ones.
+
+Public API:
+  PolicyContext(layout, budget, seed, scorer, cache, embeds, adapter)
+    .k, .visual_rows, .page_of_visual, .num_pages
+    .scores(config=ScoreConfig()) -> StaleScores   runs the scoring pass once per config
+                                     (lazily) and counts its FLOPs
+    .extra_flops                     FLOPs spent by scoring (added to the answer's accounting)
+    .resume                          set by a policy that already ran every token through the
+                                     first layers (CacheBlend): the refresh continues from there
+  RefreshPolicy = Callable[[PolicyContext], torch.Tensor]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.stale_pass import StaleScores
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.policies.selection import budget_tokens
+from conduit_core.prompt.layout import Layout
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Every token's hidden state after decoder layers 0..layer - 1, with fresh K/V of every
+    token written at those layers: the refresh runs its rows from `layer` on."""
+
+    layer: int  # first layer still to run
+    hidden: torch.Tensor  # (N, hidden) input of `layer`, all rows in sequence order
+
+
+@dataclass
+class PolicyContext:
+    """Inputs of a refresh decision for one assembled request."""
+
+    layout: Layout
+    budget: float
+    seed: int | None
+    scorer: Callable[[ScoreConfig], tuple[StaleScores, float]]  # scoring pass -> (result, flops)
+    cache: KVCache  # the assembled (stale, re-rotated) cache; policies only read it, except
+    # cacheblend, which writes every token's fresh K/V at its first layers (its method)
+    embeds: torch.Tensor  # (N, hidden) layer-0 embeddings of the layout
+    adapter: VLMAdapter  # the model, for policies that run layers themselves (cacheblend)
+    extra_flops: float = 0.0
+    resume: Resume | None = None
+    _scores: dict[ScoreConfig, StaleScores] = field(default_factory=dict, repr=False)
+
+    @property
+    def visual_rows(self) -> torch.Tensor:
+        """Sequence indices of all page segment tokens (N_v,)."""
+        return self.layout.visual_rows()
+
+    @property
+    def page_of_visual(self) -> torch.Tensor:
+        """Page number of each visual token, aligned with `visual_rows` (N_v,)."""
+        return torch.cat([torch.full((s.length,), s.page, dtype=torch.long)
+                          for s in self.layout.segments]) if self.layout.segments \
+            else torch.zeros(0, dtype=torch.long)
+
+    @property
+    def num_pages(self) -> int:
+        """Pages in the layout."""
+        return len(self.layout.segments)
+
+    @property
+    def k(self) -> int:
+        """Refresh budget in visual tokens: `budget_tokens(budget, N_v)`, the one rounding
+        rule, less the label rows charged to the budget (module docstring)."""
+        labels = self.layout.budget_label_rows()
+        n_v = int(self.visual_rows.numel())
+        return max(0, budget_tokens(self.budget, n_v + labels) - labels)
+
+    def scores(self, config: ScoreConfig | None = None) -> StaleScores:
+        """The scoring pass result for `config` (computed on first call; its FLOPs are
+        counted)."""
+        config = config or ScoreConfig()
+        if config not in self._scores:
+            self._scores[config], flops = self.scorer(config)
+            self.extra_flops += flops
+        return self._scores[config]
+
+
+RefreshPolicy = Callable[[PolicyContext], torch.Tensor]

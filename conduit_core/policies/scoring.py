@@ -1,0 +1,163 @@
+"""Token scores from the scoring pass (DESIGN.md section 2, "Scoring pass"), and the knobs.
+
+The scoring pass
+(`conduit_core.passes.stale_pass`) yields, per layer l, the question rows' attention
+probabilities over all keys `probs[l, h, q, j]` (softmax over all keys, query head h) and the
+cached value norms `value_norms[l, g, j] = ||V[l, g, j]||_2` (pre-o_proj values, KV head g).
+Query head h reads KV head g(h) = h // (H / G). CONDUIT's score is
+
+    s_j = mean over layers, question tokens q of  agg over heads h of  A[l,h,q,j] ||V[l,g(h),j]||
+
+with agg = mean by default. The raw-attention (SnapKV) and value-norm-only baselines drop one
+factor of the product.
+
+The scoring pass never holds every layer's probabilities: `ScoreAccumulator` takes one layer
+(and one chunk of question rows) at a time and keeps two (N,) running sums, CONDUIT's score
+and the attention-only score, so its memory does not grow with the number of layers or with
+the question's length. `token_scores` is the same reduction over all layers at once (the
+reference the accumulator is tested against, and what small hand-made inputs use).
+
+Public API:
+  ScoreConfig(layers="all", query_window=None, head_agg="mean", query_rows="tail",
+              value_norm="raw")   knobs, validated
+      .layer_slice(n_layers) -> slice
+      .scored_rows(n_question, n_prompt=0) -> (Q',) indices of the scored question rows
+  ScoreAccumulator(config, n_layers, n_question, n_keys, device, n_prompt=0)
+      .layers -> range of scored layers; .rows -> (Q',) scored question rows
+      .add(probs (H, c, N), value_norms (G, N))   one layer's probabilities of c scored rows
+      .result() -> (weighted (N,), attention (N,)) float32 means
+  token_scores(probs, value_norms, config, *, attention=True, value_norm=True) -> (N,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+HeadAgg = Literal["mean", "max"]
+QueryRows = Literal["tail", "question"]
+ValueNorm = Literal["raw", "layer"]
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """How the per-layer scoring statistics are reduced to one score per token.
+
+    layers:        "all", or a half-open range (start, stop) of decoder layer indices (negative
+                   indices count from the end, Python style); at least one layer must remain.
+    query_window:  None = every question token; w >= 1 = only the last w question tokens
+                   (the SnapKV observation window).
+    head_agg:      "mean" or "max" over query heads.
+    query_rows:    "tail" = every row after the last page (the question and the chat
+                   template's generation prompt); "question" = the question's own tokens and
+                   the last row (whose attention decides the first answer token), leaving out
+                   the template's fixed tokens.
+    value_norm:    "raw" = ||V|| as it is; "layer" = each layer's norms divided by their mean
+                   over the keys, per KV head, so that no layer dominates by its scale.
+    """
+
+    layers: str | tuple[int, int] = "all"
+    query_window: int | None = None
+    head_agg: HeadAgg = "mean"
+    query_rows: QueryRows = "tail"
+    value_norm: ValueNorm = "raw"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layers, str):
+            if self.layers != "all":
+                raise ValueError(f"layers must be 'all' or (start, stop), got {self.layers!r}")
+        elif len(self.layers) != 2:
+            raise ValueError(f"layers range must be (start, stop), got {self.layers!r}")
+        if self.query_window is not None and self.query_window < 1:
+            raise ValueError(f"query_window must be >= 1 or None, got {self.query_window}")
+        if self.head_agg not in ("mean", "max"):
+            raise ValueError(f"head_agg must be 'mean' or 'max', got {self.head_agg!r}")
+        if self.query_rows not in ("tail", "question"):
+            raise ValueError(f"query_rows must be 'tail' or 'question', got {self.query_rows!r}")
+        if self.value_norm not in ("raw", "layer"):
+            raise ValueError(f"value_norm must be 'raw' or 'layer', got {self.value_norm!r}")
+
+    def layer_slice(self, n_layers: int) -> slice:
+        """The selected layers as a slice of [0, n_layers); raises if it is empty."""
+        sl = slice(None) if self.layers == "all" else slice(*self.layers)
+        if len(range(n_layers)[sl]) == 0:
+            raise ValueError(f"layers {self.layers!r} selects no layer of {n_layers}")
+        return sl
+
+    def scored_rows(self, n_question: int, n_prompt: int = 0) -> torch.Tensor:
+        """Indices (Q',) into the `n_question` tail rows of those scored: by `query_rows`
+        (`n_prompt`: the generation prompt's rows, last in the tail), then the last
+        `query_window` of them."""
+        rows = torch.arange(n_question)  # (n_question,)
+        if self.query_rows == "question" and 0 < n_prompt < n_question:
+            rows = torch.cat([rows[:n_question - n_prompt], rows[-1:]])
+        return rows if self.query_window is None else rows[-self.query_window:]
+
+
+class ScoreAccumulator:
+    """Running per-token sums of the scoring pass (see the module docstring)."""
+
+    def __init__(self, config: ScoreConfig, n_layers: int, n_question: int, n_keys: int,
+                 device: torch.device | str = "cpu", n_prompt: int = 0):
+        self.config = config
+        self.layers = range(n_layers)[config.layer_slice(n_layers)]
+        self.rows = config.scored_rows(n_question, n_prompt)  # (Q',)
+        self._count = len(self.layers) * int(self.rows.numel())
+        self._weighted = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
+        self._attention = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
+
+    def add(self, probs: torch.Tensor, value_norms: torch.Tensor) -> None:
+        """Add one scored layer's probabilities probs (H, c, N) of c scored question rows,
+        with that layer's value norms (G, N)."""
+        heads, kv_heads = probs.shape[0], value_norms.shape[0]
+        how = self.config.head_agg
+        if self.config.value_norm == "layer":
+            value_norms = value_norms / value_norms.mean(dim=-1, keepdim=True).clamp_min(1e-12)
+        if how == "mean":  # linear: reduce the rows first, then weight by the norms
+            per_head = probs.sum(dim=1)  # (H, N)
+            self._attention += per_head.mean(dim=0)
+            grouped = per_head.view(kv_heads, heads // kv_heads, -1)  # (G, rep, N)
+            self._weighted += (grouped * value_norms.unsqueeze(1)).mean(dim=(0, 1))
+            return
+        self._attention += probs.amax(dim=0).sum(dim=0)  # (N,)
+        vn = value_norms.repeat_interleave(heads // kv_heads, dim=0)  # (H, N)
+        self._weighted += (probs * vn.unsqueeze(1)).amax(dim=0).sum(dim=0)  # (N,)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean over scored layers and question rows: (weighted (N,), attention (N,))."""
+        n = max(self._count, 1)
+        return self._weighted / n, self._attention / n
+
+
+def token_scores(
+    probs: torch.Tensor,
+    value_norms: torch.Tensor,
+    config: ScoreConfig,
+    *,
+    attention: bool = True,
+    value_norm: bool = True,
+    n_prompt: int = 0,
+) -> torch.Tensor:
+    """Score every key token: (N,) float32.
+
+    probs (L, H, Q, N) question-row attention probabilities; value_norms (L, G, N).
+    `attention=False` scores by value norm alone, `value_norm=False` by attention alone;
+    `n_prompt`: the generation prompt's rows, last among the Q (for `query_rows`).
+    """
+    n_layers, heads, n_q, _ = probs.shape
+    kv_heads = value_norms.shape[1]
+    sl = config.layer_slice(n_layers)
+    p = probs[sl].float()  # (L', H, Q, N)
+    p = p[:, :, config.scored_rows(n_q, n_prompt).to(p.device)]  # (L', H, Q', N)
+    if not attention:
+        p = torch.ones_like(p[:, :, :1])  # (L', H, 1, N): the norm alone
+    if value_norm:
+        vn = value_norms[sl].float()  # (L', G, N)
+        if config.value_norm == "layer":
+            vn = vn / vn.mean(dim=-1, keepdim=True).clamp_min(1e-12)
+        vn = vn.repeat_interleave(heads // kv_heads, dim=1)  # (L', H, N)
+        p = p * vn.unsqueeze(2)  # (L', H, Q, N)
+    per_head = p.mean(dim=1) if config.head_agg == "mean" else p.amax(dim=1)  # (L', Q, N)
+    return per_head.mean(dim=(0, 1))  # (N,)

@@ -1,0 +1,162 @@
+"""Cached page labels: a label's K/V computed once after the prompt head, reused stale.
+
+A request places a short label before each page (`[report.pdf p.3]`, about 13 tokens with
+the chat template's tokenizer). Without this cache every label is a text row: computed in the
+scoring pass and again in the refresh, on the testbed 78 of the 93 text rows after the
+head. With it, a label is treated like its page: its K/V are computed once, right after the
+prompt head (the label's exact context when it is the first one, and the context every label
+shares), kept here by (head, label) token ids, and re-rotated into place in each assembled
+cache (`conduit_core.prompt.rotation`: RoPE composes, so only the position shift changes). A label
+is then stale in both passes, exactly like the page tokens around it: its layer-0 K/V are
+exact (they depend only on the token and its position), its deeper K/V miss the pages that
+precede it in the question (the first label, right after the head, misses nothing: it is
+exact). The refresh recomputes a stale label with its whole page, or, with the runtime's
+`label_refresh` "always" / "budget", every stale one (`Layout.refreshed_label_rows`), so a
+refresh of every page token, the fallback to a full prefill, stays exact.
+
+Entries live with the loaded model (a restarted process rebuilds them on first use) in a
+bounded LRU. An answer fills its label rows after the cost model has planned it
+(`ReuseRuntime.load_labels`): a miss is computed then, predicted and charged to that answer
+(not computed = not charged), and an answer that recomputes a label's page whole (a full
+prefill, the fallback) never computes the label here.
+
+Public API:
+  LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
+  LabelCache(max_entries=1024)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
+    .get(adapter, head, label_ids) -> (LabelKV, computed: bool)
+    LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
+  label_cost(cache, costs, assembly, skip=None) -> float   FLOPs of the labels to compute
+  load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
+      rows (but those in rows `skip`), computing misses into `assembly.label_flops`
+  fetch(cache, adapter, costs, head, label_ids) -> (LabelKV, FLOPs spent computing it)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.assembly import Assembly
+from conduit_core.cost.cost_model import RowCosts
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.prompt.bounded_lru import BoundedLRU
+from conduit_core.prompt.layout import Segment
+from conduit_core.prompt.prompt_head import HeadKV
+from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
+
+LabelKey = tuple[tuple[int, ...], tuple[int, ...]]  # (head token ids, label token ids)
+
+
+@dataclass(frozen=True)
+class LabelKV:
+    """A label's K/V per layer, computed right after its head, at the positions given."""
+
+    key: LabelKey
+    keys: torch.Tensor  # (L, kv_heads, t, hd), after RoPE at `position_ids`
+    values: torch.Tensor  # (L, kv_heads, t, hd)
+    position_ids: torch.Tensor  # (P, t) the positions the keys were rotated to
+
+    @property
+    def n(self) -> int:
+        """Tokens in the label."""
+        return len(self.key[1])
+
+    def copy_into(self, adapter: VLMAdapter, cache: KVCache, start: int,
+                  position_ids: torch.Tensor) -> None:
+        """Write the label's K/V into rows [start, start + n) of a batch-1 cache, its keys
+        turned to `position_ids` (P, n)."""
+        rows = slice(start, start + self.n)
+        delta = segment_delta(self.position_ids, position_ids)
+        cos, sin = shift_cos_sin(adapter, delta, self.keys.device)  # (hd,) each
+        rerotate_into(self.keys, cos.view(1, -1), sin.view(1, -1), cache.keys[:, 0, :, rows])
+        cache.values[:, 0, :, rows] = self.values
+
+
+class LabelCache(BoundedLRU[LabelKey, LabelKV]):
+    """Bounded LRU of computed page labels for one loaded model."""
+
+    def __init__(self, max_entries: int = 1024):
+        super().__init__(max_entries)
+
+    @staticmethod
+    def key(head: HeadKV, label_ids: torch.Tensor) -> LabelKey:
+        """The entry key of a label (t,) after `head`."""
+        return head.token_ids, tuple(int(t) for t in label_ids.tolist())
+
+    @torch.no_grad()
+    def get(self, adapter: VLMAdapter, head: HeadKV,
+            label_ids: torch.Tensor) -> tuple[LabelKV, bool]:
+        """The label with token ids `label_ids` (t,) after `head`, and whether it was computed
+        now (at the positions of a prompt whose first label it is)."""
+        key = self.key(head, label_ids)
+        return self.get_or_compute(key, lambda: _compute(adapter, head, key, label_ids))
+
+
+def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey,
+             label_ids: torch.Tensor) -> LabelKV:
+    h, t = head.n, len(key[1])
+    position_ids = adapter.position_ids(
+        torch.cat([torch.tensor(head.token_ids, dtype=torch.long), label_ids.cpu()]), [])
+    cache = KVCache.allocate(adapter, 1, h + t)
+    head.copy_into(cache)
+    embeds = adapter.embed_tokens(label_ids.to(torch.long)).unsqueeze(0)  # (1, t, hidden)
+    rows = torch.arange(h, h + t)
+    pos = position_ids[:, h:h + t]  # (P, t)
+    forward_rows(adapter, cache, embeds, rows.to(adapter.device), pos.unsqueeze(1),
+                 n_keys=h + t, outputs=torch.tensor([t - 1]))  # only K/V are kept
+    return LabelKV(key=key, keys=cache.keys[:, 0, :, h:].clone(),  # (L, kv, t, hd)
+                   values=cache.values[:, 0, :, h:].clone(), position_ids=pos.clone())
+
+
+def _pending(assembly: Assembly, skip: torch.Tensor | None) -> list[tuple[Segment, torch.Tensor]]:
+    """The label spans an assembly still has to fill and their token ids, less those in
+    rows `skip` (the refresh recomputes them)."""
+    if not assembly.labels_pending:
+        return []
+    layout = assembly.layout
+    spans = [s for s in layout.labels
+             if skip is None or not bool(torch.isin(torch.tensor([s.start]), skip))]
+    return [(s, layout.token_ids[s.start:s.stop]) for s in spans]
+
+
+def _cost(costs: RowCosts, head: HeadKV, t: int) -> float:
+    """A label of t tokens computed after `head` (its last layer trimmed, as `_compute`)."""
+    return costs.rows(torch.arange(head.n, head.n + t), head.n + t, last_only=True)
+
+
+def label_cost(cache: LabelCache, costs: RowCosts, assembly: Assembly,
+               skip: torch.Tensor | None = None) -> float:
+    """LM FLOPs `load_labels` will spend on this assembly: the labels it must compute."""
+    head = assembly.head
+    if head is None:
+        return 0.0
+    return sum(_cost(costs, head, ids.numel()) for _, ids in _pending(assembly, skip)
+               if LabelCache.key(head, ids) not in cache)
+
+
+def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembly: Assembly,
+                skip: torch.Tensor | None = None) -> None:
+    """Write the assembly's pending labels' K/V into their rows, turned to their places,
+    computing the labels the cache lacks (their FLOPs added to `assembly.label_flops`)."""
+    pending = _pending(assembly, skip)
+    assembly.labels_pending = False
+    if not pending:
+        return
+    head, layout = assembly.head, assembly.layout
+    assert head is not None  # stale labels are computed after the head
+    for span, ids in pending:
+        label, spent = fetch(cache, adapter, costs, head, ids)
+        label.copy_into(adapter, assembly.cache, span.start,
+                        layout.position_ids[:, span.start:span.stop])
+        assembly.label_flops += spent
+
+
+def fetch(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, head: HeadKV,
+          label_ids: torch.Tensor) -> tuple[LabelKV, float]:
+    """The label (t,) after `head` from the cache, computed if missing, and the LM FLOPs
+    that took (0 on a hit)."""
+    label, computed = cache.get(adapter, head, label_ids)
+    return label, _cost(costs, head, label.n) if computed else 0.0

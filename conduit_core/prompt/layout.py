@@ -1,0 +1,174 @@
+"""The token layout of an assembled request and of a canonical page context.
+
+A request is `[head(prefix) | (label text, page segment)* | tail(question)]`; text pieces
+are tokenized separately (segments are delimited by special tokens), so the layout is exactly
+the concatenation. Positions come from the family's own rule over the whole layout.
+
+Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
+label's K/V come from the label cache (`conduit_core.prompt.label_cache`), stale like its page's,
+and `label_refresh` says which labels a refresh recomputes (`refreshed_label_rows`): "page"
+a label only with its whole page; "always" every label whatever it refreshes of the pages
+(the scoring pass still reads them stale) but the first when it directly follows the head,
+unless its page is refreshed whole: the label cache computed it in that exact context, so
+it is not stale; "budget" the same labels as "always", their rows counted against the
+refresh budget (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
+
+Public API:
+  Segment(start, length, page)          a page segment's (or a page label's) span
+  Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
+         stale_labels=False, label_refresh="page")
+    .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
+    .refreshed_label_rows(visual_rows), .budget_label_rows()
+  build_layout(adapter, prefix, labels, segments, image_grids, question,
+               stale_labels=False, label_refresh="page") -> Layout
+  LabelRefresh = Literal["page", "always", "budget"];  LABEL_REFRESH (its values)
+  page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+
+from conduit_core.model.adapters.base import VLMAdapter
+
+LabelRefresh = Literal["page", "always", "budget"]
+LABEL_REFRESH: tuple[LabelRefresh, ...] = get_args(LabelRefresh)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Span [start, start + length) of page `page` in the layout."""
+
+    start: int
+    length: int
+    page: int
+
+    @property
+    def stop(self) -> int:
+        """One past the segment's last index."""
+        return self.start + self.length
+
+
+@dataclass
+class Layout:
+    """Token ids, position ids and page spans of one sequence."""
+
+    token_ids: torch.Tensor  # (N,) int64
+    position_ids: torch.Tensor  # (P, N) int64
+    segments: list[Segment]
+    question_start: int  # first index of the tail (question + generation prompt)
+    head: int = 0  # tokens of the head (template opening + prefix): rows [0, head)
+    prompt: int = 0  # the generation prompt's tokens, last in the tail (after the question)
+    labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
+    stale_labels: bool = False  # labels come from the label cache, stale like their pages
+    label_refresh: LabelRefresh = "page"  # with stale_labels: which labels a refresh recomputes
+
+    @property
+    def n(self) -> int:
+        """Sequence length."""
+        return int(self.token_ids.shape[0])
+
+    def segment_mask(self) -> torch.Tensor:
+        """(N,) bool, True at page segment (cached, "visual") tokens."""
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        for s in self.segments:
+            mask[s.start:s.stop] = True
+        return mask
+
+    def cached_mask(self) -> torch.Tensor:
+        """(N,) bool, True at rows filled from caches before any pass: page segments, and
+        page labels when they are stale."""
+        mask = self.segment_mask()
+        if self.stale_labels:
+            for s in self.labels:
+                mask[s.start:s.stop] = True
+        return mask
+
+    def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
+        """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
+        the pages it refreshes whole, and unless `label_refresh` is "page" every other label
+        but one right after the head (exact as cached; none unless `stale_labels`)."""
+        every = self.label_refresh != "page"
+        if not self.stale_labels or (visual_rows.numel() == 0 and not every):
+            return torch.zeros(0, dtype=torch.long)
+        chosen = torch.zeros(self.n, dtype=torch.bool)
+        chosen[visual_rows.to(torch.long).cpu()] = True
+        whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
+        stale = {s.start for s in self._stale_labels()} if every else set()
+        spans = [torch.arange(s.start, s.stop) for s in self.labels
+                 if s.page in whole or s.start in stale]
+        return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
+
+    def _stale_labels(self) -> list[Segment]:
+        """The labels whose cached K/V are stale: all but one right after the head, which
+        was cached in its exact context (the head alone precedes it)."""
+        return [s for s in self.labels if s.start != self.head]
+
+    def budget_label_rows(self) -> int:
+        """Label rows every refresh recomputes that count against its budget (0 unless
+        `stale_labels` and `label_refresh` "budget")."""
+        if not (self.stale_labels and self.label_refresh == "budget"):
+            return 0
+        return sum(s.length for s in self._stale_labels())
+
+    def visual_rows(self) -> torch.Tensor:
+        """Sequence indices of page segment tokens, ascending (N_v,)."""
+        return torch.nonzero(self.segment_mask()).view(-1)
+
+    def text_rows(self) -> torch.Tensor:
+        """Sequence indices of text tokens (always computed fresh: every row not filled
+        from a cache), ascending (N_t,)."""
+        return torch.nonzero(~self.cached_mask()).view(-1)
+
+    def question_rows(self) -> torch.Tensor:
+        """Sequence indices of the tail (question + generation prompt), ascending."""
+        return torch.arange(self.question_start, self.n)
+
+    def next_position(self) -> int:
+        """Position of the first generated token: one past the largest position."""
+        return int(self.position_ids.max()) + 1
+
+
+def build_layout(
+    adapter: VLMAdapter,
+    prefix: str,
+    labels: list[str],
+    segments: list[torch.Tensor],
+    image_grids: list[torch.Tensor],
+    question: str,
+    stale_labels: bool = False,
+    label_refresh: LabelRefresh = "page",
+) -> Layout:
+    """Lay out `[head(prefix) | (label_i, segment_i)* | tail(question)]` with positions."""
+    pieces: list[torch.Tensor] = [torch.tensor(adapter.head_ids(prefix), dtype=torch.long)]
+    spans: list[Segment] = []
+    label_spans: list[Segment] = []
+    cursor = int(pieces[0].shape[0])
+    for page, (label, seg) in enumerate(zip(labels, segments, strict=True)):
+        lab = torch.tensor(adapter.label_ids(label), dtype=torch.long)
+        pieces += [lab, seg.to(torch.long).cpu()]
+        if lab.numel():
+            label_spans.append(Segment(cursor, int(lab.shape[0]), page))
+        cursor += int(lab.shape[0])
+        spans.append(Segment(cursor, int(seg.shape[0]), page))
+        cursor += int(seg.shape[0])
+    tail = torch.tensor(adapter.tail_ids(question), dtype=torch.long)
+    pieces.append(tail)
+    ids = torch.cat(pieces)  # (N,)
+    pos = adapter.position_ids(ids, image_grids).cpu()  # (P, N)
+    return Layout(token_ids=ids, position_ids=pos, segments=spans, question_start=cursor,
+                  head=int(pieces[0].shape[0]), prompt=len(adapter.tail_ids("")),
+                  labels=label_spans, stale_labels=stale_labels, label_refresh=label_refresh)
+
+
+def page_context(adapter: VLMAdapter, segment_ids: torch.Tensor,
+                 image_grid: torch.Tensor) -> Layout:
+    """The canonical page context: the template opening followed by the segment."""
+    opening = torch.tensor(adapter.page_opening_ids(), dtype=torch.long)
+    ids = torch.cat([opening, segment_ids.to(torch.long).cpu()])  # (N,)
+    pos = adapter.position_ids(ids, [image_grid]).cpu()  # (P, N)
+    seg = Segment(int(opening.shape[0]), int(segment_ids.shape[0]), 0)
+    return Layout(token_ids=ids, position_ids=pos, segments=[seg], question_start=int(ids.shape[0]))
