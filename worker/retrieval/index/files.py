@@ -2,6 +2,7 @@
 
     <home>/index/<collection>/CURRENT        name of the live version folder (atomic replace)
     <home>/index/<collection>/writer.lock    the one-writer file lock
+    <home>/index/<collection>/rebuild.lock   the one-rebuild file lock (held for a rebuild)
     <home>/index/<collection>/v<N>/text/     the Tantivy index (BM25 over stemmed tokens)
     <home>/index/<collection>/v<N>/vectors.f32  passage vectors, float32 rows, append-only
     <home>/index/<collection>/v<N>/pages.i64    page table, 7 int64 per page, append-only:

@@ -38,6 +38,7 @@ from worker.retrieval.index.writer import (
     IndexPage,
     apply,
     create_version,
+    rebuild_lock,
     retrain,
     writer_lock,
 )
@@ -144,21 +145,23 @@ class RetrievalIndexes:
 
     def rebuild(self, meta: MetadataStore, collection_id: str) -> int:
         """Build the collection's index afresh from the store and switch to it; return the
-        number of indexed pages."""
+        number of indexed pages. Rebuilds of one collection are serialised (`rebuild_lock`,
+        across threads and processes): each builds its own version folder, switches to it and
+        removes the older ones, never one that another rebuild is filling."""
         cdir = collection_dir(self.root, collection_id)
-        cdir.mkdir(parents=True, exist_ok=True)
-        version = cdir / f"v{time.time_ns()}"
-        create_version(version)
-        _sync(meta, collection_id, version)
-        # train the vectors' inverted file once, if the collection is large enough
-        apply(version, ivf_min_rows=self.ivf_min_rows)
-        with writer_lock(cdir, self.lock_timeout_s):
-            _sync(meta, collection_id, version)  # what changed while the bulk was built
-            set_current(cdir, version)
-        for old in cdir.glob("v*"):
-            if old != version:
-                shutil.rmtree(old, ignore_errors=True)
-        return read_manifest(version).pages
+        with rebuild_lock(cdir):
+            version = cdir / f"v{time.time_ns()}"
+            create_version(version)
+            _sync(meta, collection_id, version)
+            # train the vectors' inverted file once, if the collection is large enough
+            apply(version, ivf_min_rows=self.ivf_min_rows)
+            with writer_lock(cdir, self.lock_timeout_s):
+                _sync(meta, collection_id, version)  # what changed while the bulk was built
+                set_current(cdir, version)
+            for old in cdir.glob("v*"):
+                if old != version:
+                    shutil.rmtree(old, ignore_errors=True)
+            return read_manifest(version).pages
 
     def rebuild_in_background(self, meta: MetadataStore, collection_id: str) -> bool:
         """Start a rebuild thread unless one is running for the collection; questions scan

@@ -79,6 +79,18 @@ def writer_lock(collection_dir: Path, timeout_s: float) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def rebuild_lock(collection_dir: Path) -> Iterator[None]:
+    """Hold the collection's rebuild file lock for a whole rebuild: at most one rebuild of a
+    collection runs at a time across the threads and processes sharing the home dir (a
+    `filelock` lock is an flock on its own descriptor, so threads of one process exclude each
+    other too), and a rebuild removes old version folders only while it holds it. Waits
+    without a timeout: a holder that dies releases it with its descriptor."""
+    collection_dir.mkdir(parents=True, exist_ok=True)
+    with FileLock(collection_dir / "rebuild.lock"):
+        yield
+
+
 def create_version(version: Path) -> None:
     """An empty version folder: Tantivy index, empty arrays, manifest at generation 0."""
     (version / "text").mkdir(parents=True, exist_ok=True)
