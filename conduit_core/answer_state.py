@@ -3,8 +3,8 @@ this to the decode half (`ReuseRuntime.start_answer` / `.step` / `.result`).
 
 Public API:
   AnswerState(decode, layout, image_grids, last_only, exact_rows, policy, refreshed,
-              flops_used_lm, vision_ran, plan=None, fallback=False, prefill_s=0.0,
-              page_attention=())
+              flops_used_lm, vision_ran, fill_flops_lm=0.0, plan=None, fallback=False,
+              prefill_s=0.0, page_attention=())
     .done, .error, .kv_tokens    from its `DecodeState`
   answer_result(state, costs, adapter) -> AnswerResult   the accounting of a finished state
 """
@@ -31,11 +31,12 @@ class AnswerState:
     layout: Layout
     image_grids: list[torch.Tensor]
     last_only: bool
-    exact_rows: int  # leading rows from the head cache (not charged)
+    exact_rows: int  # leading rows from the head cache
     policy: str
     refreshed: int  # visual tokens the refresh recomputed
     flops_used_lm: float
     vision_ran: bool
+    fill_flops_lm: float = 0.0  # of flops_used_lm: head and labels computed on cache misses
     plan: RefreshPlan | None = None
     fallback: bool = False
     prefill_s: float = 0.0  # start of the prefill to its first logits
@@ -73,6 +74,7 @@ def answer_result(state: AnswerState, costs: RowCosts, adapter: VLMAdapter) -> A
         flops_used_lm=used, flops_used_vision=vision if state.vision_ran else 0.0,
         policy=state.policy, prompt_tokens=layout.n, stop_reason=out.stop_reason,
         head_tokens=state.exact_rows, fallback=state.fallback,
+        fill_flops_lm=state.fill_flops_lm,
         predicted_flops_lm=plan.predicted_lm if plan else used,
         fallback_flops_lm=plan.fallback_lm if plan else used,
         page_attention=state.page_attention)

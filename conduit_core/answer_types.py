@@ -3,14 +3,16 @@
 Public API:
   PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
   AnswerRequest(prefix, pages, question, policy="conduit", budget=0.1, max_new_tokens=64,
-                temperature=0.0, top_p=1.0, seed=None)   validated: InvalidRequestError
+                temperature=0.0, top_p=1.0, seed=None, options=PolicyOptions(),
+                namespace="")   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
                flops_full_lm, flops_vision, flops_used_lm, flops_used_vision, policy,
-               prompt_tokens, stop_reason, head_tokens, fallback, predicted_flops_lm,
-               fallback_flops_lm)
+               prompt_tokens, stop_reason, head_tokens, fallback, fill_flops_lm,
+               predicted_flops_lm, fallback_flops_lm, page_attention)
     .flops_ratio_lm     language model only: flops_used_lm / flops_full_lm (the headline)
     .flops_ratio_total  vision tower included: flops_used / flops_full
     .flops_full, .flops_used   LM + vision sums
+    .own_flops_lm       flops_used_lm less fill_flops_lm (the path's own work, warm caches)
   TokenId = NewType("TokenId", int)             a vocabulary id
   TokenCallback = Callable[[TokenId, str], None]  called once per generated token (id, piece)
 """
@@ -74,6 +76,10 @@ class AnswerRequest:
     top_p: float = 1.0
     seed: int | None = None
     options: PolicyOptions = field(default_factory=PolicyOptions)
+    # the pages' namespace (a tenant, or the shared corpus): every cache the answer reads or
+    # fills across requests (prompt head, page labels, choice history) is keyed by it, so
+    # that nothing an answer reports depends on another namespace's questions
+    namespace: str = ""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.budget <= 1.0:
@@ -109,15 +115,25 @@ class AnswerResult:
     policy: str = ""
     prompt_tokens: int = 0
     stop_reason: str = field(default="length")  # "stop" (a stop token) or "length"
-    head_tokens: int = 0  # leading prompt tokens taken exact from the head cache (not charged)
+    head_tokens: int = 0  # leading prompt tokens exact from the head cache (charged only in
+    # the answer that computed them: `fill_flops_lm`)
     fallback: bool = False  # the policy was predicted to cost more than a full prefill from
     # the cached page embeddings, which ran instead (`conduit_core.cost.cost_model`)
+    fill_flops_lm: float = 0.0  # of flops_used_lm: the head and page labels this answer
+    # computed because their caches missed (0 on warm caches; they never decide the path)
     predicted_flops_lm: float = 0.0  # the policy's LM FLOPs as predicted before it ran
     fallback_flops_lm: float = 0.0  # a full prefill from cached embeddings, as predicted
     # how much the question looked at each page in the scoring pass (request order; its
     # peak attention, normalised to sum to 1: `Assembly.page_attention`); empty when no
     # scoring pass ran (a policy without one, or a fallback)
     page_attention: tuple[float, ...] = ()
+
+    @property
+    def own_flops_lm(self) -> float:
+        """The LM FLOPs of the answer's own path (`flops_used_lm` less its cache fills): what
+        the cost model predicts and the fallback guard bounds; the same on cold and warm
+        caches."""
+        return self.flops_used_lm - self.fill_flops_lm
 
     @property
     def flops_full(self) -> float:

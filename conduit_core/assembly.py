@@ -6,8 +6,8 @@ the refresh can reuse what that pass computed while nothing has written to the c
 
 Public API:
   Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
-           last_only=False, layer0_exact=True, text_from_one=False, label_flops=0.0,
-           labels_pending=False)
+           last_only=False, layer0_exact=True, text_from_one=False, namespace="",
+           fill_flops=0.0, labels_pending=False)
     .exact_rows        rows exact before any pass (the cached head)
     .fresh_text_rows() text rows a pass computes (after the head), ascending
     .page_attention()  how much the question looked at each page in the scoring pass (its
@@ -40,7 +40,8 @@ class Assembly:
     last_only: bool = False  # passes return the last row's last-layer state only (answers)
     layer0_exact: bool = True  # page K/V exact at layer 0 (False: some page came as int8)
     text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
-    label_flops: float = 0.0  # LM FLOPs of the page labels computed for it (label cache misses)
+    namespace: str = ""  # the pages' namespace: the key of every cache it reads or fills
+    fill_flops: float = 0.0  # LM FLOPs of the head and page labels computed for it (misses)
     labels_pending: bool = False  # stale label rows not filled yet (`ReuseRuntime.load_labels`)
 
     @property

@@ -48,12 +48,14 @@ Public API:
         max_new_tokens=64, temperature=0.0, top_p=1.0, seed=None, on_token=None) -> AnswerResult
     Lower level (tests, policies, diagnostics):
     .assemble(prefix, pages: list[PageInput], question, extra_capacity=0, last_only=False,
-              labels=True) -> Assembly  (the head's K/V copied from the head cache; with
-        the label cache the labels' from it, or with labels=False later:)
+              labels=True, namespace="") -> Assembly  (the head's K/V copied from the head
+        cache; with the label cache the labels' from it, or with labels=False later; both
+        caches keyed by `namespace`, their misses charged in `Assembly.fill_flops`:)
     .load_labels(assembly, skip=None)  fill the stale label rows, computing misses (charged),
-        except those in rows `skip`;  .label_cost(assembly, skip=None) -> their FLOPs first
-        (the answer path plans, then fills only the labels its refresh keeps stale)
-    .warm_labels(prefix, pages) -> FLOPs   the labels computed ahead (evaluations)
+        except those in rows `skip` (the answer path plans, then fills only the labels its
+        refresh keeps stale)
+    .warm_labels(prefix, pages, namespace="") -> FLOPs   the head and labels computed ahead
+        (evaluations)
     .assemble_fresh(prefix, pages: list[tuple[str, PIL.Image]], question, extra_capacity=0)
         -> Assembly  (vision tower run now; no cached K/V)
     .prefill(assembly, visual_rows) -> Tensor (R, hidden): recompute visual_rows + all text,
@@ -66,8 +68,9 @@ Public API:
     .policy_context(assembly, budget, seed=None) -> PolicyContext
     .plan(assembly, ctx, policy, key=None) -> RefreshPlan   predicted LM FLOPs of the policy
         and of the fallback (`conduit_core.cost.cost_model`); a forward-pass policy's k rows are
-        placed where its choices under the same `key` (policy, options, budget) fell before
-        (`.choices`, a `conduit_core.cost.choice_history.ChoiceHistory`; answers record theirs)
+        placed where its choices under the same `key` (namespace, policy, options, budget)
+        fell before (`.choices`, a `conduit_core.cost.choice_history.ChoiceHistory`; answers
+        record theirs)
   (the Assembly it works on: `conduit_core.assembly`)
 """
 
@@ -100,7 +103,7 @@ from conduit_core.passes.stale_pass import StaleScores, stale_pass
 from conduit_core.policies import resolve_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.policies.scoring import ScoreConfig
-from conduit_core.prompt.label_cache import LabelCache, fetch, label_cost, load_labels
+from conduit_core.prompt.label_cache import LabelCache, fetch, load_labels
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
 from conduit_core.prompt.prompt_head import HeadCache
 
@@ -153,10 +156,11 @@ class ReuseRuntime:
     @torch.no_grad()
     def assemble(self, prefix: str, pages: list[PageInput], question: str,
                  extra_capacity: int = 0, last_only: bool = False,
-                 labels: bool = True) -> Assembly:
+                 labels: bool = True, namespace: str = "") -> Assembly:
         """Lay out the request and fill the cache with the pages' re-rotated K/V, the
         cached head's exact K/V and, with the label cache, the labels' stale K/V (`labels`
-        False: left for `load_labels`)."""
+        False: left for `load_labels`); the head and labels are read from (and computed
+        into) `namespace`'s entries, what is computed charged in `fill_flops`."""
         for p in pages:
             p.kv.check_fingerprint(self.vlm.fingerprint)
         grids = [p.kv.image_grid for p in pages]
@@ -168,25 +172,22 @@ class ReuseRuntime:
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         load = load_per_page if self.page_loads == "per_page" else load_pages
         load(self.adapter, layout, [p.kv for p in pages], cache, embeds)
-        head = None
+        head, fill = None, 0.0
         if self.heads is not None and layout.head:
-            head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
-                                  layout.position_ids[:, :layout.head])
+            head, computed = self.heads.get(self.adapter, namespace,
+                                            layout.token_ids[:layout.head],
+                                            layout.position_ids[:, :layout.head])
             head.copy_into(cache)
+            fill = self.costs.head(head.n) if computed else 0.0
         assembly = Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
                             head=head, last_only=last_only, labels_pending=layout.stale_labels,
-                            layer0_exact=not any(p.kv.quantized for p in pages))
+                            layer0_exact=not any(p.kv.quantized for p in pages),
+                            namespace=namespace, fill_flops=fill)
         if labels:
             self.load_labels(assembly)
         return assembly
 
-    def label_cost(self, assembly: Assembly, skip: torch.Tensor | None = None) -> float:
-        """LM FLOPs `load_labels(assembly, skip)` will spend: the labels it must compute."""
-        if self.labels is None:
-            return 0.0
-        return label_cost(self.labels, self.costs, assembly, skip)
-
-    def warm_labels(self, prefix: str, pages: list[PageInput]) -> float:
+    def warm_labels(self, prefix: str, pages: list[PageInput], namespace: str = "") -> float:
         """Compute the labels of `pages` under `prefix` that the label cache lacks, without
         assembling anything (an evaluation does it with the pages, before its policies, so
         that no policy's row carries them); returns their LM FLOPs."""
@@ -195,10 +196,12 @@ class ReuseRuntime:
         layout = build_layout(self.adapter, prefix, [p.label for p in pages],
                               [p.kv.token_ids for p in pages],
                               [p.kv.image_grid for p in pages], "")
-        head = self.heads.get(self.adapter, layout.token_ids[:layout.head],
-                              layout.position_ids[:, :layout.head])
-        return sum(fetch(self.labels, self.adapter, self.costs, head,
-                         layout.token_ids[s.start:s.stop])[1] for s in layout.labels)
+        head, computed = self.heads.get(self.adapter, namespace,
+                                        layout.token_ids[:layout.head],
+                                        layout.position_ids[:, :layout.head])
+        spent = self.costs.head(head.n) if computed else 0.0
+        return spent + sum(fetch(self.labels, self.adapter, self.costs, namespace, head,
+                                 layout.token_ids[s.start:s.stop])[1] for s in layout.labels)
 
     def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
         """Fill the stale label rows of `assembly` from the label cache, computing the labels
@@ -281,15 +284,16 @@ class ReuseRuntime:
         """Predicted LM FLOPs of `policy` on this assembly and of a full prefill from the
         cached embeddings (`conduit_core.cost.cost_model.plan_refresh`); with `key`, a
         forward-pass policy's rows are placed from `self.choices` under it. A policy with no
-        cost profile runs here to learn its rows; labels its scoring pass computed are in the
-        plan."""
+        cost profile runs here to learn its rows.
+
+        The plan compares the two paths' own work on warm caches: a head or label computed
+        because a cache missed is charged to the answer (`Assembly.fill_flops`) but never
+        decides its path, so that the path, and so the answer, depends on the request, the
+        settings and the model only, not on which caches are warm."""
         place = even_rows if key is None else partial(self.choices.rows, key)
-        before = assembly.label_flops
-        plan = plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
+        return plan_refresh(self.costs, assembly.layout, assembly.exact_rows,
                             assembly.last_only, ctx, policy, place,
                             text_from_one=assembly.layer0_exact)
-        loaded = assembly.label_flops - before
-        return plan.plus(loaded + self.label_cost(assembly, self._whole_labels(assembly, plan)))
 
     @staticmethod
     def _whole_labels(assembly: Assembly, plan: RefreshPlan) -> torch.Tensor | None:
@@ -301,6 +305,7 @@ class ReuseRuntime:
     # ---- answers --------------------------------------------------------------------
     def _start(self, assembly: Assembly, hidden: torch.Tensor, *, t0: float, policy: str,
                refreshed: int, flops_used_lm: float, vision_ran: bool, max_new_tokens: int,
+               fill_flops_lm: float = 0.0,
                temperature: float, top_p: float, seed: int | None,
                on_token: TokenCallback | None, plan: RefreshPlan | None = None,
                fallback: bool = False) -> AnswerState:
@@ -315,6 +320,7 @@ class ReuseRuntime:
         return AnswerState(decode=state, layout=layout, image_grids=assembly.image_grids,
                            last_only=assembly.last_only, exact_rows=assembly.exact_rows,
                            policy=policy, refreshed=refreshed, flops_used_lm=flops_used_lm,
+                           fill_flops_lm=fill_flops_lm,
                            vision_ran=vision_ran, plan=plan, fallback=fallback,
                            prefill_s=time.perf_counter() - t0,
                            page_attention=assembly.page_attention())
@@ -373,14 +379,14 @@ class ReuseRuntime:
         policy = resolve_policy(request.policy, request.options)
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens, last_only=True,
-                                 labels=False)
+                                 labels=False, namespace=request.namespace)
         yield "assembled"
         ctx = self.policy_context(assembly, request.budget, request.seed)
-        key = (request.policy, request.options, round(request.budget, 4))
+        key = (request.namespace, request.policy, request.options, round(request.budget, 4))
         plan = self.plan(assembly, ctx, policy, key)
         fallback = self.never_above_full and plan.fallback
-        if fallback:
-            visual, resume, extra = assembly.layout.visual_rows(), None, 0.0
+        if fallback:  # a forward pass the policy ran while planning is spent: charged
+            visual, resume, extra = assembly.layout.visual_rows(), None, ctx.extra_flops
             if plan.fallback_whole:  # cheaper on the plain causal path: the head is rewritten
                 assembly.head = None  # with the same values
         else:  # the labels the refresh will not recompute (computed now if missing)
@@ -392,9 +398,10 @@ class ReuseRuntime:
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)
-        used = extra + assembly.label_flops + self.refresh_flops(assembly, computed, resume)
+        used = extra + assembly.fill_flops + self.refresh_flops(assembly, computed, resume)
         return self._start(assembly, hidden, t0=t0, policy=request.policy,
                            refreshed=int(visual.numel()), flops_used_lm=used,
+                           fill_flops_lm=assembly.fill_flops,
                            vision_ran=False, max_new_tokens=request.max_new_tokens,
                            temperature=request.temperature, top_p=request.top_p,
                            seed=request.seed, on_token=on_token, plan=plan, fallback=fallback)

@@ -33,6 +33,13 @@ class RenderSettings:
     max_pixels: int
 
 
+def cache_namespace(namespace: str | None) -> str:
+    """The key the model runtime's cross-request caches (prompt head, page labels, choice
+    history: `AnswerRequest.namespace`) use for pages of `namespace` (as `page_hash` takes
+    it): one per tenant and one for the shared corpus, never equal to each other."""
+    return "shared" if namespace is None else f"tenant:{namespace}"
+
+
 def page_hash(
     *,
     fingerprint: ModelFingerprint,

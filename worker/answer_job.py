@@ -14,7 +14,7 @@ from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
 from conduit_core.policies import POLICIES, resolve_policy
 from conduit_core.policies.scoring import ScoreConfig
-from storage.keys import PageHash
+from storage.keys import PageHash, cache_namespace
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError
@@ -180,6 +180,7 @@ def answer_question(
         kvs = loaded.kvs
         t_loaded = time.perf_counter()
         filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
+        collection = ctx.meta.get_collection(q.collection_id)
         policy = q.policy or ctx.settings.policy
         request = AnswerRequest(
             prefix=ANSWER_PREFIX,
@@ -191,6 +192,7 @@ def answer_question(
             max_new_tokens=q.max_new_tokens,
             temperature=q.temperature,
             options=effective_options(ctx.settings, policy, q.options),
+            namespace=cache_namespace(collection.page_namespace),
         )
         result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel)
     finally:

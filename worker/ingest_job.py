@@ -92,7 +92,7 @@ def _ingest(ctx: WorkerContext, doc: Document,
     s = ctx.settings
     deadline = Deadline(s.ingest_timeout_s)
     collection = ctx.meta.get_collection(doc.collection_id)
-    namespace = None if collection.shared else collection.tenant
+    namespace = collection.page_namespace
     fingerprint = ctx.runtime.vlm.fingerprint
     data = upload_path(ctx.home, doc.id).read_bytes()
     opened: list[PdfFacts] = []

@@ -179,6 +179,11 @@ class RowCosts:
             return self.flops.rows(rows, n_layers=n_layers, key_counts=every)
         return self.flops.trimmed(rows, n_layers, every, every[-1:])
 
+    def head(self, h: int) -> float:
+        """A prompt head of `h` tokens computed alone (`conduit_core.prompt.prompt_head`):
+        every row through every layer on the plain causal path, all outputs kept."""
+        return self.rows(torch.arange(h), h, last_only=False)
+
     def check(self, layout: Layout, layers: int) -> float:
         """Every row through the first `layers` layers on the plain causal path."""
         everything = torch.arange(layout.n)
@@ -220,8 +225,11 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     refresh = (costs.after_scoring(layout, rows, last_only)
                if scored and text_from_one and not cost.check_layers
                else costs.refresh(layout, rows, last_only, start_layer=cost.check_layers))
-    # the bound: every text row after the head recomputed, every row reading every key
+    # the bound: every text row after the head and every page label recomputed (a page
+    # chosen whole takes its label, the first one included), every row reading every key
     most, _ = refresh_rows(layout, exact_rows, visual_all[-cost.k:] if cost.k else guess,
                            scored=False)
+    most = torch.cat([most, layout.label_rows()]).unique(sorted=True)  # (R,)
+    most = most[most >= exact_rows]
     bound = predicted + costs.bound(layout, most, last_only, start_layer=cost.check_layers)
     return RefreshPlan(predicted + refresh, fallback, None, from_start, bound, cost.k)

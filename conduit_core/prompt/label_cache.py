@@ -14,21 +14,25 @@ exact). The refresh recomputes a stale label with its whole page, or, with the r
 `label_refresh` "always" / "budget", every stale one (`Layout.refreshed_label_rows`), so a
 refresh of every page token, the fallback to a full prefill, stays exact.
 
-Entries live with the loaded model (a restarted process rebuilds them on first use) in a
-bounded LRU. An answer fills its label rows after the cost model has planned it
-(`ReuseRuntime.load_labels`): a miss is computed then, predicted and charged to that answer
-(not computed = not charged), and an answer that recomputes a label's page whole (a full
-prefill, the fallback) never computes the label here.
+Entries are keyed by the request's page namespace (a tenant, or the shared corpus) with the
+head's and the label's token ids: labels carry file names, and whether one is cached must
+never tell one tenant what another uploaded. Entries live with the loaded model (a restarted
+process rebuilds them on first use) in a bounded LRU. An answer fills its label rows after
+the cost model has planned it (`ReuseRuntime.load_labels`): a miss is computed then and
+charged to that answer (`Assembly.fill_flops`; not computed = not charged) but never decides
+its path, and an answer that recomputes a label's page whole (a full prefill, the fallback)
+never computes the label here.
 
 Public API:
   LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
   LabelCache(max_entries=1024)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
-    .get(adapter, head, label_ids) -> (LabelKV, computed: bool)
-    LabelCache.key(head, label_ids) -> LabelKey;  key in cache;  .clear();  len(cache)
-  label_cost(cache, costs, assembly, skip=None) -> float   FLOPs of the labels to compute
+    .get(adapter, namespace, head, label_ids) -> (LabelKV, computed: bool)
+    LabelCache.key(namespace, head, label_ids) -> LabelKey;  key in cache;  .clear();
+    len(cache)
   load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
-      rows (but those in rows `skip`), computing misses into `assembly.label_flops`
-  fetch(cache, adapter, costs, head, label_ids) -> (LabelKV, FLOPs spent computing it)
+      rows (but those in rows `skip`), computing misses into `assembly.fill_flops`
+  fetch(cache, adapter, costs, namespace, head, label_ids) -> (LabelKV, FLOPs spent
+      computing it)
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from conduit_core.prompt.layout import Segment
 from conduit_core.prompt.prompt_head import HeadKV
 from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
 
-LabelKey = tuple[tuple[int, ...], tuple[int, ...]]  # (head token ids, label token ids)
+LabelKey = tuple[str, tuple[int, ...], tuple[int, ...]]  # (namespace, head ids, label ids)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class LabelKV:
     @property
     def n(self) -> int:
         """Tokens in the label."""
-        return len(self.key[1])
+        return len(self.key[2])
 
     def copy_into(self, adapter: VLMAdapter, cache: KVCache, start: int,
                   position_ids: torch.Tensor) -> None:
@@ -82,22 +86,22 @@ class LabelCache(BoundedLRU[LabelKey, LabelKV]):
         super().__init__(max_entries)
 
     @staticmethod
-    def key(head: HeadKV, label_ids: torch.Tensor) -> LabelKey:
-        """The entry key of a label (t,) after `head`."""
-        return head.token_ids, tuple(int(t) for t in label_ids.tolist())
+    def key(namespace: str, head: HeadKV, label_ids: torch.Tensor) -> LabelKey:
+        """The entry key of a label (t,) after `head` in `namespace`."""
+        return namespace, head.token_ids, tuple(int(t) for t in label_ids.tolist())
 
     @torch.no_grad()
-    def get(self, adapter: VLMAdapter, head: HeadKV,
+    def get(self, adapter: VLMAdapter, namespace: str, head: HeadKV,
             label_ids: torch.Tensor) -> tuple[LabelKV, bool]:
-        """The label with token ids `label_ids` (t,) after `head`, and whether it was computed
-        now (at the positions of a prompt whose first label it is)."""
-        key = self.key(head, label_ids)
+        """The label with token ids `label_ids` (t,) after `head` in `namespace`, and whether
+        it was computed now (at the positions of a prompt whose first label it is)."""
+        key = self.key(namespace, head, label_ids)
         return self.get_or_compute(key, lambda: _compute(adapter, head, key, label_ids))
 
 
 def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey,
              label_ids: torch.Tensor) -> LabelKV:
-    h, t = head.n, len(key[1])
+    h, t = head.n, len(key[2])
     position_ids = adapter.position_ids(
         torch.cat([torch.tensor(head.token_ids, dtype=torch.long), label_ids.cpu()]), [])
     cache = KVCache.allocate(adapter, 1, h + t)
@@ -127,20 +131,10 @@ def _cost(costs: RowCosts, head: HeadKV, t: int) -> float:
     return costs.rows(torch.arange(head.n, head.n + t), head.n + t, last_only=True)
 
 
-def label_cost(cache: LabelCache, costs: RowCosts, assembly: Assembly,
-               skip: torch.Tensor | None = None) -> float:
-    """LM FLOPs `load_labels` will spend on this assembly: the labels it must compute."""
-    head = assembly.head
-    if head is None:
-        return 0.0
-    return sum(_cost(costs, head, ids.numel()) for _, ids in _pending(assembly, skip)
-               if LabelCache.key(head, ids) not in cache)
-
-
 def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembly: Assembly,
                 skip: torch.Tensor | None = None) -> None:
     """Write the assembly's pending labels' K/V into their rows, turned to their places,
-    computing the labels the cache lacks (their FLOPs added to `assembly.label_flops`)."""
+    computing the labels the cache lacks (their FLOPs added to `assembly.fill_flops`)."""
     pending = _pending(assembly, skip)
     assembly.labels_pending = False
     if not pending:
@@ -148,15 +142,15 @@ def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembl
     head, layout = assembly.head, assembly.layout
     assert head is not None  # stale labels are computed after the head
     for span, ids in pending:
-        label, spent = fetch(cache, adapter, costs, head, ids)
+        label, spent = fetch(cache, adapter, costs, assembly.namespace, head, ids)
         label.copy_into(adapter, assembly.cache, span.start,
                         layout.position_ids[:, span.start:span.stop])
-        assembly.label_flops += spent
+        assembly.fill_flops += spent
 
 
-def fetch(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, head: HeadKV,
-          label_ids: torch.Tensor) -> tuple[LabelKV, float]:
-    """The label (t,) after `head` from the cache, computed if missing, and the LM FLOPs
-    that took (0 on a hit)."""
-    label, computed = cache.get(adapter, head, label_ids)
+def fetch(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, namespace: str,
+          head: HeadKV, label_ids: torch.Tensor) -> tuple[LabelKV, float]:
+    """The label (t,) after `head` in `namespace` from the cache, computed if missing, and
+    the LM FLOPs that took (0 on a hit)."""
+    label, computed = cache.get(adapter, namespace, head, label_ids)
     return label, _cost(costs, head, label.n) if computed else 0.0

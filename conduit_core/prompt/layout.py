@@ -118,6 +118,12 @@ class Layout:
         """Sequence indices of page segment tokens, ascending (N_v,)."""
         return torch.nonzero(self.segment_mask()).view(-1)
 
+    def label_rows(self) -> torch.Tensor:
+        """Sequence indices of every page label's tokens, ascending (N_l,)."""
+        if not self.labels:
+            return torch.zeros(0, dtype=torch.long)
+        return torch.cat([torch.arange(s.start, s.stop) for s in self.labels])
+
     def text_rows(self) -> torch.Tensor:
         """Sequence indices of text tokens (always computed fresh: every row not filled
         from a cache), ascending (N_t,)."""

@@ -7,14 +7,17 @@ last-layer hidden states are exactly those of a full prefill of any prompt that 
 it: no re-rotation, no refresh. The runtime copies them into each assembled cache and
 computes only the rows after the head (not computed = not charged).
 
-Entries are keyed by the head's token ids and live with the loaded model (a process that
-restarts rebuilds them on its first question). A small bound keeps memory flat when callers
-send many prefixes.
+Entries are keyed by the request's page namespace (a tenant, or the shared corpus) and the
+head's token ids, so that whether a head is cached never tells one namespace what another
+asked; they live with the loaded model (a process that restarts rebuilds them on its first
+question). A small bound keeps memory flat when callers send many prefixes. A head computed
+for an answer is charged to it (`ReuseRuntime.assemble`).
 
 Public API:
   HeadKV(token_ids, keys, values, hidden)
   HeadCache(max_entries=8)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
-    .get(adapter, token_ids, position_ids) -> HeadKV   computed on first use (plain causal)
+    .get(adapter, namespace, token_ids, position_ids) -> (HeadKV, computed now: bool)
+        computed on first use (plain causal)
     .clear()
     len(cache)
 """
@@ -51,23 +54,26 @@ class HeadKV:
         cache.values[:, 0, :, :self.n] = self.values
 
 
-class HeadCache(BoundedLRU[tuple[int, ...], HeadKV]):
+HeadKey = tuple[str, tuple[int, ...]]  # (page namespace, head token ids)
+
+
+class HeadCache(BoundedLRU[HeadKey, HeadKV]):
     """Bounded LRU of computed prompt heads for one loaded model."""
 
     def __init__(self, max_entries: int = 8):
         super().__init__(max_entries)
 
     @torch.no_grad()
-    def get(self, adapter: VLMAdapter, token_ids: torch.Tensor,
-            position_ids: torch.Tensor) -> HeadKV:
-        """The head with these token ids (h,) at `position_ids` (P, h), computed on first use.
+    def get(self, adapter: VLMAdapter, namespace: str, token_ids: torch.Tensor,
+            position_ids: torch.Tensor) -> tuple[HeadKV, bool]:
+        """The head with these token ids (h,) at `position_ids` (P, h) for `namespace`, and
+        whether it was computed now (first use in that namespace).
 
         Positions are part of what the head's K/V depend on; a head is always at the start
         of its layout, so its positions are a function of its token ids."""
-        key = tuple(int(t) for t in token_ids.tolist())
-        head, _ = self.get_or_compute(
-            key, lambda: _compute(adapter, key, token_ids, position_ids))
-        return head
+        ids = tuple(int(t) for t in token_ids.tolist())
+        return self.get_or_compute((namespace, ids),
+                                   lambda: _compute(adapter, ids, token_ids, position_ids))
 
 
 def _compute(adapter: VLMAdapter, key: tuple[int, ...], token_ids: torch.Tensor,

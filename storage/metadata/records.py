@@ -35,6 +35,12 @@ class Collection:
     shared: bool = False
     created_at: float = field(default_factory=time.time)
 
+    @property
+    def page_namespace(self) -> str | None:
+        """The namespace its pages are hashed and cached under (`storage.keys.page_hash`):
+        its tenant's, or None for a shared corpus."""
+        return None if self.shared else self.tenant
+
 
 @dataclass(frozen=True)
 class SkippedPage:

@@ -90,9 +90,11 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
                                          max_new_tokens=5))
     assert reuse.refreshed_visual_tokens == 0 and reuse.visual_tokens == full.visual_tokens
     assert reuse.flops_used < full.flops_used < full.flops_full  # neither runs the tower
-    # the head (template opening + prefix) comes from the head cache: not computed, not
-    # charged; without the head cache every row is computed and the ratio is 1
-    assert full.head_tokens > 0 and full.flops_ratio_lm < 1 and full.flops_used_vision == 0.0
+    # the head (template opening + prefix) comes from the head cache: computed and charged
+    # once (here, the first answer), then reused; without the head cache every row is
+    # computed and the ratio is 1
+    assert full.head_tokens > 0 and full.fill_flops_lm > 0 and full.flops_used_vision == 0.0
+    assert full.own_flops_lm < full.flops_full_lm
     assert 0 < reuse.flops_ratio_lm < 1
     no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False)
     plain = no_head.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_prefill",
