@@ -1,12 +1,12 @@
 """No cross-request cache tells one tenant what another asked or uploaded (issue 60, point 1),
 over real HTTP with three tenants' API keys.
 
-The probe (on the default builtin model, whose pages are large enough that the policy runs
-rather than its fallback): page labels (`[secret-plan.pdf p.1]`) and the prompt head are computed once and
-cached, and what an answer computes is charged in `flops_ratio_lm`. Before the caches were
-keyed by the page namespace, tenant B uploading a file named like one tenant A has and asking
-got the warm figure on its very first answer (A had computed the label), where a name nobody
-used gets the cold one: B learned that some tenant holds that file.
+The probe (on the default builtin model, whose pages are large enough that the policy
+runs rather than its fallback): page labels (`[secret-plan.pdf p.1]`) and the prompt head are
+computed once and cached, and what an answer computes is charged in `flops_ratio_lm`. Before
+the caches were keyed by the page namespace, tenant B uploading a file named like one tenant
+A has and asking got the warm figure on its very first answer (A had computed the label),
+where a name nobody used gets the cold one: B learned that some tenant holds that file.
 """
 
 from __future__ import annotations
