@@ -5,7 +5,9 @@
 A layer imports only the layers below it; no product module imports the lab (`lab/`, its
 own distribution) or the tests; conduit_core imports only torch, transformers, tokenizers,
 PIL, numpy, safetensors and the standard library (no web, queue, storage or PDF code); the
-product's modules import each other without circles; routers import no other router."""
+product's modules import each other without circles; routers import no other router. The lab
+may import the product but never the tests (the tests may import the lab), and its modules
+import each other without circles, counting imports inside functions too."""
 
 from __future__ import annotations
 
@@ -48,6 +50,32 @@ def _imports(path: Path, *, top_level_only: bool = False) -> set[str]:
 
 
 PRODUCT = {name: path for layer in LAYERS for name, path in _modules(layer).items()}
+LAB = _modules("lab")
+
+
+def _circle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle among `edges` (module -> modules it imports), or None. A package's
+    module importing the package itself (its face) is not a circle."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1 and not node.startswith(nxt + "."):
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                loop = visit(nxt, [*path, nxt])
+                if loop:
+                    return loop
+        state[node] = 2
+        return None
+
+    for name in sorted(edges):
+        if name not in state:
+            loop = visit(name, [name])
+            if loop:
+                return loop
+    return None
 
 
 def test_every_layer_imports_only_the_layers_below_it() -> None:
@@ -75,21 +103,25 @@ def test_no_import_circles_between_product_modules() -> None:
     """Module-level imports form no loop (a module's import of another runs at its import)."""
     edges = {name: {m for m in _imports(path, top_level_only=True) if m in PRODUCT} - {name}
              for name, path in PRODUCT.items()}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    loop = _circle(edges)
+    assert loop is None, "import circle: " + " -> ".join(loop or [])
 
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1 and not node.startswith(nxt + "."):  # a package's face
-                loop = path[path.index(nxt):] + [nxt]
-                raise AssertionError("import circle: " + " -> ".join(loop))
-            if nxt not in state:
-                visit(nxt, [*path, nxt])
-        state[node] = 2
 
-    for name in sorted(edges):
-        if name not in state:
-            visit(name, [name])
+def test_the_lab_imports_no_tests() -> None:
+    """Helpers the lab and the tests share live in the lab (or the product), never in tests."""
+    assert len(LAB) > 50
+    for name, path in LAB.items():
+        bad = sorted(m for m in _imports(path) if m.split(".")[0] == "tests")
+        assert not bad, f"{name} imports {bad}: the lab never imports the tests"
+
+
+def test_no_import_circles_between_lab_modules() -> None:
+    """No loop among the lab's modules, imports inside functions included (a lazy import
+    that closes a loop is a loop all the same)."""
+    edges = {name: {m for m in _imports(path) if m in LAB} - {name}
+             for name, path in LAB.items()}
+    loop = _circle(edges)
+    assert loop is None, "import circle: " + " -> ".join(loop or [])
 
 
 def test_routers_do_not_import_routers() -> None:

@@ -1,7 +1,7 @@
 """The upload fuzz through HTTP (`python -m lab.fuzz.uploads --http`, issue 30): the same
 mutants as the direct mode (`uploads.py`) uploaded to a real embedded `conduit serve`.
 
-The service is started as the service tests start it (`tests/service/conftest.py`
+The service is started as the service tests start it (`lab/service_process.py`
 `start_server`, the tiny test model, OCR off, a 64 MiB upload limit) on a fresh home. Every
 mutant is uploaded in turn; each reply must be a 202 or a 4xx whose body is strict UTF-8 JSON
 with readable strings (no lone surrogates), never a 5xx. Then every accepted document must
@@ -29,8 +29,8 @@ from typing import Any
 
 import httpx
 
-from lab.fuzz.uploads import _sources, hwm_kib, mutants, mutate
-from tests.service.conftest import start_server, stop_server, wait_ready
+from lab.fuzz.mutants import fuzz_sources, hwm_kib, mutants, mutate
+from lab.service_process import start_server, stop_server, wait_ready
 
 SERVER_ENV = {"CONDUIT_MODEL": "builtin:tiny-qwen2-vl", "CONDUIT_OCR": "false",
               "CONDUIT_MAX_UPLOAD_BYTES": str(64 * 2**20), "TRANSFORMERS_OFFLINE": "1"}
@@ -108,7 +108,7 @@ class _Service:
 
 def fuzz_http(args: argparse.Namespace) -> dict[str, Any]:
     """Upload every mutant of the plan to a fresh embedded service; return the figures."""
-    sources = dict(_sources(args))
+    sources = dict(fuzz_sources(args))
     names = sorted(sources)
     home = Path(tempfile.mkdtemp(prefix="conduit-fuzz-http-"))
     started = time.monotonic()

@@ -69,7 +69,7 @@ def _start(data: bytes, fork_server: bool) -> float:
 
 
 def _bomb(kind: str, mib: int, limits: ReaderLimits) -> dict[str, object]:
-    from tests.ingest.bad_pdfs import content_bomb_pdf
+    from lab.ingest.bad_pdfs import content_bomb_pdf
 
     data = content_bomb_pdf(mib, kind=kind)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lab.ingest.builders import text_pages_pdf
+from lab.ingest.objstm_bomb import objstm_bomb_pdf
 from tests.faults.conftest import start_serve
-from tests.ingest.builders import text_pages_pdf
-from tests.ingest.objstm_bomb import objstm_bomb_pdf
 
 MIB = 1 << 20
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ingest.builders import text_pages_pdf
-from tests.ingest.objstm_bomb import objstm_bomb_pdf
+from lab.ingest.builders import text_pages_pdf
+from lab.ingest.objstm_bomb import objstm_bomb_pdf
 from worker.ingest import OpenMemoryLimitError, ReaderLimits, iter_pages
 from worker.ingest.confine import child_env
 from worker.ingest.sandbox import PageReader

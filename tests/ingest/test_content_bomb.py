@@ -8,7 +8,7 @@ import resource
 
 import pytest
 
-from tests.ingest.bad_pdfs import content_bomb_pdf
+from lab.ingest.bad_pdfs import content_bomb_pdf
 from worker.ingest import (
     PageMemoryLimitError,
     PageTimeLimitError,

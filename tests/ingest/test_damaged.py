@@ -6,7 +6,7 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.bad_pdfs import bit_rot, flip_content_bytes, paper_pdf, without_trailer
+from lab.ingest.bad_pdfs import bit_rot, flip_content_bytes, paper_pdf, without_trailer
 from worker.ingest import (
     CorruptPdfError,
     IngestError,

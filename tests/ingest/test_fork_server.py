@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ingest.builders import text_pages_pdf
+from lab.ingest.builders import text_pages_pdf
 from worker.ingest import PageMemoryLimitError, ReaderLimits, fork_server
 from worker.ingest.sandbox import PageReader
 from worker.ingest.text import TextPolicy

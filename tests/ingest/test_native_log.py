@@ -8,7 +8,7 @@ import logging
 import pymupdf
 import pytest
 
-from tests.ingest.bad_pdfs import flip_content_bytes, leptonica_noise_page, paper_pdf
+from lab.ingest.bad_pdfs import flip_content_bytes, leptonica_noise_page, paper_pdf
 from worker.ingest import iter_pages
 
 

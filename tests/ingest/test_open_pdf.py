@@ -5,7 +5,7 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.builders import pdf_bytes, text_pages_pdf, zero_page_pdf
+from lab.ingest.builders import pdf_bytes, text_pages_pdf, zero_page_pdf
 from worker.ingest import (
     CorruptPdfError,
     EmptyFileError,

@@ -7,7 +7,7 @@ import io
 import pypdf
 import pytest
 
-from tests.ingest.builders import text_pages_pdf
+from lab.ingest.builders import text_pages_pdf
 from worker.ingest import WrongPasswordError, extract_text, open_pdf
 from worker.ingest.pdf import encryption_revision
 from worker.ingest.saslprep import password_forms, saslprep

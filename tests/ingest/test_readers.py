@@ -6,7 +6,7 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
+from lab.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
 from worker.ingest import Deadline, IngestTimeoutError, iter_pages, ocr_available
 
 pytestmark = pytest.mark.skipif(not ocr_available(), reason="tesseract language data missing")

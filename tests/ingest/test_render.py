@@ -5,7 +5,7 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.builders import huge_page_pdf, pdf_bytes, text_pages_pdf
+from lab.ingest.builders import huge_page_pdf, pdf_bytes, text_pages_pdf
 from worker.ingest import CorruptPdfError, open_pdf, render_page
 from worker.ingest.render import capped_dpi, capped_zoom
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pymupdf
 import pytest
 
-from tests.ingest.builders import (
+from lab.ingest.builders import (
     image_only_page,
     pdf_bytes,
     text_image,

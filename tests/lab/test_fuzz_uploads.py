@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from lab.fuzz.uploads import MUTATIONS, builder_sources, main, mutate
+from lab.fuzz.mutants import MUTATIONS, builder_sources, mutate
+from lab.fuzz.uploads import main
 from lab.fuzz.uploads_http import passed, reply_problem
 
 

@@ -10,7 +10,7 @@ import pymupdf
 import pytest
 
 from lab.ingest import ocr_workers
-from tests.ingest.builders import image_only_page, pdf_bytes
+from lab.ingest.builders import image_only_page, pdf_bytes
 from worker.ingest import ocr_available
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.ingest.bad_pdfs import flip_content_bytes, paper_pdf
+from lab.ingest.bad_pdfs import flip_content_bytes, paper_pdf
 
 NOISE = ("Writing model shards", "Loading weights", "MuPDF", "zlib", "Leptonica", "Error in ",
          "Tesseract", "cannot be recognized", "too small")

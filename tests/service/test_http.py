@@ -9,7 +9,7 @@ import httpx
 import pymupdf
 import pytest
 
-from tests.ingest.builders import image_only_page, pdf_bytes
+from lab.ingest.builders import image_only_page, pdf_bytes
 from tests.pdfs import encrypted_pdf, text_pdf
 from tests.service.conftest import wait_ready
 from worker.ingest import ocr_available

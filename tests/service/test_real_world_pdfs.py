@@ -12,7 +12,7 @@ import fastapi_offline
 import httpx
 import pytest
 
-from tests.ingest.bad_pdfs import content_bomb_pdf, flip_content_bytes, paper_pdf, without_trailer
+from lab.ingest.bad_pdfs import content_bomb_pdf, flip_content_bytes, paper_pdf, without_trailer
 from tests.ingest.test_password import PREPARED, TYPED, _encrypted
 from tests.service.conftest import start_server, stop_server, wait_ready
 

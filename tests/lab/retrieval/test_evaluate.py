@@ -8,12 +8,12 @@ from pathlib import Path
 import pymupdf
 import pytest
 
+from lab.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
 from lab.retrieval.evaluate import (
     ingest_corpus,
     load_questions,
     run_retrieval_eval,
 )
-from tests.ingest.builders import image_only_page, pdf_bytes, text_pages_pdf
 from worker.ingest import ocr_available
 from worker.retrieval import Embedder
 from worker.retrieval.document_context import document_context

@@ -1,4 +1,5 @@
-"""Builders of real PDFs (PyMuPDF) for the ingestion and retrieval tests."""
+"""Builders of real PDFs (PyMuPDF) for the ingestion and retrieval tests and the lab's
+fuzz and ingest benches."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import zlib
 
 import pymupdf
 
-from tests.ingest.builders import _assemble
+from lab.ingest.builders import _assemble
 
 PAGE_WORDS = ["harbour", "valve", "turbine", "ledger", "granite", "ferry", "beacon", "tide"]
 
