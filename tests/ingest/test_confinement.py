@@ -1,11 +1,13 @@
 """The processes that parse PDFs hold no secret and are confined (issue 30, points 1 and 4):
 a minimal environment, no network, no file outside Python's and the system's, CPU-time and
-file-size limits; and the object-stream bomb is refused at open, never inflated here."""
+file-size limits; no signal or socket reaching another process (issue 60, point 5); and the
+object-stream bomb is refused at open, never inflated here."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import resource
 import signal
 import socket
@@ -60,6 +62,10 @@ def test_a_reader_reports_its_confinement() -> None:
         assert "landlock-fs" in applied
     if _landlock_abi() >= 4:
         assert "landlock-tcp" in applied
+    if _landlock_abi() >= 6:
+        assert "landlock-scope" in applied
+    if platform.machine() in ("x86_64", "aarch64"):
+        assert "seccomp" in applied
 
 
 PROBE = """
@@ -111,6 +117,63 @@ def test_a_confined_process_reads_no_file_and_reaches_no_network(tmp_path: Path)
     assert lines[1:5] == ["denied 13"] * 4  # EACCES: the upload, our environ, /etc, a write
     assert lines[5].startswith("refused") and lines[6] == "file limit 27 65536"  # EFBIG
     assert not (tmp_path / "uploads" / "new.txt").exists()
+
+
+
+REACH = """
+import os, signal, socket, sys
+from worker.ingest.confine import confine
+print(confine(memory_bytes=1 << 31, file_bytes=1 << 16))
+api, victim, path, abstract = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+for pid, sig in ((api, 0), (api, signal.SIGTERM), (victim, signal.SIGTERM), (0, 0), (-1, 0)):
+    try:
+        os.kill(pid, sig)
+        print("signalled", pid)
+    except OSError as exc:
+        print("denied", exc.errno)
+for address in (path, "\\0" + abstract):
+    try:
+        socket.socket(socket.AF_UNIX).connect(address)
+        print("connected", address)
+    except OSError as exc:
+        print("denied", exc.errno)
+os.kill(os.getpid(), 0)  # itself: still allowed
+print("self")
+"""
+
+
+@linux
+def test_a_confined_process_signals_and_connects_to_no_other_process(tmp_path: Path) -> None:
+    """A compromised reader can neither signal the API process (nor a sibling, nor its
+    process group) nor connect to a Unix socket of another process, by path or abstract
+    name. Before Landlock's scopes and the seccomp filter, all seven succeeded (the victim
+    ended with SIGTERM)."""
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the seccomp filter has no system call table for this machine")
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, _frame: received.append(sig))
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    abstract = f"conduit-test-{os.getpid()}"
+    try:
+        with socket.socket(socket.AF_UNIX) as by_path, socket.socket(socket.AF_UNIX) as by_name, \
+                open(tmp_path / "log", "wb") as log:
+            by_path.bind(str(tmp_path / "api.sock"))
+            by_path.listen()
+            by_name.bind("\0" + abstract)
+            by_name.listen()
+            done = subprocess.run(
+                [sys.executable, "-c", REACH, str(os.getpid()), str(victim.pid),
+                 str(tmp_path / "api.sock"), abstract], env=child_env(),
+                stdout=subprocess.PIPE, stderr=log, timeout=120, check=True)
+        alive = victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+        signal.signal(signal.SIGTERM, previous)
+    lines = done.stdout.decode().splitlines()
+    assert lines[1:8] == ["denied 1"] * 7, (lines, (tmp_path / "log").read_text())  # EPERM
+    assert lines[8] == "self"
+    assert alive and received == []
 
 
 @linux

@@ -15,11 +15,19 @@ before it reads the PDF:
   the `worker` package, the system directories `/usr`, `/lib*`, and the Tesseract language
   data; no write, create or delete anywhere. So the service's home (every tenant's uploads,
   the SQLite store, the index), `/etc`, and `/proc` (other processes' environments) cannot
-  be opened. The PDF itself arrives over a pipe; no path to it is given.
+  be opened. The PDF itself arrives over a pipe; no path to it is given;
+- other processes (Landlock ABI 6+, Linux 6.12+): scoped, so no signal reaches a process
+  outside the reader's own Landlock domain and no abstract Unix socket outside it can be
+  reached (Landlock also refuses `ptrace` of any process outside the domain, from ABI 1);
+- system calls (`worker.ingest.syscall_filter`, seccomp, x86-64 and AArch64): no socket can
+  be made or connected (Unix sockets by path included), signals only to itself, no
+  `ptrace`, `process_vm_*` or `io_uring`.
 
-Not restricted: Unix-domain sockets reached by path (Landlock does not cover them here),
-reading world-readable files under the allowed system directories, and anything when the
-kernel lacks namespaces or Landlock (`confine()` reports what it applied).
+Not restricted: reading world-readable files under the allowed system directories, writing
+to the descriptors it was given (its pipes and its log), and whatever a layer above could
+not be applied (an old kernel, a container that refuses user namespaces or seccomp):
+`confine()` reports what it applied, and the parent logs a warning naming what is missing
+(`worker.ingest.sandbox`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ import resource
 import site
 import sys
 from pathlib import Path
+
+from worker.ingest import syscall_filter
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Variables a reader needs to find Python, its libraries and Tesseract's data: paths and
@@ -45,6 +55,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _RULE_PATH_BENEATH = 1
 _FS_EXECUTE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 2, 1 << 3
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1 << 0, 1 << 1
 _O_PATH = getattr(os, "O_PATH", 0)
 
 
@@ -67,7 +78,8 @@ def child_env(tessdata: str | None = None) -> dict[str, str]:
 
 def confine(*, memory_bytes: int, file_bytes: int, readable: list[str] | None = None) -> str:
     """Limit this process for good (see the module docstring) and return what was applied,
-    e.g. "rlimits,netns,landlock-fs,landlock-tcp". `readable`: more folders it may read."""
+    e.g. "rlimits,netns,landlock-fs,landlock-tcp,landlock-scope,seccomp". `readable`: more
+    folders it may read."""
     applied = ["rlimits"]
     if memory_bytes > 0:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
@@ -80,6 +92,8 @@ def confine(*, memory_bytes: int, file_bytes: int, readable: list[str] | None = 
     if _unshare_network(libc):
         applied.append("netns")
     applied.extend(_landlock(libc, _readable_roots() + list(readable or [])))
+    if syscall_filter.install(libc):  # last: it refuses the sockets nothing above needs
+        applied.append("seccomp")
     return ",".join(applied)
 
 
@@ -113,7 +127,8 @@ def _readable_roots() -> list[str]:
 
 
 def _landlock(libc: ctypes.CDLL, readable: list[str]) -> list[str]:
-    """Allow reading only under `readable` and deny TCP (ABI 4+); [] when unsupported."""
+    """Allow reading only under `readable`, deny TCP (ABI 4+), scope signals and abstract
+    Unix sockets to the domain (ABI 6+); [] when unsupported."""
     syscall = libc.syscall
     syscall.restype = ctypes.c_long
     abi = syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
@@ -124,9 +139,11 @@ def _landlock(libc: ctypes.CDLL, readable: list[str]) -> list[str]:
         if abi >= version:
             fs |= right
     net = 0b11 if abi >= 4 else 0  # bind and connect TCP
-    attr = (ctypes.c_uint64 * 2)(fs, net)
-    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr),
-                      ctypes.c_size_t(16 if net else 8), ctypes.c_uint32(0))
+    scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL if abi >= 6 else 0
+    attr = (ctypes.c_uint64 * 3)(fs, net, scoped)  # struct landlock_ruleset_attr
+    size = 24 if scoped else 16 if net else 8  # the fields this kernel knows
+    ruleset = syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                      ctypes.c_uint32(0))
     if ruleset < 0:
         return []
     try:
@@ -137,7 +154,8 @@ def _landlock(libc: ctypes.CDLL, readable: list[str]) -> list[str]:
             return []
     finally:
         os.close(ruleset)
-    return ["landlock-fs", "landlock-tcp"] if net else ["landlock-fs"]
+    return ["landlock-fs"] + (["landlock-tcp"] if net else []) + \
+        (["landlock-scope"] if scoped else [])
 
 
 class _PathBeneath(ctypes.Structure):

@@ -31,6 +31,7 @@ from typing import Any
 
 from PIL import Image
 
+from worker.ingest.budget import READER_BUDGET, Reservation
 from worker.ingest.confine import child_env
 from worker.ingest.errors import (
     OpenMemoryLimitError,
@@ -60,11 +61,14 @@ _START_SECONDS = 300.0
 @dataclass(frozen=True)
 class ReaderLimits:
     """Limits of one reader process: its address space, the time for one page or for the
-    open (wall clock, and as much CPU time), and the largest file it may write (its log)."""
+    open (wall clock, and as much CPU time), the largest file it may write (its log), and the
+    size of the process-wide budget its address space counts against."""
 
     memory_mb: int = 2048
     page_seconds: float = 300.0
     file_mb: int = 64
+    budget_mb: int = 0  # the process's reader budget that `memory_mb` is reserved from
+    # before the reader starts (`worker.ingest.budget`); 0 = this reader reserves nothing
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,22 @@ class PageResult:
     width_pt: float = 0.0
     height_pt: float = 0.0
     error: str | None = None
+
+
+# What `confine.confine` applies on a Linux kernel with every layer (6.12+, x86-64 or AArch64)
+_FULL_CONFINEMENT = ("netns", "landlock-fs", "landlock-tcp", "landlock-scope", "seccomp")
+_warned: set[str] = set()
+
+
+def _warn_if_weak(confinement: str) -> None:
+    """Log once per process, as a warning, the confinement layers a reader could not apply
+    (an older kernel, a container that refuses namespaces or seccomp)."""
+    applied = set(confinement.split(","))
+    missing = [layer for layer in _FULL_CONFINEMENT if layer not in applied]
+    if missing and sys.platform.startswith("linux") and confinement not in _warned:
+        _warned.add(confinement)
+        log.warning("PDF readers run with less confinement than they can have: %s not "
+                    "applied here (docs/RELIABILITY.md, 'Threat model')", ", ".join(missing))
 
 
 def _widen_pipe(pipe: Any) -> None:
@@ -125,23 +145,36 @@ class PageReader:
     `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`). The process
     is forked from this process's fork server (`worker.ingest.fork_server`: milliseconds
     instead of a Python start) where one runs, else (or with `fork_server=False`) started.
+    With `limits.budget_mb` set, the reader first reserves `limits.memory_mb` of the
+    process's reader budget (`worker.ingest.budget.READER_BUDGET`), waiting up to
+    `budget_wait_s` (`ReaderBudgetError` past it), and gives it back when closed.
     """
 
     def __init__(self, data: bytes, *, password: str | None, limits: ReaderLimits,
                  max_pages: int | None = None, decrypt_limit: int = 0,
-                 ocr: bool = True, fork_server: bool = True) -> None:
+                 ocr: bool = True, fork_server: bool = True,
+                 budget_wait_s: float = 0.0) -> None:
         self.limits = limits
         self._closing = False
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        tessdata = str(find_tessdata() or "") if ocr else ""
-        argv = [str(limits.memory_mb * 2**20), str(limits.file_mb * 2**20),
-                str(limits.page_seconds)]
-        forked = start_reader(argv, tessdata=tessdata or None, stderr=self._stderr) \
-            if fork_server else None
-        self._proc: ForkedReader | subprocess.Popen[bytes] = forked or subprocess.Popen(
-            [sys.executable, "-c", _CHILD, *argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-            env=child_env(tessdata or None), close_fds=True)
+        self._reservation: Reservation | None = None
+        if limits.budget_mb:
+            READER_BUDGET.resize(limits.budget_mb)
+            self._reservation = READER_BUDGET.reserve(limits.memory_mb, budget_wait_s)
+        try:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+            tessdata = str(find_tessdata() or "") if ocr else ""
+            argv = [str(limits.memory_mb * 2**20), str(limits.file_mb * 2**20),
+                    str(limits.page_seconds)]
+            forked = start_reader(argv, tessdata=tessdata or None, stderr=self._stderr) \
+                if fork_server else None
+            self._proc: ForkedReader | subprocess.Popen[bytes] = forked or subprocess.Popen(
+                [sys.executable, "-c", _CHILD, *argv],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                env=child_env(tessdata or None), close_fds=True)
+        except BaseException:
+            if self._reservation is not None:
+                self._reservation.release()
+            raise
         _widen_pipe(self._proc.stdout)
         request = {"op": "open", "password": password, "max_pages": max_pages,
                    "decrypt": decrypt_limit}
@@ -165,6 +198,7 @@ class PageReader:
         self.facts = PdfFacts(page_count=int(reply["pages"]), title=reply.get("title"),
                               truncated=bool(reply.get("truncated")),
                               confinement=str(reply.get("confinement", "")))
+        _warn_if_weak(self.facts.confinement)
         self.page_count = self.facts.page_count
         self.decrypted: bytes | None = blob if reply.get("decrypted") else None
 
@@ -258,6 +292,8 @@ class PageReader:
                 except OSError:  # a broken pipe while flushing: nothing left to send
                     pass
         self._stderr.close()
+        if self._reservation is not None:  # the process is gone: its memory is free
+            self._reservation.release()
 
     def __enter__(self) -> PageReader:
         return self
@@ -270,7 +306,9 @@ def inspect_pdf(data: bytes, *, password: str | None, max_pages: int, decrypt_li
                 limits: ReaderLimits) -> tuple[PdfFacts, bytes | None]:
     """Open the PDF in a confined reader process and return its facts and, when it was
     encrypted, its decrypted bytes (at most `decrypt_limit`). Raises the `IngestError` of
-    `open_pdf` (empty, not a PDF, damaged, password, page count) or `OpenLimitError`."""
+    `open_pdf` (empty, not a PDF, damaged, password, page count) or `OpenLimitError`, and
+    at once `ReaderBudgetError` when the process's reader budget is spent (an upload is
+    refused rather than held waiting)."""
     with PageReader(data, password=password, limits=limits, max_pages=max_pages,
                     decrypt_limit=decrypt_limit, ocr=False) as reader:
         return reader.facts, reader.decrypted
