@@ -23,3 +23,20 @@ class InvalidKeyError(StorageError):
 
 class UnavailableError(StorageError):
     """A backing service (e.g. Redis) could not be reached after retries."""
+
+
+class DiskFullError(StorageError):
+    """A write found no space left (ENOSPC, a quota of the filesystem, or SQLite's "database
+    or disk is full"); nothing of the failed write was kept."""
+
+
+class QuotaExceededError(StorageError):
+    """A write would take a tenant past one of its quotas (`storage.metadata.usage.Quota`)."""
+
+    def __init__(self, quota: str, limit: int, used: int, adding: int) -> None:
+        super().__init__(f"this tenant's quota of {limit} {quota} would be exceeded ({used} "
+                         f"used, this upload adds {adding}); delete documents to make room")
+        self.quota = quota
+        self.limit = limit
+        self.used = used
+        self.adding = adding

@@ -18,6 +18,7 @@ from storage.metadata.records import (
     Page,
     SkippedPage,
 )
+from storage.metadata.usage import Quota, Usage
 
 
 class MetadataStore(Protocol):
@@ -45,8 +46,15 @@ class MetadataStore(Protocol):
         ...
 
     # documents
-    def add_document(self, document: Document) -> None:
-        """Insert a new document record."""
+    def add_document(self, document: Document, quota: Quota | None = None) -> None:
+        """Insert a new document record; with `quota`, only if its collection's tenant stays
+        within it after the insert (`QuotaExceededError` naming the limit otherwise), checked
+        atomically with the insert: concurrent uploads never take a tenant past it."""
+        ...
+
+    def usage(self, tenant: str) -> Usage:
+        """What the tenant's documents take: their bytes, number and pages
+        (`storage.metadata.usage`), counted from the records."""
         ...
 
     def get_document(self, document_id: DocumentId) -> Document:

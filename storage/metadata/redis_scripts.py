@@ -19,10 +19,41 @@ redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
-_ADD_DOCUMENT = """
+# a tenant's usage, summed over its collections' documents: {bytes, documents, pages};
+# ARGV[1] the key prefix ("<prefix>:"), ARGV[2] the tenant
+_USAGE_OF = """
+local function usage_of(prefix, tenant)
+  local bytes, docs, pages = 0, 0, 0
+  for _, col in ipairs(redis.call('ZRANGE', prefix .. 'tenant:' .. tenant, 0, -1)) do
+    for _, doc in ipairs(redis.call('ZRANGE', prefix .. 'coldocs:' .. col, 0, -1)) do
+      local v = redis.call('HMGET', prefix .. 'doc:' .. doc, 'size_bytes', 'pages_total')
+      if v[1] then
+        bytes = bytes + tonumber(v[1])
+        docs = docs + 1
+        pages = pages + tonumber(v[2] or '0')
+      end
+    end
+  end
+  return {bytes, docs, pages}
+end
+"""
+_USAGE = _USAGE_OF + """
+return usage_of(ARGV[1], ARGV[2])
+"""
+# ARGV: document id, created_at, key prefix, quota bytes, documents, pages (0 = unlimited),
+# the document's bytes and pages, then HSET pairs. -1 = no collection, 0 = the id exists,
+# 1 = added, {2, which (1 bytes, 2 documents, 3 pages), used} = a quota would be exceeded
+_ADD_DOCUMENT = _USAGE_OF + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+local tenant = cjson.decode(redis.call('HGET', KEYS[1], 'tenant'))
+local used = usage_of(ARGV[3], tenant)
+local adding = {tonumber(ARGV[7]), 1, tonumber(ARGV[8])}
+for i = 1, 3 do
+  local limit = tonumber(ARGV[3 + i])
+  if limit > 0 and used[i] + adding[i] > limit then return {2, i, used[i]} end
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 9))
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return 1
 """
@@ -94,7 +125,8 @@ return 1
 
 SCRIPTS = {
     "create_collection": _CREATE_COLLECTION, "delete_collection": _DELETE_COLLECTION,
-    "add_document": _ADD_DOCUMENT, "update": _UPDATE_IF_EXISTS, "put_pages": _PUT_PAGES,
+    "add_document": _ADD_DOCUMENT, "usage": _USAGE, "update": _UPDATE_IF_EXISTS,
+    "put_pages": _PUT_PAGES,
     "delete_document": _DELETE_DOCUMENT, "add_job": _ADD_JOB, "update_job": _UPDATE_JOB,
     "claim_job": _CLAIM_JOB, "heartbeat_job": _HEARTBEAT_JOB,
 }

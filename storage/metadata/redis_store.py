@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from storage.errors import ConflictError, NotFoundError, UnavailableError
+from storage.errors import ConflictError, NotFoundError, QuotaExceededError, UnavailableError
 from storage.metadata.records import (
     Collection,
     CollectionId,
@@ -45,6 +45,7 @@ from storage.metadata.records import (
     new_id,
 )
 from storage.metadata.redis_scripts import SCRIPTS
+from storage.metadata.usage import Quota, Usage
 from storage.text_safety import safe_text, safe_value
 
 T = TypeVar("T")
@@ -175,17 +176,31 @@ class RedisMetadataStore:
             raise ConflictError(f"collection {collection_id} still holds documents")
 
     # documents
-    def add_document(self, document: Document) -> None:
-        """Insert a new document record (`ConflictError` if its id exists)."""
+    def add_document(self, document: Document, quota: Quota | None = None) -> None:
+        """Insert a new document record (`ConflictError` if its id exists); with `quota`,
+        only if its collection's tenant stays within it (`QuotaExceededError` otherwise),
+        checked in the insert's script."""
         cid = document.collection_id
+        q = quota or Quota()
         res = self._script(
             "add_document",
             [self._k("col", cid), self._k("doc", document.id), self._k("coldocs", cid)],
-            [document.id, repr(document.created_at), *_encode(document)])
+            [document.id, repr(document.created_at), self._k(""), q.bytes, q.documents,
+             q.pages, document.size_bytes, document.pages_total, *_encode(document)])
         if res == -1:
             raise NotFoundError(f"collection {cid} not found")
         if res == 0:
             raise ConflictError(f"document {document.id} already exists")
+        if isinstance(res, list):
+            name = ("bytes", "documents", "pages")[int(res[1]) - 1]
+            adding = {"bytes": document.size_bytes, "documents": 1,
+                      "pages": document.pages_total}[name]
+            raise QuotaExceededError(name, getattr(q, name), int(res[2]), adding)
+
+    def usage(self, tenant: str) -> Usage:
+        """What the tenant's documents take (`storage.metadata.usage`), in one script."""
+        got = self._script("usage", [], [self._k(""), safe_text(tenant)])
+        return Usage(*(int(x) for x in got))
 
     def get_document(self, document_id: DocumentId) -> Document:
         """The document, or `NotFoundError`."""

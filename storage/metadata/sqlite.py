@@ -1,18 +1,26 @@
-"""SQLite metadata store for the embedded form: one file under the home dir, WAL mode."""
+"""SQLite metadata store for the embedded form: one file under the home dir, WAL mode.
+
+A full disk: a write that fails for lack of space raises `DiskFullError` and leaves nothing.
+Beside the database a reserve file of `RESERVE_BYTES` (`storage.space.SpaceReserve`) is kept;
+deletes and status writes (`_may_release_reserve`) that find the disk full release it and
+retry once, so a document can be deleted (and its space freed), and an ingest can record its
+failure, on a full disk. Writes that add data (collections, documents, pages) do not use it.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
-from storage.errors import ConflictError, NotFoundError
+from storage.errors import ConflictError, DiskFullError, NotFoundError
 from storage.metadata.records import (
     Collection,
     CollectionId,
@@ -27,7 +35,16 @@ from storage.metadata.records import (
     SkippedPage,
     new_id,
 )
+from storage.metadata.usage import Quota, Usage
+from storage.space import SpaceReserve, is_disk_full
 from storage.text_safety import safe_text, safe_value
+
+# the reserve file beside the database: room for the write-ahead log of a delete or a status
+# write on a full disk (SQLite checkpoints its log every 1000 pages of 4 KiB)
+RESERVE_BYTES = 16 * 2**20
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -74,6 +91,24 @@ def _row(cls: type, row: sqlite3.Row) -> Any:
     return cls(**{k: row[k] for k in row.keys() if k in names})
 
 
+def _may_release_reserve(method: Callable[P, R]) -> Callable[P, R]:
+    """A write that must work on a full disk: on `DiskFullError` the store's reserve file is
+    released and the write retried once; after a write, a released reserve is taken again
+    when the disk has room for it."""
+    @functools.wraps(method)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        store: SQLiteMetadataStore = args[0]  # type: ignore[assignment]
+        try:
+            result = method(*args, **kwargs)
+        except DiskFullError:
+            if not store._reserve.release():
+                raise
+            result = method(*args, **kwargs)
+        store._reserve.take()
+        return result
+    return run
+
+
 def _text(raw: bytes) -> str:
     """A TEXT value as valid UTF-8: bytes that do not decode (written by another tool, or
     encoded surrogates) read back as `\\xNN` escapes instead of failing the whole read."""
@@ -83,8 +118,9 @@ def _text(raw: bytes) -> str:
 class SQLiteMetadataStore:
     """`MetadataStore` on one SQLite file; safe to share between threads of one process."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, reserve_bytes: int = RESERVE_BYTES) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._reserve = SpaceReserve(path.with_name(path.name + ".reserve"), reserve_bytes)
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         self._conn.text_factory = _text
@@ -97,14 +133,22 @@ class SQLiteMetadataStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; `DiskFullError` (nothing kept) when the disk is full."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
             try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    if self._conn.in_transaction:  # a failed COMMIT can leave it open
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                if is_disk_full(exc):
+                    raise DiskFullError(f"the metadata database is out of disk space: {exc}"
+                                        ) from exc
                 raise
-            self._conn.execute("COMMIT")
 
     def _insert(self, table: str, record: Any, conflict: str) -> None:
         """Insert a dataclass record as one row; `ConflictError(conflict)` on a duplicate."""
@@ -164,6 +208,7 @@ class SQLiteMetadataStore:
         )
         return [self.get_collection(r["id"]) for r in rows]
 
+    @_may_release_reserve
     def delete_collection(self, collection_id: CollectionId) -> None:
         """Delete an empty collection (`ConflictError` if it still holds documents)."""
         with self._tx() as c:
@@ -174,10 +219,35 @@ class SQLiteMetadataStore:
                 raise NotFoundError(f"collection {collection_id} not found")
 
     # documents
-    def add_document(self, document: Document) -> None:
-        """Insert a new document record."""
-        self.get_collection(document.collection_id)
-        self._insert("documents", document, f"document {document.id} already exists")
+    def add_document(self, document: Document, quota: Quota | None = None) -> None:
+        """Insert a new document record; with `quota`, only if its collection's tenant stays
+        within it (`QuotaExceededError` otherwise), checked in the insert's transaction."""
+        col = self.get_collection(document.collection_id)
+        values = {k: json.dumps(v) if isinstance(v, list) else v
+                  for k, v in safe_value(asdict(document)).items()}
+        cols, marks = ", ".join(values), ", ".join("?" for _ in values)
+        try:
+            with self._tx() as c:
+                if quota is not None:
+                    quota.check(self._usage(c, col.tenant),
+                                Usage(document.size_bytes, 1, document.pages_total))
+                c.execute(f"INSERT INTO documents ({cols}) VALUES ({marks})",
+                          tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise ConflictError(f"document {document.id} already exists") from exc
+
+    def usage(self, tenant: str) -> Usage:
+        """What the tenant's documents take (`storage.metadata.usage`)."""
+        with self._lock:
+            return self._usage(self._conn, safe_text(tenant))
+
+    @staticmethod
+    def _usage(c: sqlite3.Connection, tenant: str) -> Usage:
+        row = c.execute(
+            "SELECT COALESCE(SUM(d.size_bytes), 0), COUNT(d.id), COALESCE(SUM(d.pages_total), 0)"
+            " FROM documents d JOIN collections c ON c.id = d.collection_id WHERE c.tenant = ?",
+            (tenant,)).fetchone()
+        return Usage(int(row[0]), int(row[1]), int(row[2]))
 
     def get_document(self, document_id: DocumentId) -> Document:
         """The document, or `NotFoundError`."""
@@ -194,6 +264,7 @@ class SQLiteMetadataStore:
         )
         return [_row(Document, r) for r in rows]
 
+    @_may_release_reserve
     def update_progress(
         self,
         document_id: DocumentId,
@@ -261,6 +332,7 @@ class SQLiteMetadataStore:
                 found[(page.document_id, page.number)] = page
         return [found[k] for k in ((str(d), int(n)) for d, n in keys) if k in found]
 
+    @_may_release_reserve
     def delete_document(self, document_id: DocumentId) -> list[str]:
         """Delete a document and its pages; return the page hashes no other document uses."""
         with self._tx() as c:
@@ -291,6 +363,7 @@ class SQLiteMetadataStore:
         job: Job = _row(Job, row)
         return job
 
+    @_may_release_reserve
     def update_job(self, job_id: JobId, *, status: JobStatus, error: str | None = None) -> None:
         """Record a job's status."""
         with self._tx() as c:
@@ -300,6 +373,7 @@ class SQLiteMetadataStore:
         if n == 0:
             raise NotFoundError(f"job {job_id} not found")
 
+    @_may_release_reserve
     def claim_job(self, job_id: JobId, lease_s: float) -> Job | None:
         """Take a queued job, or a running one whose lease expired; None if finished or held."""
         now = time.time()
@@ -315,6 +389,7 @@ class SQLiteMetadataStore:
                       "attempts=attempts+1 WHERE id=?", (now, job_id))
         return self.get_job(job_id)
 
+    @_may_release_reserve
     def heartbeat_job(self, job_id: JobId) -> None:
         """Renew a running job's lease."""
         with self._tx() as c:
