@@ -4,6 +4,7 @@
     conduit-lab bench store|ttft|load|load-paired|engine|retrieval-scale
     conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
+    conduit-lab report results                        docs/RESULTS.md from the committed results
     conduit-lab gpu check [...]                       the GPU check (lab/gpu/gpu_check.py;
                                                       bash lab/gpu/gpu_check.sh runs it all)
     conduit-lab gpu rerotation-split [...]            a re-rotation error split up
@@ -179,8 +180,20 @@ def _parser() -> argparse.ArgumentParser:
     split.add_argument("--device", default="cpu")
     split.set_defaults(func=_rerotation_split)
 
+    report = sub.add_parser("report", help="pages generated from results").add_subparsers()
+    res = report.add_parser("results", help="write docs/RESULTS.md from the committed results "
+                            "(lab/results_doc.py)")
+    res.set_defaults(func=_report_results)
+
     add_testbed_commands(sub)
     return p
+
+
+def _report_results(args: argparse.Namespace) -> int:
+    from lab.results_doc import write
+
+    print("wrote", write())
+    return 0
 
 
 def _gpu_check(args: argparse.Namespace) -> int:
