@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The page-scale testbed recipe on a GPU loan: three seeds trained side by side on one device
 # (issue 28 asks for three independently trained checkpoints; on the 2-core CPU one run of
-# 1,200 steps takes 75 minutes or more, docs/TESTBED.md "Training").
+# 1,200 steps takes 75 minutes or more, lab/testbed/NOTES.md "Training").
 # Usage: STAGE1=FILE bash lab/gpu/testbed.sh [STEPS] [SEEDS]
 #   STAGE1  the stage-1 weights, the curriculum's start:
 #           git show 74a2228:conduit_core/weights/testbed-qwen2-vl.safetensors > FILE
@@ -13,7 +13,7 @@
 # checkpoints every 100 steps): stage 2 (page scale, from STAGE1), stage 3 (pair-share 0.4,
 # lr 5e-4, --seed 100+seed), stages 4 and 5 (the resolve target, --resolve-weight 5, 400 steps
 # at lr 3e-4 and 2e-4, --seed 200+seed and 300+seed), each from the previous stage's
-# model.safetensors (docs/TESTBED.md, "Training"), all under one deadline
+# model.safetensors (lab/testbed/NOTES.md, "Training"), all under one deadline
 # (TESTBED_DEADLINE_S, default 540 s); a run cut by the deadline keeps its last checkpoint,
 # and the same command resumes it. Run folders and logs:
 # lab/gpu/results/testbed-<UTC time>/s<seed>/ (stage 2) and s<seed>-stage{3,4,5}/

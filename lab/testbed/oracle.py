@@ -3,7 +3,7 @@
 A split question's key cell is the first cell of its page; it reads the value ending the page
 before (`Document.source`), which the question itself does not look at. The default
 refreshes the key cell in every question, yet keeps only about 96% of full prefill's split
-answers (docs/TESTBED.md, "How sure"). Here each split question (probe samples, evidence
+answers (lab/testbed/NOTES.md, "How sure"). Here each split question (probe samples, evidence
 plus distractors) is answered by full prefill, by a policy, by the policy plus the source
 cell (one more token), by the policy plus one other cell of the source's page that the
 policy left stale (the control: one more token anywhere there), by the policy plus the key

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One seed of the page-scale testbed recipe on this machine, then its row of the
-# three-checkpoint comparison (issue 28; docs/TESTBED.md "Training" and "Across checkpoints").
+# three-checkpoint comparison (issue 28; lab/testbed/NOTES.md "Training" and "Across checkpoints").
 # Usage: bash lab/testbed/recipe.sh SEED RUNS_DIR [THREADS]
 #   trains stages 2-5 of seed SEED under RUNS_DIR/seedSEED/ (s2 ... s5), exports the stage-5
 #   weights as a model folder, generates the final table's questions (generator seed 31,

@@ -1,7 +1,7 @@
 """`conduit-lab testbed train`: train the testbed Qwen2-VL, from scratch or from a checkpoint
 (`init`: the page-scale curriculum, vision tower frozen), resumably.
 
-Loss per step (docs/TESTBED.md has the table and the runs that led to it): cross-entropy of
+Loss per step (lab/testbed/NOTES.md has the table and the runs that led to it): cross-entropy of
 the answer tokens and the end-of-turn token after them, plus, weighted by `aux_weight`, every
 key cell predicting its record's resolved value at the last layer, plus, with
 `glyph_layer` (default 0), every cell naming its own glyph after that layer (weighted by

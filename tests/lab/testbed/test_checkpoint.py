@@ -1,7 +1,7 @@
 """The trained testbed weights (conduit_core/weights/, committed: a missing file fails): they
 load as a builtin with page-scale pages, answer what they learned over their evidence pages
 plus distractors, and stale page KV costs the cross-page answers that the service's default
-policy recovers (docs/TESTBED.md)."""
+policy recovers (lab/testbed/NOTES.md)."""
 
 import pymupdf
 
@@ -18,7 +18,7 @@ CROSS_PAGE = ("reference", "split", "legend")
 
 
 def test_the_weights_are_in_the_tree():
-    assert WEIGHTS.is_file(), f"{WEIGHTS} is missing: it is committed (docs/TESTBED.md)"
+    assert WEIGHTS.is_file(), f"{WEIGHTS} is missing: it is committed (lab/testbed/NOTES.md)"
     assert WEIGHTS.stat().st_size < 20 * 2**20
 
 
@@ -28,7 +28,7 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
     (6 pages, as `conduit-lab eval answers --pages shown`), rendered from the PDFs as ingest
     renders them: full prefill answers >= 85% (the committed weights: 88% here, 90.0% on the
     final table's 1,000 questions; on sets of 50 it reads 0.76-0.92 by the draw, which is why
-    this set is larger: docs/TESTBED.md); full reuse loses the cross-page families and keeps the
+    this set is larger: lab/testbed/NOTES.md); full reuse loses the cross-page families and keeps the
     rest; the default policy at 10% recovers them."""
     vlm = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "models")
     assert vlm.adapter.max_image_tokens == 256

@@ -13,7 +13,7 @@ def test_demo_runs_the_product_on_the_testbed(monkeypatch, tmp_path):
     assert len(rows) == 10 * len(POLICIES)  # 5 questions a document
     assert any("uploaded and ingested 2 PDFs" in line for line in lines)
     by_policy = {p: [r for r in rows if r["policy"] == p] for p in POLICIES}
-    # the trained model answers in the task's format (its accuracy: docs/TESTBED.md)
+    # the trained model answers in the task's format (its accuracy: lab/testbed/NOTES.md)
     assert all(re.fullmatch(r"[0-9A-Z]( [0-9])?", str(r["answer"]).strip()) for r in rows)
     assert any(line.startswith("full_prefill: ") and "correct" in line for line in lines)
     for r in rows:
