@@ -4,6 +4,10 @@ shaped as the response body."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
+from fastapi import Request
+
 from conduit_core.answer_types import PolicyOptions
 from service.access import document_not_found, owned_collection
 from service.metrics import ANSWER_SECONDS, FALLBACKS, FLOPS_RATIO, QUERIES, TTFT
@@ -12,6 +16,17 @@ from service.views import citation_out
 from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
+from worker.fairness import TenantSlots
+
+
+def answer_slot(request: Request, tenant: str) -> ExitStack:
+    """One of `tenant`'s answers in flight (`worker.fairness.TenantSlots`, the app's
+    `answer_slots`), held until the returned stack is closed (closing twice is harmless);
+    `TenantBusyError` (429 with Retry-After) when the tenant holds its cap already."""
+    slots: TenantSlots = request.app.state.answer_slots
+    stack = ExitStack()
+    stack.enter_context(slots.hold(tenant))
+    return stack
 
 
 def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
@@ -29,6 +44,7 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
         bm25_weight=body.bm25_weight, dense_weight=body.dense_weight,
         options=PolicyOptions(gamma=body.gamma, score_layers=body.score_layers,
                               query_window=body.query_window, head_agg=body.head_agg),
+        tenant=tenant,
     )
     check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
     return question

@@ -27,6 +27,7 @@ from storage.errors import ConflictError, NotFoundError, UnavailableError
 from storage.text_safety import safe_text, safe_value
 from worker.context import build_context
 from worker.errors import WorkerError
+from worker.fairness import TenantSlots, answer_cap, queued_documents_cap
 from worker.ingest.errors import IngestError
 from worker.recovery import Reaper
 from worker.retrieval.index.pipeline import start_index_check
@@ -70,6 +71,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.keyring = keyring
     app.state.thumbnails = ThumbnailCache()
+    # what one tenant may hold at once (`worker.fairness`): answers in flight, queued uploads
+    app.state.answer_slots = TenantSlots(answer_cap(settings, keyring.enabled),
+                                         "answers in flight", "CONDUIT_MAX_ANSWERS_PER_TENANT")
+    app.state.upload_slots = TenantSlots(queued_documents_cap(settings, keyring.enabled),
+                                         "documents queued for ingestion",
+                                         "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
     app.add_middleware(GuardMiddleware, keyring=keyring,
                        max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
@@ -117,7 +124,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def ingest_error(_: Request, exc: IngestError) -> JSONResponse:
         UPLOADS.labels(type(exc).__name__).inc()
         return JSONResponse({"detail": safe_text(exc.message)},
-                            status_code=exc.http_status)
+                            status_code=exc.http_status, headers=_retry_after(exc))
 
     @app.exception_handler(NotFoundError)
     async def not_found(_: Request, exc: NotFoundError) -> JSONResponse:
@@ -135,6 +142,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(WorkerError)
     async def worker_error(_: Request, exc: WorkerError) -> JSONResponse:
-        retry = {"Retry-After": "5"} if exc.http_status == 503 else None  # queue full, ...
         return JSONResponse({"detail": safe_text(exc.message)}, status_code=exc.http_status,
-                            headers=retry)
+                            headers=_retry_after(exc))
+
+
+def _retry_after(exc: WorkerError) -> dict[str, str] | None:
+    """Retry-After for a refusal that passes (429, 503: queue full, readers busy, ...)."""
+    if exc.http_status not in (429, 503):
+        return None
+    return {"Retry-After": str(getattr(exc, "retry_after_s", 5))}

@@ -80,6 +80,7 @@ class Question:
     bm25_weight: float | None = None  # None = the deployment's setting
     dense_weight: float | None = None
     options: PolicyOptions = field(default_factory=PolicyOptions)
+    tenant: str = ""  # who asks: the engine admits questions in turn across tenants
 
 
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
@@ -194,7 +195,8 @@ def answer_question(
             options=effective_options(ctx.settings, policy, q.options),
             namespace=cache_namespace(collection.page_namespace),
         )
-        result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel)
+        result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel,
+                                            tenant=q.tenant)
     finally:
         # a document deleted during the question (even one that made it fail): drop the KV
         # its pages got again, so that no orphan entries stay behind

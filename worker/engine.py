@@ -2,15 +2,17 @@
 are batched (continuous batching) and ingest prefill is interleaved with them.
 
 A scheduler thread loops: when no question is being prefilled, admit at most one waiting
-question, first come first served, when a slot is free (`max_active` answers in the batch)
-and its KV fits (`max_kv_tokens` cache positions in flight, counted from each answer's own
-cache); run one phase of the prefilling question (`ReuseRuntime.prefill_steps`: page-KV
-assembly and re-rotation; scoring pass and selection; refresh and first-token logits); run
-at most one queued model job (an ingest page batch: `run`); then one batched decode step of
-every active answer (`ReuseRuntime.step`), so running answers keep streaming while another
-question is prefilled (a decode step between its phases) or a document is ingested. Each
-iteration's model work holds `model_lock` (code outside the engine that uses the runtime
-directly, e.g. the lab's evaluation harness, takes the same lock).
+question (fair across tenants: the oldest question of the tenant admitted least recently,
+`worker.fairness.TenantQueue`; first come first served within a tenant) when a slot is free
+(`max_active` answers in the batch) and its KV fits (`max_kv_tokens` cache positions in
+flight, counted from each answer's own cache); run one phase of the prefilling question
+(`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation; scoring pass and selection;
+refresh and first-token logits); run at most one queued model job (an ingest page batch:
+`run`); then one batched decode step of every active answer (`ReuseRuntime.step`), so
+running answers keep streaming while another question is prefilled (a decode step between
+its phases) or a document is ingested. Each iteration's model work holds `model_lock` (code
+outside the engine that uses the runtime directly, e.g. the lab's evaluation harness, takes
+the same lock).
 
 A question leaves the batch at the next step when its token callback raises (a client gone)
 or its `cancel` event is set; a question that waits longer than `queue_wait_s` for a slot is
@@ -21,7 +23,7 @@ refused at once (`AnswerTooLargeError`, 422).
 Public API:
   AnswerEngine(runtime: Callable[[], ReuseRuntime], *, max_active, max_kv_tokens,
                queue_wait_s, model_lock=None)
-    .answer(request, on_token=None, cancel=None) -> (AnswerResult, queue_s)   blocks
+    .answer(request, on_token=None, cancel=None, tenant="") -> (AnswerResult, queue_s)   blocks
     .run(fn) -> fn()   a model job (ingest prefill) run between decode steps; blocks
     .stats() -> EngineStats(queued, active, kv_tokens, jobs)
     .close()
@@ -44,6 +46,7 @@ from conduit_core.answer_types import AnswerRequest, AnswerResult, TokenCallback
 from conduit_core.runtime import PrefillSteps, ReuseRuntime
 from worker import engine_metrics as metrics
 from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
+from worker.fairness import TenantQueue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -65,6 +68,7 @@ class _Ticket:
     """One submitted question, from the queue to its result."""
 
     request: AnswerRequest
+    tenant: str  # whose question: admission takes turns between tenants
     on_token: TokenCallback | None
     cancel: threading.Event | None
     need: int  # KV positions reserved while admitted (the estimate, then the actual cache)
@@ -101,7 +105,7 @@ class AnswerEngine:
         self.queue_wait_s = queue_wait_s
         self._model_lock = model_lock if model_lock is not None else threading.Lock()
         self._cond = threading.Condition()
-        self._queue: deque[_Ticket] = deque()
+        self._queue: TenantQueue[_Ticket] = TenantQueue()
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._active: list[_Ticket] = []
         self._prefilling: _Ticket | None = None  # engine thread only
@@ -111,19 +115,22 @@ class AnswerEngine:
 
     # ---- callers --------------------------------------------------------------------
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None,
-               cancel: threading.Event | None = None) -> tuple[AnswerResult, float]:
-        """Queue `request`, wait for its answer; returns it and its time in the queue."""
+               cancel: threading.Event | None = None,
+               tenant: str = "") -> tuple[AnswerResult, float]:
+        """Queue `request` as `tenant`'s, wait for its answer; returns it and its time in the
+        queue."""
         need = kv_tokens_needed(request)
         if need > self.max_kv_tokens:
             raise AnswerTooLargeError(
                 f"this question needs about {need} KV cache positions, more than the "
                 f"{self.max_kv_tokens} this worker holds at once (CONDUIT_MAX_KV_TOKENS_"
                 "IN_FLIGHT); ask over fewer pages or for a shorter answer")
-        ticket = _Ticket(request=request, on_token=on_token, cancel=cancel, need=need)
+        ticket = _Ticket(request=request, tenant=tenant, on_token=on_token, cancel=cancel,
+                         need=need)
         with self._cond:
             if self._closed:
                 raise AnswerQueueFullError("the answer engine is shutting down; retry")
-            self._queue.append(ticket)
+            self._queue.push(tenant, ticket)
             metrics.QUEUE_LENGTH.set(len(self._queue))
             self._cond.notify_all()
         result = ticket.future.result()
@@ -178,33 +185,34 @@ class AnswerEngine:
                     log.exception("answer engine could not fail the batch cleanly")
 
     def _admit(self) -> _Ticket | None:
-        """The next question to prefill (FCFS), or None; expires those that waited too long
-        and drops those cancelled in the queue. Called under the condition."""
+        """The next question to prefill (the tenants' turn, `TenantQueue`), or None; expires
+        those that waited too long and drops those cancelled in the queue. Called under the
+        condition."""
         now = time.perf_counter()
-        while self._queue:
-            head = self._queue[0]
-            if head.cancelled:
+        for waiting in list(self._queue):
+            if waiting.cancelled:
                 metrics.CANCELLED.inc()
-                self._queue.popleft().future.set_exception(
-                    AnswerCancelledError("the client went away"))
-                continue
-            if now - head.queued_at > self.queue_wait_s:
-                self._queue.popleft().future.set_exception(AnswerQueueFullError(
+                self._queue.remove(waiting)
+                waiting.future.set_exception(AnswerCancelledError("the client went away"))
+            elif now - waiting.queued_at > self.queue_wait_s:
+                self._queue.remove(waiting)
+                waiting.future.set_exception(AnswerQueueFullError(
                     f"no answer slot freed within {self.queue_wait_s:.0f} s; retry later"))
-                continue
-            reserved = sum(t.need for t in self._active)
-            if len(self._active) >= self.max_active or (
-                    self._active and reserved + head.need > self.max_kv_tokens):
-                break  # first come first served: nobody overtakes the head
-            ticket = self._queue.popleft()
-            ticket.admitted_at = now
-            metrics.QUEUE_SECONDS.observe(now - ticket.queued_at)
-            self._active.append(ticket)
-            metrics.QUEUE_LENGTH.set(len(self._queue))
-            metrics.ACTIVE.set(len(self._active))
-            return ticket
         metrics.QUEUE_LENGTH.set(len(self._queue))
-        return None
+        head = self._queue.peek()
+        if head is None:
+            return None
+        reserved = sum(t.need for t in self._active)
+        if len(self._active) >= self.max_active or (
+                self._active and reserved + head.need > self.max_kv_tokens):
+            return None  # nobody overtakes the question whose turn it is
+        ticket = self._queue.pop()
+        ticket.admitted_at = now
+        metrics.QUEUE_SECONDS.observe(now - ticket.queued_at)
+        self._active.append(ticket)
+        metrics.QUEUE_LENGTH.set(len(self._queue))
+        metrics.ACTIVE.set(len(self._active))
+        return ticket
 
     def _iteration(self, ticket: _Ticket | None,
                    job: tuple[Callable[[], Any], Future[Any]] | None,

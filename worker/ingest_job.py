@@ -106,7 +106,8 @@ def _ingest(ctx: WorkerContext, doc: Document,
     # the PDF is opened, and its pages drawn and read, only in confined reader processes
     for item in iter_pages(data, dpi=s.render_dpi, max_pixels=s.max_page_pixels, ocr=s.ocr,
                            ocr_workers=s.ocr_workers, deadline=deadline,
-                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s),
+                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s,
+                                               budget_mb=s.reader_memory_mb),
                            max_pages=s.max_pages, on_open=on_open,
                            on_progress=lambda p: progress(p.stage, p.done)):
         if item.error is not None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from storage.errors import NotFoundError, UnavailableError
-from storage.metadata import DocumentId, JobId
+from storage.metadata import DocumentId, JobId, MetadataStore
 from worker.answer_job import Answer, Question, answer_question
 from worker.context import WorkerContext
+from worker.fairness import TenantQueue
 from worker.ingest_job import run_ingest
 from worker.recovery import (
     gave_up_message,
@@ -106,40 +106,69 @@ def _release(ctx: WorkerContext, job_id: JobId) -> None:
         log.warning("could not release %s: %s", job_id, exc)
 
 
+def queued_documents(meta: MetadataStore, tenant: str) -> int:
+    """How many of `tenant`'s documents wait for or are in ingestion (`queued` or
+    `processing`), read from the metadata store: the same count in both forms."""
+    return sum(d.status in ("queued", "processing")
+               for c in meta.list_collections(tenant) if c.tenant == tenant
+               for d in meta.list_documents(c.id))
+
+
 class InProcessRunner:
-    """Runs jobs one at a time on a background thread (one model, one device)."""
+    """Runs ingest jobs one at a time on a background thread (one model, one device), taking
+    turns between tenants (`worker.fairness.TenantQueue`: the tenant served least recently
+    goes next, first come first served within a tenant), so that one tenant's many or slow
+    documents delay another's by at most the one that is running."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conduit-job")
-        self._queued: set[JobId] = set()
-        self._lock = threading.Lock()
+        self._jobs: TenantQueue[tuple[JobId, DocumentId]] = TenantQueue()
+        self._queued: set[JobId] = set()  # queued or running
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="conduit-job", daemon=True)
+        self._thread.start()
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
-        """Queue the ingestion of an uploaded document."""
-        with self._lock:
+        """Queue the ingestion of an uploaded document behind its tenant's earlier ones."""
+        tenant = self._tenant_of(document_id)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the job runner is shut down")
             if job_id in self._queued:
                 return
             self._queued.add(job_id)
+            self._jobs.push(tenant, (job_id, document_id))
+            self._cond.notify_all()
+
+    def _tenant_of(self, document_id: DocumentId) -> str:
+        """The tenant whose turn the document takes ("" when its records cannot be read: it
+        still runs, and the job itself settles a deleted document)."""
         try:
-            future: Future[None] = self._pool.submit(execute_ingest_job, self._ctx, job_id,
-                                                     document_id)
-        except BaseException:
-            self._forget(job_id)
-            raise
+            doc = self._ctx.meta.get_document(document_id)
+            return self._ctx.meta.get_collection(doc.collection_id).tenant
+        except (NotFoundError, UnavailableError):
+            return ""
 
-        def done(f: Future[None]) -> None:
-            self._forget(job_id)
-            _log_crash(f)
-        future.add_done_callback(done)
-
-    def _forget(self, job_id: JobId) -> None:
-        with self._lock:
-            self._queued.discard(job_id)
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._closed or self._jobs):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job_id, document_id = self._jobs.pop()
+            try:
+                execute_ingest_job(self._ctx, job_id, document_id)
+            except Exception as exc:  # noqa: BLE001 - the job thread serves the next job
+                log.error("job crashed: %r", exc)
+            finally:
+                with self._cond:
+                    self._queued.discard(job_id)
 
     def local_queue(self) -> set[JobId] | None:
         """Jobs queued or running on this process's job thread."""
-        with self._lock:
+        with self._cond:
             return set(self._queued)
 
     def answer(self, question: Question, on_token: TokenSink | None = None,
@@ -151,13 +180,8 @@ class InProcessRunner:
     def shutdown(self) -> None:
         """Stop accepting jobs and wait for the running one. Jobs still queued stay `queued`
         in the metadata store; the next start's reconcile requeues them."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _log_crash(future: Future[None]) -> None:
-    """Log a job that raised (a cancelled job, dropped at shutdown, is not a crash)."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        log.error("job crashed: %r", exc)
+        with self._cond:
+            self._closed = True
+            self._jobs.clear()
+            self._cond.notify_all()
+        self._thread.join()

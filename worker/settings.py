@@ -84,6 +84,20 @@ class Settings(BaseSettings):
         300.0, gt=0, description="Hard time limit for reading one page (render, text, OCR); "
         "the reader is killed and the document failed with a message naming this limit.",
     )
+    reader_memory_mb: int = Field(
+        8192, ge=0, description="Memory all page readers of one process may use together: "
+        "each reader reserves its page_memory_mb from it before it starts, so the readers' "
+        "memory never exceeds it together. An upload whose check finds it spent is refused "
+        "at once (503 with Retry-After, nothing stored); an accepted document waits for it "
+        "up to its ingest deadline. A page_memory_mb above it runs one reader at a time. "
+        "0 = unbounded.",
+    )
+    max_queued_documents_per_tenant: int | None = Field(
+        None, ge=0, description="Documents one tenant may have waiting for or in ingestion "
+        "(counted in the metadata store); an upload beyond it is refused (429 with "
+        "Retry-After, nothing stored). Unset: 16 when API keys are configured, unlimited "
+        "without (one tenant). 0 = unlimited.",
+    )
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
     # answering
@@ -179,8 +193,17 @@ class Settings(BaseSettings):
 
     max_active_answers: int = Field(
         16, ge=1, le=256, description="Answers one process's engine decodes together (one "
-        "batched forward per token for all of them); further questions wait first come first "
-        "served. 1 = one answer at a time (the serial engine). Each holds its own KV cache.",
+        "batched forward per token for all of them); further questions wait, admitted in turn "
+        "across tenants, first come first served within one. 1 = one answer at a time (the "
+        "serial engine). Each holds its own KV cache.",
+    )
+    max_answers_per_tenant: int | None = Field(
+        None, ge=0, description="Answers one tenant may have active or queued in one API "
+        "process (queries, streams, chat completions); beyond it a question is refused (429 "
+        "with Retry-After). Below max_active_answers it leaves answer slots to the other "
+        "tenants, whose questions the engine admits in turn. Unset: half of "
+        "max_active_answers (at least 1) when API keys are configured, unlimited without "
+        "(one tenant). 0 = unlimited.",
     )
     max_kv_tokens_in_flight: int = Field(
         65536, ge=1024, le=16_777_216, description="KV cache positions (prompt + answer) one "

@@ -5,9 +5,10 @@ from __future__ import annotations
 import errno
 import logging
 import sqlite3
+from collections.abc import Iterator
 from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, File, Form, HTTPException, UploadFile
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, UploadFile
 from kombu.exceptions import OperationalError
 
 from service.access import owned_collection, owned_document
@@ -28,9 +29,11 @@ from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from storage.text_safety import safe_text
 from worker.context import WorkerContext
+from worker.fairness import TenantSlots
 from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import job_is_stale, remove_page_images, settled_job
 from worker.retrieval.index.pipeline import on_document_deleted
+from worker.runners import queued_documents
 from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,19 @@ def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
             log.warning("could not undo upload %s: %s", doc_id, exc)
 
 
+def upload_slot(request: Request, ctx: CtxDep, tenant: TenantDep) -> Iterator[None]:
+    """One of the caller's uploads in flight, counted with its documents queued or in
+    ingestion (`worker.runners.queued_documents`), held while the upload is checked and
+    stored; `TenantBusyError` (429 with Retry-After, nothing stored) beyond the app's cap."""
+    slots: TenantSlots = request.app.state.upload_slots
+    queued = queued_documents(ctx.meta, tenant) if slots.cap else 0
+    with slots.hold(tenant, already=queued):
+        yield
+
+
+UploadSlotDep = Annotated[None, Depends(upload_slot)]
+
+
 @router.post("/v1/collections/{collection_id}/documents", status_code=202,
              response_model=UploadOut)
 def upload_document(
@@ -84,6 +100,7 @@ def upload_document(
     ctx: CtxDep,
     runner: RunnerDep,
     tenant: TenantDep,
+    _slot: UploadSlotDep,
     file: Annotated[UploadFile, File(description="A PDF file.")],
     password: Annotated[str | None, Form(max_length=1024,
                                          description="Password of an encrypted PDF.")] = None,
@@ -93,13 +110,18 @@ def upload_document(
     A plain `def`: parsing, fsync and store calls run on a worker thread, never on the event
     loop. Anything that fails after the first write (disk full, storage or queue down) undoes
     what was stored and answers 507/503.
+
+    Refused with Retry-After, nothing stored: 429 when the caller has its cap of documents
+    queued (`upload_slot`), 503 when the PDF readers hold their memory budget
+    (`worker.ingest.budget`).
     """
     col = owned_collection(ctx, tenant, collection_id)
     s = ctx.settings
     data = _read_capped(file.file, s.max_upload_bytes)
     checked = check_upload(data, password=password or None, max_bytes=s.max_upload_bytes,
                            max_pages=s.max_pages,
-                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s))
+                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s,
+                                               budget_mb=s.reader_memory_mb))
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
     filename = safe_text(file.filename or "document.pdf").replace("/", "_")[-200:]

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
 
-from service.answers import build_question, to_query_out
+from service.answers import answer_slot, build_question, to_query_out
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.schemas import QueryIn, QueryOut
 from worker.answer_job import Answer
@@ -167,14 +168,21 @@ def _event(cid: str, model: str, choices: list[dict[str, object]],
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
-                           tenant: TenantDep) -> dict[str, object] | StreamingResponse:
-    """Answer the last user message over the collection named by `model`."""
-    question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant,
-                                              body.stream)
+async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep,
+                           request: Request) -> dict[str, object] | StreamingResponse:
+    """Answer the last user message over the collection named by `model` (429 while the
+    caller has its cap of answers in flight; a stream holds its slot until it ends)."""
+    slot = answer_slot(request, tenant)
+    try:
+        question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant,
+                                                  body.stream)
+    except BaseException:
+        slot.close()
+        raise
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     if not body.stream:
-        answer = await anyio.to_thread.run_sync(runner.answer, question)
+        with slot:
+            answer = await anyio.to_thread.run_sync(runner.answer, question)
         out = to_query_out(answer)
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
@@ -217,21 +225,26 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep,
         return _event(cid, body.model, [choice], {**(extras or {}), **no_usage})
 
     async def stream() -> AsyncIterator[str]:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, run)
-            try:
-                yield chunk({"role": "assistant"})
-                while (piece := await pieces.get()) is not None:
-                    if isinstance(piece, Finished):
-                        yield chunk({}, piece.finish, _extras(piece.out))
-                        if body.include_usage:
-                            yield _event(cid, body.model, [], {"usage": piece.usage})
-                    elif isinstance(piece, StreamFailure):
-                        yield piece.event()
-                    else:
-                        yield chunk({"content": piece})
-                yield "data: [DONE]\n\n"
-            finally:  # a disconnect: the answer leaves the batch at its next step
-                gone.set()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, run)
+                try:
+                    yield chunk({"role": "assistant"})
+                    while (piece := await pieces.get()) is not None:
+                        if isinstance(piece, Finished):
+                            yield chunk({}, piece.finish, _extras(piece.out))
+                            if body.include_usage:
+                                yield _event(cid, body.model, [], {"usage": piece.usage})
+                        elif isinstance(piece, StreamFailure):
+                            yield piece.event()
+                        else:
+                            yield chunk({"content": piece})
+                    yield "data: [DONE]\n\n"
+                finally:  # a disconnect: the answer leaves the batch at its next step
+                    gone.set()
+        finally:  # the answer has left the engine
+            slot.close()
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    # the background task frees the slot of a stream that never started (the client gone)
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             background=BackgroundTask(slot.close))

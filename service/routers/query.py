@@ -9,10 +9,11 @@ import threading
 from collections.abc import AsyncIterator
 
 import anyio
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
-from service.answers import build_question, to_query_out
+from service.answers import answer_slot, build_question, to_query_out
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import QUERIES
 from service.schemas import QueryIn, QueryOut
@@ -22,17 +23,26 @@ router = APIRouter(tags=["query"])
 
 
 @router.post("/v1/query", response_model=QueryOut)
-def query(body: QueryIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep) -> QueryOut:
-    """Retrieve pages, reuse their cached KV with selective refresh, and answer."""
-    return to_query_out(runner.answer(build_question(body, ctx, tenant)))
+def query(body: QueryIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep,
+          request: Request) -> QueryOut:
+    """Retrieve pages, reuse their cached KV with selective refresh, and answer (429 while
+    the caller has its cap of answers in flight: `service.answers.answer_slot`)."""
+    with answer_slot(request, tenant):
+        return to_query_out(runner.answer(build_question(body, ctx, tenant)))
 
 
 @router.post("/v1/query/stream", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
 async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
-                       tenant: TenantDep) -> StreamingResponse:
-    """The same answer as server-sent events, token by token."""
-    question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant, True)
+                       tenant: TenantDep, request: Request) -> StreamingResponse:
+    """The same answer as server-sent events, token by token. The caller's answer slot is
+    taken before the stream starts (429 instead of a stream) and held until it ends."""
+    slot = answer_slot(request, tenant)
+    try:
+        question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant, True)
+    except BaseException:
+        slot.close()
+        raise
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
     gone = threading.Event()  # the client disconnected: the answer leaves the batch
@@ -53,16 +63,21 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
         loop.call_soon_threadsafe(events.put_nowait, event)
 
     async def stream() -> AsyncIterator[str]:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, run)
-            try:
-                while True:
-                    kind, data = await events.get()
-                    yield f"event: {kind}\ndata: {data}\n\n"
-                    if kind in ("done", "error"):
-                        break
-            finally:  # a disconnect cancels this generator: the answer leaves the batch at
-                gone.set()  # its next step, and the task group stops waiting for it
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, run)
+                try:
+                    while True:
+                        kind, data = await events.get()
+                        yield f"event: {kind}\ndata: {data}\n\n"
+                        if kind in ("done", "error"):
+                            break
+                finally:  # a disconnect cancels this generator: the answer leaves the
+                    gone.set()  # batch at its next step, and the task group waits for it
+        finally:  # the answer has left the engine
+            slot.close()
 
+    # the background task frees the slot of a stream that never started (the client gone)
     return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+                             headers={"Cache-Control": "no-cache"},
+                             background=BackgroundTask(slot.close))

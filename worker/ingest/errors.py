@@ -133,6 +133,22 @@ class ReaderStartError(IngestError):
                          "server is overloaded); upload the document again later.")
 
 
+class ReaderBudgetError(IngestError):
+    """The process's page readers hold their whole memory budget (`worker.ingest.budget`):
+    no reader may start until one ends."""
+
+    http_status = 503
+    retry_after_s = 5
+
+    def __init__(self, budget_mb: int, in_use_mb: int) -> None:
+        super().__init__(
+            f"The PDF readers are busy: {in_use_mb} of the {budget_mb} MiB they may use "
+            "together (CONDUIT_READER_MEMORY_MB) are held by other documents; nothing was "
+            "kept, upload the document again shortly.")
+        self.budget_mb = budget_mb
+        self.in_use_mb = in_use_mb
+
+
 class OpenLimitError(IngestError):
     """Opening the PDF (its structure: cross-reference, object streams, page tree; before
     any page is drawn) went past a limit of the reader process: an object-stream bomb."""

@@ -25,6 +25,8 @@ Stage = Literal["render", "text", "index", "prefill"]
 
 # Seconds a page waits for a free reader before another reader is started.
 _GROW_AFTER = 0.5
+# Seconds the first reader of a walk without a deadline waits for the reader budget.
+_NO_DEADLINE_WAIT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -79,13 +81,18 @@ def iter_pages(
     `Progress("render", i, n)` and `Progress("text", i, n)` after each page through
     `on_progress`; the caller reports its own "index" and "prefill" stages with the same
     type. Past the `deadline`, raises `IngestTimeoutError` (and stops the readers at once).
+    The first reader waits for the process's reader budget (`worker.ingest.budget`) until
+    the deadline (`ReaderBudgetError` past it); a further reader starts only while the
+    budget has room at once, else the pages are read by the readers already running.
     `width`/`height` are the rendered size, or the size a render would have when not
     rendering. The first reader opens the document (raising what `open_pdf` raises, with
     `max_pages`, or `OpenLimitError`) and its facts go to `on_open` before any page.
     """
     report = on_progress or (lambda _p: None)
+    budget_wait = _NO_DEADLINE_WAIT_S if deadline is None else max(
+        deadline.seconds - deadline.elapsed, 0.0)
     with _Readers(data, password, limits or ReaderLimits(), max(1, ocr_workers),
-                  max_pages) as readers:
+                  max_pages, budget_wait) as readers:
         if on_open is not None:
             on_open(readers.facts)
         total = readers.page_count
@@ -161,7 +168,8 @@ class _Readers:
     threads that talk to them. Closing kills every reader, so nothing outlives the walk."""
 
     def __init__(self, data: bytes, password: str | None, limits: ReaderLimits,
-                 workers: int, max_pages: int | None = None) -> None:
+                 workers: int, max_pages: int | None = None,
+                 budget_wait_s: float = 0.0) -> None:
         self._data, self._password, self._limits = data, password, limits
         self._max_pages = max_pages
         self._idle: queue.Queue[PageReader] = queue.Queue()
@@ -170,16 +178,18 @@ class _Readers:
         self._closed = False
         self._starting = 0
         self._start_error: BaseException | None = None
-        first = self._start()  # the page count, and open errors, come from the first one
+        # the page count, and open errors, come from the first one (which may wait for the
+        # reader budget; the others start only when it has room at once)
+        first = self._start(budget_wait_s)
         self.facts = first.facts
         self.page_count = first.page_count
         self.workers = max(1, min(workers, self.page_count))
         self._idle.put(first)
         self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="page-reader")
 
-    def _start(self) -> PageReader:
+    def _start(self, budget_wait_s: float = 0.0) -> PageReader:
         reader = PageReader(self._data, password=self._password, limits=self._limits,
-                            max_pages=self._max_pages)
+                            max_pages=self._max_pages, budget_wait_s=budget_wait_s)
         with self._lock:
             self._all.append(reader)
             if self._closed:  # closed while this one started
