@@ -1,0 +1,129 @@
+"""Counting the aten operations that launch work, on the narrow 28-layer model (issue 58).
+
+Host cost on a GPU follows the number of kernels a pass issues, not its FLOPs. This module
+counts them on any device: a `TorchDispatchMode` sees every aten operation a computation
+dispatches (after PyTorch's own decompositions), and counts those that launch work. Views and
+metadata-only operations are not counted (`LAUNCH_FREE`, the one list: they return a new
+view of the same storage, or a size, and launch nothing); allocations (`empty` and kin) are
+not counted either (they take memory from the caching allocator and launch nothing).
+Everything else counts once a call, in-place forms included (`mul_` is `mul`).
+
+The model is a random-weight Qwen2.5-VL with Qwen2.5-VL-7B's 28 decoder layers at hidden 64
+(`narrow_vlm`): per-layer overhead, not arithmetic, is what it measures, so the narrow width
+makes the count fast while keeping the depth that multiplies it.
+
+Public API:
+  LAUNCH_FREE: frozenset[str]   aten op names (overload packets) that are not counted
+  OpCounter()                   a TorchDispatchMode: .total, .by_name (Counter), .reset()
+  count_ops(fn) -> (fn's result, OpCounter)
+  NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
+  narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS) -> LoadedVLM
+  answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
+  prefill_ops(runtime, request) -> OpCounter   the prefill half of an answer (assembly,
+      scoring pass, refresh, first-token logits: `ReuseRuntime.start_answer`), decode excluded
+  ops_per_layer(counter, layers) -> float
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.model.loader import LoadedVLM
+from conduit_core.page_kv import PageKV
+from conduit_core.runtime import ReuseRuntime
+from lab.ttft.model import SHAPES, build_bench_vlm, make_workload
+
+T = TypeVar("T")
+
+LAUNCH_FREE = frozenset({
+    # views and metadata-only operations (issue 58's list, and the aliases aten uses for them)
+    "view", "reshape", "_reshape_alias", "_unsafe_view", "slice", "select", "narrow", "split",
+    "split_with_sizes", "unbind", "expand", "as_strided", "squeeze", "unsqueeze", "t",
+    "transpose", "permute", "detach", "alias", "lift_fresh",
+    # queries of sizes and identity: no computation
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
+    # allocations: memory from the allocator, no kernel
+    "empty", "empty_strided", "empty_like",
+})
+
+NARROW_LAYERS = 28
+NARROW_SHAPE = replace(SHAPES["tiny"], text={**SHAPES["tiny"].text,
+                                              "num_hidden_layers": NARROW_LAYERS},
+                       notes="Qwen2.5-VL-7B's depth at hidden 64 (op counts)")
+
+
+def _name(func: Any) -> str:
+    """An op's overload-packet name with any in-place underscore dropped (`mul_` -> `mul`;
+    `_unsafe_view` keeps its leading one)."""
+    name: str = func.overloadpacket.__name__
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched inside it that launch work (module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_name: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        """Counted operations."""
+        return sum(self.by_name.values())
+
+    def reset(self) -> None:
+        """Forget what was counted."""
+        self.by_name.clear()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        name = _name(func)
+        if name not in LAUNCH_FREE:
+            self.by_name[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], T]) -> tuple[T, OpCounter]:
+    """Run `fn()` under an `OpCounter`; its result and the counter."""
+    counter = OpCounter()
+    with counter:
+        out = fn()
+    return out, counter
+
+
+def ops_per_layer(counter: OpCounter, layers: int) -> float:
+    """Counted operations over the model's decoder layers."""
+    return counter.total / layers
+
+
+def narrow_vlm(tokens_per_page: int = 256, layers: int = NARROW_LAYERS) -> LoadedVLM:
+    """The narrow random-weight Qwen2.5-VL (float32, CPU, sdpa), pages of `tokens_per_page`
+    merged visual tokens."""
+    spec = replace(NARROW_SHAPE, text={**NARROW_SHAPE.text, "num_hidden_layers": layers})
+    return build_bench_vlm(f"narrow{layers}", tokens_per_page=tokens_per_page, spec=spec)
+
+
+def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float = 0.1,
+                   question_tokens: int = 32) -> AnswerRequest:
+    """The TTFT workload's request over cached pages `kvs` (one token to generate)."""
+    work = make_workload(vlm, len(kvs), question_tokens)
+    pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
+    return AnswerRequest(work.prefix, pages, work.question, policy=policy, budget=budget,
+                         max_new_tokens=1)
+
+
+@torch.no_grad()
+def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest) -> OpCounter:
+    """Operations of the prefill half of `request` on `runtime` (its head and labels must be
+    warm: `ReuseRuntime.warm_labels`, so that no cache miss is counted); the answer's pool
+    slot is given back."""
+    state, counter = count_ops(lambda: runtime.start_answer(request))
+    runtime.release(state)
+    return counter
