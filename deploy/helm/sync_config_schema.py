@@ -26,7 +26,8 @@ MANAGED = {
     "api_keys": "auth",
     "device": "api.device / worker.device",
     "api_keys_file": "extraEnv (a secret: a mounted keys file)",
-    "metrics_key": "extraEnv (a secret, from a Secret of your own)",
+    "metrics_key": "metrics.key / metrics.existingSecret (the chart's Secret)",
+    "worker_metrics_port": "metrics.workerPort (the worker's metrics port and probes)",
 }
 
 _DROP = {"title", "default", "format", "writeOnly"}

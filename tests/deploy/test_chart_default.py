@@ -33,8 +33,9 @@ def out() -> Rendered:
 def test_every_manifest_is_a_valid_kubernetes_object(out: Rendered) -> None:
     validate(out)
     kinds = sorted(d["kind"] for d in out.docs)
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
-                     "PersistentVolumeClaim", "Secret", "Service", "Service", "StatefulSet"]
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "Deployment", "NetworkPolicy",
+                     "PersistentVolumeClaim", "PodDisruptionBudget", "PodDisruptionBudget",
+                     "Secret", "Service", "Service", "Service", "StatefulSet"]
 
 
 def test_helm_lint_is_clean() -> None:
@@ -107,14 +108,25 @@ def test_redis_evicts_only_page_kv_and_persists(out: Rendered) -> None:
     assert components["app.kubernetes.io/component"] == ["api", "worker"]
 
 
-def test_api_keys_are_referenced_from_the_secret_not_inlined(out: Rendered) -> None:
+def test_an_api_key_and_a_metrics_key_are_generated_into_the_secret(out: Rendered) -> None:
     api = env_entries(container(out.one("Deployment", full("api"))))
-    assert "value" not in api["CONDUIT_API_KEYS"]
-    assert api["CONDUIT_API_KEYS"]["valueFrom"]["secretKeyRef"] == \
-        {"name": full(), "key": "CONDUIT_API_KEYS"}
-    assert json.loads(out.secret_data(full())["CONDUIT_API_KEYS"]) == []
-    assert "CONDUIT_API_KEYS" not in env_entries(container(out.one("Deployment", full("worker"))))
-    assert "WARNING: no API keys" in out.notes
+    for name in ("CONDUIT_API_KEYS", "CONDUIT_METRICS_KEY"):
+        assert "value" not in api[name]
+        assert api[name]["valueFrom"]["secretKeyRef"] == {"name": full(), "key": name}
+    secret = out.secret_data(full())
+    (key,) = json.loads(secret["CONDUIT_API_KEYS"])
+    assert re.fullmatch(r"[A-Za-z0-9]{40}", key) and secret["GENERATED_API_KEY"] == key
+    assert re.fullmatch(r"[A-Za-z0-9]{40}", secret["CONDUIT_METRICS_KEY"]) and \
+        secret["CONDUIT_METRICS_KEY"] != key
+    worker = env_entries(container(out.one("Deployment", full("worker"))))
+    assert "CONDUIT_API_KEYS" not in worker and "CONDUIT_METRICS_KEY" not in worker
+    assert "GENERATED_API_KEY}' | base64 -d" in out.notes
+    # generated once: a second install draws other keys (upgrades read them back via lookup)
+    assert json.loads(render().secret_data(full())["CONDUIT_API_KEYS"]) != [key]
+    s = settings_of(container_env(out, container(out.one("Deployment", full("api")))))
+    assert [k.get_secret_value() for k in s.api_keys] == [key]
+    assert s.metrics_key is not None and s.metrics_key.get_secret_value() == \
+        secret["CONDUIT_METRICS_KEY"]
 
 
 def test_probes_hit_routes_the_app_serves(out: Rendered) -> None:
@@ -151,7 +163,7 @@ def test_env_names_are_settings_fields_and_parse(out: Rendered) -> None:
         assert str(s.home) == "/data" and s.redis_url == secret["CONDUIT_REDIS_URL"]
         assert s.device == device and not s.embedded
         assert s.model == "builtin:small-qwen2-vl" and s.redis_kv_ttl_s == 604800
-        assert s.api_keys == []
+        assert bool(s.api_keys) == (name == "api")
 
 
 def test_the_worker_gets_a_gpu_and_the_api_does_not_by_default(out: Rendered) -> None:

@@ -33,7 +33,8 @@ def test_external_redis_url_replaces_the_bundled_redis() -> None:
     out = render({"redis": {"enabled": False}, "externalRedis": {"url": EXTERNAL}})
     validate(out)
     assert not out.all("StatefulSet") and not out.all("NetworkPolicy")
-    assert [s["metadata"]["name"] for s in out.all("Service")] == [full("api")]
+    assert [s["metadata"]["name"] for s in out.all("Service")] == \
+        [full("api"), full("worker-metrics")]
     secret = out.secret_data(full())
     assert secret["CONDUIT_REDIS_URL"] == EXTERNAL and "REDIS_PASSWORD" not in secret
     for name in ("api", "worker"):
@@ -85,7 +86,7 @@ def test_api_keys_land_in_the_secret_only() -> None:
     assert json.loads(out.secret_data(full())["CONDUIT_API_KEYS"]) == keys
     others = [d for d in out.docs if d["kind"] != "Secret"]
     assert not any(k in json.dumps(others) for k in keys)
-    assert "WARNING: no API keys" not in out.notes
+    assert "GENERATED_API_KEY" not in out.notes and "GENERATED_API_KEY" not in out.secret_data(full())
     env = container_env(out, container(out.one("Deployment", full("api"))))
     assert [k.get_secret_value() for k in settings_of(env).api_keys] == keys
 
@@ -141,6 +142,11 @@ def test_a_real_model_configuration_reaches_settings_exactly() -> None:
     ({"redis": {"enabled": False}}, "needs Redis"),
     ({"redis": {"auth": {"password": "p@ss"}}}, "letters, digits"),
     ({"worker": {"device": "cpu"}}, "wastes the GPU"),
+    ({"auth": {"generate": False}}, "needs keys"),
+    ({"redis": {"enabled": False}, "externalRedis": {"url": EXTERNAL},
+      "worker": {"autoscaling": {"keda": {"enabled": True}}}}, "keda.address"),
+    ({"ingress": {"enabled": True}}, "ingress.hosts"),
+    ({"gateway": {"enabled": True}}, "parentRefs"),
 ])
 def test_unsafe_combinations_are_refused_with_a_reason(values: dict[str, Any],
                                                        message: str) -> None:
@@ -155,6 +161,9 @@ def test_unsafe_combinations_are_refused_with_a_reason(values: dict[str, Any],
     ({"config": {"score_layers": "first"}}, "config/score_layers"),
     ({"worker": {"gpu": -1}}, "worker/gpu"),
     ({"externalRedis": {"url": "http://redis"}}, "externalRedis/url"),
+    ({"metrics": {"workerPort": 70000}}, "metrics/workerPort"),
+    ({"ingress": {"hosts": ["Bad_Host"]}}, "ingress/hosts"),
+    ({"worker": {"autoscaling": {"keda": {"minReplicas": -1}}}}, "minReplicas"),
 ])
 def test_the_values_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=message):

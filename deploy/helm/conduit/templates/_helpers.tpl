@@ -59,6 +59,40 @@ key: CONDUIT_API_KEYS
 {{- end }}
 {{- end }}
 
+{{/* Secret and key holding CONDUIT_METRICS_KEY, as a secretKeyRef body. */}}
+{{- define "conduit.metricsKeyRef" -}}
+{{- if .Values.metrics.existingSecret -}}
+name: {{ .Values.metrics.existingSecret }}
+key: {{ .Values.metrics.existingSecretKey }}
+{{- else -}}
+name: {{ include "conduit.fullname" . }}
+key: CONDUIT_METRICS_KEY
+{{- end }}
+{{- end }}
+
+{{/* The Celery queues the workers consume (worker/celery_app.py: ANSWER_QUEUE, INGEST_QUEUE;
+     a test holds them equal), one per line. KEDA scales on their lengths. */}}
+{{- define "conduit.queues" -}}
+conduit.answer
+conduit.ingest
+{{- end }}
+
+{{/* A component's topologySpreadConstraints, each given the component's labelSelector:
+     call with (dict "ctx" $ "component" "api"). */}}
+{{- define "conduit.topologySpread" -}}
+{{- $out := list }}
+{{- range (index .ctx.Values .component).topologySpreadConstraints }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "conduit.selectorLabels" (dict "ctx" $.ctx "component" $.component) | fromYaml)) }}
+{{- end }}
+{{- $out = append $out $c }}
+{{- end }}
+{{- if $out }}
+{{- toYaml $out }}
+{{- end }}
+{{- end }}
+
 {{/* Secret and key holding CONDUIT_REDIS_URL, as a secretKeyRef body. */}}
 {{- define "conduit.redisUrlRef" -}}
 {{- if and (not .Values.redis.enabled) .Values.externalRedis.existingSecret -}}
@@ -87,7 +121,7 @@ key: CONDUIT_REDIS_URL
 
 {{/* Checksum of everything the pods read from the ConfigMap and the chart's Secret inputs. */}}
 {{- define "conduit.configChecksum" -}}
-{{- toJson (dict "config" .Values.config "auth" .Values.auth "externalRedis" .Values.externalRedis "redis" .Values.redis.auth) | sha256sum }}
+{{- toJson (dict "config" .Values.config "auth" .Values.auth "externalRedis" .Values.externalRedis "redis" .Values.redis.auth "metrics" (pick .Values.metrics "key" "existingSecret" "existingSecretKey" "workerPort")) | sha256sum }}
 {{- end }}
 
 {{/* Values combinations the chart refuses, with the reason. */}}
@@ -110,6 +144,25 @@ key: CONDUIT_REDIS_URL
 {{- if not (regexMatch "^[A-Za-z0-9._~-]*$" (toString .Values.redis.auth.password)) }}
 {{- fail "redis.auth.password may hold only letters, digits and ._~- (it is embedded in the Redis URL)" }}
 {{- end }}
+{{- end }}
+{{- if not (or .Values.auth.apiKeys .Values.auth.existingSecret .Values.auth.generate) }}
+{{- fail "the API listens on the pod network and needs keys: set auth.apiKeys or auth.existingSecret, or auth.generate=true" }}
+{{- end }}
+{{- $keda := .Values.worker.autoscaling.keda }}
+{{- if and $keda.enabled (not .Values.redis.enabled) (not $keda.address) }}
+{{- fail "worker.autoscaling.keda with externalRedis needs worker.autoscaling.keda.address (host:port) and, for a password, keda.passwordSecret" }}
+{{- end }}
+{{- if and $keda.enabled (gt (int $keda.minReplicas) (int $keda.maxReplicas)) }}
+{{- fail "worker.autoscaling.keda.minReplicas is above maxReplicas" }}
+{{- end }}
+{{- if and .Values.api.autoscaling.enabled (gt (int .Values.api.autoscaling.minReplicas) (int .Values.api.autoscaling.maxReplicas)) }}
+{{- fail "api.autoscaling.minReplicas is above maxReplicas" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.enabled needs ingress.hosts" }}
+{{- end }}
+{{- if and .Values.gateway.enabled (not .Values.gateway.parentRefs) }}
+{{- fail "gateway.enabled needs gateway.parentRefs (the Gateway to attach to)" }}
 {{- end }}
 {{- if and (gt (int .Values.worker.gpu) 0) (eq (include "conduit.device" .Values.worker) "cpu") }}
 {{- fail "worker.gpu > 0 with worker.device=cpu wastes the GPU: leave worker.device empty or set cuda" }}
@@ -134,6 +187,13 @@ key: CONDUIT_REDIS_URL
   valueFrom:
     secretKeyRef:
       {{- include "conduit.apiKeysRef" .ctx | nindent 6 }}
+- name: CONDUIT_METRICS_KEY
+  valueFrom:
+    secretKeyRef:
+      {{- include "conduit.metricsKeyRef" .ctx | nindent 6 }}
+{{- else if gt (int $values.metrics.workerPort) 0 }}
+- name: CONDUIT_WORKER_METRICS_PORT
+  value: {{ $values.metrics.workerPort | int | toString | quote }}
 {{- end }}
 - name: HF_HOME
   value: {{ printf "%s/huggingface" $values.persistence.mountPath | quote }}
