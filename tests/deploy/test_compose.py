@@ -4,8 +4,6 @@ that contains every package pyproject installs."""
 
 from __future__ import annotations
 
-import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -15,61 +13,26 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from service.cli import _parser
 from tests.deploy.chart import ROOT, settings_field, settings_of
+from tests.deploy.compose import (
+    DISTRIBUTED_ENV,
+    MissingVariable,
+    compose,
+    dockerfile,
+    env_file,
+    image_env,
+)
 
-COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-_VAR = re.compile(r"\$\{(\w+)(?:(:?-)([^}]*))?\}")
-
-
-def _interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's `${VAR}`, `${VAR-default}` and `${VAR:-default}` substitution."""
-    def sub(m: re.Match[str]) -> str:
-        name, op, default = m[1], m[2], m[3] or ""
-        if op == ":-":
-            return env.get(name) or default
-        if op == "-":
-            return env.get(name, default)
-        return env.get(name, "")
-    return _VAR.sub(sub, text)
-
-
-def _interpolated(node: Any, env: dict[str, str]) -> Any:
-    """Compose interpolates string values after parsing: `${X:-}` is "", never null."""
-    if isinstance(node, dict):
-        return {k: _interpolated(v, env) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolated(v, env) for v in node]
-    return _interpolate(node, env) if isinstance(node, str) else node
+KEYS = {"CONDUIT_API_KEYS": '["compose-test-key-0123456789"]'}
 
 
 def _compose(env: dict[str, str] | None = None) -> dict[str, Any]:
-    data: dict[str, Any] = _interpolated(yaml.safe_load(COMPOSE.read_text()), env or {})
-    return data
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines()
-             if line.strip() and not line.startswith("#"))
-    return {k.strip(): v.strip() for k, v in pairs}
-
-
-def _dockerfile() -> list[tuple[str, str]]:
-    """(instruction, arguments) of the Dockerfile, continuation lines joined."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1])
-            for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
-def _image_env() -> dict[str, str]:
-    env: dict[str, str] = {}
-    for op, rest in _dockerfile():
-        if op == "ENV":
-            env.update(p.split("=", 1) for p in shlex.split(rest))
-    return env
+    """The compose file as `docker compose` reads it with the required keys set, and `env`."""
+    return compose(KEYS | (env or {}))
 
 
 def test_commands_are_real_conduit_subcommands() -> None:
@@ -79,34 +42,42 @@ def test_commands_are_real_conduit_subcommands() -> None:
         command = services[name]["command"]
         assert command[0] == "conduit", name
         assert _parser().parse_args(command[1:]).func.__name__ == func, name
-    cmd = [yaml.safe_load(rest) for op, rest in _dockerfile() if op == "CMD"][-1]
+    cmd = [yaml.safe_load(rest) for op, rest in dockerfile() if op == "CMD"][-1]
     assert cmd[0] == "conduit" and _parser().parse_args(cmd[1:]).func.__name__ == "_serve"
     assert cmd == services["api"]["command"]
 
 
 def test_env_names_are_settings_fields_and_parse() -> None:
-    dist = _env_file(ROOT / "deploy" / "distributed.env")
+    dist = env_file(DISTRIBUTED_ENV)
     for env in ({}, dist):
         services = _compose(env)["services"]
         for name in ("api", "worker"):
             environment = {k: str(v) for k, v in services[name]["environment"].items()}
-            s = settings_of(_image_env() | environment)
+            s = settings_of(image_env() | environment)
             assert s.model == "builtin:small-qwen2-vl" and str(s.home) == "/data"
     # embedded by default; with the env file the api and the worker share one Redis
     api = settings_of(_compose()["services"]["api"]["environment"])
-    assert api.embedded and api.api_keys == []
+    assert api.embedded
+    assert [k.get_secret_value() for k in api.api_keys] == ["compose-test-key-0123456789"]
     services = _compose(dist)["services"]
     urls = {settings_of(services[n]["environment"]).redis_url for n in ("api", "worker")}
     assert urls == {dist["CONDUIT_REDIS_URL"]}
 
 
+def test_the_api_keys_are_required() -> None:
+    """The api listens on the container network: compose refuses to start it without keys."""
+    for env in ({}, {"CONDUIT_API_KEYS": ""}):
+        with pytest.raises(MissingVariable, match="CONDUIT_API_KEYS"):
+            compose(env)
+
+
 def test_distributed_profile_has_redis_worker_and_a_shared_volume() -> None:
-    compose = _compose(_env_file(ROOT / "deploy" / "distributed.env"))
+    compose = _compose(env_file(DISTRIBUTED_ENV))
     services = compose["services"]
     assert "profiles" not in services["api"]
     assert services["worker"]["profiles"] == ["distributed"]
     assert services["redis"]["profiles"] == ["distributed"]
-    assert _env_file(ROOT / "deploy" / "distributed.env")["COMPOSE_PROFILES"] == "distributed"
+    assert env_file(DISTRIBUTED_ENV)["COMPOSE_PROFILES"] == "distributed"
     # api and worker mount one named volume at CONDUIT_HOME
     mounts = set()
     for name in ("api", "worker"):
@@ -150,17 +121,17 @@ def _packages() -> list[str]:
 
 
 def test_dockerfile_copies_every_package_and_matches_the_chart_user() -> None:
-    copies = {rest.split()[0]: rest.split()[1] for op, rest in _dockerfile() if op == "COPY"}
+    copies = {rest.split()[0]: rest.split()[1] for op, rest in dockerfile() if op == "COPY"}
     for package in _packages():
         assert copies.get(package) == package, f"deploy/Dockerfile does not COPY {package}"
-    assert _image_env()["CONDUIT_HOME"] == "/data"
-    run = " ".join(rest for op, rest in _dockerfile() if op == "RUN")
-    assert "--uid 10001" in run and ("USER", "10001:10001") in _dockerfile()
+    assert image_env()["CONDUIT_HOME"] == "/data"
+    run = " ".join(rest for op, rest in dockerfile() if op == "RUN")
+    assert "--uid 10001" in run and ("USER", "10001:10001") in dockerfile()
 
 
 def test_the_build_context_the_dockerfile_copies_builds_the_package(tmp_path: Path) -> None:
     """What the COPY lines bring in is enough to build a wheel holding every package."""
-    for op, rest in _dockerfile():
+    for op, rest in dockerfile():
         if op != "COPY":
             continue
         *sources, dest = rest.split()
