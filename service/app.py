@@ -20,10 +20,26 @@ from service.auth import KeyRing
 from service.guard import GuardMiddleware, validation_error
 from service.hardening import SecurityHeadersMiddleware, private_home
 from service.metrics import UPLOADS, register_kv_collector
-from service.routers import collections, documents, health, models, openai_chat, pages, query
+from service.routers import (
+    collections,
+    documents,
+    health,
+    models,
+    openai_chat,
+    pages,
+    query,
+    usage,
+)
 from service.routers.ui import mount_ui
 from service.thumbnails import ThumbnailCache
-from storage.errors import ConflictError, NotFoundError, UnavailableError
+from storage.errors import (
+    ConflictError,
+    DiskFullError,
+    NotFoundError,
+    QuotaExceededError,
+    UnavailableError,
+)
+from storage.space import is_disk_full
 from storage.text_safety import safe_text, safe_value
 from worker.context import build_context
 from worker.errors import WorkerError
@@ -81,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_upload_bytes=settings.max_upload_bytes)
     app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
     for router in (collections.router, documents.router, pages.router, query.router,
-                   models.router, openai_chat.router, health.router):
+                   models.router, openai_chat.router, health.router, usage.router):
         app.include_router(router)
     mount_ui(app)
     _install_error_handlers(app)
@@ -99,6 +115,10 @@ def _build_runner(ctx):  # type: ignore[no-untyped-def]
     from worker.celery_app import CeleryRunner
 
     return CeleryRunner(ctx.settings.redis_url, ctx.settings)
+
+
+_DISK_FULL = ("the service's disk is full; the request was not completed (deleting documents "
+              "frees space)")
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -133,6 +153,22 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ConflictError)
     async def conflict(_: Request, exc: ConflictError) -> JSONResponse:
         return JSONResponse({"detail": safe_text(str(exc))}, status_code=409)
+
+    @app.exception_handler(QuotaExceededError)
+    async def over_quota(_: Request, exc: QuotaExceededError) -> JSONResponse:
+        return JSONResponse({"detail": safe_text(str(exc))}, status_code=413)
+
+    @app.exception_handler(DiskFullError)
+    async def disk_full(_: Request, exc: DiskFullError) -> JSONResponse:
+        log.error("disk full: %s", exc)
+        return JSONResponse({"detail": _DISK_FULL}, status_code=507)
+
+    @app.exception_handler(OSError)
+    async def os_error(_: Request, exc: OSError) -> JSONResponse:
+        if not is_disk_full(exc):
+            raise exc  # a 500, as any other unexpected error
+        log.error("disk full: %s", exc)
+        return JSONResponse({"detail": _DISK_FULL}, status_code=507)
 
     @app.exception_handler(UnavailableError)
     async def unavailable(_: Request, exc: UnavailableError) -> JSONResponse:

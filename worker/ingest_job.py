@@ -11,7 +11,7 @@ from functools import partial
 from PIL import Image
 
 from conduit_core.page_kv import PageKV
-from storage.errors import NotFoundError, UnavailableError
+from storage.errors import DiskFullError, NotFoundError, UnavailableError
 from storage.keys import PageHash, page_hash
 from storage.metadata import Document, DocumentId, Page, SkippedPage
 from storage.metadata.records import IngestStage
@@ -75,6 +75,10 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
     except IngestError as exc:
         log.warning("ingest of %s failed: %s", document_id, exc.message)
         _fail(ctx, doc, progress, exc.message)
+    except DiskFullError as exc:
+        log.error("ingest of %s failed: %s", document_id, exc)
+        _fail(ctx, doc, progress, "the disk is full (no space left for the document's "
+              "records); delete documents to free space, then upload it again")
     except OSError as exc:
         log.error("ingest of %s failed on storage: %s", document_id, exc)
         _fail(ctx, doc, progress, f"storage error during ingestion: {exc.strerror or exc}")

@@ -65,6 +65,23 @@ class Settings(BaseSettings):
     # ingestion limits
     max_upload_bytes: int = Field(64 * 2**20, ge=1, description="Largest accepted upload.")
     max_pages: int = Field(500, ge=1, description="Most pages per document.")
+    quota_bytes: int = Field(
+        20 * 2**30, ge=0, description="Per-tenant cap on the summed size of its uploads, every "
+        "status counted until deleted; an upload past it gets 413 naming the limit. 0 = "
+        "unlimited.",
+    )
+    quota_documents: int = Field(
+        5000, ge=0, description="Per-tenant cap on its documents (413 past it). 0 = unlimited.",
+    )
+    quota_pages: int = Field(
+        100_000, ge=0, description="Per-tenant cap on the summed pages of its documents, each "
+        "counted at upload (413 past it); bounds the page KV, images and index a tenant makes. "
+        "0 = unlimited.",
+    )
+    disk_reserve_bytes: int = Field(
+        1 * 2**30, ge=0, description="Free space kept on the home's filesystem: an upload that "
+        "would leave less gets 507 (deletes, status and metadata writes still run). 0 = none.",
+    )
     render_dpi: int = Field(100, ge=36, le=600, description="Render resolution.")
     max_page_pixels: int = Field(
         1654 * 2339, ge=10_000, description="Pixel cap per rendered page (A4 at 200 dpi)."

@@ -24,7 +24,7 @@ from service.deps import (
 from service.metrics import UPLOADS
 from service.schemas import DocumentOut, JobOut, UploadOut
 from service.views import document_out, job_out
-from storage.errors import NotFoundError, UnavailableError
+from storage.errors import DiskFullError, NotFoundError, UnavailableError
 from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from storage.text_safety import safe_text
@@ -34,7 +34,15 @@ from worker.ingest.sandbox import ReaderLimits
 from worker.recovery import job_is_stale, remove_page_images, settled_job
 from worker.retrieval.index.pipeline import on_document_deleted
 from worker.runners import queued_documents
-from worker.uploads import UploadTooLargeError, check_upload, store_upload, upload_path
+from worker.uploads import (
+    UploadTooLargeError,
+    check_quota,
+    check_room,
+    check_upload,
+    store_upload,
+    tenant_quota,
+    upload_path,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["documents"])
@@ -58,7 +66,8 @@ def storage_refusal(exc: BaseException) -> HTTPException | None:
     """A clear 507/503 for a storage failure while accepting an upload (None: not one)."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return HTTPException(507, "not enough disk space to store the upload; nothing was kept")
-    if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
+    if isinstance(exc, DiskFullError) or (
+            isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)):
         return HTTPException(507, "the metadata database is out of disk space; nothing was kept")
     if isinstance(exc, (OSError, sqlite3.Error, UnavailableError, OperationalError)):
         return HTTPException(503, "storage or the job queue is unavailable; nothing was kept, "
@@ -109,7 +118,8 @@ def upload_document(
 
     A plain `def`: parsing, fsync and store calls run on a worker thread, never on the event
     loop. Anything that fails after the first write (disk full, storage or queue down) undoes
-    what was stored and answers 507/503.
+    what was stored and answers 507/503. An upload past the tenant's quota gets 413 naming
+    the limit; one that would leave less than the disk reserve free gets 507.
 
     Refused with Retry-After, nothing stored: 429 when the caller has its cap of documents
     queued (`upload_slot`), 503 when the PDF readers hold their memory budget
@@ -122,6 +132,9 @@ def upload_document(
                            max_pages=s.max_pages,
                            limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s,
                                                budget_mb=s.reader_memory_mb))
+    quota = tenant_quota(s)
+    check_quota(ctx.meta, tenant, quota, checked)
+    check_room(ctx.home, len(checked.data), s.disk_reserve_bytes)
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
     filename = safe_text(file.filename or "document.pdf").replace("/", "_")[-200:]
@@ -130,8 +143,8 @@ def upload_document(
         ctx.meta.add_job(job)
         ctx.meta.add_document(Document(
             id=doc_id, collection_id=col.id, filename=filename, sha256=checked.sha256,
-            size_bytes=len(data), pages_total=checked.page_count, job_id=job.id,
-        ))
+            size_bytes=checked.size, pages_total=checked.page_count, job_id=job.id,
+        ), quota)
         runner.submit_ingest(job.id, doc_id)
     except Exception as exc:
         _undo_upload(ctx, doc_id, job.id)
@@ -169,18 +182,19 @@ def delete_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep,
 
     409 only while a live worker ingests it; a queued document, or one whose worker died
     (lease expired), is deleted, and its job then ends as failed ("the document was deleted").
+    Its files go first, so that the records' delete finds room on a full disk.
     """
     doc = owned_document(ctx, tenant, document_id)
     if _held_by_live_worker(ctx, doc):
         raise HTTPException(409, "the document is being ingested; retry when it is done (a "
                             f"stalled ingest can be deleted {ctx.settings.job_lease_s:.0f} s "
                             "after its worker stops)")
-    released = release_pages(ctx.kv, ctx.meta, doc.id)
-    log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
-    on_document_deleted(ctx, doc.collection_id, doc.id)
     upload_path(ctx.home, doc.id).unlink(missing_ok=True)
     remove_page_images(ctx, doc.id)
     thumbnails.drop_document(doc.id)
+    released = release_pages(ctx.kv, ctx.meta, doc.id)
+    log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
+    on_document_deleted(ctx, doc.collection_id, doc.id)
     if doc.job_id is not None and doc.status in ("queued", "processing"):
         try:
             ctx.meta.update_job(doc.job_id, status="failed", error="the document was deleted")

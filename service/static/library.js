@@ -4,6 +4,7 @@
 
 import { api } from "./api.js";
 import { el, say } from "./dom.js";
+import { showUsage } from "./usage.js";
 
 const COLLECTION_STORAGE = "conduit.collection";
 const STAGES = { queued: "queued", render: "rendering", text: "reading text", index: "indexing",
@@ -48,6 +49,7 @@ export class Library extends EventTarget {
 
   async refresh() {
     say(this.alert, "");
+    this.usage();
     const cols = await this.guard(api("GET", "/v1/collections"));
     this.select.replaceChildren(
       ...(cols.length ? [] : [el("option", { value: "" }, "no collections yet")]),
@@ -152,6 +154,10 @@ export class Library extends EventTarget {
     });
   }
 
+  usage() {
+    return showUsage(this.root.querySelector("#usage-line"));
+  }
+
   async upload(files) {
     if (!this.collectionId) {
       say(this.alert, "Create or pick a collection first.");
@@ -176,6 +182,7 @@ export class Library extends EventTarget {
           stage: "done", pages_done: 0, pages_total: 0, error: err.detail || String(err) }));
       }
     }
+    this.usage();
   }
 
   show(doc) {
@@ -263,6 +270,7 @@ export class Library extends EventTarget {
       this.docList.querySelector(`[data-id="${doc.document_id}"]`)?.remove();
       this.docs.delete(doc.document_id);
       say(this.alert, `Deleted ${doc.filename}.`, "info");
+      this.usage();
       this.changed();
     } catch {
       button.disabled = false;

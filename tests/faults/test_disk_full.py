@@ -6,6 +6,12 @@ deletable, and leaves no files. With the space back, the same upload ends `ready
 answered. The process stays up throughout. Needs root to mount a tmpfs (CI runs as root);
 skipped with the reason otherwise. A KV write to a full disk is counted, leaves no partial
 file, and the page stays served from memory.
+
+Issue 60: on a full disk every route answers JSON (507 at worst, never 500): creating a
+collection, uploading; reads still answer; `DELETE` of a document succeeds and frees its
+space (files first, then the records, with the database's reserve file released if need be),
+after which uploads work again. Below the free-space reserve (`CONDUIT_DISK_RESERVE_BYTES`)
+uploads get 507 naming it while metadata writes (a new collection) still work.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ def _documents(server: Server, col: str) -> list[dict[str, object]]:
 
 def test_disk_full_during_upload_and_ingest(small_home: Path,
                                             server_factory: Callable[..., Server]) -> None:
-    server = server_factory("home")
+    server = server_factory("home", CONDUIT_DISK_RESERVE_BYTES="0")
     server.start()
     client = server.client()
     col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
@@ -120,6 +126,66 @@ def test_disk_full_during_upload_and_ingest(small_home: Path,
                                             "question": "How often is valve 3 inspected?",
                                             "max_new_tokens": 4})
     assert answer.status_code == 200, answer.text
+    assert server.proc is not None and server.proc.poll() is None
+
+
+RESERVE = 64 * 2**10
+
+
+def _files_bytes(home: Path) -> int:
+    return sum(p.stat().st_size for d in ("pages", "kv", "uploads")
+               for p in (home / d).rglob("*") if p.is_file())
+
+
+def test_full_disk_answers_507_and_a_delete_frees_space(
+        small_home: Path, server_factory: Callable[..., Server]) -> None:
+    server = server_factory("home", CONDUIT_DISK_RESERVE_BYTES=str(RESERVE))
+    server.start()
+    client = server.client()
+    col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
+    first = client.post(f"/v1/collections/{col}/documents",
+                        files={"file": ("a.pdf", text_pdf(PAGES), "application/pdf")}).json()
+    assert settled(client, first["document_id"])["status"] == "ready"
+    per_doc = _files_bytes(small_home)
+    assert per_doc > 2 * RESERVE, per_doc
+
+    # a full disk: a write answers 507 with a JSON message, never 500 (SQLite's log has a
+    # few free frames first: new collections fit until it fills)
+    ballast = _fill(small_home, leave=0)
+    for i in range(500):
+        r = client.post("/v1/collections", json={"name": f"full-{i}"})
+        if r.status_code != 201:
+            break
+    assert r.status_code == 507, r.text
+    assert "disk is full" in r.json()["detail"]
+    r = client.post(f"/v1/collections/{col}/documents",
+                    files={"file": ("b.pdf", text_pdf(PAGES[:1]), "application/pdf")})
+    assert r.status_code == 507 and "disk space" in r.json()["detail"], r.text
+    for path in ("/healthz", "/v1/usage", f"/v1/collections/{col}/documents"):
+        assert client.get(path).status_code == 200, path
+
+    # DELETE works on the full disk and frees the document's space first
+    before = _free(small_home)
+    r = client.delete(f"/v1/documents/{first['document_id']}")
+    assert r.status_code == 204, r.text
+    assert _free(small_home) - before >= 0.8 * per_doc
+    assert _files_bytes(small_home) == 0
+    assert client.get(f"/v1/documents/{first['document_id']}").status_code == 404
+
+    # and uploads work again in the space it freed
+    again = client.post(f"/v1/collections/{col}/documents",
+                        files={"file": ("c.pdf", text_pdf(PAGES[:1]), "application/pdf")})
+    assert again.status_code == 202, again.text
+    assert settled(client, again.json()["document_id"], timeout=600)["status"] == "ready"
+
+    # below the reserve (not full): uploads get 507 naming it, metadata writes still work
+    ballast.unlink()
+    ballast = _fill(small_home, leave=RESERVE // 2)
+    r = client.post(f"/v1/collections/{col}/documents",
+                    files={"file": ("d.pdf", text_pdf(PAGES[:1]), "application/pdf")})
+    assert r.status_code == 507, r.text
+    assert "CONDUIT_DISK_RESERVE_BYTES" in r.json()["detail"]
+    assert client.post("/v1/collections", json={"name": "below"}).status_code == 201
     assert server.proc is not None and server.proc.poll() is None
 
 

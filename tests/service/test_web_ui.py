@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,6 +155,11 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None
     w.wait("the document to be done", lambda: w.all(".doc .badge.ready, .doc .badge.failed"))
     assert w.all(".doc .badge.ready"), [e.text for e in w.all(".doc-error")]
     w.wait("the page facts", lambda: "KV cached 3/3" in w.css(".status-ready .doc-meta").text)
+    usage = w.css("#usage-line")  # the tenant's usage against the default quotas
+    w.wait("the usage line", lambda: re.fullmatch(
+        r"Using [1-9]\d* of 5,000 documents · [1-9]\d* of 100,000 pages · \S+ \S*B of "
+        r"21\.5 GB stored", usage.text))
+    used = usage.text
     w.shot("ready")
 
     d.execute_script("""
@@ -223,6 +229,7 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None
     delete.click()
     w.wait("the document to go", lambda: not w.all(f'[data-id="{doc_id}"]'))
     assert "Deleted handbook.pdf" in w.css("#library-alert").text
+    w.wait("the usage line to count the deletion", lambda: usage.text not in ("", used))
     uncaught = [e["message"] for e in d.get_log("browser") if e.get("source") == "javascript"]
     assert not uncaught, uncaught
     w.shot("deleted")

@@ -1,0 +1,40 @@
+"""`GET /v1/usage`: what the caller's tenant stores against its quotas.
+
+Usage is counted from the metadata store (`MetadataStore.usage`): the tenant's documents in
+all its collections, whatever their status, until deleted. A limit of `null` is unlimited
+(the setting is 0). An upload that would pass a limit gets 413 naming it.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from service.deps import CtxDep, TenantDep
+from worker.uploads import tenant_quota
+
+router = APIRouter(tags=["usage"])
+
+
+class Measure(BaseModel):
+    """One quantity a tenant stores and its limit."""
+
+    used: int = Field(description="What the tenant's documents take now.")
+    limit: int | None = Field(description="The tenant's quota; null = unlimited.")
+
+
+class UsageOut(BaseModel):
+    """The caller's tenant's usage and quotas."""
+
+    bytes: Measure = Field(description="Summed upload sizes (CONDUIT_QUOTA_BYTES).")
+    documents: Measure = Field(description="Documents (CONDUIT_QUOTA_DOCUMENTS).")
+    pages: Measure = Field(description="Summed page counts (CONDUIT_QUOTA_PAGES).")
+
+
+@router.get("/v1/usage", response_model=UsageOut)
+def get_usage(ctx: CtxDep, tenant: TenantDep) -> UsageOut:
+    """The caller's bytes, documents and pages with their limits."""
+    used = ctx.meta.usage(tenant)
+    quota = tenant_quota(ctx.settings)
+    return UsageOut(**{name: Measure(used=getattr(used, name), limit=getattr(quota, name) or None)
+                       for name in ("bytes", "documents", "pages")})
