@@ -9,10 +9,11 @@ Public API:
                     sampler, stop_ids, tokenizer, on_token=None, t0=None) -> DecodeState
       one answer between its prefill and its last token (.done, .error, .output(),
       .kv_tokens)
-  decode_step(adapter, states: list[DecodeState], pool=None) -> None   every unfinished state
-      one token further, the forwards of all of them in one batch
+  decode_step(adapter, states: list[DecodeState], pool=None, graphs=None) -> None   every
+      unfinished state one token further, the forwards of all of them in one batch
       (`conduit_core.passes.batch_forward`); with a `DecodePool`, states take slots at their
-      first step and give them back when done
+      first step and give them back when done; with `StepGraphs`, a step of every pooled
+      answer runs captured or compiled (`conduit_core.passes.step_graphs`)
   decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
          stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
       one answer alone: `decode_step` with a batch of one until done
@@ -47,6 +48,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.batch_forward import StepRow, forward_step
+from conduit_core.passes.step_graphs import StepGraphs
 
 
 class Sampler:
@@ -139,6 +141,7 @@ class DecodeState:
     rows: torch.Tensor  # (max_new_tokens,) cache indices on the device
     positions: torch.Tensor  # (P, max_new_tokens) position ids on the device
     t0: float
+    first_position: int = 0  # positions[:, 0] on every axis (decode positions are text's)
     on_token: TokenCallback | None = None
     tokens: list[TokenId] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
@@ -162,7 +165,8 @@ class DecodeState:
         return cls(cache=cache, n_keys=n_keys, logits=first_logits, sampler=sampler,
                    stops=frozenset(stop_ids), max_new_tokens=max_new_tokens,
                    detok=Detokenizer(tokenizer), rows=rows, positions=positions,
-                   t0=time.perf_counter() if t0 is None else t0, on_token=on_token)
+                   t0=time.perf_counter() if t0 is None else t0, on_token=on_token,
+                   first_position=next_position)
 
     @property
     def kv_tokens(self) -> int:
@@ -200,7 +204,7 @@ class DecodeState:
         i = self.picked - 1
         return StepRow(cache=self.cache, row=self.rows[i:i + 1],
                        position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked,
-                       slot=self.slot)
+                       slot=self.slot, position_id=self.first_position + i)
 
     def output(self) -> DecodeOutput:
         """What was generated (so far, or in all once `done`)."""
@@ -209,12 +213,13 @@ class DecodeState:
 
 
 def decode_step(adapter: VLMAdapter, states: list[DecodeState],
-                pool: DecodePool | None = None) -> None:
+                pool: DecodePool | None = None, graphs: StepGraphs | None = None) -> None:
     """Advance every unfinished state by one token: each picks (and reports) its token, and
     those that go on run one batched forward (`batch_forward.forward_step`) for their next
     logits. A batch of one is the single-answer path. With a `pool`, answers that ended
     (here or by their owner setting `done`) give their slots back before the forward, and
-    those going on that have none take one if the pool can hold them."""
+    those going on that have none take one if the pool can hold them; a step `graphs`
+    covers (every pooled answer, nothing else) runs in its prepared bucket."""
     going: list[DecodeState] = []
     picked: list[torch.Tensor] = []
     for state in states:
@@ -232,8 +237,11 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
                 pool.admit(state)
     if not going:
         return
-    logits = forward_step(adapter, [s.step_row() for s in going],
-                          torch.stack(picked), pool)  # (B, V)
+    rows = [s.step_row() for s in going]
+    if graphs is not None and graphs.covers(rows):
+        logits = graphs.step(rows, picked)  # (B, V)
+    else:
+        logits = forward_step(adapter, rows, torch.stack(picked), pool)  # (B, V)
     for i, state in enumerate(going):
         state.logits = logits[i]  # (V,)
 

@@ -4,7 +4,7 @@ Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
                label_entries=1024, label_refresh="always", never_above_full=True,
                page_loads="batched",
-               decode_slots=16, decode_positions=65536)
+               decode_slots=16, decode_positions=65536, decode_compile="off")
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
         (`conduit_core.prompt.prompt_head`); False computes it with every question.
@@ -26,6 +26,11 @@ Public API:
     decode_slots, decode_positions: the answers being generated share one `DecodePool` of at
         most this many slots and positions (`.pool`; one attention call a layer for all of
         them); an answer it cannot hold decodes from its own cache.
+    decode_compile: "off", "auto" or "on": how a step of the pooled answers runs
+        (`conduit_core.passes.step_graphs`: CUDA graphs, compiled, or eager); other than
+        eager, the pool is fixed at its largest (`DecodePool(fixed=True)`).
+    .prepare_decode(budget_s) -> str   capture/compile the decode step's buckets now
+        (before any answer; `.graphs`), the line to log
     .prefill_pages(images: list[PIL.Image]) -> list[PageKV]
         each page prefilled under the canonical page context (template opening + segment),
         with the positions that context gives; pages batched (right padding); returned on
@@ -100,6 +105,7 @@ from conduit_core.page_kv import PageKV
 from conduit_core.passes.layer_forward import logits_of
 from conduit_core.passes.refresh_pass import refresh_pass
 from conduit_core.passes.stale_pass import StaleScores, stale_pass
+from conduit_core.passes.step_graphs import StepGraphs, kind_for
 from conduit_core.policies import resolve_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.policies.scoring import ScoreConfig
@@ -118,7 +124,8 @@ class ReuseRuntime:
                  label_cache: bool = True, label_entries: int = 1024,
                  label_refresh: LabelRefresh = "always",
                  never_above_full: bool = True, page_loads: str = "batched",
-                 decode_slots: int = 16, decode_positions: int = 65536):
+                 decode_slots: int = 16, decode_positions: int = 65536,
+                 decode_compile: str = "off"):
         if page_loads not in PAGE_LOADS:
             raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
         if label_refresh not in LABEL_REFRESH:
@@ -138,7 +145,10 @@ class ReuseRuntime:
         self.choices = ChoiceHistory()
         self.never_above_full = never_above_full
         self._stop_ids = self.adapter.stop_token_ids()
-        self.pool = DecodePool(self.adapter, decode_slots, decode_positions)
+        kind = kind_for(decode_compile, self.adapter.device)
+        self.pool = DecodePool(self.adapter, decode_slots, decode_positions,
+                               fixed=kind != "eager")
+        self.graphs = StepGraphs(self.adapter, self.pool, decode_compile)
 
     # ---- pages ----------------------------------------------------------------------
     @torch.no_grad()
@@ -328,7 +338,12 @@ class ReuseRuntime:
     def step(self, states: list[AnswerState]) -> None:
         """One decode step of every unfinished answer in `states`: one token each, their
         forwards batched (`conduit_core.decode.decode_step`)."""
-        decode_step(self.adapter, [s.decode for s in states], self.pool)
+        decode_step(self.adapter, [s.decode for s in states], self.pool, self.graphs)
+
+    def prepare_decode(self, budget_s: float) -> str:
+        """Capture or compile the decode step's batch-size buckets within `budget_s`
+        (`StepGraphs.prepare`; before any answer takes a decode slot); the line to log."""
+        return self.graphs.prepare(budget_s)
 
     def release(self, state: AnswerState) -> None:
         """Give back `state`'s decode slot now (an answer dropped before its end; one that

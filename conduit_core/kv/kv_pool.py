@@ -15,43 +15,68 @@ from its own cache on the per-sequence path of `batch_forward.forward_step`. Pos
 answer's keys are zero in its slot (masked, but never NaN from uninitialised memory), and the
 tensors are dropped when the last answer leaves, so an idle pool holds no memory.
 
+A fixed pool (`fixed=True`, what a captured or compiled decode step needs:
+`conduit_core.passes.step_graphs`) is allocated once at its largest, `max_slots` slots of
+`max_positions // max_slots` positions (rounded down to `POSITION_STEP`), by `allocate()` or
+the first admit, and kept while the pool lives: its tensors never move, so a step captured
+over them stays valid; an answer longer than a slot decodes from its own cache.
+
 Public API:
   POSITION_STEP = 64
-  DecodePool(adapter, max_slots=16, max_positions=65536)
+  PoolOwner                    what the pool reads and sets of an answer (a Protocol)
+  DecodePool(adapter, max_slots=16, max_positions=65536, fixed=False)
     .size                      occupied slots (0..size-1)
     .keys, .values             (L, slots, kv_heads, capacity, hd), or None while empty
+    .allocate()                a fixed pool's tensors now (a no-op once they exist)
     .admit(state) -> bool      move a decoding answer's cache into a slot (False: no room)
     .release(state)            free the slot of an answer that ended (no-op if it has none)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
 
-if TYPE_CHECKING:
-    from conduit_core.decode import DecodeState
-
 POSITION_STEP = 64  # a slot's capacity grows in multiples of this
+
+
+class PoolOwner(Protocol):
+    """What the pool reads and sets of a decoding answer (`conduit_core.decode.DecodeState`
+    is one): its cache (the slot's view once admitted), its slot, and how many of its
+    positions hold keys."""
+
+    cache: KVCache
+    slot: int | None
+    n_keys: int  # keys after its prefill
+    picked: int  # tokens picked so far: n_keys + picked - 1 positions hold keys
+    done: bool
+
+    @property
+    def kv_tokens(self) -> int:
+        """Positions its cache needs to its last token."""
 
 
 class DecodePool:
     """Slots 0..size-1 of one (L, slots, kv_heads, capacity, hd) pair, one decoding answer
     each (see the module docstring)."""
 
-    def __init__(self, adapter: VLMAdapter, max_slots: int = 16, max_positions: int = 65536):
+    def __init__(self, adapter: VLMAdapter, max_slots: int = 16, max_positions: int = 65536,
+                 fixed: bool = False):
         if max_slots < 1 or max_positions < 1:
             raise ValueError("need max_slots >= 1 and max_positions >= 1")
+        if fixed and max_positions // max_slots < POSITION_STEP:
+            raise ValueError(f"a fixed pool needs max_positions >= {POSITION_STEP} * max_slots")
         self.adapter = adapter
         self.max_slots = max_slots
         self.max_positions = max_positions
+        self.fixed = fixed
         self.keys: torch.Tensor | None = None  # (L, slots, kv_heads, capacity, hd)
         self.values: torch.Tensor | None = None
-        self.owners: list[DecodeState] = []  # owners[i] holds slot i
+        self.owners: list[PoolOwner] = []  # owners[i] holds slot i
 
     @property
     def size(self) -> int:
@@ -63,12 +88,14 @@ class DecodePool:
         return (0, 0) if self.keys is None else (int(self.keys.shape[1]),
                                                  int(self.keys.shape[3]))
 
-    def admit(self, state: DecodeState) -> bool:
+    def admit(self, state: PoolOwner) -> bool:
         """Move `state`'s cache into the next slot (growing the pool if it may); False when
         the pool is full or would exceed `max_positions` (the state keeps its own cache)."""
         need = state.kv_tokens
+        if self.fixed:
+            self.allocate()
         slots, capacity = self._shape()
-        if self.size == self.max_slots:
+        if self.size == self.max_slots or (self.fixed and need > capacity):
             return False
         want_slots = slots if self.size < slots else min(self.max_slots, max(1, 2 * slots))
         want_capacity = max(capacity, -(-need // POSITION_STEP) * POSITION_STEP)
@@ -83,7 +110,7 @@ class DecodePool:
         state.cache = self._view(slot)
         return True
 
-    def release(self, state: DecodeState) -> None:
+    def release(self, state: PoolOwner) -> None:
         """Free `state`'s slot; the last slot's answer moves into it."""
         slot = state.slot
         if slot is None:
@@ -95,8 +122,14 @@ class DecodePool:
             self._place(slot, last.cache, last.kv_tokens)
             last.slot = slot
             last.cache = self._view(slot)
-        if not self.owners:
+        if not self.owners and not self.fixed:
             self.keys = self.values = None
+
+    def allocate(self) -> None:
+        """A fixed pool's tensors, at their one size (see the module docstring)."""
+        if self.keys is None:
+            step = POSITION_STEP
+            self._grow(self.max_slots, self.max_positions // self.max_slots // step * step)
 
     def _view(self, slot: int) -> KVCache:
         assert self.keys is not None and self.values is not None

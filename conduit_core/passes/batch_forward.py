@@ -20,10 +20,11 @@ Rows run in the order pooled-by-slot, then the others; the logits come back in t
 order.
 
 Public API:
-  StepRow(cache, row, position, n_keys, slot=None)   one sequence's part of a step: its cache,
-                                  the cache index the new token's K/V go to (1,) on the device,
-                                  its position ids (P, 1) on the device, row + 1, and its pool
-                                  slot
+  StepRow(cache, row, position, n_keys, slot=None, position_id=0)   one sequence's part of
+                                  a step: its cache, the cache index the new token's K/V go to
+                                  (1,) on the device, its position ids (P, 1) on the device,
+                                  row + 1, its pool slot, and its position as a host int (the
+                                  value on every RoPE axis, for `step_graphs`)
   forward_step(adapter, rows: list[StepRow], token_ids (B,), pool=None)
       -> logits (B, vocab) float32
 """
@@ -50,6 +51,7 @@ class StepRow:
     position: torch.Tensor  # (P, 1) int64 on the device: the token's position ids
     n_keys: int  # keys the token attends to: its cache index + 1
     slot: int | None = None  # its `DecodePool` slot, if it has one
+    position_id: int = 0  # `position` as a host int (decode positions: equal on every axis)
 
 
 def _pooled_count(rows: list[StepRow], pool: DecodePool | None) -> int:

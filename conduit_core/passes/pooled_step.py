@@ -1,0 +1,70 @@
+"""The decode step of the pooled answers as one function of tensors with static shapes, so
+that it can be captured once (a CUDA graph) or compiled (`torch.compile`, fullgraph) per
+batch size (`conduit_core.passes.step_graphs`).
+
+B sequences occupy slots 0..B-1 of the decode pool (`conduit_core.kv.kv_pool`); each gets one
+new token. Everything the step reads that changes from step to step is a device tensor:
+the token ids, each row's cache index (where its new K/V go; it attends to keys 0..row) and
+its position. No Python value depends on them, so the step runs no host sync and issues the
+same kernels every time: a capture replays it, a compiled graph never recompiles for new
+values. A row may pad a batch: it writes its K/V at row 0 of its own (free) slot and attends
+to that key alone, so it never touches an answer's slot and never makes a NaN.
+
+Attention reads `span` positions of every slot under an additive mask hiding the keys past
+each row (masked keys add exact zeros): the step's work depends on `span`, not on how many
+positions the pool's answers hold. The captured step passes the pool's capacity (static);
+the model's own attention function runs it, as in `batch_forward.forward_step`.
+
+Public API:
+  pooled_forward(adapter, keys, values, token_ids (B,), rows (B,), positions (B,), span)
+      -> logits (B, vocab) float32; writes each row's K/V into `keys`/`values`
+      (L, slots >= B, kv_heads, capacity >= span, hd) at (its slot, its row)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.layer_forward import _attention_fn, _attn_impl, logits_of
+
+
+def _key_mask(rows: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask (B, 1, 1, span): 0 for keys 0..row of each row, the dtype's min after."""
+    keys = torch.arange(span, device=rows.device).view(1, 1, 1, span)  # (1, 1, 1, S)
+    past = keys > rows.view(-1, 1, 1, 1)  # (B, 1, 1, S)
+    return torch.zeros(past.shape, dtype=dtype, device=rows.device).masked_fill(
+        past, torch.finfo(dtype).min)
+
+
+@torch.no_grad()
+def pooled_forward(adapter: VLMAdapter, keys: torch.Tensor, values: torch.Tensor,
+                   token_ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                   span: int) -> torch.Tensor:
+    """One new token (`token_ids` (B,)) for each of slots 0..B-1 at cache index `rows` (B,)
+    and position `positions` (B,) (every RoPE axis: decode positions are text positions),
+    through every layer; returns logits (B, vocab) float32 (see the module docstring)."""
+    impl = _attn_impl(adapter)
+    b = token_ids.shape[0]
+    hidden = adapter.embed_tokens(token_ids.view(b, 1))  # (B, 1, hidden)
+    pos = positions.view(1, b, 1).expand(adapter.rope_axes, b, 1)  # (P, B, 1)
+    cos, sin = adapter.rotary(hidden, pos)  # (B, 1, hd) each
+    slots = torch.arange(b, device=hidden.device)  # (B,)
+    mask = _key_mask(rows, span, hidden.dtype)  # (B, 1, 1, S)
+    for li, layer in enumerate(adapter.layers):
+        attn = layer.self_attn
+        residual = hidden
+        h = layer.input_layernorm(hidden)  # (B, 1, hidden)
+        q, k, v = adapter.qkv(attn, h)  # (B, heads|kv_heads, 1, hd)
+        q = adapter.apply_rotary(q, cos, sin)
+        k = adapter.apply_rotary(k, cos, sin)
+        layer_keys, layer_values = keys[li], values[li]  # (S_pool, kv_heads, capacity, hd)
+        layer_keys[slots, :, rows] = k[:, :, 0].to(layer_keys.dtype)  # (B, kv_heads, hd)
+        layer_values[slots, :, rows] = v[:, :, 0].to(layer_values.dtype)
+        out, _ = _attention_fn(attn, impl)(
+            attn, q, layer_keys[:b, :, :span], layer_values[:b, :, :span], mask,
+            dropout=0.0, scaling=attn.scaling, is_causal=False)  # (B, 1, heads, hd)
+        hidden = residual + attn.o_proj(out.reshape(b, 1, -1))  # (B, 1, hidden)
+        residual = hidden
+        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+    return logits_of(adapter, hidden)[:, 0]  # (B, vocab)
