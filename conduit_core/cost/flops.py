@@ -7,9 +7,9 @@ and `4 H dh` per (query, key) pair its attention computes (QK^T and AV). Hence
   refresh       = L [(N_t + k) c + 4 H dh * sum of computed key counts of the rows]
   scoring       = L [N_t c + 4 H dh * sum of computed key counts of the text rows]
                   + L' Q' N (H (2 dh + SCORE_PAIR_FLOPS) ) + L' G N 2 dh
-Charged as computed: a masked subset runs blocked (`row_attention`): every row of a block of
-`ROW_CHUNK` rows spanning at most `ROW_SPAN` positions computes every key up to the block's
-last row, so it is charged that count,
+Charged as computed: a masked subset runs grouped (`row_attention`): every row of one of a
+fixed number of row groups computes every key up to the group's last row, so it is charged
+that count,
 not its causal one (`layer_forward.computed_key_counts` mirrors the path `forward_rows`
 takes; the one-mask reference path computes all N keys per row and is charged N). The
 scoring pass also forms its scored question rows' (Q', the query window) float32 QK^T over

@@ -4,9 +4,10 @@ Rows are sequence indices; each row computes q/k/v at its explicit position with
 layer's own modules (norms, projections, rotary embedding, attention kernel, MLP), writes its
 k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
 the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
-both `sdpa` and `eager`. Under `sdpa` a masked subset runs blocked (`row_attention`: row
-blocks read only the keys they can see, GQA folded into rows, block masks built once, the
-block shape chosen per device by `row_attention.block_shape`); `eager` gets the model's own
+both `sdpa` and `eager`. Under `sdpa` a masked subset runs grouped (`row_attention`: a fixed
+number of row groups a layer, one sdpa call each, a group reading only the keys up to its
+last row, masks built once per forward, the number chosen per device by
+`row_attention.row_groups`); `eager` gets the model's own
 attention function with one (1, 1, R, n_keys) mask. Other attention implementations
 (flash_attention_2, flex_attention, ...) are refused (`UnsupportedModelError`): they would
 get a dense additive mask they do not honour, or a wrong one.
@@ -28,7 +29,7 @@ Public API:
       does not exist, and no logit is read from them)
   computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
       keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
-      causal r + 1 on the plain causal path, the block's limit when blocked, else n_keys
+      causal r + 1 on the plain causal path, the group's limit when grouped, else n_keys
   logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
 """
 
@@ -39,17 +40,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
 from conduit_core.passes.row_attention import (
-    block_bounds,
-    block_shape,
     blocked_attention,
     causal_row_mask,
+    group_bounds,
     row_blocks,
+    row_groups,
 )
 
 LayerObserver = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
@@ -88,11 +90,10 @@ def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
     if plain_causal and impl != "eager":
         return rows + 1
     if impl == "sdpa" and BLOCKED_ATTENTION:
-        counts = torch.empty_like(rows)
-        chunk, span = block_shape(adapter.device)
-        for start, stop, limit in block_bounds(rows, n_keys, chunk, span):
-            counts[start:stop] = limit
-        return counts
+        bounds = group_bounds(rows, n_keys, row_groups(adapter.device))
+        limits = np.array([limit for _, _, limit in bounds], dtype=np.int64)
+        sizes = np.array([stop - start for start, stop, _ in bounds], dtype=np.int64)
+        return torch.from_numpy(np.repeat(limits, sizes))  # (R,) each row its group's keys
     return torch.full_like(rows, n_keys)
 
 
@@ -124,10 +125,8 @@ def forward_rows(
     blocks = None
     needs_mask = not (plain_causal and impl != "eager")
     if needs_mask and impl == "sdpa" and BLOCKED_ATTENTION:
-        cfg = adapter.text_config
-        rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        chunk, span = block_shape(adapter.device)
-        blocks = row_blocks(rows, n_keys, hidden.dtype, rep, chunk, adapter.device, span)
+        blocks = row_blocks(rows, n_keys, row_groups(adapter.device), hidden.dtype,
+                            adapter.device)
     rows = rows.to(adapter.device)
     if needs_mask and blocks is None:
         mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
@@ -176,9 +175,7 @@ def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Ten
     if attended is not None:
         out = attended[:, outputs]  # (B, R_o, heads, hd)
     elif impl == "sdpa" and BLOCKED_ATTENTION:
-        rep = q.shape[1] // keys.shape[1]
-        chunk, span = block_shape(adapter.device)
-        blocks = row_blocks(sub, n_keys, q.dtype, rep, chunk, adapter.device, span)
+        blocks = row_blocks(sub, n_keys, row_groups(adapter.device), q.dtype, adapter.device)
         out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R_o, heads, hd)
     else:
         sub_mask = (mask[:, :, outputs] if mask is not None

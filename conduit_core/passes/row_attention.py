@@ -1,54 +1,48 @@
-"""Blocked causal attention of a row subset over a KV cache (the sdpa fast path).
+"""Grouped causal attention of a row subset over a KV cache (the sdpa fast path).
 
 A subset of rows (sequence indices) attends over the cache with the exact causal rule "row r
 sees keys 0..r". One sdpa call with an (R, N) mask makes every row read all N keys (no
-kernel skips masked blocks given an arbitrary mask), and transformers' GQA handling copies
-K/V to every query head. Here instead:
-  * rows (ascending) are split into blocks of at most `ROW_CHUNK` rows that span at most
-    `ROW_SPAN` sequence positions; a block reads only the keys up to its largest row, so each
-    row reads its own key count plus at most `ROW_SPAN` more, instead of N (without the span
-    limit, 64 sparse refreshed rows spread over a long prompt all read up to the last one);
-  * GQA is folded into the rows: the query heads that share a KV head are stacked along the
-    row axis, q (B, G, rep * c, hd) against K/V (B, G, n, hd), so K/V are never repeated;
-  * the block masks (additive float, (1, 1, rep * c, n)) are built once per forward and
-    shared by all layers.
+kernel skips masked blocks given an arbitrary mask). Here the rows (ascending) are cut into
+at most `groups` consecutive groups, each reading only the keys up to its last row, one sdpa
+call a group (GQA by the kernel, `enable_gqa`: K/V are never repeated):
+  * the number of calls is fixed by the device, not by the rows (`row_groups`): one a layer
+    on an accelerator, where a call costs a launch whatever its size; four on the CPU, where
+    the keys a row reads past its own cost time (the cut points are chosen to read the fewest
+    keys in all: `group_bounds`);
+  * the groups (cut on the host) and their additive masks ((c, n), views of one (R, n); None
+    where every row sees every key of its group) are built once per forward and shared by
+    all layers.
 The result equals `F.scaled_dot_product_attention` over the full mask up to float rounding
-(the masked keys contribute exact zeros either way).
-
-The block shape is chosen per device (`block_shape`): on the CPU, blocks of 64 rows spanning
-at most 256 positions keep the wasted keys and the masks small; on an accelerator, where a
-call costs a launch and a few microseconds whatever its size, blocks of up to 1,024 rows
-spanning up to 8,192 positions make a refresh one or a few masked calls per layer (each row
-then reads up to its block's last row; `layer_forward.computed_key_counts` charges that).
+(the masked keys contribute exact zeros either way); `layer_forward.computed_key_counts`
+charges each row its group's key count.
 
 Public API:
-  ROW_CHUNK = 64;  ROW_SPAN = 256          the CPU block shape
-  BLOCK_SHAPES = {"cpu": (64, 256)};  DEFAULT_BLOCK_SHAPE = (1024, 8192)  (rows, span)
-  block_shape(device) -> (chunk, span)
+  ROW_GROUPS = {"cpu": 4};  DEFAULT_ROW_GROUPS = 1     groups per device
+  row_groups(device) -> int
+  CUT_CANDIDATES = 64    cut points considered (evenly spaced over the rows)
   RowBlock(start, stop, n_keys, mask)
-  block_bounds(rows, n_keys, chunk=ROW_CHUNK, span=ROW_SPAN) -> list[(start, stop, n_keys)]
-  row_blocks(rows, n_keys, dtype, rep, chunk=ROW_CHUNK, device=None, span=ROW_SPAN)
-      -> list[RowBlock]
+  group_bounds(rows, n_keys, groups) -> list[(start, stop, n_keys)]
+  row_blocks(rows, n_keys, groups, dtype, device=None) -> list[RowBlock]
   blocked_attention(q, keys, values, blocks, scaling) -> (B, R, heads, hd)
+  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive (the eager path's)
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROW_CHUNK = 64
-ROW_SPAN = 256
-BLOCK_SHAPES = {"cpu": (ROW_CHUNK, ROW_SPAN)}  # (rows per block, positions spanned) per device
-DEFAULT_BLOCK_SHAPE = (1024, 8192)  # accelerators: few launches, a bounded mask per block
+ROW_GROUPS = {"cpu": 4}  # sdpa calls a layer for a masked subset, per device
+DEFAULT_ROW_GROUPS = 1  # accelerators: one call a layer
+CUT_CANDIDATES = 64
 
 
-def block_shape(device: torch.device | str) -> tuple[int, int]:
-    """(rows per block, positions a block may span) for attention on `device`."""
-    return BLOCK_SHAPES.get(torch.device(device).type, DEFAULT_BLOCK_SHAPE)
+def row_groups(device: torch.device | str) -> int:
+    """How many sdpa calls a masked subset takes a layer on `device`."""
+    return ROW_GROUPS.get(torch.device(device).type, DEFAULT_ROW_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -58,7 +52,7 @@ class RowBlock:
     start: int
     stop: int
     n_keys: int
-    mask: torch.Tensor | None  # (1, 1, rep * (stop - start), n_keys) additive; None: all
+    mask: torch.Tensor | None  # (stop - start, n_keys) additive; None: every key seen
 
 
 def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -70,76 +64,69 @@ def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torc
     return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
 
 
-def block_bounds(rows: torch.Tensor, n_keys: int, chunk: int = ROW_CHUNK,
-                 span: int = ROW_SPAN) -> list[tuple[int, int, int]]:
-    """Blocks of consecutive entries of `rows` (R,) on the host: (start, stop, keys read),
-    at most `chunk` entries and, for ascending rows, at most `span` positions apart."""
-    if chunk < 1 or span < 0:
-        raise ValueError("chunk must be >= 1 and span >= 0")
-    host = rows.cpu().tolist()
-    if host == sorted(host):  # the common case: one bisection per block, not a step per row
-        return _ascending_bounds(host, n_keys, chunk, span)
-    out = []
-    start = 0
-    while start < len(host):
-        stop, low, high = start + 1, host[start], host[start]
-        while stop < len(host) and stop - start < chunk:
-            nxt = host[stop]
-            if max(high, nxt) - min(low, nxt) > span:
-                break
-            low, high = min(low, nxt), max(high, nxt)
-            stop += 1
-        out.append((start, stop, min(high + 1, n_keys)))
-        start = stop
-    return out
+def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int, int, int]]:
+    """At most `groups` runs of consecutive entries of `rows` (R,), as (start, stop, keys
+    read = largest row of the run + 1, at most n_keys), cut where the keys read by all runs
+    together are fewest among cuts at `CUT_CANDIDATES` evenly spaced places. A pure
+    function of its arguments, computed on the host in numpy (the FLOPs accounting calls it
+    too, and it launches nothing on the device)."""
+    if groups < 1:
+        raise ValueError("groups must be >= 1")
+    host = rows.detach().cpu().numpy().astype(np.int64)  # (R,)
+    r = int(host.size)
+    if r == 0:
+        return []
+    limit = np.minimum(np.maximum.accumulate(host) + 1, n_keys)  # (R,) keys up to entry i
+    if groups == 1:
+        return [(0, r, int(limit[-1]))]
+    cuts = np.unique(np.rint(np.linspace(0, r, CUT_CANDIDATES + 1)).astype(np.int64))  # (C,)
+    lim = limit[np.maximum(cuts - 1, 0)].astype(np.float64)  # (C,) keys of a run ending there
+    span = cuts.reshape(1, -1) - cuts.reshape(-1, 1)  # (C, C) rows of run (i, j)
+    cost = np.where(span > 0, span * lim.reshape(1, -1), np.inf)  # (C, C) keys of run (i, j)
+    best = np.full(cuts.size, np.inf)  # (C,) fewest keys covering [0, cuts[j])
+    best[0] = 0.0
+    back = []
+    for _ in range(min(groups, cuts.size - 1)):  # exactly g runs (a cut never adds keys)
+        total = best.reshape(-1, 1) + cost  # (C, C)
+        back.append(total.argmin(axis=0))  # (C,) the best previous cut of each
+        best = total.min(axis=0)
+    out, j = [], cuts.size - 1
+    for came in reversed(back):
+        i = int(came[j])
+        out.append((int(cuts[i]), int(cuts[j]), int(lim[j])))
+        j = i
+    return out[::-1]
 
 
-def _ascending_bounds(host: list[int], n_keys: int, chunk: int, span: int
-                      ) -> list[tuple[int, int, int]]:
-    """`block_bounds` of ascending rows: a block ends at `chunk` entries or before the first
-    row more than `span` positions after its first one."""
-    out = []
-    start = 0
-    while start < len(host):
-        stop = min(start + chunk, bisect_right(host, host[start] + span, lo=start))
-        out.append((start, stop, min(host[stop - 1] + 1, n_keys)))
-        start = stop
-    return out
-
-
-def row_blocks(rows: torch.Tensor, n_keys: int, dtype: torch.dtype, rep: int,
-               chunk: int = ROW_CHUNK, device: torch.device | None = None,
-               span: int = ROW_SPAN) -> list[RowBlock]:
-    """`block_bounds` blocks of `rows` (R,), each with its key range and its additive mask
-    repeated for the `rep` query heads of a KV head, built on `device` (default: the rows'
-    device; key ranges are read on the CPU, no device sync)."""
+def row_blocks(rows: torch.Tensor, n_keys: int, groups: int, dtype: torch.dtype,
+               device: torch.device | None = None) -> list[RowBlock]:
+    """`group_bounds` runs of `rows` (R,), each with its key range and its additive mask in
+    `dtype` (sdpa takes it as it is), built on `device` (default: the rows' device) in a few
+    operations for all runs."""
     device = rows.device if device is None else device
+    bounds = group_bounds(rows, n_keys, groups)
     host = rows.cpu()
-    out = []
-    for start, stop, limit in block_bounds(host, n_keys, chunk, span):
-        part = host[start:stop]  # (c,)
-        mask: torch.Tensor | None = None
-        if int(part.min()) + 1 < limit:  # some row cannot see every key of the block
-            mask = causal_row_mask(part.to(device), limit, dtype).repeat(1, 1, rep, 1)
-            # (1, 1, rep*c, limit): row order matches the GQA fold in blocked_attention
-        out.append(RowBlock(start, stop, limit, mask))
+    out: list[RowBlock] = []
+    if not bounds:
+        return out
+    widest = max(limit for _, _, limit in bounds)
+    hidden = (torch.arange(widest, device=device).view(1, -1)
+              > rows.to(device).view(-1, 1))  # (R, widest) keys a row does not see
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
+        hidden, torch.finfo(dtype).min)  # (R, widest)
+    for start, stop, limit in bounds:
+        needs = int(host[start:stop].min()) + 1 < limit  # some row misses a key of the run
+        out.append(RowBlock(start, stop, limit, mask[start:stop, :limit] if needs else None))
     return out
 
 
 def blocked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                       blocks: list[RowBlock], scaling: float) -> torch.Tensor:
-    """Attention of q (B, H, R, hd) over keys/values (B, G, N, hd) by `blocks`; returns
-    (B, R, H, hd) like transformers' attention functions."""
-    b, heads, rows, hd = q.shape
-    groups = keys.shape[1]
-    rep = heads // groups
-    out = q.new_empty(b, rows, heads, hd)  # (B, R, H, hd), contiguous: callers view it
-    for blk in blocks:
-        c = blk.stop - blk.start
-        qq = q[:, :, blk.start:blk.stop].reshape(b, groups, rep * c, hd)  # (B, G, rep*c, hd)
-        o = F.scaled_dot_product_attention(
-            qq, keys[:, :, :blk.n_keys], values[:, :, :blk.n_keys], attn_mask=blk.mask,
-            scale=scaling)  # (B, G, rep*c, hd)
-        out[:, blk.start:blk.stop] = o.reshape(b, heads, c, hd).transpose(1, 2)  # CUDA kernels
-        # may return o non-contiguous: reshape copies only then
-    return out
+    """Attention of q (B, H, R, hd) over keys/values (B, G, N, hd) by `blocks` (one sdpa
+    call each, GQA in the kernel); returns (B, R, H, hd) like transformers' attention
+    functions (a view of one concatenation; of the one call's output for one block)."""
+    parts = [F.scaled_dot_product_attention(
+        q[:, :, blk.start:blk.stop], keys[:, :, :blk.n_keys], values[:, :, :blk.n_keys],
+        attn_mask=blk.mask, scale=scaling, enable_gqa=True).transpose(1, 2)
+        for blk in blocks]  # (B, c, H, hd) each
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)  # (B, R, H, hd)

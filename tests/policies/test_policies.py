@@ -14,7 +14,7 @@ from conduit_core.cost.flops import (
     trimmed_rows_flops,
     vision_flops,
 )
-from conduit_core.passes.row_attention import block_shape
+from conduit_core.passes.row_attention import group_bounds, row_groups
 from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.policies.selection import budget_tokens
@@ -32,18 +32,12 @@ BUDGETED = ["random", "raw_attention", "value_norm", "cacheblend", "epic", "epic
 
 
 def block_counts(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """Keys the blocked attention computes per row: its block's last row + 1, a block being
-    at most `chunk` consecutive rows spanning at most `span` positions (64 and 256 on the
-    CPU: `row_attention.block_shape` of the test device)."""
-    chunk, span = block_shape(TEST_DEVICE)
+    """Keys the grouped attention computes per row: its group's last row + 1, the rows cut
+    into `row_attention.row_groups` groups of the test device (four on the CPU) where the
+    keys read in all are fewest."""
     out = torch.empty_like(rows)
-    i = 0
-    while i < rows.numel():
-        j = i + 1
-        while j < rows.numel() and j - i < chunk and int(rows[j] - rows[i]) <= span:
-            j += 1
-        out[i:j] = min(int(rows[j - 1]) + 1, n)
-        i = j
+    for start, stop, _ in group_bounds(rows, n, row_groups(TEST_DEVICE)):
+        out[start:stop] = min(int(rows[:stop].max()) + 1, n)
     return out
 
 
