@@ -71,5 +71,7 @@ def image_env() -> dict[str, str]:
     env: dict[str, str] = {}
     for op, rest in dockerfile():
         if op == "ENV":
-            env.update(p.split("=", 1) for p in shlex.split(rest))
+            for pair in shlex.split(rest):
+                name, value = pair.split("=", 1)
+                env[name] = value
     return env

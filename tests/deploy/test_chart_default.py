@@ -141,7 +141,9 @@ def test_probes_hit_routes_the_app_serves(out: Rendered) -> None:
 
 
 def test_pods_run_as_the_image_user_without_privileges(out: Rendered) -> None:
-    uid = int(re.search(r"useradd .*--uid (\d+)", (ROOT / "deploy" / "Dockerfile").read_text())[1])
+    found = re.search(r"useradd .*--uid (\d+)", (ROOT / "deploy" / "Dockerfile").read_text())
+    assert found is not None
+    uid = int(found[1])
     for name in ("api", "worker"):
         workload = out.one("Deployment", full(name))
         pod = pod_spec(workload)["securityContext"]

@@ -86,7 +86,8 @@ def test_api_keys_land_in_the_secret_only() -> None:
     assert json.loads(out.secret_data(full())["CONDUIT_API_KEYS"]) == keys
     others = [d for d in out.docs if d["kind"] != "Secret"]
     assert not any(k in json.dumps(others) for k in keys)
-    assert "GENERATED_API_KEY" not in out.notes and "GENERATED_API_KEY" not in out.secret_data(full())
+    assert "GENERATED_API_KEY" not in out.notes
+    assert "GENERATED_API_KEY" not in out.secret_data(full())
     env = container_env(out, container(out.one("Deployment", full("api"))))
     assert [k.get_secret_value() for k in settings_of(env).api_keys] == keys
 
