@@ -10,6 +10,13 @@ for. The copy is ordered before any kernel that reads it on the same stream, and
 host allocator keeps the pinned buffer alive until the copy has run, so nothing waits on the
 host.
 
+Pages read from a store arrive already staged: the disk tier reads each entry straight into a
+host buffer of its own (`host_buffer`, pinned where CUDA is available) and returns the page's
+tensors as views of it. `packed_to_device` moves such pages without filling a `HostStage`:
+each page's buffer crosses as it is, one non-blocking copy a page into one device buffer, and
+the tensors come back as views of it at the same offsets, so the only host pass over a page's
+bytes is the read itself.
+
 Public API:
   ALIGN = 64                            byte alignment of each tensor in the buffer
   HostStage(specs: [(shape, dtype)], device, pin=None)
@@ -17,6 +24,13 @@ Public API:
       .to_device() -> list[Tensor]      the same tensors on `device` (one copy; on the CPU
                                         the host views themselves)
   stage(tensors, device, pin=None) -> list[Tensor]   copies of `tensors` staged that way
+  host_buffer(nbytes, pin=None) -> Tensor   (nbytes,) uint8, uninitialised, pinned when `pin`
+                                        (default: where CUDA is available)
+  packed_buffer(tensors) -> Tensor | None   the one host buffer all `tensors` view, when they
+                                        are the bulk of it (a page as a store read it)
+  packed_to_device(groups, device) -> list[list[Tensor]] | None
+      each group's tensors on `device`, one copy a group's buffer; None unless every group is
+      packed (then the caller stages)
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ import torch
 from conduit_core.page_kv import pin_host_memory
 
 ALIGN = 64
+PACKED_SLACK = 1 << 20  # bytes of a packed buffer outside its tensors (an entry's header)
 
 
 class HostStage:
@@ -70,3 +85,54 @@ def _view(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size)
     """The tensor of `dtype` and `shape` at byte `offset` of the uint8 buffer `buf`."""
     nbytes = shape.numel() * torch.empty(0, dtype=dtype).element_size()
     return buf[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def host_buffer(nbytes: int, pin: bool | None = None) -> torch.Tensor:
+    """An uninitialised `(nbytes,)` uint8 host tensor, page-locked when `pin` (default:
+    `pin_host_memory()`), for a store to read an entry into."""
+    pin = pin_host_memory() if pin is None else pin
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)  # (nbytes,)
+
+
+def packed_buffer(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The whole host buffer (uint8) that every one of `tensors` views, contiguously, when
+    the tensors fill all of it but `PACKED_SLACK` bytes; None otherwise (tensors of separate
+    buffers, on a device, strided, or a small part of a larger buffer: copying that buffer
+    would move bytes the tensors do not hold)."""
+    if not tensors:
+        return None
+    storage = tensors[0].untyped_storage()
+    for t in tensors:
+        if (t.device.type != "cpu" or not t.is_contiguous()
+                or t.untyped_storage().data_ptr() != storage.data_ptr()):
+            return None
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    if storage.nbytes() > held + PACKED_SLACK:
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage)  # (storage bytes,)
+
+
+def packed_to_device(groups: Sequence[Sequence[torch.Tensor]], device: torch.device | str
+                     ) -> list[list[torch.Tensor]] | None:
+    """Each group's tensors on `device` as views of one device buffer that every group's
+    packed host buffer (`packed_buffer`) crossed into, one copy a group (non-blocking when
+    the buffer is pinned and the device is CUDA; a copy on the CPU too, where only tests
+    stage). None when any group is not packed."""
+    device = torch.device(device)
+    bufs: list[torch.Tensor] = []
+    for group in groups:
+        buf = packed_buffer(group)
+        if buf is None:
+            return None
+        bufs.append(buf)
+    sizes = [-(-b.numel() // ALIGN) * ALIGN for b in bufs]
+    dev = torch.empty(sum(sizes), dtype=torch.uint8, device=device)  # (bytes,)
+    out: list[list[torch.Tensor]] = []
+    at = 0
+    for group, buf, size in zip(groups, bufs, sizes, strict=True):
+        pinned = device.type == "cuda" and buf.is_pinned()
+        dev[at:at + buf.numel()].copy_(buf, non_blocking=pinned)  # the page's one copy
+        out.append([_view(dev, at + int(t.storage_offset()) * t.element_size(), t.dtype, t.shape)
+                    for t in group])
+        at += size
+    return out

@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 
+from conduit_core.kv.staging import host_buffer
 from conduit_core.page_kv import ModelFingerprint, PageKV
 from storage.errors import CorruptEntryError
 from storage.kv.quant import int8_parts
@@ -221,13 +221,15 @@ def read_tensors(readinto: ReadInto, size: int, chunk: int = READ_CHUNK
                  ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read an entry of `size` bytes through `readinto` (e.g. a raw file's), verifying it.
 
-    One private, uninitialised buffer (`numpy.empty`: no zero-filling pass) receives the
-    bytes, `chunk` bytes per read, each hashed as it lands: the kernel's copy is the only
-    pass over memory besides a cache-hot hash, and the tensors returned view the buffer (no
-    further copy). `CorruptEntryError` for a short read, a bad header or a checksum mismatch.
+    One private, uninitialised host buffer receives the bytes (`conduit_core.kv.staging.
+    host_buffer`: no zero-filling pass, page-locked where CUDA is available, so the runtime
+    copies it to the device as it is), `chunk` bytes per read, each hashed as it lands: the
+    kernel's copy is the only pass over memory besides a cache-hot hash, and the tensors
+    returned view the buffer (no further copy). `CorruptEntryError` for a short read, a bad
+    header or a checksum mismatch.
     """
-    buf = np.empty(size, dtype=np.uint8)
-    mv = buf.data
+    buf = host_buffer(size)  # (size,) uint8
+    mv = buf.numpy().data  # the tensor's own memory
     done = _fill(readinto, mv, 0, min(size, max(chunk, 8)))  # 8: the header length
     offset = header_length(mv[:done])
     done = _fill(readinto, mv, done, min(size, max(offset, done)))
@@ -241,7 +243,7 @@ def read_tensors(readinto: ReadInto, size: int, chunk: int = READ_CHUNK
         h.update(mv[start:done])
     if f"{CHECKSUM_ALGO}:{h.hexdigest()}" != head.stored_sum:
         raise CorruptEntryError("checksum mismatch")
-    base = torch.from_numpy(buf[offset:]) if size > offset else None
+    base = buf[offset:] if size > offset else None  # (data bytes,) views the whole buffer
     return head.tensors(base), head.meta
 
 

@@ -13,7 +13,14 @@ it is still in the CPU cache, and returns tensors viewing the buffer (no second 
 kernel's copy is the only pass over memory). The file is never mapped: a shared or
 copy-on-write mapping shows later changes of the file (bytes flipped on disk after a load
 changed the next answer while the memory tier held the mapped tensors), so the bytes served
-are exactly the bytes that were verified, whatever happens to the file afterwards.
+are exactly the bytes that were verified, whatever happens to the file afterwards. The
+buffer is the runtime's staging memory (`conduit_core.kv.staging.host_buffer`, page-locked
+where CUDA is available), so the page crosses to the device from it as it is.
+
+The entries of one `get_many` (a question's pages) are read in parallel by up to
+`read_threads` pool threads, each file into its own buffer: reads release the interpreter
+lock, so the files' copies (and the device's queue of reads) overlap. What each call returns,
+counts and removes is the same as reading them one by one.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conduit_core.page_kv import PageKV
@@ -37,6 +45,9 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
+READ_THREADS = 4  # files of one get_many read at once (lab/store/NOTES.md)
+
+_Read = tuple[PageKV | None, int, BaseException | None]  # page, file size, what went wrong
 
 
 class DiskKVStore:
@@ -47,12 +58,18 @@ class DiskKVStore:
     so the newest entries may be missing after one (a miss: this is a cache). `fsync=False`
     skips the data fsync too (still atomic against a crash of the process, not of the
     machine). Temp files untouched for `stale_tmp_s` are removed at startup as crash leftovers.
+    `read_threads` files of one `get_many` are read at once (1: one after another).
     """
 
     def __init__(self, root: Path, max_bytes: int, *, quantize: bool = False,
-                 fsync: bool = True, stale_tmp_s: float = 300.0) -> None:
+                 fsync: bool = True, stale_tmp_s: float = 300.0,
+                 read_threads: int = READ_THREADS) -> None:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
+        if read_threads < 1:
+            raise ValueError("read_threads must be >= 1")
+        self.read_threads = read_threads
+        self._pool: ThreadPoolExecutor | None = None
         self.root = Path(root)
         self.max_bytes = max_bytes
         self.quantize = quantize
@@ -144,6 +161,27 @@ class DiskKVStore:
             size = os.fstat(f.fileno()).st_size
             return read_page(f.readinto, size), size
 
+    def _read(self, path: Path) -> _Read:
+        """`_load`, with what went wrong returned rather than raised (for a pool thread)."""
+        try:
+            page, size = self._load(path)
+        except OSError as exc:  # FileNotFoundError included
+            return None, 0, exc
+        except CorruptEntryError as exc:
+            return None, 0, exc
+        return page, size, None
+
+    def _read_all(self, paths: list[Path]) -> list[_Read]:
+        """`_read` of every path, in order: on the pool when there are several."""
+        if self.read_threads == 1 or len(paths) < 2:
+            return [self._read(p) for p in paths]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.read_threads,
+                                                thread_name_prefix="conduit-disk-read")
+            pool = self._pool
+        return list(pool.map(self._read, paths))
+
     def _write(self, path: Path, enc: Encoded) -> None:
         path.parent.mkdir(exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
@@ -166,23 +204,23 @@ class DiskKVStore:
         """Read and verify entries; corrupt files are removed and count as misses."""
         found: dict[PageHash, PageKV] = {}
         corrupt = errors = 0
-        for key in keys:
-            path = self.path(key)
-            try:
-                found[key], size = self._load(path)
-            except FileNotFoundError:
+        paths = [self.path(key) for key in keys]
+        for key, path, (page, size, exc) in zip(keys, paths, self._read_all(paths),
+                                                strict=True):
+            if isinstance(exc, FileNotFoundError):
                 self._forget(key)
                 continue
-            except CorruptEntryError as exc:
+            if isinstance(exc, CorruptEntryError):
                 log.warning("corrupt disk KV entry %s (%s): removed, treated as a miss", key, exc)
                 corrupt += 1
                 self._forget(key)
                 path.unlink(missing_ok=True)
                 continue
-            except OSError as exc:
+            if exc is not None or page is None:
                 log.warning("disk KV read of %s failed: %s", key, exc)
                 errors += 1
                 continue
+            found[key] = page
             self._remove_files(self._track(key, size))
         self._counters.add(hits=len(found), misses=len(keys) - len(found), corrupt=corrupt,
                            errors=errors)

@@ -3,15 +3,19 @@ operations, int8 dequantised on the device) fills the cache exactly as the per-p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
-from conduit_core.kv.staging import stage
+from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
 from conduit_core.prompt.rotation import rerotate, rerotate_into, shift_tables
+from storage.keys import PageHash
 from storage.kv.codec import quantize_roundtrip
+from storage.kv.disk import DiskKVStore
 from tests.core.helpers import IMAGES
 from tests.device import TEST_DEVICE
 
@@ -71,6 +75,68 @@ def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
         dev = cache.keys.device
         _same((cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds),
               want)
+
+
+def _staged(runtime: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
+    """The page rows of a cache filled by the accelerator's load path, run on the CPU."""
+    asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+                           QUESTION)
+    cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
+    embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
+    load_pages(runtime.adapter, asm.layout, kvs, cache, embeds, stage_on_cpu=True)
+    rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
+    dev = cache.keys.device
+    return cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds
+
+
+@pytest.mark.parametrize("quantize", [False, True])
+def test_pages_read_from_disk_cross_as_read(runtime: ReuseRuntime, tmp_path: Path,
+                                            quantize: bool) -> None:
+    """Pages the disk tier read (each in one host buffer of its own) take the packed path:
+    their buffers cross as they are and are joined on the device; the cache is the one the
+    per-page load fills from the same pages, in any order and with labels between them."""
+    floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    keys = [PageHash(f"{i:02x}" + "ef" * 31) for i in range(3)]
+    store = DiskKVStore(tmp_path, 1 << 30, quantize=quantize, fsync=False)
+    store.put_many(dict(zip(keys, floats, strict=True)))
+    read = store.get_many(keys)
+    kvs = [read[k] for k in keys]
+    assert packed_to_device([kv.tensors() for kv in kvs], "cpu") is not None
+    assert packed_to_device([kv.tensors() for kv in floats], "cpu") is None  # staged instead
+    for order in (kvs, kvs[::-1], [kvs[1], kvs[0]]):
+        want = _assemble(runtime, [kv.dequantized() for kv in order], "per_page")
+        _same(_staged(runtime, order), want)
+
+
+def test_packed_to_device_returns_every_tensor_at_its_offset() -> None:
+    """Two packed buffers (header bytes before the tensors, as an entry has) cross into one
+    device buffer; each tensor comes back equal, at its own offset."""
+    groups, want = [], []
+    for seed, head in ((0, 128), (1, 64)):
+        g = torch.Generator().manual_seed(seed)
+        parts = [torch.randn(2, 3, 5, 8, generator=g).to(torch.bfloat16),
+                 torch.randint(-127, 128, (4, 6), generator=g, dtype=torch.int8),
+                 torch.arange(7)]
+        buf = torch.empty(head + sum(p.numel() * p.element_size() for p in parts) + 64,
+                          dtype=torch.uint8)
+        views, at = [], head
+        for p in parts:
+            n = p.numel() * p.element_size()
+            at = -(-at // 8) * 8
+            v = buf[at:at + n].view(p.dtype).view(p.shape)
+            v.copy_(p)
+            views.append(v)
+            at += n
+        groups.append(views)
+        want.append(parts)
+    assert packed_buffer(groups[0]) is not None
+    out = packed_to_device(groups, torch.device(TEST_DEVICE))
+    assert out is not None
+    assert len({t.untyped_storage().data_ptr() for g in out for t in g}) == 1
+    for got_g, want_g in zip(out, want, strict=True):
+        for got, w in zip(got_g, want_g, strict=True):
+            assert got.dtype == w.dtype and torch.equal(got.cpu(), w)
+    assert packed_buffer([groups[0][0], torch.arange(3)]) is None  # two buffers
 
 
 def test_int8_staging_copies_int8_bytes() -> None:
