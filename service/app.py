@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.auth import KeyRing
 from service.guard import GuardMiddleware, validation_error
-from service.hardening import SecurityHeadersMiddleware, private_home
+from service.hardening import LoopbackHostMiddleware, SecurityHeadersMiddleware, private_home
 from service.metrics import UPLOADS, register_kv_collector
 from service.routers import (
     collections,
@@ -95,6 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                          "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
     app.add_middleware(GuardMiddleware, keyring=keyring,
                        max_upload_bytes=settings.max_upload_bytes)
+    if not keyring.enabled:  # the open mode: loopback Host names only (DNS rebinding)
+        app.add_middleware(LoopbackHostMiddleware, allowed=settings.allowed_hosts)
     app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
     for router in (collections.router, documents.router, pages.router, query.router,
                    models.router, openai_chat.router, health.router, usage.router):

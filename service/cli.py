@@ -46,8 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers()
 
     serve = sub.add_parser("serve", help="run the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind; not a loopback one without API keys unless "
+                       "--allow-open")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--allow-open", action="store_true",
+                       help="bind a non-loopback address with no API keys (as "
+                       "CONDUIT_ALLOW_OPEN_NETWORK=1; only loopback Host names are answered)")
     serve.set_defaults(func=_serve)
 
     ingest = sub.add_parser("ingest", help="ingest PDFs into a collection")
@@ -86,11 +91,21 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from service.app import create_app
+    from service.auth import KeyRing
+    from service.connections import uvicorn_options
+    from service.hardening import check_bind
     from worker.heap import freeze_long_lived
 
-    app = create_app(Settings())
+    settings = Settings()
+    refusal = check_bind(args.host, keys=KeyRing.from_settings(settings).enabled,
+                         allow_open=args.allow_open or settings.allow_open_network)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    app = create_app(settings)
     freeze_long_lived()  # the imports' objects: full collections skip them from now on
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info",
+                **uvicorn_options(settings))
     return 0
 
 

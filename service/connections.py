@@ -1,0 +1,237 @@
+"""What one client connection may hold of `conduit serve`: time, header bytes, a place.
+
+Uvicorn bounds an idle keep-alive connection (`timeout_keep_alive`), but not a connection
+that opens and then sends its request slowly or never: one that trickles a header byte now
+and then, or a body that never ends, holds a file descriptor and a protocol object for as
+long as it likes, and enough of them exhaust the process's descriptors (at which point
+`/healthz` stops answering too). `conduit serve` therefore runs uvicorn with its own HTTP
+protocol, uvicorn's httptools protocol plus four bounds (`ConnectionLimits`):
+
+- **header deadline**: a request's line and headers must have arrived within
+  `header_timeout_s` of the connection opening or of its previous response (however the
+  bytes trickle); else the connection is closed without a reply;
+- **header size**: more than `max_header_bytes` before the headers end gets 431 and a close;
+- **body deadline**: a request body must be complete `body_timeout_s` after its headers
+  plus a second for every `body_min_rate` bytes received (so a body that trickles or stops
+  is cut, and one that averages the rate never is; time the app itself has paused reading
+  is not counted); past it the request gets 408 (when nothing was answered yet) and the
+  connection is closed, so the app sees the client leave;
+- **connection cap**: at most `max_connections` open connections. One more closes the
+  oldest connection still waiting for its request's headers (a half-open or idle one), or
+  itself when every open one is inside a request, so a flood of half-open connections cannot
+  keep a real client (or a probe) out. `fit_open_files` raises the process's open-file limit
+  to hold the cap and a reserve for the stores, readers and model files.
+
+WebSocket upgrades are off (the API has none). A reverse proxy in front should still
+buffer request bodies and bound its own header and body times and connections per client
+(docs/RELIABILITY.md, "Threat model").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import resource
+import time
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from worker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# descriptors kept beside the connections: stores, index files, readers' pipes, model files
+FD_RESERVE = 512
+_WARN_EVERY_S = 60
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """The bounds of every client connection (see the module docstring)."""
+
+    header_timeout_s: float = 15.0
+    body_timeout_s: float = 60.0
+    body_min_rate: int = 1024
+    max_header_bytes: int = 65536
+    max_connections: int = 1024
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        """The limits the `http_*` settings name."""
+        return cls(header_timeout_s=settings.http_header_timeout_s,
+                   body_timeout_s=settings.http_body_timeout_s,
+                   body_min_rate=settings.http_body_min_rate,
+                   max_header_bytes=settings.http_max_header_bytes,
+                   max_connections=settings.http_max_connections)
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    """Uvicorn's httptools protocol with the deadlines, the header size and the cap; use a
+    subclass from `bounded_protocol`, which holds its server's limits and waiting list."""
+
+    limits: ClassVar[ConnectionLimits]
+    # connections waiting for a request's headers, oldest first (a dict keeps the order)
+    waiting: ClassVar[dict[BoundedProtocol, None]]
+    warned_at: ClassVar[float] = -_WARN_EVERY_S  # the last warning about the cap
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._body_start = 0.0  # loop time the body deadline counts from
+        self._body_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Start the header deadline; past the cap, close the oldest waiting connection."""
+        super().connection_made(transport)
+        self._await_request()
+        if len(self.connections) > self.limits.max_connections:
+            next(iter(self.waiting))._close()  # this one, when no other waits
+            now = time.monotonic()
+            if now - type(self).warned_at >= _WARN_EVERY_S:
+                type(self).warned_at = now
+                log.warning("%d connections open, past the cap of %d: closing the oldest that "
+                            "sent no request (again without a warning for %d s)",
+                            len(self.connections), self.limits.max_connections, _WARN_EVERY_S)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection and its deadline."""
+        self.waiting.pop(self, None)
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """Parse; bytes that leave the headers still unfinished count towards their cap."""
+        super().data_received(data)
+        if self in self.waiting and not self.transport.is_closing():
+            self._header_bytes += len(data)
+            if self._header_bytes > self.limits.max_header_bytes:
+                self._refuse(431, f"the request's headers exceed "
+                                  f"{self.limits.max_header_bytes} bytes")
+
+    def on_headers_complete(self) -> None:
+        """Headers in: the request runs; its body (if any) has its own deadline."""
+        self.waiting.pop(self, None)
+        self._header_bytes = 0
+        super().on_headers_complete()
+        self._body_start, self._body_bytes = self.loop.time(), 0
+        self._arm_body()
+
+    def on_body(self, body: bytes) -> None:
+        """Body bytes: the body deadline moves on by their share of the minimum rate."""
+        super().on_body(body)
+        self._body_bytes += len(body)
+        self._arm_body()
+
+    def on_message_complete(self) -> None:
+        """The whole body is in: no deadline until the response ends."""
+        super().on_message_complete()
+        self._cancel_deadline()
+
+    def on_response_complete(self) -> None:
+        """Kept alive with no request parsed ahead: wait for the next one's headers."""
+        super().on_response_complete()
+        if not self.transport.is_closing() and (self.cycle is None
+                                                or self.cycle.response_complete):
+            self._await_request()
+
+    def _await_request(self) -> None:
+        self.waiting.pop(self, None)
+        self.waiting[self] = None  # the newest waiting connection
+        self._header_bytes = 0
+        self._arm(self.limits.header_timeout_s, self._headers_overdue)
+
+    def _headers_overdue(self) -> None:
+        if self in self.waiting:
+            self._close()
+
+    def _body_overdue(self) -> None:
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or cycle.response_complete:
+            return
+        if self.flow.read_paused:  # the app has not taken what came: not the client's delay
+            self._body_start = self.loop.time() - self._body_bytes / self.limits.body_min_rate
+            self._arm_body()
+            return
+        if cycle.response_started:
+            self._close()
+        else:
+            self._refuse(408, "the request body did not arrive in time (CONDUIT_HTTP_BODY_"
+                              "TIMEOUT_S, CONDUIT_HTTP_BODY_MIN_RATE)")
+
+    def _arm_body(self) -> None:
+        due = self._body_start + self.limits.body_timeout_s + \
+            self._body_bytes / self.limits.body_min_rate
+        self._arm(max(0.0, due - self.loop.time()), self._body_overdue)
+
+    def _arm(self, seconds: float, callback: Any) -> None:
+        self._cancel_deadline()
+        self._deadline = self.loop.call_later(seconds, callback)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _refuse(self, status: int, detail: str) -> None:
+        """Answer `status` with a JSON detail and close (nothing else will be answered)."""
+        body = json.dumps({"detail": detail}).encode()
+        if self.cycle is not None:  # the app sees the client leave; its reply is dropped
+            self.cycle.keep_alive = False
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                             % (status, _REASONS[status], len(body), body))
+        self._close()
+
+    def _close(self) -> None:
+        self.waiting.pop(self, None)
+        self._cancel_deadline()
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[BoundedProtocol]:
+    """A protocol class for one server: `limits`, and its own list of waiting connections."""
+    class BoundedHttpProtocol(BoundedProtocol):
+        pass
+
+    BoundedHttpProtocol.limits = limits
+    BoundedHttpProtocol.waiting = {}
+    return BoundedHttpProtocol
+
+
+def fit_open_files(max_connections: int) -> int:
+    """Raise this process's open-file limit to hold `max_connections` and `FD_RESERVE`
+    (up to the hard limit); return the connection cap that fits, lowered with a warning
+    when the limit cannot be raised far enough."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open-file limit to %d: %s", target, exc)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return max_connections
+    fitted = max(8, min(max_connections, soft - FD_RESERVE, soft // 2))
+    log.warning("the open-file limit is %d: at most %d connections (CONDUIT_HTTP_MAX_"
+                "CONNECTIONS is %d)", soft, fitted, max_connections)
+    return fitted
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments of `uvicorn.run` that bound every connection as the settings say."""
+    limits = ConnectionLimits.from_settings(settings)
+    cap = fit_open_files(limits.max_connections)
+    limits = dataclasses.replace(limits, max_connections=cap)
+    return {"http": bounded_protocol(limits), "ws": "none",
+            "timeout_keep_alive": settings.http_keep_alive_s,
+            "h11_max_incomplete_event_size": settings.http_max_header_bytes}
