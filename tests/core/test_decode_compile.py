@@ -1,0 +1,104 @@
+"""The pooled decode step compiled on the CPU (`torch.compile`, inductor, fullgraph): one graph
+with no break per batch-size bucket, compiled ahead by `prepare`, then no recompilation over
+64 steps while answers join and leave (batch sizes 1 to 16), and the same tokens as the
+eager step. A one-layer tiny model and two buckets keep the compile cost down (about 25 s a
+bucket on two cores)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from conduit_core import AnswerRequest, PageInput, ReuseRuntime, decode
+from conduit_core.answer_state import AnswerState
+from conduit_core.model.loader import LoadedVLM
+from conduit_core.passes.pooled_step import pooled_forward
+from conduit_core.passes.step_graphs import StepGraphs, kind_for
+from lab.gpu.check_parts import one_layer
+from tests.core.conftest import load_builtin
+from tests.core.helpers import IMAGES
+
+SLOTS, CAPACITY = 16, 256
+SIZES = [4, 16]  # the buckets compiled: a step of 1-4 answers pads to 4, of 5-16 to 16
+STEPS = 64
+
+
+def _schedule() -> list[tuple[int, int]]:
+    """(join step, max_new_tokens) of each answer: one joins a step up to 16 running, they
+    leave at different steps, and late ones join as the batch shrinks."""
+    early = [(i, 18 + (7 * i) % 23) for i in range(16)]
+    return [*early, (44, 12), (47, 9), (50, 6), (56, 5)]
+
+
+def _run(rt: ReuseRuntime, kvs: list[PageInput]) -> tuple[list[list[int]], list[int]]:
+    """Every answer of `_schedule` over STEPS steps: token ids, and the batch of each step."""
+    plan = _schedule()
+    states: list[AnswerState | None] = [None] * len(plan)
+    sizes = []
+    for step in range(STEPS):
+        for i, (join, n) in enumerate(plan):
+            live = sum(1 for s in states if s is not None and not s.done)
+            if states[i] is None and join <= step and live < SLOTS:
+                request = AnswerRequest("Be brief.", [kvs[i % len(kvs)]], f"Question {i}?",
+                                        policy="full_reuse", budget=0.0, max_new_tokens=n)
+                states[i] = rt.start_answer(request)
+        live_states = [s for s in states if s is not None and not s.done]
+        sizes.append(len(live_states))
+        rt.step(live_states)
+    assert all(s is not None and s.done for s in states), "every answer ends within STEPS"
+    return [list(rt.result(s).token_ids) for s in states if s is not None], sizes
+
+
+@pytest.fixture(scope="module")
+def vlm(model_cache: Path) -> LoadedVLM:
+    return one_layer(load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="float32",
+                                  device="cpu"))
+
+
+def _runtime(vlm: LoadedVLM, mode: str) -> ReuseRuntime:
+    rt = ReuseRuntime(vlm, never_above_full=False, decode_slots=SLOTS,
+                      decode_positions=SLOTS * CAPACITY, decode_compile=mode)
+    rt._stop_ids = []  # every answer runs to its own length
+    return rt
+
+
+def test_the_step_traces_to_one_graph_without_a_break(vlm: LoadedVLM) -> None:
+    adapter = vlm.adapter
+    cfg = adapter.text_config
+    shape = (1, 4, cfg.num_key_value_heads, 128, adapter.layers[0].self_attn.head_dim)
+    keys, values = torch.zeros(shape), torch.zeros(shape)
+    rows, positions = torch.tensor([5, 9, 0, 0]), torch.tensor([7, 11, 0, 0])
+    explained = torch._dynamo.explain(pooled_forward)(
+        adapter, keys, values, torch.tensor([3, 4, 5, 6]), rows, positions, 128)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_compiled_once_per_bucket_then_no_recompile_and_the_eager_tokens(
+        vlm: LoadedVLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert kind_for("on", "cpu") == "compile" and kind_for("auto", "cpu") == "eager"
+    eager = _runtime(vlm, "off")
+    kvs = [PageInput(f"Page {i + 1}:\n", kv) for i, kv in
+           enumerate(eager.prefill_pages([IMAGES["a"], IMAGES["b"]]))]
+    want, want_sizes = _run(eager, kvs)
+
+    torch._dynamo.reset()
+    rt = _runtime(vlm, "on")
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=SIZES)
+    graphs_before = counters["stats"]["unique_graphs"]
+    line = rt.prepare_decode(600)
+    assert rt.graphs.ready == SIZES, line
+    assert counters["stats"]["unique_graphs"] - graphs_before == len(SIZES)  # one a bucket
+    def no_eager(*_args: object) -> None:
+        raise AssertionError("a step left the compiled buckets")
+
+    monkeypatch.setattr(decode, "forward_step", no_eager)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got, sizes = _run(rt, kvs)
+    assert counters["stats"]["unique_graphs"] - graphs_before == len(SIZES)  # none since
+    assert sizes == want_sizes and max(sizes) == SLOTS and 1 in sizes
+    assert len(set(sizes)) >= 8  # answers joined and left: many batch sizes
+    assert rt.graphs.replays >= STEPS // 2
+    assert got == want
