@@ -363,6 +363,7 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
             "visual_tokens": n_v, "text_tokens": probe.layout.n - n_v,
             "budgets": {m.name: m.budget for m in METHODS if m.policy is not None},
             "tiers": list(tiers), "tier_notes": {t: TIER_NOTES[t] for t in tiers},
+            "tier_bytes_per_page": bt.bytes_per_page,
             "repeats": repeats, "warmup": warmup, "device": device, "dtype": dtype_name,
             "threads": threads, "check": checks,
             "machine": f"{platform.machine()} {platform.system()}, torch {torch.__version__}",

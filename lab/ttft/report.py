@@ -138,7 +138,10 @@ def _table(doc: dict[str, Any]) -> str:
            "speedup = full prefill median / method median (same run); FLOPs LM = analytic "
            "language-model FLOPs used / a full prefill's (the headline); FLOPs total = the same "
            "with the vision tower counted (full prefill runs it, reuse does not).",
-           "Tiers: " + "; ".join(f"{k}: {v}" for k, v in w["tier_notes"].items()) + ".", ""]
+           "Tiers: " + "; ".join(f"{k}: {v}" for k, v in w["tier_notes"].items()) + ".",
+           "Bytes per page loaded: " + ", ".join(
+               f"{k} {v:,}" for k, v in w.get("tier_bytes_per_page", {}).items())
+           + "; the load's share of TTFT is each row's load / TTFT.", ""]
     if w.get("check"):
         c = w["check"]
         out += [f"Correctness first: CONDUIT at budget 1.0 vs full prefill, first-token logits "

@@ -8,7 +8,9 @@ run on a loopback port, stopped at exit).
 
 Public API:
   BenchTiers(names, workdir)   context manager;  .put(pages, tag, only=None) -> keys,
-                               .load(tier, keys) -> (pages, seconds), .names
+                               .load(tier, keys) -> (pages, seconds), .names,
+                               .bytes_per_page: {tier: bytes of the tensors a page loads as,
+                               its latest load's mean (int8 scales included)}
   TIER_NOTES: dict[str, str]   how each tier is set up (recorded in the results)
 """
 
@@ -55,6 +57,7 @@ class BenchTiers:
         self.names = list(names)
         self.workdir = Path(workdir)
         self.stores: dict[str, KVStore] = {}
+        self.bytes_per_page: dict[str, int] = {}
         self._stops: list[Callable[[], None]] = []
 
     def __enter__(self) -> BenchTiers:
@@ -112,7 +115,9 @@ class BenchTiers:
         missing = [k for k in keys if k not in got]
         if missing:
             raise RuntimeError(f"tier {tier} lost {len(missing)} benchmark pages")
-        return [got[k] for k in keys], seconds
+        pages = [got[k] for k in keys]
+        self.bytes_per_page[tier] = sum(p.nbytes for p in pages) // max(1, len(pages))
+        return pages, seconds
 
 
 def sync(device: torch.device) -> None:
