@@ -4,11 +4,14 @@ All text tokens run through all layers against the stale, re-rotated page KV (ex
 mask, writing their own fresh K/V). At each scored layer the scored question rows' attention
 probabilities over all keys are formed (softmax over all N keys, per query head; query head h
 reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
-at once into two per-token sums (`conduit_core.policies.scoring.ScoreAccumulator`). Nothing of a
-layer outlives it: peak memory is one layer's statistics, not (L, H, Q, N), and the question
-rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question
-is bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
-one). Only the configured layers and question rows are scored.
+at once over the rows into the layer's statistics (`conduit_core.policies.scoring.
+ScoreAccumulator`: (H + G, N) floats a layer, reduced over the layers once at the end). No
+probabilities outlive their layer: peak memory is not (L, H, Q, N), and the question rows
+are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question is
+bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
+one). Only the configured layers and question rows are scored. A layer issues a fixed
+number of operations a chunk: the scaled QK^T in one call, the causal mask (made once for
+all layers unless it is large) added in one, softmax, one row sum, one value norm.
 
 Where the scored rows are every text row of the pass (the default: every row after the last
 page), their probabilities also give each scored layer's attention output (times the values,
@@ -79,6 +82,7 @@ def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int
     return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
 
 
+@torch.no_grad()
 def stale_pass(
     adapter: VLMAdapter,
     cache: KVCache,
@@ -112,6 +116,12 @@ def stale_pass(
     # from there on need the causal mask
     first = int(scored_rows.min()) if n_q else n_keys
     fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only)
+    starts = range(0, n_q, chunk)
+    # the masks of every chunk, made once for all layers where they are small (else per layer)
+    once = rep * n_q * (n_keys - first) <= SCORE_CHUNK_ELEMENTS
+    masks = [_chunk_mask(scored_rows[s:s + chunk], first, n_keys, rep) for s in starts] \
+        if once else []
+    mean = config.head_agg == "mean"
     kept: list[torch.Tensor] = []
 
     def observe(layer: int, q: torch.Tensor, keys: torch.Tensor,
@@ -120,23 +130,28 @@ def stale_pass(
             return None
         scaling = adapter.layers[layer].self_attn.scaling
         k = keys[0].float().transpose(1, 2)  # (G, hd, N): query head h reads KV head h // rep
-        norms = torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32)  # (G, N)
+        sums, norms = acc.slots(layer, heads, kv_heads)  # (H, N), (G, N) float32
+        torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32, out=norms)
         v = values[0].float() if layer in fused else None  # (G, N, hd)
         layer_probs, mixed = [], []
-        for start in range(0, n_q, chunk):
+        for i, start in enumerate(starts):
             rows = scored_rows[start:start + chunk]  # (c,)
             c = rows.numel()
             qq = q[0, :, pick[start:start + chunk]].float()  # (H, c, hd)
-            scores = torch.matmul(qq.view(kv_heads, rep * c, -1), k)  # (G, rep*c, N)
-            scores = scores.view(heads, c, n_keys)  # (H, c, N)
-            scores.mul_(scaling)
-            hidden_keys = (torch.arange(first, n_keys, device=device).view(1, -1)
-                           > rows.view(-1, 1))  # (c, N - first)
-            scores[:, :, first:].masked_fill_(hidden_keys, float("-inf"))
-            probs = torch.softmax(scores, dim=-1)  # (H, c, N)
-            acc.add(probs, norms)
+            scores = torch.baddbmm(torch.empty(kv_heads, rep * c, n_keys, device=device),
+                                   qq.view(kv_heads, rep * c, -1), k, beta=0.0,
+                                   alpha=scaling)  # (G, rep*c, N) scaled QK^T
+            mask = masks[i] if once else _chunk_mask(rows, first, n_keys, rep)
+            scores[:, :, first:].add_(mask)  # (rep*c, N - first) broadcast over G
+            probs = torch.softmax(scores, dim=-1).view(heads, c, n_keys)  # (H, c, N)
+            if not mean:
+                acc.add(probs, norms)
+            elif i == 0:
+                torch.sum(probs, dim=1, out=sums)  # (H, N)
+            else:
+                sums.add_(probs.sum(dim=1))
             if v is not None:  # the rows' attention output, GQA as in the scores
-                out = torch.matmul(probs.view(kv_heads, rep * c, n_keys), v)  # (G, rep*c, hd)
+                out = torch.bmm(probs.view(kv_heads, rep * c, n_keys), v)  # (G, rep*c, hd)
                 mixed.append(out.view(heads, c, -1))  # (H, c, hd)
             if keep_probs:
                 layer_probs.append(probs)
@@ -144,7 +159,8 @@ def stale_pass(
             kept.append(torch.cat(layer_probs, dim=1))  # (H, Q', N)
         if v is None:
             return None
-        return torch.cat(mixed, dim=1).transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
+        out = mixed[0] if len(mixed) == 1 else torch.cat(mixed, dim=1)  # (H, R, hd)
+        return out.transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
@@ -162,6 +178,16 @@ def stale_pass(
     return StaleScores(weighted=weighted, attention=attention, config=config,
                        question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
                        after_first=after_first, probs=torch.stack(kept) if kept else None)
+
+
+def _chunk_mask(rows: torch.Tensor, first: int, n_keys: int, rep: int) -> torch.Tensor:
+    """Additive causal mask (rep * c, n_keys - first) of scored rows `rows` (c,) over the
+    keys from `first` on, repeated for the `rep` query heads of a KV head (their order in
+    the folded scores): -inf where a key comes after the row."""
+    keys = torch.arange(first, n_keys, device=rows.device)  # (N - first,)
+    hidden = keys.view(1, -1) > rows.view(-1, 1)  # (c, N - first)
+    mask = torch.zeros(hidden.shape, dtype=torch.float32, device=rows.device)
+    return mask.masked_fill_(hidden, float("-inf")).repeat(rep, 1)  # (rep*c, N - first)
 
 
 def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,

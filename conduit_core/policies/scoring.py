@@ -11,10 +11,13 @@ Query head h reads KV head g(h) = h // (H / G). CONDUIT's score is
 with agg = mean by default. The raw-attention (SnapKV) and value-norm-only baselines drop one
 factor of the product.
 
-The scoring pass never holds every layer's probabilities: `ScoreAccumulator` takes one layer
-(and one chunk of question rows) at a time and keeps two (N,) running sums, CONDUIT's score
-and the attention-only score, so its memory does not grow with the number of layers or with
-the question's length. `token_scores` is the same reduction over all layers at once (the
+The scoring pass never holds every layer's probabilities: `ScoreAccumulator` keeps, per scored
+layer, the probabilities summed over the scored question rows per query head (H, N) and the
+value norms (G, N), written in place by the pass (one reduction a layer, whatever the number
+of pages), and reduces them once at the end; its memory is L' (H + G) N floats, not
+L' H Q' N, and does not grow with the question's length. With head_agg "max" (not linear in
+the rows) it takes one layer and chunk of rows at a time into two (N,) running sums.
+`token_scores` is the same reduction over all layers at once (the
 reference the accumulator is tested against, and what small hand-made inputs use).
 
 Public API:
@@ -24,7 +27,8 @@ Public API:
       .scored_rows(n_question, n_prompt=0) -> (Q',) indices of the scored question rows
   ScoreAccumulator(config, n_layers, n_question, n_keys, device, n_prompt=0)
       .layers -> range of scored layers; .rows -> (Q',) scored question rows
-      .add(probs (H, c, N), value_norms (G, N))   one layer's probabilities of c scored rows
+      .slots(layer, heads, kv_heads) -> (row sums (H, N), value norms (G, N))  to write into
+      .add(probs (H, c, N), value_norms (G, N))   head_agg "max": one layer's chunk of rows
       .result() -> (weighted (N,), attention (N,)) float32 means
   token_scores(probs, value_norms, config, *, attention=True, value_norm=True) -> (N,)
 """
@@ -97,7 +101,8 @@ class ScoreConfig:
 
 
 class ScoreAccumulator:
-    """Running per-token sums of the scoring pass (see the module docstring)."""
+    """Per-layer statistics of the scoring pass, reduced to per-token scores at the end (see
+    the module docstring)."""
 
     def __init__(self, config: ScoreConfig, n_layers: int, n_question: int, n_keys: int,
                  device: torch.device | str = "cpu", n_prompt: int = 0):
@@ -105,22 +110,32 @@ class ScoreAccumulator:
         self.layers = range(n_layers)[config.layer_slice(n_layers)]
         self.rows = config.scored_rows(n_question, n_prompt)  # (Q',)
         self._count = len(self.layers) * int(self.rows.numel())
+        self._n_keys, self._device = n_keys, device
         self._weighted = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
         self._attention = torch.zeros(n_keys, dtype=torch.float32, device=device)  # (N,)
+        self._sums: torch.Tensor | None = None  # (L', H, N) head_agg "mean": row sums
+        self._norms: torch.Tensor | None = None  # (L', G, N) value norms
+
+    def slots(self, layer: int, heads: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where scored layer `layer` writes its probabilities summed over the scored rows
+        per query head (H, N; head_agg "mean" only, the caller adds its chunks) and its value
+        norms (G, N) float32; both are reduced once, in `result`. Every slot of a scored
+        layer must be written before `result` (allocated, not cleared)."""
+        if self._sums is None or self._norms is None:
+            n = len(self.layers)
+            self._sums = torch.empty(n, heads, self._n_keys, dtype=torch.float32,
+                                     device=self._device)  # (L', H, N)
+            self._norms = torch.empty(n, kv_heads, self._n_keys, dtype=torch.float32,
+                                      device=self._device)  # (L', G, N)
+        i = self.layers.index(layer)
+        return self._sums[i], self._norms[i]
 
     def add(self, probs: torch.Tensor, value_norms: torch.Tensor) -> None:
-        """Add one scored layer's probabilities probs (H, c, N) of c scored question rows,
-        with that layer's value norms (G, N)."""
+        """head_agg "max": add one scored layer's probabilities probs (H, c, N) of c scored
+        question rows, with that layer's value norms (G, N)."""
         heads, kv_heads = probs.shape[0], value_norms.shape[0]
-        how = self.config.head_agg
         if self.config.value_norm == "layer":
             value_norms = value_norms / value_norms.mean(dim=-1, keepdim=True).clamp_min(1e-12)
-        if how == "mean":  # linear: reduce the rows first, then weight by the norms
-            per_head = probs.sum(dim=1)  # (H, N)
-            self._attention += per_head.mean(dim=0)
-            grouped = per_head.view(kv_heads, heads // kv_heads, -1)  # (G, rep, N)
-            self._weighted += (grouped * value_norms.unsqueeze(1)).mean(dim=(0, 1))
-            return
         self._attention += probs.amax(dim=0).sum(dim=0)  # (N,)
         vn = value_norms.repeat_interleave(heads // kv_heads, dim=0)  # (H, N)
         self._weighted += (probs * vn.unsqueeze(1)).amax(dim=0).sum(dim=0)  # (N,)
@@ -128,6 +143,15 @@ class ScoreAccumulator:
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean over scored layers and question rows: (weighted (N,), attention (N,))."""
         n = max(self._count, 1)
+        if self._sums is not None and self._norms is not None and self.config.head_agg == "mean":
+            sums, norms = self._sums, self._norms  # (L', H, N), (L', G, N)
+            if self.config.value_norm == "layer":
+                norms = norms / norms.mean(dim=-1, keepdim=True).clamp_min(1e-12)
+            layers, kv_heads = norms.shape[:2]
+            grouped = sums.view(layers, kv_heads, -1, sums.shape[-1])  # (L', G, rep, N)
+            self._attention += sums.mean(dim=1).sum(dim=0)  # (N,)
+            self._weighted += (grouped * norms.unsqueeze(2)).mean(dim=(1, 2)).sum(dim=0)
+            self._sums = self._norms = None
         return self._weighted / n, self._attention / n
 
 
