@@ -23,6 +23,9 @@ from worker.retrieval.embedder import Embedder
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
+# seconds the model's load may spend capturing or compiling decode buckets, smallest first
+# (a bucket started is finished; those left decode eagerly)
+DECODE_PREPARE_BUDGET_S = 120.0
 
 
 @dataclass
@@ -48,7 +51,8 @@ class WorkerContext:
 
     @property
     def runtime(self) -> ReuseRuntime:
-        """The reuse runtime over the configured model (loaded once, on first use)."""
+        """The reuse runtime over the configured model (loaded once, on first use, its decode
+        step captured or compiled then: `Settings.decode_compile`, the time logged)."""
         with self._load_lock:
             if self._runtime is None:
                 s = self.settings
@@ -63,7 +67,9 @@ class WorkerContext:
                                              label_refresh=s.label_refresh,
                                              never_above_full=s.never_above_full,
                                              decode_slots=s.max_active_answers,
-                                             decode_positions=s.max_kv_tokens_in_flight)
+                                             decode_positions=s.max_kv_tokens_in_flight,
+                                             decode_compile=s.decode_compile)
+                log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
             return self._runtime
 
     def preload_model(self) -> threading.Thread:

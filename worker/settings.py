@@ -231,6 +231,15 @@ class Settings(BaseSettings):
         "a 7B Qwen2 model in bfloat16 (57 KB a position), 0.5 GB for the builtin default "
         "(float32, 8 KB a position).",
     )
+    decode_compile: Literal["auto", "off", "on"] = Field(
+        "auto", description="How one decode step of the pooled answers runs: auto = one CUDA "
+        "graph per batch-size bucket (1, 2, 4, ... max_active_answers) on a GPU, eager on "
+        "the CPU; on = the same on a GPU, torch.compile (inductor) on the CPU; off = eager "
+        "everywhere. Other than eager, the decode pool is allocated once at its largest "
+        "(max_kv_tokens_in_flight positions) when the model loads and kept, and an answer "
+        "longer than one slot (max_kv_tokens_in_flight / max_active_answers) decodes eagerly "
+        "from its own cache. The steps give the same tokens up to float rounding.",
+    )
     worker_metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Distributed: a Celery worker process serves its "
         "engine's Prometheus series (batch size, queue length, time in queue) on this port.",

@@ -23,7 +23,7 @@ EVERY_KEY: dict[str, Any] = {
     "head_cache": False, "label_cache": False, "label_refresh": "page",
     "label_cache_entries": 64,
     "never_above_full": False, "max_active_answers": 4, "torch_threads": 3,
-    "max_kv_tokens_in_flight": 200_000,
+    "max_kv_tokens_in_flight": 200_000, "decode_compile": "off",
     "score_layers": "4:-2", "query_window": 16, "head_agg": "max", "bm25_weight": 0.8,
     "dense_weight": 1.25, "rrf_k": 30.0, "ref_weight": 1.5, "doc_weight": 2.0,
     "clean_queries": False,
