@@ -1,7 +1,7 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
     conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
-    conduit-lab bench store|ttft|load|load-paired|engine|retrieval-scale
+    conduit-lab bench store|disk-load|ttft|load|load-paired|engine|retrieval-scale
     conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab report results                        docs/RESULTS.md from the committed results
@@ -81,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     store.add_argument("--repeats", type=int, default=7, help="best of this many runs")
     store.add_argument("--out", type=Path, default=results("store") / "store.json")
     store.set_defaults(func=_bench_store)
+
+    dl = bench.add_parser("disk-load", help="a question's pages from the disk tier at 7B "
+                          "sizes: sequential vs parallel reads, bf16 vs int8, vs raw reads")
+    dl.add_argument("--pages", type=int, default=8)
+    dl.add_argument("--repeats", type=int, default=5, help="best of this many runs")
+    dl.add_argument("--threads", type=int, default=4, help="threads of the raw parallel read")
+    dl.add_argument("--out", type=Path, default=results("store") / "disk_load.json")
+    dl.set_defaults(func=_bench_disk_load)
 
     ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
     add_ttft_arguments(ttft)
@@ -277,6 +285,15 @@ def _bench_store(args: argparse.Namespace) -> int:
 
     run_store_bench(pages=args.pages, tokens_per_page=args.tokens_per_page,
                     redis_url=args.redis_url, out=args.out, repeats=args.repeats)
+    return 0
+
+
+def _bench_disk_load(args: argparse.Namespace) -> int:
+    from lab.store.disk_load import run_disk_load, to_markdown
+
+    print(to_markdown(run_disk_load(pages=args.pages, repeats=args.repeats,
+                                    threads=args.threads, out=args.out,
+                                    command=command_line())))
     return 0
 
 
