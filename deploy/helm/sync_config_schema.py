@@ -28,6 +28,8 @@ MANAGED = {
     "api_keys_file": "extraEnv (a secret: a mounted keys file)",
     "metrics_key": "metrics.key / metrics.existingSecret (the chart's Secret)",
     "worker_metrics_port": "metrics.workerPort (the worker's metrics port and probes)",
+    "allow_open_network": "nothing: the chart always configures API keys",
+    "allowed_hosts": "nothing: with API keys every Host is answered",
 }
 
 _DROP = {"title", "default", "format", "writeOnly"}

@@ -34,6 +34,11 @@ EVERY_KEY: dict[str, Any] = {
     "max_new_tokens": 512, "max_question_tokens": 2048, "job_lease_s": 90.0,
     "max_ingest_attempts": 5, "reaper_interval_s": 20.0, "answer_queue_wait_s": 30.0,
     "answer_timeout_s": 300.0,
+    "quota_bytes": 2**30, "quota_documents": 100, "quota_pages": 5000,
+    "disk_reserve_bytes": 5 * 2**30, "reader_memory_mb": 4096,
+    "max_queued_documents_per_tenant": 20, "max_answers_per_tenant": 8,
+    "http_header_timeout_s": 30.0, "http_body_timeout_s": 120.0, "http_body_min_rate": 4096,
+    "http_max_header_bytes": 32768, "http_keep_alive_s": 75.0, "http_max_connections": 4096,
 }
 
 
