@@ -109,14 +109,18 @@ def row_blocks(rows: torch.Tensor, n_keys: int, groups: int, dtype: torch.dtype,
     out: list[RowBlock] = []
     if not bounds:
         return out
-    widest = max(limit for _, _, limit in bounds)
-    hidden = (torch.arange(widest, device=device).view(1, -1)
-              > rows.to(device).view(-1, 1))  # (R, widest) keys a row does not see
-    mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
-        hidden, torch.finfo(dtype).min)  # (R, widest)
-    for start, stop, limit in bounds:
-        needs = int(host[start:stop].min()) + 1 < limit  # some row misses a key of the run
-        out.append(RowBlock(start, stop, limit, mask[start:stop, :limit] if needs else None))
+    needs = [int(host[start:stop].min()) + 1 < limit  # some row misses a key of its group
+             for start, stop, limit in bounds]
+    mask = None
+    if any(needs):
+        widest = max(limit for _, _, limit in bounds)
+        hidden = (torch.arange(widest, device=device).view(1, -1)
+                  > rows.to(device).view(-1, 1))  # (R, widest) keys a row does not see
+        mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
+            hidden, torch.finfo(dtype).min)  # (R, widest)
+    for (start, stop, limit), masked in zip(bounds, needs, strict=True):
+        part = mask[start:stop, :limit] if masked and mask is not None else None
+        out.append(RowBlock(start, stop, limit, part))
     return out
 
 

@@ -10,8 +10,8 @@ probabilities outlive their layer: peak memory is not (L, H, Q, N), and the ques
 are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question is
 bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
 one). Only the configured layers and question rows are scored. A layer issues a fixed
-number of operations a chunk: the scaled QK^T in one call, the causal mask (made once for
-all layers unless it is large) added in one, softmax, one row sum, one value norm.
+number of operations a chunk: the scaled, masked QK^T in one call (the causal mask made once
+for all layers unless it is large), softmax, one row sum, one value norm.
 
 Where the scored rows are every text row of the pass (the default: every row after the last
 page), their probabilities also give each scored layer's attention output (times the values,
@@ -108,18 +108,23 @@ def stale_pass(
     rep = heads // kv_heads
     acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device,
                            n_prompt)
-    scored_rows = question_rows[acc.rows.to(device)]  # (Q',)
-    pick = torch.searchsorted(text_rows, scored_rows)  # (Q',) places inside text_rows
+    host_scored = question_rows.cpu()[acc.rows]  # (Q',)
+    pick = torch.searchsorted(text_rows.cpu(), host_scored)  # (Q',) places inside text_rows
+    scored_rows = host_scored.to(device)  # (Q',)
     n_q = scored_rows.numel()
+    # scored rows that are a run of text rows (the default: the tail) are a view of q
+    run = int(pick[0]) if n_q and int(pick[-1] - pick[0]) + 1 == n_q else None
+    pick = pick.to(device)
     chunk = max(1, SCORE_CHUNK_ELEMENTS // (heads * n_keys))
     # keys before the earliest scored row are visible to every scored row: only the columns
     # from there on need the causal mask
-    first = int(scored_rows.min()) if n_q else n_keys
+    first = int(host_scored.min()) if n_q else n_keys
     fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only)
     starts = range(0, n_q, chunk)
-    # the masks of every chunk, made once for all layers where they are small (else per layer)
-    once = rep * n_q * (n_keys - first) <= SCORE_CHUNK_ELEMENTS
-    masks = [_chunk_mask(scored_rows[s:s + chunk], first, n_keys, rep) for s in starts] \
+    # where small, each chunk's mask over all keys is made once for all layers and added by
+    # the QK^T call itself; else the columns from `first` on are masked in each layer
+    once = rep * n_q * n_keys <= SCORE_CHUNK_ELEMENTS
+    masks = [_chunk_mask(scored_rows[s:s + chunk], 0, n_keys, rep) for s in starts] \
         if once else []
     mean = config.head_agg == "mean"
     kept: list[torch.Tensor] = []
@@ -137,12 +142,16 @@ def stale_pass(
         for i, start in enumerate(starts):
             rows = scored_rows[start:start + chunk]  # (c,)
             c = rows.numel()
-            qq = q[0, :, pick[start:start + chunk]].float()  # (H, c, hd)
-            scores = torch.baddbmm(torch.empty(kv_heads, rep * c, n_keys, device=device),
-                                   qq.view(kv_heads, rep * c, -1), k, beta=0.0,
-                                   alpha=scaling)  # (G, rep*c, N) scaled QK^T
-            mask = masks[i] if once else _chunk_mask(rows, first, n_keys, rep)
-            scores[:, :, first:].add_(mask)  # (rep*c, N - first) broadcast over G
+            qq = (q[0, :, run + start:run + start + c] if run is not None
+                  else q[0, :, pick[start:start + chunk]]).float()  # (H, c, hd)
+            if once:  # scaled QK^T plus the mask, in one call
+                scores = torch.baddbmm(masks[i], qq.reshape(kv_heads, rep * c, -1), k,
+                                       alpha=scaling)  # (G, rep*c, N)
+            else:
+                scores = torch.baddbmm(torch.empty(kv_heads, rep * c, n_keys, device=device),
+                                       qq.reshape(kv_heads, rep * c, -1), k, beta=0.0,
+                                       alpha=scaling)  # (G, rep*c, N) scaled QK^T
+                scores[:, :, first:].add_(_chunk_mask(rows, first, n_keys, rep))
             probs = torch.softmax(scores, dim=-1).view(heads, c, n_keys)  # (H, c, N)
             if not mean:
                 acc.add(probs, norms)
