@@ -1,5 +1,5 @@
-"""`conduit-lab testbed train|export|generate|probe|criteria|paired` and `conduit-lab demo`: the
-trained testbed model."""
+"""`conduit-lab testbed train|export|generate|probe|criteria|paired|kv-int8` and
+`conduit-lab demo`: the trained testbed model."""
 
 from __future__ import annotations
 
@@ -99,6 +99,20 @@ def add_testbed_commands(sub: Any) -> None:
     pa.add_argument("--out", type=Path, default=None, help="also write the table here")
     pa.set_defaults(func=_paired)
 
+    ki = tsub.add_parser("kv-int8", help="every product policy's answers over int8 against "
+                         "float page KV, paired (resumable)")
+    ki.add_argument("--weights", type=Path, default=None,
+                    help="checkpoint or weights file (default: the committed weights)")
+    ki.add_argument("--n", type=int, default=300)
+    ki.add_argument("--seed", type=int, default=31,
+                    help="probe seed (31: drawn by neither training nor development)")
+    ki.add_argument("--budget", type=float, default=0.1)
+    ki.add_argument("--policies", default="", help="default: every product policy")
+    ki.add_argument("--records", type=Path, required=True,
+                    help="per-answer records, appended; questions already there are skipped")
+    ki.add_argument("--out", type=Path, required=True, help="X.json; X.md written beside it")
+    ki.set_defaults(func=_kv_int8)
+
     demo = sub.add_parser("demo", help="the whole product on the trained testbed model: upload, "
                           "ask each task family with CONDUIT and full reuse, compare")
     demo.add_argument("--url", default="http://127.0.0.1:8000",
@@ -192,6 +206,14 @@ def _probe(args: argparse.Namespace) -> int:
         args.records.parent.mkdir(parents=True, exist_ok=True)
         args.records.write_text("".join(json.dumps(r) + "\n" for r in [header, *records]))
     return 0
+
+
+def _kv_int8(args: argparse.Namespace) -> int:
+    from conduit_core.model.testbed_model import WEIGHTS
+    from lab.testbed.kv_int8 import command
+
+    args.weights = args.weights or WEIGHTS
+    return command(args)
 
 
 def _paired(args: argparse.Namespace) -> int:
