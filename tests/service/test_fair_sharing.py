@@ -96,31 +96,35 @@ def test_the_engine_admits_another_tenants_question_before_a_tenants_backlog(
     kvs = rt.prefill_pages([IMAGES["a"]])
     engine = AnswerEngine(lambda: rt, max_active=1)
     first_token: list[str] = []
-    lock = threading.Lock()
+    hold = threading.Event()  # a1's first token holds the engine until the others queue
 
-    def ask(name: str, tenant: str, tokens: int) -> None:
+    def ask(name: str, tenant: str) -> None:
         seen = threading.Event()
 
         def on_token(_t: int, _p: str) -> None:
             if not seen.is_set():
                 seen.set()
-                with lock:
-                    first_token.append(name)
+                first_token.append(name)  # the engine thread: one at a time
+                if name == "a1":
+                    hold.wait(60)
         engine.answer(AnswerRequest("Be brief.", [PageInput("P:", kvs[0])], f"Q {name}?",
-                                    max_new_tokens=tokens), on_token=on_token, tenant=tenant)
+                                    max_new_tokens=4), on_token=on_token, tenant=tenant)
 
-    threads = []
+    threads = [threading.Thread(target=ask, args=("a1", "a"))]
     try:
-        # a1 holds the only slot for a while; a2..a4 queue, then b1
-        for name, tenant, tokens in [("a1", "a", 120), ("a2", "a", 4), ("a3", "a", 4),
-                                     ("a4", "a", 4), ("b1", "b", 4)]:
-            t = threading.Thread(target=ask, args=(name, tenant, tokens))
-            t.start()
-            threads.append(t)
-            time.sleep(0.05 if name != "a1" else 0.3)
+        threads[0].start()
+        while not first_token:  # a1 holds the only slot
+            time.sleep(0.01)
+        for name, tenant in [("a2", "a"), ("a3", "a"), ("a4", "a"), ("b1", "b")]:
+            threads.append(threading.Thread(target=ask, args=(name, tenant)))
+            threads[-1].start()
+            while engine.stats().queued < len(threads) - 1:  # queued in this order
+                time.sleep(0.01)
+        hold.set()
         for t in threads:
             t.join(120)
     finally:
+        hold.set()
         engine.close()
     # first come first served would give a1 a2 a3 a4 b1
     assert first_token == ["a1", "b1", "a2", "a3", "a4"], first_token
