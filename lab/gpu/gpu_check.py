@@ -14,7 +14,10 @@ Steps, each printed with its wall time:
      against the model's own forward; re-rotated page keys against keys computed afresh;
      CONDUIT at 0.1 and 0.99 against full prefill where reuse is exact (pages reused in the
      layout they were cut from; the model cut to one layer under a new prefix), and
-     reported where it is not (full depth, new prefix); every score finite. Tolerances
+     reported where it is not (full depth, new prefix); every score finite; device parity
+     (`lab.gpu.parity`): the whole answer path at 0.1 and 0.99 with the rows CONDUIT chose
+     on the CPU in float32 replayed on the device, first-token logits within the dtype's
+     bound, and closer to the device's full prefill at 0.99 than at 0.1. Tolerances
      (`check_parts.TOLERANCES`, relative to the largest reference value): float32 1e-4 for
      logits and 1e-5 for keys, bfloat16 5e-2 and 2e-2, float16 1e-2 and 4e-3;
   3. timings on the timing model (Qwen2.5-VL-7B shapes with random weights on a GPU,
@@ -53,6 +56,7 @@ from lab import results
 from lab.gpu import check_parts as parts
 from lab.gpu import environment
 from lab.gpu.check_args import add_arguments
+from lab.gpu.parity import check_device_parity
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 from worker.settings import Settings
 
@@ -221,6 +225,11 @@ def run(args: argparse.Namespace, command: str) -> int:
                        cache_dir=Settings().model_cache_dir)
         correctness[name] = _correctness(ReuseRuntime(vlm, never_above_full=False), images,
                                          PREFIX, QUESTION, one_layer=True)
+        ref = load_vlm(name, device="cpu", dtype="float32", max_image_tokens=64,
+                       cache_dir=Settings().model_cache_dir)
+        correctness[name]["device_parity"] = check_device_parity(
+            ReuseRuntime(ref, never_above_full=False), ReuseRuntime(vlm, never_above_full=False),
+            images, PREFIX, QUESTION, BUDGETS)
         say(f"{name}: " + ", ".join(f"{k} {'ok' if v['passed'] else 'FAILED'}"
                                     for k, v in correctness[name].items()))
     vlm = build_bench_vlm(shape, tokens_per_page=max(tokens, 64), device=device,

