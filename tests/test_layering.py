@@ -38,7 +38,11 @@ def _modules(layer: str) -> dict[str, Path]:
 def _imports(path: Path, *, top_level_only: bool = False) -> set[str]:
     """Absolute module names a file imports (`from a.b import c` gives a.b and a.b.c)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    nodes = tree.body if top_level_only else ast.walk(tree)
+    # top level: the module's statements and those of its `if` blocks (a TYPE_CHECKING import
+    # closes a loop for the type checker as much as any)
+    nodes = ([*tree.body, *(n for s in tree.body if isinstance(s, ast.If)
+                            for n in [*s.body, *s.orelse])]
+             if top_level_only else ast.walk(tree))
     names: set[str] = set()
     for node in nodes:
         if isinstance(node, ast.Import):
