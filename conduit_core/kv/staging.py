@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from conduit_core.page_kv import pin_host_memory
@@ -91,7 +92,11 @@ def host_buffer(nbytes: int, pin: bool | None = None) -> torch.Tensor:
     """An uninitialised `(nbytes,)` uint8 host tensor, page-locked when `pin` (default:
     `pin_host_memory()`), for a store to read an entry into."""
     pin = pin_host_memory() if pin is None else pin
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)  # (nbytes,)
+    if pin:  # the caching host allocator keeps freed blocks for the next read
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)  # (nbytes,)
+    # malloc's: glibc hands a freed buffer to the next read as it is, where torch's aligned
+    # allocation of a large buffer is mapped afresh and faulted in page by page each time
+    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))  # (nbytes,)
 
 
 def packed_buffer(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
