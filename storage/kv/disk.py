@@ -165,9 +165,7 @@ class DiskKVStore:
         """`_load`, with what went wrong returned rather than raised (for a pool thread)."""
         try:
             page, size = self._load(path)
-        except OSError as exc:  # FileNotFoundError included
-            return None, 0, exc
-        except CorruptEntryError as exc:
+        except (OSError, CorruptEntryError) as exc:  # FileNotFoundError included
             return None, 0, exc
         return page, size, None
 
