@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+import numpy as np
 import torch
 
 from conduit_core.model.adapters.base import VLMAdapter
@@ -72,20 +73,15 @@ class Layout:
         return int(self.token_ids.shape[0])
 
     def segment_mask(self) -> torch.Tensor:
-        """(N,) bool, True at page segment (cached, "visual") tokens."""
-        mask = torch.zeros(self.n, dtype=torch.bool)
-        for s in self.segments:
-            mask[s.start:s.stop] = True
-        return mask
+        """(N,) bool, True at page segment (cached, "visual") tokens. Built on the host in
+        numpy, like the other row sets here: bookkeeping, never device work."""
+        return torch.from_numpy(_spans_mask(self.n, self.segments))
 
     def cached_mask(self) -> torch.Tensor:
         """(N,) bool, True at rows filled from caches before any pass: page segments, and
         page labels when they are stale."""
-        mask = self.segment_mask()
-        if self.stale_labels:
-            for s in self.labels:
-                mask[s.start:s.stop] = True
-        return mask
+        spans = self.segments + self.labels if self.stale_labels else self.segments
+        return torch.from_numpy(_spans_mask(self.n, spans))
 
     def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
         """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
@@ -94,13 +90,11 @@ class Layout:
         every = self.label_refresh != "page"
         if not self.stale_labels or (visual_rows.numel() == 0 and not every):
             return torch.zeros(0, dtype=torch.long)
-        chosen = torch.zeros(self.n, dtype=torch.bool)
-        chosen[visual_rows.to(torch.long).cpu()] = True
+        chosen = np.zeros(self.n, dtype=bool)
+        chosen[visual_rows.to(torch.long).cpu().numpy()] = True
         whole = {s.page for s in self.segments if bool(chosen[s.start:s.stop].all())}
         stale = {s.start for s in self._stale_labels()} if every else set()
-        spans = [torch.arange(s.start, s.stop) for s in self.labels
-                 if s.page in whole or s.start in stale]
-        return torch.cat(spans) if spans else torch.zeros(0, dtype=torch.long)
+        return _span_rows([s for s in self.labels if s.page in whole or s.start in stale])
 
     def _stale_labels(self) -> list[Segment]:
         """The labels whose cached K/V are stale: all but one right after the head, which
@@ -120,9 +114,7 @@ class Layout:
 
     def label_rows(self) -> torch.Tensor:
         """Sequence indices of every page label's tokens, ascending (N_l,)."""
-        if not self.labels:
-            return torch.zeros(0, dtype=torch.long)
-        return torch.cat([torch.arange(s.start, s.stop) for s in self.labels])
+        return _span_rows(self.labels)
 
     def text_rows(self) -> torch.Tensor:
         """Sequence indices of text tokens (always computed fresh: every row not filled
@@ -136,6 +128,21 @@ class Layout:
     def next_position(self) -> int:
         """Position of the first generated token: one past the largest position."""
         return int(self.position_ids.max()) + 1
+
+
+def _spans_mask(n: int, spans: list[Segment]) -> np.ndarray:
+    """(n,) bool numpy, True inside `spans`."""
+    mask = np.zeros(n, dtype=bool)
+    for s in spans:
+        mask[s.start:s.stop] = True
+    return mask
+
+
+def _span_rows(spans: list[Segment]) -> torch.Tensor:
+    """The rows of `spans` in order, (sum of lengths,) int64, made on the host."""
+    if not spans:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.from_numpy(np.concatenate([np.arange(s.start, s.stop) for s in spans]))
 
 
 def build_layout(
