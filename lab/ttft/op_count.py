@@ -19,6 +19,8 @@ Public API:
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
   narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS) -> LoadedVLM
   answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
+  PassCounting(vlm, **runtime options)   a `ReuseRuntime` that also counts the operations
+      of its passes alone (`.passes`: scoring pass, refresh, logits)
   prefill_ops(runtime, request) -> OpCounter   the prefill half of an answer (assembly,
       scoring pass, refresh, first-token logits: `ReuseRuntime.start_answer`), decode excluded
   ops_per_layer(counter, layers) -> float
@@ -35,8 +37,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.assembly import Assembly
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.passes.stale_pass import StaleScores
+from conduit_core.policies.policy_context import Resume
+from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import SHAPES, build_bench_vlm, make_workload
 
@@ -88,6 +94,32 @@ class OpCounter(TorchDispatchMode):
         if name not in LAUNCH_FREE:
             self.by_name[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+class PassCounting(ReuseRuntime):
+    """A `ReuseRuntime` whose scoring pass, refresh and logits also count their operations
+    into `.passes` (the layer path, without the assembly, the page labels, the plan and the
+    selection around it)."""
+
+    def __init__(self, vlm: LoadedVLM, **options: Any) -> None:
+        super().__init__(vlm, **options)
+        self.passes = OpCounter()
+
+    def scoring(self, assembly: Assembly,
+                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+        if assembly.labels_pending:  # the labels' load is not the pass's
+            self.load_labels(assembly)
+        with self.passes:
+            return super().scoring(assembly, config)
+
+    def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
+                resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.passes:
+            return super().refresh(assembly, visual_rows, resume)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        with self.passes:
+            return super().logits(hidden)
 
 
 def count_ops(fn: Callable[[], T]) -> tuple[T, OpCounter]:
