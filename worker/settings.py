@@ -60,7 +60,7 @@ class Settings(BaseSettings):
         20 * 2**30, ge=0, description="Byte budget of the on-disk page-KV tier."
     )
     redis_kv_ttl_s: int | None = Field(None, ge=1, description="TTL of page KV in Redis.")
-    kv_int8: bool = Field(False, description="Store page KV quantised to int8.")
+    kv_int8: bool = Field(True, description="Store page KV quantised to int8.")
 
     # ingestion limits
     max_upload_bytes: int = Field(64 * 2**20, ge=1, description="Largest accepted upload.")
