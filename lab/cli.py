@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--out", type=Path, default=results("store") / "disk_load.json")
     dl.set_defaults(func=_bench_disk_load)
 
+    over = bench.add_parser("overhead", help="launching ops a layer and host ms of a prefill "
+                            "and a decode step on the narrow 28-layer model")
+    over.add_argument("--pages", default="2,8,32", help="page counts, comma-separated")
+    over.add_argument("--repeats", type=int, default=5)
+    over.add_argument("--out", type=Path, default=results("ttft") / "overhead.json")
+    over.set_defaults(func=_bench_overhead)
+
     ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
     add_ttft_arguments(ttft)
     ttft.set_defaults(func=_bench_ttft)
@@ -270,6 +277,15 @@ def _bench_engine(args: argparse.Namespace) -> int:
                 duration_s=args.duration, max_new_tokens=args.max_new_tokens,
                 threads=args.threads, out=args.out, command=command_line(),
                 device=args.device)
+    return 0
+
+
+def _bench_overhead(args: argparse.Namespace) -> int:
+    from lab.ttft.overhead import run_overhead
+
+    pages = [int(x) for x in args.pages.split(",") if x.strip()]
+    run_overhead(pages, args.repeats, args.out, command=command_line())
+    print(args.out.with_suffix(".md").read_text())
     return 0
 
 

@@ -1,0 +1,128 @@
+"""Host cost of an answer: launching ops a layer and milliseconds on the narrow model (issue 58).
+
+On the narrow random-weight Qwen2.5-VL (`lab.ttft.op_count.narrow_vlm`: 28 layers at
+hidden 64, pages of 256 tokens, one thread) the arithmetic is negligible, so the time of a
+prefill is the time of issuing its operations: what a GPU answer spends on the host. For
+each page count, full prefill from the cached page embeddings (`full_prefill`), CONDUIT at
+10% (`conduit_per_page`, the default, and `conduit`) and full reuse run their prefill half
+(`ReuseRuntime.start_answer`, decode excluded); reported per layer: the operations of the
+whole prefill half and of its passes alone (scoring pass, refresh, logits), and the median
+wall time of `repeats` runs (warm caches, counting off). A decode step of one answer over
+the largest page count is measured the same way.
+
+Public API:
+  run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict
+      JSON at `out` (default lab/ttft/results/overhead.json) and markdown beside it
+Command line: `conduit-lab bench overhead [--pages 2,8,32] [--repeats 5] [--out FILE]`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lab.ttft.model import bench_pages
+from lab.ttft.op_count import (
+    NARROW_LAYERS,
+    PassCounting,
+    answer_request,
+    count_ops,
+    narrow_vlm,
+    prefill_ops,
+)
+
+RESULTS = Path(__file__).parent / "results"
+POLICIES = ("full_prefill", "conduit_per_page", "conduit", "full_reuse")
+DECODE_STEPS = 8  # tokens decoded before the measured step
+
+
+def _median_ms(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+@torch.no_grad()
+def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path | None = None,
+                 command: str | None = None) -> dict[str, Any]:
+    """Measure (module docstring); write JSON and markdown; return the JSON document."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        vlm = narrow_vlm()
+        rt = PassCounting(vlm)
+        kvs = rt.prefill_pages(bench_pages(max(pages), 256))
+        rows = []
+        for policy in POLICIES:
+            for p in pages:
+                request = answer_request(vlm, kvs[:p], policy)
+                rt.warm_labels(request.prefix, request.pages)
+                prefill_ops(rt, request)
+                rt.passes.reset()
+                counter = prefill_ops(rt, request)
+                passes = rt.passes.total
+                rt.passes.reset()
+                ms = _median_ms(lambda r=request: rt.release(rt.start_answer(r)), repeats)
+                rt.passes.reset()
+                rows.append({"method": policy, "pages": p,
+                             "ops_per_layer": counter.total / NARROW_LAYERS,
+                             "pass_ops_per_layer": passes / NARROW_LAYERS, "host_ms": ms,
+                             "top_ops": dict(counter.by_name.most_common(8))})
+        decode = _decode_step(rt, kvs, repeats)
+    finally:
+        torch.set_num_threads(saved)
+    doc = {"workload": {"model": "random-weight Qwen2.5-VL, 28 layers, hidden 64, 4/2 heads",
+                        "tokens_per_page": 256, "pages": list(pages), "repeats": repeats,
+                        "threads": 1, "budget": 0.1,
+                        "machine": f"{platform.machine()} {platform.system()}, "
+                                   f"torch {torch.__version__}",
+                        "command": command or "conduit-lab bench overhead"},
+           "rows": rows, "decode_step": decode}
+    out = Path(out) if out is not None else RESULTS / "overhead.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(_markdown(doc))
+    return doc
+
+
+def _decode_step(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, Any]:
+    """Ops and median ms of one decode step of one answer over all the pages."""
+    request = answer_request(rt.vlm, kvs, "conduit_per_page")
+    request = type(request)(request.prefix, request.pages, request.question,
+                            policy=request.policy, budget=request.budget,
+                            max_new_tokens=DECODE_STEPS + repeats + 2)
+    state = rt.start_answer(request)
+    for _ in range(DECODE_STEPS):
+        rt.step([state])
+    _, counter = count_ops(lambda: rt.step([state]))
+    ms = _median_ms(lambda: rt.step([state]), repeats)
+    rt.release(state)
+    return {"pages": len(kvs), "ops_per_layer": counter.total / NARROW_LAYERS,
+            "host_ms": ms, "top_ops": dict(counter.by_name.most_common(12))}
+
+
+def _markdown(doc: dict[str, Any]) -> str:
+    w = doc["workload"]
+    lines = [f"# Host cost on the narrow model ({w['model']}, {w['tokens_per_page']}-token "
+             f"pages, one thread)", "", f"Command: `{w['command']}` ({w['machine']}; median "
+             f"of {w['repeats']} runs). Ops: aten operations that launch work "
+             "(`lab.ttft.op_count`); passes: scoring pass, refresh and logits alone.", "",
+             "| method | pages | ops a layer | of which passes | host ms |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['method']} | {r['pages']} | {r['ops_per_layer']:.1f} | "
+                     f"{r['pass_ops_per_layer']:.1f} | {r['host_ms']:.1f} |")
+    d = doc["decode_step"]
+    lines += ["", f"Decode step (one answer, {d['pages']} pages): {d['ops_per_layer']:.1f} "
+              f"ops a layer, {d['host_ms']:.2f} ms.", ""]
+    return "\n".join(lines)
