@@ -9,7 +9,8 @@ protocol, uvicorn's httptools protocol plus four bounds (`ConnectionLimits`):
 
 - **header deadline**: a request's line and headers must have arrived within
   `header_timeout_s` of the connection opening or of its previous response (however the
-  bytes trickle); else the connection is closed without a reply;
+  bytes trickle); else the connection is closed without a reply (one sweep of the waiting
+  connections, oldest first, every quarter of the timeout or second, finds it);
 - **header size**: more than `max_header_bytes` before the headers end gets 431 and a close;
 - **body deadline**: a request body must be complete `body_timeout_s` after its headers
   plus a second for every `body_min_rate` bytes received (so a body that trickles or stops
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 # descriptors kept beside the connections: stores, index files, readers' pipes, model files
 FD_RESERVE = 512
 _WARN_EVERY_S = 60
+_SWEEP_S = 1.0  # how often overdue headers are looked for (at most; a quarter of the timeout)
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -74,13 +76,16 @@ class BoundedProtocol(HttpToolsProtocol):
     subclass from `bounded_protocol`, which holds its server's limits and waiting list."""
 
     limits: ClassVar[ConnectionLimits]
-    # connections waiting for a request's headers, oldest first (a dict keeps the order)
-    waiting: ClassVar[dict[BoundedProtocol, None]]
+    # connections waiting for a request's headers -> their deadline (loop time); a dict
+    # keeps them in the order they began to wait, which is their deadlines' order
+    waiting: ClassVar[dict[BoundedProtocol, float]]
+    sweeper: ClassVar[asyncio.TimerHandle | None] = None  # the next look for overdue headers
     warned_at: ClassVar[float] = -_WARN_EVERY_S  # the last warning about the cap
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._deadline: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._awaiting_body = False
         self._header_bytes = 0
         self._body_start = 0.0  # loop time the body deadline counts from
         self._body_bytes = 0
@@ -99,38 +104,43 @@ class BoundedProtocol(HttpToolsProtocol):
                             len(self.connections), self.limits.max_connections, _WARN_EVERY_S)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the connection and its deadline."""
+        """Forget the connection and its deadlines."""
         self.waiting.pop(self, None)
-        self._cancel_deadline()
+        self._cancel_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        """Parse; bytes that leave the headers still unfinished count towards their cap."""
+        """Parse; bytes that leave the headers still unfinished count towards their cap, and
+        a body still to come gets its deadline."""
         super().data_received(data)
-        if self in self.waiting and not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self in self.waiting:
             self._header_bytes += len(data)
             if self._header_bytes > self.limits.max_header_bytes:
                 self._refuse(431, f"the request's headers exceed "
                                   f"{self.limits.max_header_bytes} bytes")
+        elif self._awaiting_body and self._body_timer is None:
+            self._arm_body()
 
     def on_headers_complete(self) -> None:
         """Headers in: the request runs; its body (if any) has its own deadline."""
         self.waiting.pop(self, None)
         self._header_bytes = 0
         super().on_headers_complete()
+        self._awaiting_body = True
         self._body_start, self._body_bytes = self.loop.time(), 0
-        self._arm_body()
 
     def on_body(self, body: bytes) -> None:
         """Body bytes: the body deadline moves on by their share of the minimum rate."""
         super().on_body(body)
         self._body_bytes += len(body)
-        self._arm_body()
 
     def on_message_complete(self) -> None:
         """The whole body is in: no deadline until the response ends."""
         super().on_message_complete()
-        self._cancel_deadline()
+        self._awaiting_body = False
+        self._cancel_body_timer()
 
     def on_response_complete(self) -> None:
         """Kept alive with no request parsed ahead: wait for the next one's headers."""
@@ -141,41 +151,57 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _await_request(self) -> None:
         self.waiting.pop(self, None)
-        self.waiting[self] = None  # the newest waiting connection
+        self.waiting[self] = self.loop.time() + self.limits.header_timeout_s  # the newest
         self._header_bytes = 0
-        self._arm(self.limits.header_timeout_s, self._headers_overdue)
+        if type(self).sweeper is None:
+            self._schedule_sweep(self.loop)
 
-    def _headers_overdue(self) -> None:
-        if self in self.waiting:
-            self._close()
+    @classmethod
+    def _schedule_sweep(cls, loop: asyncio.AbstractEventLoop) -> None:
+        every = min(_SWEEP_S, cls.limits.header_timeout_s / 4)
+        cls.sweeper = loop.call_later(every, cls._sweep, loop)
+
+    @classmethod
+    def _sweep(cls, loop: asyncio.AbstractEventLoop) -> None:
+        """Close every connection whose headers are overdue (the oldest come first)."""
+        cls.sweeper = None
+        now = loop.time()
+        while cls.waiting:
+            oldest, due = next(iter(cls.waiting.items()))
+            if due > now:
+                break
+            oldest._close()
+        if cls.waiting:
+            cls._schedule_sweep(loop)
 
     def _body_overdue(self) -> None:
+        self._body_timer = None
         cycle = self.cycle
-        if cycle is None or not cycle.more_body or cycle.response_complete:
+        if not self._awaiting_body or cycle is None or cycle.response_complete:
             return
         if self.flow.read_paused:  # the app has not taken what came: not the client's delay
             self._body_start = self.loop.time() - self._body_bytes / self.limits.body_min_rate
+        if self._body_due() > self.loop.time():  # bytes came since it was armed
             self._arm_body()
-            return
-        if cycle.response_started:
+        elif cycle.response_started:
             self._close()
         else:
             self._refuse(408, "the request body did not arrive in time (CONDUIT_HTTP_BODY_"
                               "TIMEOUT_S, CONDUIT_HTTP_BODY_MIN_RATE)")
 
-    def _arm_body(self) -> None:
-        due = self._body_start + self.limits.body_timeout_s + \
+    def _body_due(self) -> float:
+        return self._body_start + self.limits.body_timeout_s + \
             self._body_bytes / self.limits.body_min_rate
-        self._arm(max(0.0, due - self.loop.time()), self._body_overdue)
 
-    def _arm(self, seconds: float, callback: Any) -> None:
-        self._cancel_deadline()
-        self._deadline = self.loop.call_later(seconds, callback)
+    def _arm_body(self) -> None:
+        self._cancel_body_timer()
+        self._body_timer = self.loop.call_later(max(0.0, self._body_due() - self.loop.time()),
+                                                self._body_overdue)
 
-    def _cancel_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
 
     def _refuse(self, status: int, detail: str) -> None:
         """Answer `status` with a JSON detail and close (nothing else will be answered)."""
@@ -191,7 +217,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _close(self) -> None:
         self.waiting.pop(self, None)
-        self._cancel_deadline()
+        self._cancel_body_timer()
         if not self.transport.is_closing():
             self.transport.close()
 
@@ -203,6 +229,7 @@ def bounded_protocol(limits: ConnectionLimits) -> type[BoundedProtocol]:
 
     BoundedHttpProtocol.limits = limits
     BoundedHttpProtocol.waiting = {}
+    BoundedHttpProtocol.sweeper = None
     return BoundedHttpProtocol
 
 
