@@ -326,7 +326,6 @@ class Settings(BaseSettings):
         "to fit the limit, with a warning, where it cannot be).",
     )
 
-
     @property
     def embedded(self) -> bool:
         """True when no Redis URL is set: API, worker and stores share one process."""
