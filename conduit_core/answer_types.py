@@ -2,7 +2,8 @@
 
 Public API:
   PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
-  AnswerRequest(prefix, pages, question, policy="conduit", budget=0.1, max_new_tokens=64,
+  DEFAULT_POLICY = "conduit_per_page"
+  AnswerRequest(prefix, pages, question, policy=DEFAULT_POLICY, budget=0.1, max_new_tokens=64,
                 temperature=0.0, top_p=1.0, seed=None, options=PolicyOptions(),
                 namespace="")   validated: InvalidRequestError
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
@@ -27,6 +28,7 @@ from conduit_core.errors import InvalidRequestError
 from conduit_core.page_kv import PageKV
 
 TokenId = NewType("TokenId", int)
+DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
 TokenCallback = Callable[[TokenId, str], None]
 
 
@@ -40,7 +42,7 @@ class PageInput:
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """Per-request knobs of the CONDUIT family (`conduit`, `conduit_no_amp`, `conduit_per_page`).
+    """Per-request knobs of the CONDUIT family (`conduit`, `conduit_per_page`).
 
     Every field None = the registered policy's own value. See
     `conduit_core.policies.scoring.ScoreConfig` and `conduit_core.policies.conduit.ConduitConfig`
@@ -64,12 +66,13 @@ class PolicyOptions:
 
 @dataclass(frozen=True)
 class AnswerRequest:
-    """One question over cached pages; `policy` names a refresh policy in the registry."""
+    """One question over cached pages; `policy` names a refresh policy in the registry
+    (`conduit_core.policies.registry`)."""
 
     prefix: str
     pages: list[PageInput]
     question: str
-    policy: str = "conduit"
+    policy: str = DEFAULT_POLICY
     budget: float = 0.1  # fraction of visual tokens the policy may refresh
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy

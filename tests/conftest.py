@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from lab.processes import start_redis
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from conduit_core.answer_types import DEFAULT_POLICY
+
 
 class Settings(BaseSettings):
     """Every knob of a conduit deployment. Unset Redis URL = embedded (one process)."""
@@ -118,7 +120,8 @@ class Settings(BaseSettings):
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
     # answering
-    policy: str = Field("conduit_per_page", description="Refresh policy used to answer.")
+    policy: str = Field(DEFAULT_POLICY, description="Refresh policy of a question that names "
+                        "none (one of `GET /v1/info`'s policies).")
     budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
     head_cache: bool = Field(
         True, description="Compute the prompt head (chat template opening and answer "

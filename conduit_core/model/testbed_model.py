@@ -3,9 +3,9 @@
 The stock `Qwen2VLForConditionalGeneration` with a small config and the builtin tokenizer;
 trained from scratch on pages of glyph records (`conduit-lab testbed train`) so that stale page
 KV costs answers that refreshing the right tokens recovers. The trained weights are loaded
-from `weights/testbed-qwen2-vl.safetensors` beside this module as `builtin:testbed-qwen2-vl`;
+from `conduit_core/weights/testbed-qwen2-vl.safetensors` as `builtin:testbed-qwen2-vl`;
 they are committed (the testbed checkpoint is part of the product; no other weights are), and
-docs/TESTBED.md gives the training command and the export that produce them.
+lab/testbed/NOTES.md gives the training command and the export that produce them.
 
 Public API:
   NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
@@ -34,7 +34,7 @@ from conduit_core.model.builtin_models import (
 from conduit_core.model.processors import ImageOnlyQwen2VLProcessor
 
 NAME = "testbed-qwen2-vl"
-WEIGHTS = Path(__file__).parent / "weights" / f"{NAME}.safetensors"
+WEIGHTS = Path(__file__).parents[1] / "weights" / f"{NAME}.safetensors"
 MAX_IMAGE_TOKENS = 256
 
 

@@ -8,8 +8,7 @@ k = `PolicyContext.k` (round(budget * N_v)) highest s'_j = c_m s_j over all
 pages are refreshed (text tokens are always recomputed and not charged to the budget).
 
 Public API:
-  ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False,
-                page_relevance="sum", mass=None, floor=0.0)
+  ConduitConfig(budget=None, gamma=1.0, score=ScoreConfig(), per_page=False, mass=None)
   ConduitPolicy(config, fixed=frozenset())   a RefreshPolicy (`fixed`: option names that
                                    define the variant, refused in `with_options`);
                                    .explain(ctx) -> ConduitChoice (always
@@ -21,7 +20,6 @@ Public API:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -51,35 +49,24 @@ class ConduitConfig:
     score:     scoring layers, question-token set and head aggregation (`ScoreConfig`).
     per_page:  False = one global top-k (CONDUIT); True = each page refreshes its share of k
                in proportion to its size (the per-page-quota ablation).
-    page_relevance: "sum" (the paper's R_m) or "mean" of the page's scores (`selection.
-               page_amplification`).
     mass:      None = refresh exactly the budget's k; m in (0, 1] = a budget per question:
                the fewest top tokens holding m of the amplified score mass, at most k (the
                budget is then the cap on the refresh, and on its FLOPs).
-    floor:     with `mass`: the share of the budget's k refreshed whatever the mass says
-               (0: none), so that a question whose mass sits on a few tokens still
-               refreshes the tokens around them.
     """
 
     budget: float | None = None
     gamma: float = 1.0
     score: ScoreConfig = field(default_factory=ScoreConfig)
     per_page: bool = False
-    page_relevance: str = "sum"
     mass: float | None = None
-    floor: float = 0.0
 
     def __post_init__(self) -> None:
         if self.budget is not None and not 0.0 <= self.budget <= 1.0:
             raise ValueError(f"budget must be in [0, 1] or None, got {self.budget}")
         if self.gamma < 0:
             raise ValueError(f"gamma must be >= 0, got {self.gamma}")
-        if self.page_relevance not in ("sum", "mean"):
-            raise ValueError(f"page_relevance must be 'sum' or 'mean', got {self.page_relevance!r}")
         if self.mass is not None and not 0.0 < self.mass <= 1.0:
             raise ValueError(f"mass must be in (0, 1] or None, got {self.mass}")
-        if not 0.0 <= self.floor <= 1.0:
-            raise ValueError(f"floor must be in [0, 1], got {self.floor}")
 
 
 @dataclass(frozen=True)
@@ -111,10 +98,10 @@ class ConduitPolicy:
         k = self.budget_k(ctx)
         s = ctx.scores(cfg.score).weighted.cpu()[rows]  # (N_v,)
         page_of = ctx.page_of_visual  # (N_v,)
-        c = page_amplification(s, page_of, ctx.num_pages, cfg.gamma, cfg.page_relevance)  # (M,)
+        c = page_amplification(s, page_of, ctx.num_pages, cfg.gamma)  # (M,)
         amplified = s * c[page_of]  # (N_v,)
         if cfg.mass is not None:
-            k = max(math.ceil(cfg.floor * k), mass_k(amplified, cfg.mass, k))
+            k = mass_k(amplified, cfg.mass, k)
         if cfg.per_page:
             sizes = torch.bincount(page_of, minlength=ctx.num_pages)  # (M,)
             pos = per_page_topk(amplified, page_of, quota_split(sizes, k))

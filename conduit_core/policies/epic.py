@@ -1,13 +1,11 @@
-"""Baselines `epic` (EPIC / MPIC-k) and `epic_proportional`: the first tokens of every page.
+"""Baseline `epic` (EPIC / MPIC-k): the first tokens of every page.
 
 `EpicPolicy(k_per_page=None, split="even")`: with k_per_page set, every page refreshes its
 first min(k_per_page, T_m) tokens whatever the budget (MPIC-k as published). With None, the
 budget k = `PolicyContext.k` is split over the pages, never more than a page holds, largest
 remainder first (`selection.quota_split`), so the policy spends exactly k:
   split="even"   the same share for every page (the registered `epic`)
-  split="size"   shares in proportion to page sizes T_m (the registered `epic_proportional`;
-                 this baseline used to be called `vlcache`, but VLCache's own rule, a
-                 layer-aware recomputation, is not this, so it carries the name of what it is)
+  split="size"   shares in proportion to page sizes T_m (the lab's `epic_proportional`)
 """
 
 from __future__ import annotations
@@ -45,4 +43,3 @@ class EpicPolicy:
 
 
 select = EpicPolicy()
-proportional = EpicPolicy(split="size")

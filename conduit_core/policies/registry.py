@@ -1,12 +1,16 @@
-"""Refresh policies, one file each, resolved by name through one registry.
+"""The refresh policies a deployment chooses from, resolved by name through one registry.
 
 A policy maps a `PolicyContext` (see `conduit_core.policies.policy_context`) to the sequence
-indices of the visual tokens to refresh. Adding one: a module here with a `select` callable,
-and its line in `POLICIES`. Configured variants (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`)
-can be added at run time with `register_policy`.
+indices of the visual tokens to refresh. The registry holds the product's policies: the
+default (`DEFAULT_POLICY`, CONDUIT with a per-page quota), the paper's `conduit`, the bounds
+`full_prefill` and `full_reuse`, `prefix_reuse`, and the published baselines `cacheblend` and
+`epic`. Ablations and candidates register themselves from the lab (`register_policy`), like
+any configured variant (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`).
 
 Public API:
-  POLICIES: dict[str, RefreshPolicy]     "full_prefill", "full_reuse", ...
+  DEFAULT_POLICY = "conduit_per_page"     (`conduit_core.answer_types`)
+  PRODUCT_POLICIES: frozenset[str]       the names above
+  POLICIES: dict[str, RefreshPolicy]     the product's, plus any registered since
   register_policy(name, policy) -> None
   get_policy(name) -> RefreshPolicy      raises UnknownPolicyError listing the known names
   resolve_policy(name, options) -> RefreshPolicy   the policy configured by `PolicyOptions`
@@ -14,39 +18,29 @@ Public API:
 
 from __future__ import annotations
 
-from conduit_core.answer_types import PolicyOptions
+from conduit_core.answer_types import DEFAULT_POLICY, PolicyOptions
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
     conduit,
-    conduit_adaptive,
-    conduit_no_amp,
     conduit_per_page,
     epic,
     full_prefill,
     full_reuse,
     prefix_reuse,
-    random,
-    raw_attention,
-    value_norm,
 )
 from conduit_core.policies.policy_context import RefreshPolicy
 
 POLICIES: dict[str, RefreshPolicy] = {
+    DEFAULT_POLICY: conduit_per_page.select,
+    "conduit": conduit.select,
     "full_prefill": full_prefill.select,
     "full_reuse": full_reuse.select,
     "prefix_reuse": prefix_reuse.select,
-    "random": random.select,
-    "raw_attention": raw_attention.select,
-    "value_norm": value_norm.select,
     "cacheblend": cacheblend.select,
     "epic": epic.select,
-    "epic_proportional": epic.proportional,
-    "conduit": conduit.select,
-    "conduit_adaptive": conduit_adaptive.select,
-    "conduit_no_amp": conduit_no_amp.select,
-    "conduit_per_page": conduit_per_page.select,
 }
+PRODUCT_POLICIES = frozenset(POLICIES)
 
 
 def register_policy(name: str, policy: RefreshPolicy) -> None:

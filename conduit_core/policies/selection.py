@@ -7,21 +7,17 @@ Public API:
   budget_tokens(budget, n) -> int                 round(budget * n) clamped to [0, n]
   topk_positions(scores, k) -> (k,)               highest scores, ties to the lower position
   page_totals(scores, page_of, n_pages) -> (M,)   R_m = sum of scores on page m
-  page_amplification(scores, page_of, n_pages, gamma, relevance="sum") -> (M,)
+  page_amplification(scores, page_of, n_pages, gamma) -> (M,)
                                     c_m = (R_m / mean R)^gamma
   mass_k(scores, mass, k_max) -> int   fewest top tokens holding `mass` of the score mass
   quota_split(sizes, k, weights=None) -> (M,)     k split over pages (largest remainder)
   per_page_topk(scores, page_of, quotas) -> positions   top quotas[m] of each page
   first_per_page(page_of, counts) -> positions    the first counts[m] tokens of each page
-  pool_within_pages(scores, page_of, kernel, mode) -> (N_v,)   1-D pooling, not across pages
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
 
 def budget_tokens(budget: float, n: int) -> int:
@@ -58,22 +54,16 @@ def page_totals(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> to
 
 
 def page_amplification(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int,
-                       gamma: float, relevance: str = "sum") -> torch.Tensor:
+                       gamma: float) -> torch.Tensor:
     """Image-level amplification c_m = (R_m / mean_m R_m)^gamma, (M,) float32, with R_m the
-    sum of page m's scores (`relevance` "sum", the paper's) or their mean ("mean": a large
-    page is not amplified for its size).
+    sum of page m's scores.
 
     c = 1 for every page when there is one page, when gamma == 0, or when all R_m are 0.
     """
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
-    if relevance not in ("sum", "mean"):
-        raise ValueError(f"relevance must be 'sum' or 'mean', got {relevance!r}")
     ones = torch.ones(n_pages, dtype=torch.float32, device=scores.device)
     totals = page_totals(scores, page_of, n_pages)  # (M,)
-    if relevance == "mean":
-        sizes = torch.bincount(page_of.to(scores.device), minlength=n_pages)  # (M,)
-        totals = totals / sizes.clamp_min(1)
     mean = totals.mean() if n_pages else torch.tensor(0.0)
     if n_pages <= 1 or gamma == 0 or float(mean) <= 0:
         return ones
@@ -119,28 +109,3 @@ def first_per_page(page_of: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Positions of the first `counts[m]` tokens of each page m, ascending."""
     picked = [torch.nonzero(page_of == m).view(-1)[:int(c)] for m, c in enumerate(counts.tolist())]
     return torch.cat(picked).sort().values if picked else torch.zeros(0, dtype=torch.long)
-
-
-def pool_within_pages(scores: torch.Tensor, page_of: torch.Tensor, kernel: int,
-                      mode: str = "max") -> torch.Tensor:
-    """1-D pooling of scores (N_v,) with an odd `kernel`, stride 1, inside each page only
-    (SnapKV's clustering step); `mode` is "max" or "avg" (avg over the in-page window)."""
-    if kernel < 1 or kernel % 2 == 0:
-        raise ValueError(f"pooling kernel must be odd and >= 1, got {kernel}")
-    if mode not in ("max", "avg"):
-        raise ValueError(f"pooling mode must be 'max' or 'avg', got {mode!r}")
-    if kernel == 1:
-        return scores.float()
-    out = torch.empty_like(scores, dtype=torch.float32)
-    pad = kernel // 2
-    for m in torch.unique(page_of).tolist():
-        pos = torch.nonzero(page_of == m).view(-1)
-        x = scores[pos].float().view(1, 1, -1)  # (1, 1, T_m)
-        if mode == "max":
-            y = F.max_pool1d(F.pad(x, (pad, pad), value=-math.inf), kernel, stride=1)
-        else:
-            total = F.avg_pool1d(F.pad(x, (pad, pad)), kernel, stride=1) * kernel
-            count = F.avg_pool1d(F.pad(torch.ones_like(x), (pad, pad)), kernel, stride=1)
-            y = total / (count * kernel)  # mean over the window's in-page tokens
-        out[pos] = y.view(-1)
-    return out

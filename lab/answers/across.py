@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from lab.answers.results import BUDGET_FREE, CACHED_REFERENCE, REFERENCE
 
 METRICS = ("accuracy", "accuracy_ratio_to_full", "agreement_with_full", "flops_ratio_lm",

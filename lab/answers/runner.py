@@ -61,6 +61,7 @@ from typing import Any
 from PIL import Image
 from tqdm import tqdm
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
 from conduit_core.policies import resolve_policy

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.policies import POLICIES
 from lab import DEVSET, results
 from lab.answers.config import AnswerEvalConfig

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.answer_types import PageInput
 from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.runtime import ReuseRuntime

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from lab.testbed.intervals import Interval, Scores, family_of, mean_interval, paired_interval
 
 CROSS_PAGE = ("reference", "split", "legend")  # a page's KV must hold another page's content

@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from lab.testbed.generate import generate
 from lab.testbed.task import FAMILIES
 from worker.settings import Settings

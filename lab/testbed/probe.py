@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
 from conduit_core.model.adapters.qwen2_vl import Qwen2VLAdapter

@@ -54,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.cost.flops import LMShape, rows_flops
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
@@ -193,7 +194,6 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_gamma_half": ConduitPolicy(ConduitConfig(gamma=0.5)),
     "cv_gamma_2": ConduitPolicy(ConduitConfig(gamma=2.0)),
     "cv_question_no_amp": ConduitPolicy(ConduitConfig(gamma=0.0, score=_Q)),
-    "cv_mean_relevance": ConduitPolicy(ConduitConfig(page_relevance="mean")),
     # fewer scored layers: a scoring pass that may stop early
     "cv_layers_0_3": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 3)))),
     "cv_layers_0_4": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 4)))),
@@ -203,12 +203,6 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
     "cv_mass_90": ConduitPolicy(ConduitConfig(mass=0.9)),
     "cv_question_mass_50": ConduitPolicy(ConduitConfig(score=_Q, mass=0.5)),
-    # a budget per question with a floor: at least that share of the budget's k
-    "cv_mass_50_floor_50": ConduitPolicy(ConduitConfig(mass=0.5, floor=0.5)),
-    "cv_no_amp_mass_50_floor_50": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.5, floor=0.5)),
-    "cv_no_amp_mass_50_floor_25": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.5,
-                                                              floor=0.25)),
-    "cv_no_amp_mass_70_floor_50": ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.7, floor=0.5)),
     # the page boundary inside the budget: the last 2 or 4 rows of a 16-cell testbed page
     "cv_boundary_32": BoundaryRule(get_policy("conduit_per_page"), 32),
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),

@@ -142,8 +142,7 @@ def test_a_budget_per_question_is_predicted_from_earlier_answers(
     answer, then at the share of it the same policy refreshed before. (Random weights
     spread the attention, so a small mass keeps it under the cap here.)"""
     rt, inputs = paged
-    register_policy("test_mass_10", ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.1,
-                                                                floor=0.25)))
+    register_policy("test_mass_10", ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.1)))
     try:
         request = AnswerRequest(PREFIX, inputs, QUESTION, policy="test_mass_10", budget=0.3,
                                 max_new_tokens=1)

@@ -3,8 +3,6 @@ when one page carries the signal."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -161,23 +159,6 @@ def test_budget_per_question_stops_at_the_score_mass(cached: CachedPages) -> Non
     assert torch.equal(capped, ConduitPolicy().explain(context(cached, asm, 0.1)).rows)
     with pytest.raises(ValueError, match="mass"):
         ConduitConfig(mass=1.5)
-
-
-def test_a_floor_keeps_a_share_of_the_budget(cached: CachedPages) -> None:
-    """With `floor`, a budget per question refreshes at least that share of the budget's k
-    (the top of the same ranking), and what the mass asks for above it."""
-    asm = cached.runtime.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
-    ctx = context(cached, asm, 0.5)
-    k = ConduitPolicy().budget_k(ctx)
-    small = ConduitPolicy(ConduitConfig(mass=0.05)).explain(ctx).rows
-    assert small.numel() < k // 2  # the mass alone asks for few tokens here
-    floored = ConduitPolicy(ConduitConfig(mass=0.05, floor=0.5)).explain(ctx).rows
-    assert floored.numel() == math.ceil(0.5 * k)
-    assert set(small.tolist()) <= set(floored.tolist())
-    most = ConduitPolicy(ConduitConfig(mass=1.0, floor=0.5)).explain(ctx).rows
-    assert most.numel() == k  # above the floor the mass decides, up to the cap
-    with pytest.raises(ValueError, match="floor"):
-        ConduitConfig(mass=0.5, floor=1.5)
 
 
 def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> None:

@@ -1,4 +1,4 @@
-"""Pure tensor helpers behind the policies: scores, amplification, quotas, pooling."""
+"""Pure tensor helpers behind the policies: scores, amplification, quotas."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from conduit_core.policies.selection import (
     mass_k,
     page_amplification,
     per_page_topk,
-    pool_within_pages,
     quota_split,
     topk_positions,
 )
@@ -78,17 +77,6 @@ def test_amplification_by_hand() -> None:
     assert torch.equal(page_amplification(scores, page_of, 2, 0.0), torch.ones(2))
 
 
-def test_amplification_by_mean_relevance_ignores_page_size() -> None:
-    scores = torch.tensor([1.0, 1.0, 1.0, 1.0, 3.0])
-    page_of = torch.tensor([0, 0, 0, 0, 1])  # sums [4, 3]: the large page leads; means [1, 3]
-    assert torch.allclose(page_amplification(scores, page_of, 2, 1.0),
-                          torch.tensor([4 / 3.5, 3 / 3.5]))
-    assert torch.allclose(page_amplification(scores, page_of, 2, 1.0, "mean"),
-                          torch.tensor([0.5, 1.5]))
-    with pytest.raises(ValueError, match="relevance"):
-        page_amplification(scores, page_of, 2, 1.0, "max")
-
-
 def test_mass_k_by_hand() -> None:
     scores = torch.tensor([0.1, 0.5, 0.0, 0.3, 0.1])  # sorted: .5 .3 .1 .1 0, total 1.0
     assert mass_k(scores, 0.5, 5) == 1
@@ -115,12 +103,3 @@ def test_per_page_and_first_tokens() -> None:
     scores = torch.tensor([0.1, 0.9, 0.5, 0.2, 0.8, 0.3])
     assert per_page_topk(scores, page_of, torch.tensor([2, 1, 0])).tolist() == [1, 2, 4]
     assert first_per_page(page_of, torch.tensor([2, 1, 1])).tolist() == [0, 1, 3, 5]
-
-
-def test_pooling_stays_inside_pages() -> None:
-    page_of = torch.tensor([0, 0, 0, 1, 1])
-    scores = torch.tensor([0.0, 0.0, 5.0, 0.0, 1.0])
-    assert pool_within_pages(scores, page_of, 3, "max").tolist() == [0.0, 5.0, 5.0, 1.0, 1.0]
-    avg = pool_within_pages(scores, page_of, 3, "avg")
-    assert torch.allclose(avg, torch.tensor([0.0, 5 / 3, 2.5, 0.5, 0.5]))
-    assert torch.equal(pool_within_pages(scores, page_of, 1), scores)

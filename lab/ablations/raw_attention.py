@@ -8,14 +8,16 @@ itself uses an observation window, e.g. ScoreConfig(query_window=32), and a kern
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from conduit_core.cost.cost_model import PolicyCost
 from conduit_core.policies.policy_context import PolicyContext
 from conduit_core.policies.scoring import ScoreConfig
-from conduit_core.policies.selection import pool_within_pages, topk_positions
+from conduit_core.policies.selection import topk_positions
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,28 @@ class RawAttentionPolicy:
 
 
 select = RawAttentionPolicy()
+
+
+def pool_within_pages(scores: torch.Tensor, page_of: torch.Tensor, kernel: int,
+                      mode: str = "max") -> torch.Tensor:
+    """1-D pooling of scores (N_v,) with an odd `kernel`, stride 1, inside each page only
+    (SnapKV's clustering step); `mode` is "max" or "avg" (avg over the in-page window)."""
+    if kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"pooling kernel must be odd and >= 1, got {kernel}")
+    if mode not in ("max", "avg"):
+        raise ValueError(f"pooling mode must be 'max' or 'avg', got {mode!r}")
+    if kernel == 1:
+        return scores.float()
+    out = torch.empty_like(scores, dtype=torch.float32)
+    pad = kernel // 2
+    for m in torch.unique(page_of).tolist():
+        pos = torch.nonzero(page_of == m).view(-1)
+        x = scores[pos].float().view(1, 1, -1)  # (1, 1, T_m)
+        if mode == "max":
+            y = F.max_pool1d(F.pad(x, (pad, pad), value=-math.inf), kernel, stride=1)
+        else:
+            total = F.avg_pool1d(F.pad(x, (pad, pad)), kernel, stride=1) * kernel
+            count = F.avg_pool1d(F.pad(torch.ones_like(x), (pad, pad)), kernel, stride=1)
+            y = total / (count * kernel)  # mean over the window's in-page tokens
+        out[pos] = y.view(-1)
+    return out
