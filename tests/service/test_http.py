@@ -187,7 +187,7 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
     assert tuned.status_code == 200, tuned.text
     r = client.post("/v1/query", json={**ask, "gamma": 2.0})  # the default is defined by gamma 0
     assert r.status_code == 422 and "gamma" in r.json()["detail"]
-    r = client.post("/v1/query", json={**ask, "policy": "random", "gamma": 2.0})
+    r = client.post("/v1/query", json={**ask, "policy": "epic", "gamma": 2.0})
     assert r.status_code == 422 and "takes no options" in r.json()["detail"]
     r = client.post("/v1/query", json={**ask, "score_layers": [5, 9]})
     assert r.status_code == 422, r.text
