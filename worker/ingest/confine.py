@@ -39,7 +39,7 @@ import site
 import sys
 from pathlib import Path
 
-from worker.ingest import syscall_filter
+from worker.ingest.syscall_filter import install as install_syscall_filter
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 # Variables a reader needs to find Python, its libraries and Tesseract's data: paths and
@@ -92,7 +92,7 @@ def confine(*, memory_bytes: int, file_bytes: int, readable: list[str] | None = 
     if _unshare_network(libc):
         applied.append("netns")
     applied.extend(_landlock(libc, _readable_roots() + list(readable or [])))
-    if syscall_filter.install(libc):  # last: it refuses the sockets nothing above needs
+    if install_syscall_filter(libc):  # last: it refuses the sockets nothing above needs
         applied.append("seccomp")
     return ",".join(applied)
 

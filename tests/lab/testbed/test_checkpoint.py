@@ -26,10 +26,9 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
     """200 generated questions (generator seed 127, which neither training nor the tables
     drew from; fixed before it was first run), each over its evidence pages plus distractors
     (6 pages, as `conduit-lab eval answers --pages shown`), rendered from the PDFs as ingest
-    renders them: full prefill answers >= 85% (the committed weights: 88% here, 90.0% on the
-    final table's 1,000 questions; on sets of 50 it reads 0.76-0.92 by the draw, which is why
-    this set is larger: lab/testbed/NOTES.md); full reuse loses the cross-page families and keeps the
-    rest; the default policy at 10% recovers them."""
+    renders them: full prefill answers >= 85% (why the set is this large: lab/testbed/NOTES.md);
+    full reuse loses the cross-page families and keeps the rest; the default policy at 10%
+    recovers them."""
     vlm = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "models")
     assert vlm.adapter.max_image_tokens == 256
     runtime = ReuseRuntime(vlm)
