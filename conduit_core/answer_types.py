@@ -5,7 +5,9 @@ Public API:
   DEFAULT_POLICY = "conduit_per_page"
   AnswerRequest(prefix, pages, question, policy=DEFAULT_POLICY, budget=0.1, max_new_tokens=64,
                 temperature=0.0, top_p=1.0, seed=None, options=PolicyOptions(),
-                namespace="")   validated: InvalidRequestError
+                namespace="")   validated: InvalidRequestError, UnknownPolicyError
+    .policy: a registered name, resolved with `options` on construction, or a
+        `PolicyChoice` resolved where the request entered; either way .choice after it
   AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
                flops_full_lm, flops_vision, flops_used_lm, flops_used_vision, policy,
                prompt_tokens, stop_reason, head_tokens, fallback, fill_flops_lm,
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 from conduit_core.errors import InvalidRequestError
 from conduit_core.page_kv import PageKV
+
+if TYPE_CHECKING:
+    from conduit_core.policies.registry import PolicyChoice
 
 TokenId = NewType("TokenId", int)
 DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
@@ -66,13 +71,15 @@ class PolicyOptions:
 
 @dataclass(frozen=True)
 class AnswerRequest:
-    """One question over cached pages; `policy` names a refresh policy in the registry
-    (`conduit_core.policies.registry`)."""
+    """One question over cached pages. `policy` names a refresh policy in the registry
+    (`conduit_core.policies.registry`), configured by `options`, or is the `PolicyChoice`
+    resolved where the request entered (its options then are the request's); the request
+    is resolved once, here, and every later step reads `choice`."""
 
     prefix: str
     pages: list[PageInput]
     question: str
-    policy: str = DEFAULT_POLICY
+    policy: str | PolicyChoice = DEFAULT_POLICY
     budget: float = 0.1  # fraction of visual tokens the policy may refresh
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy
@@ -85,6 +92,13 @@ class AnswerRequest:
     namespace: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.policy, str):
+            from conduit_core.policies.registry import choose_policy  # the registry imports this
+
+            object.__setattr__(self, "policy", choose_policy(self.policy, self.options))
+        elif not self.options.is_default() and self.options != self.choice.options:
+            raise InvalidRequestError("options are given with the policy's choice, not apart")
+        object.__setattr__(self, "options", self.choice.options)
         if not 0.0 <= self.budget <= 1.0:
             raise InvalidRequestError(f"budget must be in [0, 1], got {self.budget}")
         if self.max_new_tokens < 1:
@@ -93,6 +107,12 @@ class AnswerRequest:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def choice(self) -> PolicyChoice:
+        """The resolved policy (a name given is resolved on construction)."""
+        assert not isinstance(self.policy, str)
+        return self.policy
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ Public API:
         with the positions that context gives; pages batched (right padding); returned on
         the host (`PageKV.to_host`: pinned where CUDA is available).
     .answer(request: AnswerRequest, on_token=None) -> AnswerResult
-        assemble the cached pages under the new prefix, let `request.policy` choose visual
+        assemble the cached pages under the new prefix, let `request.choice` choose visual
         tokens to refresh, recompute them with all text tokens after the head, decode. Both
         passes compute the last layer in full only for the row whose logits are read.
         = .finish(.start_answer(request, on_token)), the two halves below:
@@ -106,7 +106,6 @@ from conduit_core.passes.layer_forward import logits_of
 from conduit_core.passes.refresh_pass import refresh_pass
 from conduit_core.passes.stale_pass import StaleScores, stale_pass
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
-from conduit_core.policies import resolve_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
 from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.prompt.label_cache import LabelCache, fetch, load_labels
@@ -391,14 +390,14 @@ class ReuseRuntime:
         re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState`
         after the refresh. The same computation as `start_answer`, in the same order."""
         t0 = time.perf_counter() if t0 is None else t0
-        policy = resolve_policy(request.policy, request.options)
+        choice = request.choice
         assembly = self.assemble(request.prefix, request.pages, request.question,
                                  extra_capacity=request.max_new_tokens, last_only=True,
                                  labels=False, namespace=request.namespace)
         yield "assembled"
         ctx = self.policy_context(assembly, request.budget, request.seed)
-        key = (request.namespace, request.policy, request.options, round(request.budget, 4))
-        plan = self.plan(assembly, ctx, policy, key)
+        key = (request.namespace, choice, round(request.budget, 4))
+        plan = self.plan(assembly, ctx, choice.select, key)
         fallback = self.never_above_full and plan.fallback
         if fallback:  # a forward pass the policy ran while planning is spent: charged
             visual, resume, extra = assembly.layout.visual_rows(), None, ctx.extra_flops
@@ -406,7 +405,7 @@ class ReuseRuntime:
                 assembly.head = None  # with the same values
         else:  # the labels the refresh will not recompute (computed now if missing)
             self.load_labels(assembly, self._whole_labels(assembly, plan))
-            visual = plan.visual if plan.visual is not None else policy(ctx)
+            visual = plan.visual if plan.visual is not None else choice.select(ctx)
             visual = visual.to(torch.long).cpu().unique()
             if plan.visual is None:  # chosen by a forward pass: where it fell, for next time
                 self.choices.record(key, assembly.layout.visual_rows(), visual, plan.cap)
@@ -414,7 +413,7 @@ class ReuseRuntime:
         yield "chosen"
         hidden, computed = self.refresh(assembly, visual, resume)
         used = extra + assembly.fill_flops + self.refresh_flops(assembly, computed, resume)
-        return self._start(assembly, hidden, t0=t0, policy=request.policy,
+        return self._start(assembly, hidden, t0=t0, policy=choice.name,
                            refreshed=int(visual.numel()), flops_used_lm=used,
                            fill_flops_lm=assembly.fill_flops,
                            vision_ran=False, max_new_tokens=request.max_new_tokens,

@@ -29,7 +29,6 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.policies import resolve_policy
 from conduit_core.runtime import ReuseRuntime
 
 
@@ -62,7 +61,7 @@ def _logits(runtime: ReuseRuntime, hidden: torch.Tensor, rows: Rows) -> torch.Te
 def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
                   last_only: bool = False, logits: Rows = "last") -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
-    policy = resolve_policy(request.policy, request.options)
+    policy = request.choice.select
     assembly = runtime.assemble(request.prefix, request.pages, request.question,
                                 last_only=last_only)
     ctx = runtime.policy_context(assembly, request.budget, request.seed)

@@ -31,7 +31,8 @@ def answer_slot(request: Request, tenant: str) -> ExitStack:
 
 def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
                    check_pages: bool = False) -> Question:
-    """Resolve and check a query body into the worker's `Question` (404/409/422 on problems)."""
+    """Resolve and check a query body into the worker's `Question` (404/409/422 on problems),
+    its policy resolved once where the model is loaded here (`check_scope`)."""
     col = owned_collection(ctx, tenant, body.collection_id)
     if body.document_ids is not None:
         _check_documents(ctx, col.id, body.document_ids)
@@ -46,8 +47,7 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
                               query_window=body.query_window, head_agg=body.head_agg),
         tenant=tenant,
     )
-    check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
-    return question
+    return check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
 
 
 def _check_documents(ctx: WorkerContext, collection_id: CollectionId,

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
-from conduit_core.errors import InvalidRequestError
-from conduit_core.policies import POLICIES, resolve_policy
+from conduit_core.errors import InvalidRequestError, UnknownPolicyError
+from conduit_core.policies import PolicyChoice
 from conduit_core.policies.scoring import ScoreConfig
 from storage.keys import PageHash, cache_namespace
 from storage.metadata import CollectionId, DocumentId, Page
@@ -20,7 +20,7 @@ from worker.context import WorkerContext
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError
 from worker.limits import check_question_length
 from worker.page_cache import CacheReport, load_pages
-from worker.policy_options import effective_options
+from worker.policy_options import settle_policy
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.recovery import release_unreferenced
 from worker.retrieval.embedder import embedding_from_bytes
@@ -81,32 +81,33 @@ class Question:
     dense_weight: float | None = None
     options: PolicyOptions = field(default_factory=PolicyOptions)
     tenant: str = ""  # who asks: the engine admits questions in turn across tenants
+    # the policy resolved with its effective options where the question entered this process
+    # (`check_scope`); None until then. Not part of the question's JSON (`worker.wire`): a
+    # worker that receives one checks it again, with its model.
+    choice: PolicyChoice | None = field(default=None, compare=False)
 
 
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
-                pages: bool = False) -> None:
-    """Raise a `WorkerError` unless the question can be answered as asked.
+                pages: bool = False) -> Question:
+    """The question with its policy resolved (`Question.choice`), or a `WorkerError` unless
+    it can be answered as asked.
 
     `with_model=False` skips the checks that need the model loaded (an API process in the
     distributed form has none); the worker that answers runs them. `pages=True` also checks
     that the scope holds ready pages (a streaming reply needs to know before it starts;
     otherwise `retrieve` finds out while listing them).
     """
-    name = q.policy or ctx.settings.policy
-    if name not in POLICIES:
-        raise InvalidOptionsError(f"unknown policy {name!r}; known: "
-                                  f"{', '.join(sorted(POLICIES))}")
-    options = effective_options(ctx.settings, name, q.options)
     try:
-        resolve_policy(name, options)
-        if with_model and isinstance(options.score_layers, tuple):
-            ScoreConfig(layers=options.score_layers).layer_slice(
+        choice = settle_policy(ctx.settings, q.policy, q.options)
+        if with_model and isinstance(choice.options.score_layers, tuple):
+            ScoreConfig(layers=choice.options.score_layers).layer_slice(
                 len(ctx.runtime.adapter.layers))
-    except (InvalidRequestError, ValueError) as exc:
+    except (InvalidRequestError, UnknownPolicyError, ValueError) as exc:
         raise InvalidOptionsError(str(exc)) from None
     check_question_length(ctx, q.question, with_model=with_model)
     if pages and not _scope_has_ready_documents(ctx, q):
         raise NoPagesToAnswerError("no ready pages in this scope: upload a document first")
+    return replace(q, choice=choice) if with_model else q
 
 
 def _scope_has_ready_documents(ctx: WorkerContext, q: Question) -> bool:
@@ -170,8 +171,11 @@ def answer_question(
     """Answer one question over the retrieved pages' cached KV: retrieval and the KV read
     run on the caller's thread, the model work in the process's answer engine (batched with
     the other questions in flight; `cancel` set, or `on_token` raising, takes it out of the
-    batch at the next step)."""
-    check_scope(ctx, q)
+    batch at the next step). A question `check_scope` passed in this process is not checked
+    again."""
+    if q.choice is None:
+        q = check_scope(ctx, q)
+    assert q.choice is not None
     t0 = time.perf_counter()
     hits = retrieve(ctx, q)
     t_retrieved = time.perf_counter()
@@ -182,17 +186,15 @@ def answer_question(
         t_loaded = time.perf_counter()
         filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
         collection = ctx.meta.get_collection(q.collection_id)
-        policy = q.policy or ctx.settings.policy
         request = AnswerRequest(
             prefix=ANSWER_PREFIX,
             pages=[PageInput(label=page_label(filenames[p.document_id], p.number),
                              kv=kvs[PageHash(p.page_hash)]) for p in pages],
             question=q.question,
-            policy=policy,
+            policy=q.choice,
             budget=ctx.settings.budget if q.budget is None else q.budget,
             max_new_tokens=q.max_new_tokens,
             temperature=q.temperature,
-            options=effective_options(ctx.settings, policy, q.options),
             namespace=cache_namespace(collection.page_namespace),
         )
         result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel,
@@ -213,7 +215,7 @@ def answer_question(
                             snippet=best_snippet(q.question, p.text),
                             attention=shares.get((p.document_id, p.number)))
                    for p, score in hits],
-        policy=request.policy,
+        policy=request.choice.name,
         budget=request.budget,
         flops_ratio_lm=result.flops_ratio_lm,
         flops_ratio_total=result.flops_ratio_total,

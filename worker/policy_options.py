@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from conduit_core.answer_types import PolicyOptions
-from conduit_core.policies import get_policy
+from conduit_core.policies import PolicyChoice, choose_policy, get_policy
 from worker.settings import Settings
 
 
@@ -46,3 +46,11 @@ def effective_options(settings: Settings, policy: str, requested: PolicyOptions
     fixed: frozenset[str] = getattr(chosen, "fixed", frozenset())
     base = replace(default_options(settings), **dict.fromkeys(fixed))
     return merge_options(base, requested)
+
+
+def settle_policy(settings: Settings, name: str | None, requested: PolicyOptions
+                  ) -> PolicyChoice:
+    """The policy a request runs (`name`, else the deployment's) with its effective options,
+    resolved once (raises `UnknownPolicyError`, `InvalidRequestError`)."""
+    name = name or settings.policy
+    return choose_policy(name, effective_options(settings, name, requested))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from conduit_core.answer_types import PolicyOptions
@@ -13,8 +13,9 @@ from worker.retrieval.snippet import Snippet
 
 
 def question_to_json(q: Question) -> dict[str, Any]:
-    """A JSON-safe dict of a `Question`."""
-    data = asdict(q)
+    """A JSON-safe dict of a `Question` (its resolved `choice` stays in the process)."""
+    data = asdict(replace(q, choice=None))
+    del data["choice"]
     data["document_ids"] = None if q.document_ids is None else list(q.document_ids)
     return data
 

@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from conduit_core.policies.registry import (
         POLICIES,
+        PolicyChoice,
+        choose_policy,
         get_policy,
         register_policy,
         resolve_policy,
     )
 
-__all__ = ["POLICIES", "get_policy", "register_policy", "resolve_policy"]
+__all__ = ["POLICIES", "PolicyChoice", "choose_policy", "get_policy", "register_policy",
+           "resolve_policy"]
 
 
 def __getattr__(name: str) -> Any:

@@ -164,5 +164,5 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
 def _covers(runtime: ReuseRuntime, req: AnswerRequest, s: Sample) -> bool:
     """Whether the policy's refreshed set holds every asked record's result cell."""
     assembly = runtime.assemble(req.prefix, req.pages, req.question)
-    chosen = set(refreshed_cells(runtime, assembly, s, req.policy, req.budget, req.seed))
+    chosen = set(refreshed_cells(runtime, assembly, s, req.choice.name, req.budget, req.seed))
     return all(cell in chosen for cell in key_cells(s))
