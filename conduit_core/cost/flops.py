@@ -1,4 +1,4 @@
-"""Analytic FLOPs accounting of one request (DESIGN.md section 2, "FLOPs accounting").
+"""Analytic FLOPs accounting of one request (docs/METHOD.md, "FLOPs accounting").
 
 Language model, per decoder layer: every computed row pays the per-token linear cost
 `c = 2 (2 d H dh + 2 d G dh + 3 d d_ff)` (q/o, k/v, gate/up/down; 2 FLOPs per multiply-add)

@@ -1,4 +1,5 @@
-"""Token scores from the scoring pass (DESIGN.md section 2, "Scoring pass"), and the knobs.
+"""Token scores from the scoring pass, and the knobs (the method: docs/METHOD.md, "The
+scoring pass" and "Token scores and image-level amplification").
 
 The scoring pass
 (`conduit_core.passes.stale_pass`) yields, per layer l, the question rows' attention
