@@ -9,12 +9,27 @@ from __future__ import annotations
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from conduit_core.answer_types import DEFAULT_POLICY
+
+_UNLIMITED = " 0 = unlimited."
+_PER_TENANT = (" Unset: {keyed} when API keys are configured, unlimited without (one tenant)."
+              + _UNLIMITED)
+
+
+def _cap(default: int, description: str) -> Any:
+    """A limit where 0 lifts it: at least 0, its description ending in " 0 = unlimited."."""
+    return Field(default, ge=0, description=description + _UNLIMITED)
+
+
+def _tenant_cap(description: str, keyed: str) -> Any:
+    """A per-tenant limit whose default depends on API keys (unset: `keyed` with keys, none
+    without) and where 0 lifts it."""
+    return Field(None, ge=0, description=description + _PER_TENANT.format(keyed=keyed))
 
 
 class Settings(BaseSettings):
@@ -35,10 +50,7 @@ class Settings(BaseSettings):
         None, ge=1, le=1024, description="Intra-op CPU threads torch uses in this process "
         "(the model on a CPU, the query embedder). Unset: one less than the cores this "
         "process may run on, at least one, leaving a core to the event loop, the query "
-        "embedder's and the engine's Python: on 2 cores, 1 thread rather than torch's 2 "
-        "lifted the embedded service with the tiny builtin from 17.2 to 23.5 answers/s "
-        "batched and 5.0 to 6.5 serial at 32 clients, and left the default builtin's engine "
-        "unchanged (lab/load/NOTES.md).",
+        "embedder's and the engine's Python (measured: lab/load/NOTES.md).",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
@@ -67,18 +79,14 @@ class Settings(BaseSettings):
     # ingestion limits
     max_upload_bytes: int = Field(64 * 2**20, ge=1, description="Largest accepted upload.")
     max_pages: int = Field(500, ge=1, description="Most pages per document.")
-    quota_bytes: int = Field(
-        20 * 2**30, ge=0, description="Per-tenant cap on the summed size of its uploads, every "
-        "status counted until deleted; an upload past it gets 413 naming the limit. 0 = "
-        "unlimited.",
+    quota_bytes: int = _cap(
+        20 * 2**30, "Per-tenant cap on the summed size of its uploads, every status counted "
+        "until deleted; an upload past it gets 413 naming the limit.",
     )
-    quota_documents: int = Field(
-        5000, ge=0, description="Per-tenant cap on its documents (413 past it). 0 = unlimited.",
-    )
-    quota_pages: int = Field(
-        100_000, ge=0, description="Per-tenant cap on the summed pages of its documents, each "
-        "counted at upload (413 past it); bounds the page KV, images and index a tenant makes. "
-        "0 = unlimited.",
+    quota_documents: int = _cap(5000, "Per-tenant cap on its documents (413 past it).")
+    quota_pages: int = _cap(
+        100_000, "Per-tenant cap on the summed pages of its documents, each counted at upload "
+        "(413 past it); bounds the page KV, images and index a tenant makes.",
     )
     disk_reserve_bytes: int = Field(
         1 * 2**30, ge=0, description="Free space kept on the home's filesystem: an upload that "
@@ -111,11 +119,10 @@ class Settings(BaseSettings):
         "up to its ingest deadline. A page_memory_mb above it runs one reader at a time. "
         "0 = unbounded.",
     )
-    max_queued_documents_per_tenant: int | None = Field(
-        None, ge=0, description="Documents one tenant may have waiting for or in ingestion "
-        "(counted in the metadata store); an upload beyond it is refused (429 with "
-        "Retry-After, nothing stored). Unset: 16 when API keys are configured, unlimited "
-        "without (one tenant). 0 = unlimited.",
+    max_queued_documents_per_tenant: int | None = _tenant_cap(
+        "Documents one tenant may have waiting for or in ingestion (counted in the metadata "
+        "store); an upload beyond it is refused (429 with Retry-After, nothing stored).",
+        keyed="16",
     )
     prefill_on_ingest: bool = Field(True, description="Prefill page KV during ingestion.")
 
@@ -134,10 +141,9 @@ class Settings(BaseSettings):
         "always", description="With the label cache, the labels a refresh recomputes: "
         "'always' every stale one (the scoring pass reads them stale; the first, right after "
         "the head, is exact as cached), 'page' only those of the pages it refreshes whole "
-        "(0.045 less of a full prefill's LM FLOPs for six 13-token labels, and answers lost "
-        "where a model reads the labels: docs/TESTBED.md, 'Three checkpoints of the whole "
-        "recipe'), 'budget' the same labels as 'always' with their rows counted against the "
-        "refresh budget (fewer visual tokens refreshed, the same share of rows).")
+        "(fewer rows computed; a model that reads the labels answers worse: measured, "
+        "lab/testbed/NOTES.md), 'budget' the same labels as 'always' with their rows counted "
+        "against the refresh budget (fewer visual tokens refreshed, the same share of rows).")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "
@@ -163,8 +169,8 @@ class Settings(BaseSettings):
     )
     bm25_weight: float = Field(1.0, ge=0.0, description="RRF weight of the BM25 ranking.")
     dense_weight: float = Field(
-        0.6, ge=0.0, description="RRF weight of the dense ranking (0.6 with rrf_k 10 measured "
-        "best over both dev sets; see lab/retrieval/NOTES.md).",
+        0.6, ge=0.0, description="RRF weight of the dense ranking (the default, with rrf_k's, "
+        "measured: docs/DECISIONS.md, 'RRF constant k = 10, dense weight 0.6').",
     )
     retrieval_index: bool = Field(
         True, description="Answer from the persistent per-collection retrieval index under "
@@ -217,13 +223,12 @@ class Settings(BaseSettings):
         "across tenants, first come first served within one. 1 = one answer at a time (the "
         "serial engine). Each holds its own KV cache.",
     )
-    max_answers_per_tenant: int | None = Field(
-        None, ge=0, description="Answers one tenant may have active or queued in one API "
-        "process (queries, streams, chat completions); beyond it a question is refused (429 "
-        "with Retry-After). Below max_active_answers it leaves answer slots to the other "
-        "tenants, whose questions the engine admits in turn. Unset: half of "
-        "max_active_answers (at least 1) when API keys are configured, unlimited without "
-        "(one tenant). 0 = unlimited.",
+    max_answers_per_tenant: int | None = _tenant_cap(
+        "Answers one tenant may have active or queued in one API process (queries, streams, "
+        "chat completions); beyond it a question is refused (429 with Retry-After). Below "
+        "max_active_answers it leaves answer slots to the other tenants, whose questions the "
+        "engine admits in turn.",
+        keyed="half of max_active_answers (at least 1)",
     )
     max_kv_tokens_in_flight: int = Field(
         65536, ge=1024, le=16_777_216, description="KV cache positions (prompt + answer) one "

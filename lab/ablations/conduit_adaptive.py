@@ -8,7 +8,7 @@ refreshes a few percent of the page tokens; where it is spread (random weights, 
 attention) the cap binds and it is CONDUIT at that budget. Its cost is predicted at the share
 of the cap it refreshed in earlier answers at the same budget (at the cap with none:
 `conduit_core.cost.choice_history`); whether to fall back is decided at the cap. On the page-scale
-testbed (docs/TESTBED.md) it equalled full prefill on the development seed and kept 96% of
+testbed (lab/testbed/NOTES.md) it equalled full prefill on the development seed and kept 96% of
 its answers on the final one, at 0.13 of its LM FLOPs.
 """
 
