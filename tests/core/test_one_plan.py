@@ -1,0 +1,160 @@
+"""One plan per question (issue 59, point 5): an answer depends on the request, the settings
+and the model only, never on which caches are warm, and every FLOP it computes is charged.
+
+The grid asks every product policy at several budgets over 1-3 pages (float and int8 page
+KV), in two orders on fresh runtimes and once more warm: the tokens, the path (fallback or
+not) and the path's own charged FLOPs (`AnswerResult.own_flops_lm`) are the same each time;
+what the caches cost is charged once, to whichever answer filled them (the sum over the grid
+is the same in both orders). A FLOP counter (`torch.utils.flop_counter`) around the prefill
+half of each answer agrees with its charged LM FLOPs within 1%, on cold and warm runtimes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
+from conduit_core.assembly import Assembly
+from conduit_core.cost.flops import SCORE_PAIR_FLOPS, LMShape
+from conduit_core.model.loader import LoadedVLM
+from conduit_core.page_kv import PageKV
+from conduit_core.passes.stale_pass import StaleScores
+from conduit_core.policies.registry import PRODUCT_POLICIES
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.runtime import ReuseRuntime
+from storage.kv.codec import decode_page, encode_page
+from tests.core.conftest import load_builtin
+from tests.core.helpers import IMAGES
+
+MODEL = "builtin:tiny-qwen2-vl"
+BUDGETS = (0.05, 0.1, 0.3, 1.0)
+SCOPES = (("a",), ("b", "c"), ("c", "a", "b"))  # 1-3 pages
+QUESTIONS = {("a",): "What does the first page show?", ("b", "c"): "Compare the two pages.",
+             ("c", "a", "b"): "Which page holds the table?"}
+GRID = list(itertools.product(SCOPES, sorted(PRODUCT_POLICIES), BUDGETS))
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory: pytest.TempPathFactory) -> LoadedVLM:
+    return load_builtin(MODEL, tmp_path_factory.mktemp("models"), dtype="float32",
+                        device="cpu")
+
+
+@pytest.fixture(scope="module", params=["float", "int8"])
+def pages(request: pytest.FixtureRequest, vlm: LoadedVLM) -> dict[str, PageKV]:
+    """The three pages' KV, as computed or as the store's int8 form reads them back."""
+    kvs = ReuseRuntime(vlm).prefill_pages([IMAGES[k] for k in "abc"])
+    if request.param == "int8":
+        kvs = [decode_page(encode_page(kv, quantize=True).to_bytes()) for kv in kvs]
+    return dict(zip("abc", kvs, strict=True))
+
+
+def _request(pages: dict[str, PageKV], scope: tuple[str, ...], policy: str,
+             budget: float) -> AnswerRequest:
+    return AnswerRequest(prefix="Answer from the pages.",
+                         pages=[PageInput(f"[{k}.pdf p.1]", pages[k]) for k in scope],
+                         question=QUESTIONS[scope], policy=policy, budget=budget,
+                         max_new_tokens=3, namespace="tenant-a")
+
+
+def _run(rt: ReuseRuntime, pages: dict[str, PageKV],
+         grid: list[tuple[tuple[str, ...], str, float]]) -> dict[tuple, AnswerResult]:
+    return {cell: rt.answer(_request(pages, *cell)) for cell in grid}
+
+
+def test_answers_and_charges_do_not_depend_on_what_ran_before(
+        vlm: LoadedVLM, pages: dict[str, PageKV]) -> None:
+    first_rt = ReuseRuntime(vlm)
+    cold = _run(first_rt, pages, GRID)
+    warm = _run(first_rt, pages, GRID)  # every cache filled by the first round
+    reverse = _run(ReuseRuntime(vlm), pages, GRID[::-1])
+    assert any(r.fallback for r in cold.values()) and not all(r.fallback for r in cold.values())
+    for cell in GRID:
+        runs = (cold[cell], warm[cell], reverse[cell])
+        assert len({tuple(r.token_ids) for r in runs}) == 1, cell
+        assert len({r.fallback for r in runs}) == 1, cell
+        assert len({r.refreshed_visual_tokens for r in runs}) == 1, cell
+        assert cold[cell].own_flops_lm == warm[cell].own_flops_lm == reverse[cell].own_flops_lm
+        assert warm[cell].fill_flops_lm == 0.0, cell
+    fills = [sum(r.fill_flops_lm for r in run.values()) for run in (cold, reverse)]
+    assert fills[0] > 0 and fills[0] == pytest.approx(fills[1], rel=1e-12)
+
+
+def _cpu_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              dropout_p: float = 0.0, is_causal: bool = False, *args: object,
+              out_val: object = None, **kwargs: object) -> int:
+    """FLOPs of the CPU fused attention kernel (torch's counter has no formula for it): the
+    pairs it computes (top-left causal, or every query with every key), QK^T and PV."""
+    b, heads, lq, d = query.shape
+    lk, dv = key.shape[2], value.shape[3]
+    pairs = sum(min(lk, i + 1) for i in range(lq)) if is_causal else lq * lk
+    return 2 * b * heads * pairs * (d + dv)
+
+
+_cpu_sdpa._get_raw = True  # type: ignore[attr-defined]  # torch's counter: raw arguments
+
+
+class ScoringTerms(ReuseRuntime):
+    """A runtime that adds up the scoring pass's element-wise terms (softmax, the
+    norm-weighted reduction, value norms: `conduit_core.cost.flops.scoring_flops` less its
+    QK^T), which a matmul counter cannot see."""
+
+    extra = 0.0
+
+    def scoring(self, assembly: Assembly,
+                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+        config = config or ScoreConfig()
+        layout, n_layers = assembly.layout, len(self.adapter.layers)
+        scored = len(range(n_layers)[config.layer_slice(n_layers)])
+        rows = int(config.scored_rows(int(layout.question_rows().numel()),
+                                      layout.prompt).numel())
+        shape: LMShape = self.flops.lm
+        self.extra += scored * (rows * layout.n * shape.heads * SCORE_PAIR_FLOPS
+                                + 2 * shape.kv_heads * shape.head_dim * layout.n)
+        return super().scoring(assembly, config)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_flop_counter_agrees_with_the_charge(vlm: LoadedVLM, pages: dict[str, PageKV],
+                                               warm: bool) -> None:
+    shape: LMShape = ReuseRuntime(vlm).flops.lm
+    vocab = int(vlm.model.config.get_text_config().vocab_size)
+    logits_row = 2 * shape.hidden * vocab  # the first token's logits: not prefill work
+    for scope, policy, budget in GRID:
+        rt = ScoringTerms(vlm)
+        request = _request(pages, scope, policy, budget)
+        if warm:
+            rt.answer(request)
+        rt.extra = 0.0
+        counter = FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
+        with counter:
+            state = rt.start_answer(request)
+        result = rt.finish(state)
+        counted = counter.get_total_flops() - logits_row + rt.extra
+        assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (scope, policy, budget)
+        assert (result.fill_flops_lm == 0.0) == warm, (scope, policy, budget)
+
+
+def test_the_counter_sees_an_uncharged_pass(vlm: LoadedVLM, pages: dict[str, PageKV]) -> None:
+    """The check above fails when a pass goes uncharged: the scoring pass's charge dropped."""
+
+    class Uncharged(ScoringTerms):
+        def scoring(self, assembly: Assembly,
+                    config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+            return super().scoring(assembly, config)[0], 0.0
+
+    rt = Uncharged(vlm)
+    request = _request(pages, ("c", "a", "b"), "conduit", 0.1)
+    rt.answer(request)
+    counter = FlopCounterMode(display=False, custom_mapping={
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
+    with counter:
+        state = rt.start_answer(request)
+    result = rt.finish(state)
+    assert not result.fallback
+    assert counter.get_total_flops() > 1.05 * result.flops_used_lm
