@@ -60,8 +60,7 @@ class Assembly:
         to sum to 1, in page order; empty when no scoring pass ran or it gave the pages no
         attention. The peak, not the page's total: a question's attention is spread thinly
         over every token and sharply on the few it reads, and only the peak tells the page
-        it read (on the testbed, the page of the asked record is the top page in 81% of
-        questions by the peak and 46% by the total; lab/testbed/NOTES.md)."""
+        it read (measured: lab/testbed/NOTES.md, "Citations")."""
         if self.stale is None:
             return ()
         attention = self.stale.attention.float().cpu()  # (N,)

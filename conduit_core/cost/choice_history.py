@@ -4,20 +4,18 @@ A policy that chooses from a forward pass (CONDUIT, raw attention, CacheBlend, .
 before that pass runs (`conduit_core.cost.cost_model`). The linear part of its refresh cost is
 exact (k rows), but the attention part depends on where the k rows lie: a row late in the
 prompt reads more keys, and rows spread thinly waste more keys per attention block than rows
-that cluster. Placing the k rows evenly over the visual tokens overestimated CONDUIT's cost on
-the default builtin model by 3-11% (its choice gathers early and clusters).
+that cluster. Placing the k rows evenly over the visual tokens overestimates the cost of a
+choice that gathers early and clusters, as CONDUIT's does.
 
 This history keeps, per key (the runtime's: policy, options and budget), a histogram of the
 chosen tokens' places among the visual tokens (the fraction of visual tokens before each, in
 `BINS` bins, an exponential moving average over answers) and places the next prediction's k
-rows at its quantiles. With
-no history for a key the placement is even, as before. Measured on the default model (three
-pages of 496 visual tokens, four questions, three policies at 5 / 10 / 20%), the prediction
-after one answer at the same policy and budget came within 2% of the measured FLOPs, against
-3-11% above them for the even placement. A policy that chooses its own k under the budget's
-cap (a budget per question: `ConduitConfig.mass`) is also predicted at the share of the cap it
-refreshed in earlier answers (an average like the histogram's; the cap itself with no
-history). Bounded: at most `capacity` keys, least recently used dropped.
+rows at its quantiles. With no history for a key the placement is even (measured:
+docs/DECISIONS.md, "The cost estimate learns where a policy's choices fall"). A policy that
+chooses its own k under the budget's cap (a budget per question: `ConduitConfig.mass`) is also
+predicted at the share of the cap it refreshed in earlier answers (an average like the
+histogram's; the cap itself with no history). Bounded: at most `capacity` keys, least
+recently used dropped.
 
 Public API:
   BINS = 64

@@ -15,9 +15,9 @@ as computed (`conduit_core.cost.flops`). This module predicts that charge before
 
 Where the choice is not known, the decision uses an upper bound instead of the estimate (every
 refreshed row reading every key, every text row recomputed), so that no answer costs more than
-its fallback; the estimate is what the answer reports (`AnswerResult.predicted_flops_lm`).
-On the default builtin model (3 pages of ~500 tokens) the even placement was 3-11% above
-the measured cost of the scoring policies; placed from one earlier answer's choice, within 2%.
+its fallback; the estimate is what the answer reports (`AnswerResult.predicted_flops_lm`;
+how close it comes: docs/DECISIONS.md, "The cost estimate learns where a policy's choices
+fall").
 
 The alternative every prediction is compared with is a full prefill from the cached page
 embeddings (vision tower skipped): every row after the cached head recomputed, or every row

@@ -42,10 +42,8 @@ from conduit_core.errors import ConduitCoreError
 from conduit_core.model.adapters.base import VLMAdapter
 
 # float32 elements of one rotation step, per device. CPU: 2^17 (512 KiB an operand) keeps a
-# step in the core's L2 cache; measured on the TTFT workload's assemble (8 pages x 256 tokens,
-# 8 layers, one thread) against the per-page loop: 2^16 0.99x its time, 2^17 0.90-0.93x,
-# 2^18 0.91-0.92x, 2^19 0.95x, whole-span steps 1.3x (they stream from memory).
-# Accelerators: a handful of launches for the whole question.
+# step in the core's L2 cache (whole-span steps stream from memory and are slower than the
+# per-page loop). Accelerators: a handful of launches for the whole question.
 ROTATE_CHUNK_ELEMENTS = {"cpu": 1 << 17}
 DEFAULT_ROTATE_CHUNK_ELEMENTS = 1 << 26  # accelerators: 256 MiB of float32
 

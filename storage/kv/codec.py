@@ -202,9 +202,8 @@ def decode_tensors(buf: bytes | bytearray | memoryview) -> tuple[dict[str, torch
 
 
 # Bytes read per call, each hashed while it is still in the CPU cache: the kernel's copy of a
-# chunk moves its source and its destination through the core's L2 (2 MB here), and at 512 KB
-# both stay there for the hash. Medians over runs of the store bench: 1 MB 0.76 of raw,
-# 512 KB 0.82 (lab/store/NOTES.md, 2026-12-05).
+# chunk moves its source and its destination through the core's L2, and at 512 KB both stay
+# there for the hash in a 2 MB L2 (measured: lab/store/NOTES.md).
 READ_CHUNK = 1 << 19
 
 ReadInto = Callable[[memoryview], "int | None"]

@@ -84,7 +84,7 @@ class RedisKVStore:
         self.quantize = quantize
         self.pipeline_bytes = pipeline_bytes
         # 1 MB socket reads: bulk layer values arrive in far fewer recv calls than with the
-        # 64 KB default (measured about 15% faster reads)
+        # 64 KB default
         self._client = redis.Redis.from_url(
             url, retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s, socket_read_size=1 << 20)

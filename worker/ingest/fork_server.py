@@ -1,8 +1,8 @@
 """Start reader processes by forking a warm template process instead of a new interpreter.
 
-A reader started with `subprocess` spends 0.3-0.45 s of CPU starting Python and importing
-PyMuPDF (seconds under load: on two busy cores an upload waited 2.9 s, most of it for its
-reader to start). The fork server is a process started once per parent process (lazily, with
+A reader started with `subprocess` spends CPU starting Python and importing PyMuPDF before
+it reads anything, and under load an upload waits mostly for that (measured:
+lab/ingest/NOTES.md). The fork server is a process started once per parent process (lazily, with
 the readers' minimal environment, `confine.child_env`), that imports what a reader needs and
 then only forks: each request gets a fresh child that becomes one reader
 (`worker.ingest.reader_child.main`) for one document, confines itself exactly as a started
@@ -37,10 +37,10 @@ from worker.ingest.confine import child_env
 
 log = logging.getLogger(__name__)
 
-# PyMuPDF imports its layout-analysis add-on and pymupdf4llm when installed (2.5 s of a 4 s
-# start once; pymupdf4llm alone 0.2 s, and it imports onnxruntime, which starts a thread and
-# opens a telemetry database); readers use neither, so both are kept out of them (and the
-# server that forks them stays single-threaded).
+# PyMuPDF imports its layout-analysis add-on and pymupdf4llm when installed (most of a
+# reader's start; pymupdf4llm imports onnxruntime, which starts a thread and opens a
+# telemetry database); readers use neither, so both are kept out of them (and the server
+# that forks them stays single-threaded).
 READER_PREAMBLE = "import sys; sys.modules['pymupdf.layout'] = sys.modules['pymupdf4llm'] = None; "
 _SERVER = READER_PREAMBLE + "from worker.ingest.fork_server import serve; serve(int(sys.argv[1]))"
 _REPLY_BYTES = 4096

@@ -53,8 +53,8 @@ native_log = logging.getLogger("worker.ingest.native")
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _CHILD = READER_PREAMBLE + ("from worker.ingest.reader_child import main; "
                             "sys.exit(main(sys.argv[1:]))")
-# Starting Python and importing PyMuPDF takes about a second, and took over a minute on this
-# 2-core machine at a load average of 17.
+# How long a reader may take to start (Python and PyMuPDF's imports): generous, because a
+# heavily loaded machine stretches a start far beyond its usual time.
 _START_SECONDS = 300.0
 
 

@@ -39,8 +39,8 @@ class TextPolicy:
     without a usable layer is OCRed whole. A page with a usable layer whose images cover at
     least `image_cover_ratio` of its area (a chart in a report, a slide over a screenshot,
     a captioned figure) keeps its layer, and the words inside its images are recognised
-    and merged in: on the hard dev set this finds every chart question's page in the top
-    10 (0.67 without), for about half a second per such page.
+    and merged in, at the cost of OCR on such pages (measured on the hard dev set:
+    lab/retrieval/NOTES.md).
     """
 
     min_word_chars: int = 40

@@ -33,8 +33,8 @@ _stems: dict[str, str] = {}
 def tokenize(texts: list[str]) -> list[list[str]]:
     """Texts as BM25 sees them: exactly `bm25s.tokenize(texts, stopwords="en",
     stemmer=<Snowball English>, return_ids=False)` (lower case, bm25s's word pattern and
-    English stop words, Snowball stems; tested equal), several times faster. Shared by the
-    persistent index's writer and its queries."""
+    English stop words, Snowball stems; tested equal), without bm25s's per-call overhead.
+    Shared by the persistent index's writer and its queries."""
     words = [[w for w in _WORDS(text.lower()) if w not in _STOPWORDS] for text in texts]
     stems = _stems
     new = list({w: None for ws in words for w in ws if w not in stems})
@@ -83,7 +83,7 @@ def bm25_scores(query: str, texts: list[str], *, k1: float = 1.5, b: float = 0.7
 
     Stateless over whatever candidates the caller selected; the index of a candidate set is
     cached (keyed by a digest of the texts), so only the first question over a set pays for
-    tokenising and indexing (about a second for 10,000 pages on one core).
+    tokenising and indexing.
     """
     scores = np.zeros(len(texts), dtype=np.float32)
     if not texts:

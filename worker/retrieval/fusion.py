@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Cormack et al. use k = 60. On our two dev sets k = 10 keeps a page that only BM25 ranks
-# first (a fault code, a part number) above pages both rankings place in the middle, and
-# ties or beats k = 60 at every depth (lab/retrieval/NOTES.md, "Fusion").
+# Cormack et al. use k = 60. A smaller k keeps a page that only BM25 ranks first (a fault
+# code, a part number) above pages both rankings place in the middle (measured:
+# docs/DECISIONS.md, "RRF constant k = 10, dense weight 0.6").
 DEFAULT_RRF_K = 10.0
 
 

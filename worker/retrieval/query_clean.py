@@ -6,8 +6,8 @@ order, e.g., ["A","B"]", "Round your answer to two decimal places.", "Answer 'ye
 'no'.", "Format the date as YYYY-MM-DD". Those words ("write", "list", "format", "order",
 "decimal", "answer") match pages that merely contain them and move the question's dense
 vector away from its topic. `retrieval_query` drops them before ranking; the question
-itself (what the model reads) is unchanged. On the real dev set this raised page recall@10
-by 0.013 and recall@5 by 0.021 (lab/retrieval/NOTES.md, "The real dev set").
+itself (what the model reads) is unchanged (measured on the real dev set:
+lab/retrieval/NOTES.md).
 
 What is dropped, and only that:
 

@@ -2,9 +2,9 @@
 
 Tantivy ranks with its own BM25: k1 1.2 and page lengths rounded to one byte (its field
 norms), neither configurable from Python. The scan path (`bm25.bm25_scores`, bm25s) uses
-k1 1.5 and exact lengths, so close pages came out in a different order (on the real dev set,
-collection recall@5 0.012 lower). Here Tantivy only chooses the candidates (its top `depth`
-pages); each is then scored exactly as bm25s scores it:
+k1 1.5 and exact lengths, so close pages would come out in a different order. Here Tantivy
+only chooses the candidates (its top `depth` pages); each is then scored exactly as bm25s
+scores it:
 
     idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))        N, df over the live scope
     tfc(t,p) = tf / (k1 (1 - b + b len(p) / avglen) + tf)     exact len(p), avglen over scope

@@ -102,8 +102,8 @@ def read_manifest(version: Path) -> Manifest:
 
 def write_manifest(version: Path, manifest: Manifest) -> None:
     """Commit a manifest (temp file, fsync, rename)."""
-    # vars(), not asdict(): asdict deep-copies every list entry (3 ms per commit at 5k
-    # documents, half of an update's cost)
+    # vars(), not asdict(): asdict deep-copies every list entry, a cost that grows with the
+    # collection's documents on every commit
     write_file(version / "manifest.json", json.dumps(vars(manifest)).encode())
 
 

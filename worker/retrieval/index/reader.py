@@ -88,7 +88,7 @@ class _Snapshot:
 
 def _mapped(path: Path, dtype: type, shape: tuple[int, int]) -> np.ndarray:
     """The file's first `shape[0]` rows, memory-mapped read-only, as a plain ndarray view
-    (`np.memmap`'s own indexing costs ~70 us a call in Python: 1 ms a question)."""
+    (`np.memmap`'s own indexing adds Python overhead to every call)."""
     if shape[0] == 0:
         return np.zeros(shape, dtype=dtype)
     return np.asarray(np.memmap(path, dtype=dtype, mode="r", shape=shape))
@@ -227,7 +227,7 @@ def dense_top(snap: _Snapshot, query_vector: np.ndarray, scope: np.ndarray,
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """`np.unique(values)` by sorting: numpy 2's hashing `unique` is ~10x slower on the few
+    """`np.unique(values)` by sorting: numpy 2's hashing `unique` is slower on the few
     thousand ordinals a question handles."""
     ordered = np.sort(values)
     return ordered[np.r_[True, ordered[1:] != ordered[:-1]]] if len(ordered) else ordered
