@@ -2,6 +2,7 @@
 
 Public API:
   PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
+  PolicyChoice(name, options, select)           a refresh policy resolved for one request
   DEFAULT_POLICY = "conduit_per_page"
   AnswerRequest(prefix, pages, question, policy=DEFAULT_POLICY, budget=0.1, max_new_tokens=64,
                 temperature=0.0, top_p=1.0, seed=None, options=PolicyOptions(),
@@ -30,7 +31,7 @@ from conduit_core.errors import InvalidRequestError
 from conduit_core.page_kv import PageKV
 
 if TYPE_CHECKING:
-    from conduit_core.policies.registry import PolicyChoice
+    from conduit_core.policies.policy_context import RefreshPolicy
 
 TokenId = NewType("TokenId", int)
 DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
@@ -67,6 +68,17 @@ class PolicyOptions:
         """True when no knob is set."""
         return all(v is None for v in (self.gamma, self.score_layers, self.query_window,
                                        self.head_agg))
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A refresh policy resolved once for a request (`conduit_core.policies.registry.
+    choose_policy`): the registered name, the options it was configured with, and the
+    configured policy. Equal choices run the same selection."""
+
+    name: str
+    options: PolicyOptions
+    select: RefreshPolicy = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,18 @@ Public API:
       an observer that computed the layer's attention output (B, R, heads, hd) of every row
       returns it, and the layer uses it instead of computing its own (the scoring pass forms
       its rows' probabilities anyway); None: the layer computes it
+  RowSetup(rows, blocks, mask, cos, sin)   what every layer of a forward of one row set
+      shares: its attention groups or mask and its rotary cos/sin, built once
+  setup_rows(adapter, dtype, rows, position_ids, *, n_keys, plain_causal=False) -> RowSetup
+      .subset(adapter, keep, n_keys) -> RowSetup   the rows at boolean `keep` (R,), their
+      cos/sin taken from this one instead of computed again
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
-               observer=None, layers=None, outputs=None)
+               observer=None, layers=None, outputs=None, setup=None)
       -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
       at the last layer run, rows outside `outputs` only project and write their K/V (their
       attention output and MLP are not needed by anything: a key or value of a later layer
-      does not exist, and no logit is read from them)
+      does not exist, and no logit is read from them); `setup`: the rows' `RowSetup`,
+      built here when None (a caller that runs the same rows in two calls builds it once)
   computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
       keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
       causal r + 1 on the plain causal path, the group's limit when grouped, else n_keys
@@ -38,6 +44,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,6 +54,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
 from conduit_core.passes.row_attention import (
+    RowBlock,
     blocked_attention,
     causal_row_mask,
     group_bounds,
@@ -97,6 +105,48 @@ def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
     return torch.full_like(rows, n_keys)
 
 
+@dataclass(frozen=True)
+class RowSetup:
+    """What every layer of a forward of one row set shares, built once (`setup_rows`)."""
+
+    rows: torch.Tensor  # (R,) sequence indices, on the adapter's device
+    blocks: list[RowBlock] | None  # the sdpa groups of a masked subset (None: not grouped)
+    mask: torch.Tensor | None  # (1, 1, R, n_keys) additive, where not grouped and needed
+    cos: torch.Tensor  # (B, R, hd) rotary cos of the rows' positions
+    sin: torch.Tensor  # (B, R, hd)
+
+    def subset(self, adapter: VLMAdapter, keep: torch.Tensor, n_keys: int) -> RowSetup:
+        """The setup of rows `rows[keep]` (keep (R,) bool): cos/sin taken from this one (one
+        gather each instead of the rotary embedding), attention groups built for them."""
+        keep = keep.to(self.rows.device)
+        rows = self.rows[keep]  # (R',)
+        cos, sin = self.cos[:, keep], self.sin[:, keep]  # (B, R', hd) each
+        blocks, mask = _attention_setup(adapter, rows, n_keys, False, cos.dtype)
+        return RowSetup(rows, blocks, mask, cos, sin)
+
+
+def _attention_setup(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int, plain_causal: bool,
+                     dtype: torch.dtype) -> tuple[list[RowBlock] | None, torch.Tensor | None]:
+    """The sdpa groups (or the one additive mask) of `rows` attending over `n_keys` keys."""
+    impl = _attn_impl(adapter)
+    if plain_causal and impl != "eager":
+        return None, None
+    if impl == "sdpa" and BLOCKED_ATTENTION:
+        return row_blocks(rows, n_keys, row_groups(adapter.device), dtype, adapter.device), None
+    return None, causal_row_mask(rows.to(adapter.device), n_keys, dtype)  # (1, 1, R, n_keys)
+
+
+def setup_rows(adapter: VLMAdapter, dtype: torch.dtype, rows: torch.Tensor,
+               position_ids: torch.Tensor, *, n_keys: int,
+               plain_causal: bool = False) -> RowSetup:
+    """The `RowSetup` of rows (R,) at `position_ids` (P, B, R) for hidden states of `dtype`
+    (see `forward_rows` for `plain_causal`)."""
+    blocks, mask = _attention_setup(adapter, rows, n_keys, plain_causal, dtype)
+    like = torch.empty(0, dtype=dtype, device=adapter.device)  # the rotary reads its dtype
+    cos, sin = adapter.rotary(like, position_ids.to(adapter.device))  # (B, R, hd) each
+    return RowSetup(rows.to(adapter.device), blocks, mask, cos, sin)
+
+
 def forward_rows(
     adapter: VLMAdapter,
     cache: KVCache,
@@ -109,6 +159,7 @@ def forward_rows(
     observer: LayerObserver | None = None,
     layers: range | None = None,
     outputs: torch.Tensor | None = None,
+    setup: RowSetup | None = None,
 ) -> torch.Tensor:
     """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
     (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`.
@@ -121,16 +172,10 @@ def forward_rows(
     (B, R, heads, hd) of every row.
     """
     impl = _attn_impl(adapter)
-    mask: torch.Tensor | None = None
-    blocks = None
-    needs_mask = not (plain_causal and impl != "eager")
-    if needs_mask and impl == "sdpa" and BLOCKED_ATTENTION:
-        blocks = row_blocks(rows, n_keys, row_groups(adapter.device), hidden.dtype,
-                            adapter.device)
-    rows = rows.to(adapter.device)
-    if needs_mask and blocks is None:
-        mask = causal_row_mask(rows, n_keys, hidden.dtype)  # (1, 1, R, n_keys)
-    cos, sin = adapter.rotary(hidden, position_ids.to(adapter.device))  # (B, R, hd) each
+    if setup is None:
+        setup = setup_rows(adapter, hidden.dtype, rows, position_ids, n_keys=n_keys,
+                           plain_causal=plain_causal)
+    rows, blocks, mask, cos, sin = setup.rows, setup.blocks, setup.mask, setup.cos, setup.sin
     b, r, _ = hidden.shape
     run = layers if layers is not None else range(len(adapter.layers))
     last = run[-1] if len(run) else -1

@@ -13,7 +13,7 @@ import torch
 from conduit_core.assembly import Assembly
 from conduit_core.cost.cost_model import refresh_rows
 from conduit_core.model.adapters.base import VLMAdapter
-from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.layer_forward import forward_rows, setup_rows
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.policies.policy_context import Resume
 
@@ -54,20 +54,23 @@ def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Ten
     assembly.text_from_one = (scored and resume is None and assembly.layer0_exact
                               and stale is not None
                               and stale.after_first is not None)
+    pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
+    setup = setup_rows(adapter, assembly.embeds.dtype, rows, pos, n_keys=layout.n,
+                       plain_causal=everything)
     if assembly.text_from_one:
         assert stale is not None
         hidden = text_from_layer_one(adapter, assembly.cache, stale, assembly.embeds,
-                                     layout.position_ids, rows, layout.n)  # (1, R, hidden)
+                                     layout.position_ids, rows, layout.n,
+                                     setup)  # (1, R, hidden)
     else:
         start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
         hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
-    pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
     first = 1 if assembly.text_from_one else 0 if resume is None else resume.layer
     layers = range(first, len(adapter.layers))
     outputs = torch.tensor([rows.numel() - 1]) if assembly.last_only else None
     out = forward_rows(adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                       plain_causal=everything, layers=layers,
-                       outputs=outputs)[0]  # (R_c | 1, hidden)
+                       plain_causal=everything, layers=layers, outputs=outputs,
+                       setup=setup)[0]  # (R_c | 1, hidden)
     if reused:
         out = torch.cat([*(r.to(out.dtype) for r in reused), out])  # (R, hidden)
     return out, rows

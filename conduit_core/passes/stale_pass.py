@@ -11,7 +11,9 @@ are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long q
 bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
 one). Only the configured layers and question rows are scored. A layer issues a fixed
 number of operations a chunk: the scaled, masked QK^T in one call (the causal mask made once
-for all layers unless it is large), softmax, one row sum, one value norm.
+for all layers unless it is large), softmax, one row sum; the value norms of every scored
+layer are taken in one call after the pass (a layer's values are final once it has run), or
+a layer at a time for head_agg "max", which needs them as it goes.
 
 Where the scored rows are every text row of the pass (the default: every row after the last
 page), their probabilities also give each scored layer's attention output (times the values,
@@ -52,7 +54,7 @@ import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
-from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.layer_forward import RowSetup, forward_rows, setup_rows
 from conduit_core.policies.scoring import ScoreAccumulator, ScoreConfig
 
 SCORE_CHUNK_ELEMENTS = 1 << 24
@@ -136,7 +138,8 @@ def stale_pass(
         scaling = adapter.layers[layer].self_attn.scaling
         k = keys[0].float().transpose(1, 2)  # (G, hd, N): query head h reads KV head h // rep
         sums, norms = acc.slots(layer, heads, kv_heads)  # (H, N), (G, N) float32
-        torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32, out=norms)
+        if not mean:  # "mean" takes every scored layer's norms in one call after the pass
+            torch.linalg.vector_norm(values[0], dim=-1, dtype=torch.float32, out=norms)
         v = values[0].float() if layer in fused else None  # (G, N, hd)
         layer_probs, mixed = [], []
         for i, start in enumerate(starts):
@@ -175,14 +178,21 @@ def stale_pass(
     pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
     outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
     n_layers = len(adapter.layers)
+    setup = setup_rows(adapter, hidden.dtype, text_rows, pos, n_keys=n_keys)  # both calls'
     after_first = None
     if n_layers > 1:  # layer 0 alone first, to keep its output (the same operations)
         hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
-                              observer=observe, layers=range(1))  # (1, N_t, hidden)
+                              observer=observe, layers=range(1),
+                              setup=setup)  # (1, N_t, hidden)
         after_first = hidden[0]
     out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe,
                        layers=range(0 if after_first is None else 1, n_layers),
-                       outputs=outputs)  # (1, N_t | 1, hidden)
+                       outputs=outputs, setup=setup)  # (1, N_t | 1, hidden)
+    if mean and n_q and len(acc.layers):  # a layer's values are final once it has run
+        scored = slice(acc.layers.start, acc.layers.stop, acc.layers.step)
+        torch.linalg.vector_norm(cache.values[scored, 0, :, :n_keys], dim=-1,
+                                 dtype=torch.float32,
+                                 out=acc.all_norms(heads, kv_heads))  # (L', G, N)
     weighted, attention = acc.result()
     return StaleScores(weighted=weighted, attention=attention, config=config,
                        question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
@@ -201,11 +211,12 @@ def _chunk_mask(rows: torch.Tensor, first: int, n_keys: int, rep: int) -> torch.
 
 def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,
                         embeds: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor,
-                        n_keys: int) -> torch.Tensor:
+                        n_keys: int, setup: RowSetup | None = None) -> torch.Tensor:
     """The inputs of decoder layer 1 of a refresh's `rows` (R,) ascending, (1, R, hidden):
     its visual rows (those not in `stale.text_rows`) run through layer 0 now, over a layer-0
     cache that is exact; its text rows are `stale.after_first` (their layer 0 ran over the
-    same keys in the scoring pass). The caller runs every row from layer 1 on."""
+    same keys in the scoring pass). The caller runs every row from layer 1 on; `setup`: the
+    rows' `RowSetup` (the visual rows' is taken from it)."""
     assert stale.after_first is not None
     rows = rows.to(torch.long).cpu()
     text_rows = stale.text_rows.cpu()
@@ -215,9 +226,10 @@ def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,
                       device=embeds.device)  # (1, R, hidden)
     if visual.numel():
         pos = position_ids[:, visual].unsqueeze(1)  # (P, 1, V)
+        sub = None if setup is None else setup.subset(adapter, ~is_text, n_keys)
         out[:, ~is_text.to(out.device)] = forward_rows(
             adapter, cache, embeds[visual.to(embeds.device)].unsqueeze(0), visual, pos,
-            n_keys=n_keys, layers=range(1)).to(out.dtype)  # (1, V, hidden)
+            n_keys=n_keys, layers=range(1), setup=sub).to(out.dtype)  # (1, V, hidden)
     place = torch.searchsorted(text_rows, rows[is_text])  # (R - V,) places in text_rows
     out[:, is_text.to(out.device)] = stale.after_first[place.to(out.device)].to(out.dtype)
     return out

@@ -15,14 +15,13 @@ Public API:
   get_policy(name) -> RefreshPolicy      raises UnknownPolicyError listing the known names
   resolve_policy(name, options) -> RefreshPolicy   the policy configured by `PolicyOptions`
   choose_policy(name, options) -> PolicyChoice     the same, with the name and options it
-                                   was resolved from: what a request carries down
+                                   was resolved from (`conduit_core.answer_types`): what a
+                                   request carries down
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from conduit_core.answer_types import DEFAULT_POLICY, PolicyOptions
+from conduit_core.answer_types import DEFAULT_POLICY, PolicyChoice, PolicyOptions
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
@@ -66,16 +65,6 @@ def resolve_policy(name: str, options: PolicyOptions) -> RefreshPolicy:
         raise InvalidRequestError(f"policy {name!r} takes no options")
     configured: RefreshPolicy = configure(options)
     return configured
-
-
-@dataclass(frozen=True)
-class PolicyChoice:
-    """A refresh policy resolved once for a request: the registered name, the options it was
-    configured with, and the configured policy. Equal choices run the same selection."""
-
-    name: str
-    options: PolicyOptions
-    select: RefreshPolicy = field(compare=False, repr=False)
 
 
 def choose_policy(name: str, options: PolicyOptions) -> PolicyChoice:

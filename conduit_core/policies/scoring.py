@@ -122,14 +122,23 @@ class ScoreAccumulator:
         per query head (H, N; head_agg "mean" only, the caller adds its chunks) and its value
         norms (G, N) float32; both are reduced once, in `result`. Every slot of a scored
         layer must be written before `result` (allocated, not cleared)."""
+        sums, norms = self._buffers(heads, kv_heads)
+        i = self.layers.index(layer)
+        return sums[i], norms[i]
+
+    def all_norms(self, heads: int, kv_heads: int) -> torch.Tensor:
+        """The value-norm slots of every scored layer at once (L', G, N) float32, for a
+        caller that writes them in one call."""
+        return self._buffers(heads, kv_heads)[1]
+
+    def _buffers(self, heads: int, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._sums is None or self._norms is None:
             n = len(self.layers)
             self._sums = torch.empty(n, heads, self._n_keys, dtype=torch.float32,
                                      device=self._device)  # (L', H, N)
             self._norms = torch.empty(n, kv_heads, self._n_keys, dtype=torch.float32,
                                       device=self._device)  # (L', G, N)
-        i = self.layers.index(layer)
-        return self._sums[i], self._norms[i]
+        return self._sums, self._norms
 
     def add(self, probs: torch.Tensor, value_norms: torch.Tensor) -> None:
         """head_agg "max": add one scored layer's probabilities probs (H, c, N) of c scored
