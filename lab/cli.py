@@ -338,7 +338,7 @@ def _eval_retrieval(args: argparse.Namespace) -> int:
                                  bm25_weight=pick(args.bm25_weight, s.bm25_weight),
                                  dense_weight=pick(args.dense_weight, s.dense_weight),
                                  rrf_k=pick(args.rrf_k, s.rrf_k), ref_weight=s.ref_weight,
-                                 doc_weight=s.doc_weight, clean_query=s.clean_queries)
+                                 clean_query=s.clean_queries)
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -125,11 +125,11 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     s = ctx.settings
     dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
     bm25_weight = s.bm25_weight if q.bm25_weight is None else q.bm25_weight
-    # the index ranks as `search` with page references and document priors off (issue 17's
-    # terms are not in the index yet): with either on, scan. Both read the question less its
-    # answer-format instructions (`query_clean`) when `clean_queries` is on.
+    # the index ranks as `search` with page references off (not in the index yet): with them
+    # on, scan. Both read the question less its answer-format instructions (`query_clean`)
+    # when `clean_queries` is on.
     query = retrieval_query(q.question) if s.clean_queries else q.question
-    found = None if s.ref_weight or s.doc_weight else index_hits(
+    found = None if s.ref_weight else index_hits(
         ctx, q.collection_id, query, top_k=q.top_k, document_ids=q.document_ids,
         bm25_weight=bm25_weight, dense_weight=dense_weight if ctx.embedder is not None else 0.0)
     if found:
@@ -150,7 +150,7 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     ]
     hits = search(query, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
                   dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k,
-                  ref_weight=s.ref_weight, doc_weight=s.doc_weight, clean_query=False)
+                  ref_weight=s.ref_weight, clean_query=False)
     return [(by_key[h.key], h.score) for h in hits]
 
 

@@ -204,11 +204,6 @@ class Settings(BaseSettings):
         "question names (\"page 5\", \"the last page\", \"Figure 2\") gains "
         "ref_weight * strength / (rrf_k + 1) (worker/retrieval/query_refs.py; scan path).",
     )
-    doc_weight: float = Field(
-        0.0, ge=0.0, le=10.0, description="Weight of the document prior: every page gains "
-        "doc_weight / (rrf_k + r), r its document's rank by whole-document BM25 and dense "
-        "(worker/retrieval/doc_prior.py; scan path).",
-    )
     clean_queries: bool = Field(
         True, description="Rank pages with the question less its answer-format instructions "
         "(\"Please write the answer in list format\", \"Round your answer to two decimal "

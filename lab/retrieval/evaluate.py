@@ -165,8 +165,7 @@ def _resolve_doc(name: str | None, documents: Sequence[str]) -> str | None:
 def rank_questions(
     corpus: Corpus, questions: Sequence[EvalQuestion], *, within_doc: bool, depth: int = 20,
     bm25_weight: float = 1.0, dense_weight: float = 1.0, embedder: Embedder | None = None,
-    rrf_k: float = DEFAULT_RRF_K, ref_weight: float = 0.0, doc_weight: float = 0.0,
-    clean_query: bool = True,
+    rrf_k: float = DEFAULT_RRF_K, ref_weight: float = 0.0, clean_query: bool = True,
 ) -> list[list[PageRef]]:
     """Ranked pages per question (at most `depth`, fewer only when the scope is smaller).
     The weights and `clean_query` are `hybrid.search`'s.
@@ -196,7 +195,7 @@ def rank_questions(
             candidates = by_doc[doc]
         hits = search(q.question, candidates, top_k=depth, bm25_weight=bm25_weight,
                       dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k,
-                      ref_weight=ref_weight, doc_weight=doc_weight, clean_query=clean_query)
+                      ref_weight=ref_weight, clean_query=clean_query)
         rankings.append([(corpus.pages[int(h.key)].doc, corpus.pages[int(h.key)].page)
                          for h in hits])
     return rankings
@@ -244,7 +243,7 @@ def run_retrieval_eval(
     pdfs_dir: Path, questions: Path, out: Path, ks: list[int], within_doc: bool,
     ocr: bool = True, *, bm25_weight: float = 1.0, dense_weight: float = 0.6,
     rrf_k: float = DEFAULT_RRF_K, embedder: Embedder | None = None, depth: int = 20,
-    ref_weight: float = 0.0, doc_weight: float = 0.0, clean_query: bool = True,
+    ref_weight: float = 0.0, clean_query: bool = True,
 ) -> dict[str, object]:
     """Ingest `pdfs_dir`, rank pages for every question, write `out`, return the summary.
 
@@ -263,8 +262,7 @@ def run_retrieval_eval(
     rankings = rank_questions(corpus, items, within_doc=within_doc,
                               depth=max(depth, max(ks)), bm25_weight=bm25_weight,
                               dense_weight=dense_weight, embedder=embedder, rrf_k=rrf_k,
-                              ref_weight=ref_weight, doc_weight=doc_weight,
-                              clean_query=clean_query)
+                              ref_weight=ref_weight, clean_query=clean_query)
     rank_seconds = time.perf_counter() - started
     write_predictions(out, items, rankings)
     summary: dict[str, object] = {
@@ -279,7 +277,6 @@ def run_retrieval_eval(
         "dense_weight": dense_weight,
         "rrf_k": rrf_k,
         "ref_weight": ref_weight,
-        "doc_weight": doc_weight,
         "clean_query": clean_query,
         "ingest_s": round(corpus.seconds, 2),
         "rank_s_per_question": round(rank_seconds / max(len(items), 1), 4),

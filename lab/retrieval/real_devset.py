@@ -142,38 +142,32 @@ CONFIGS = [
     Config(RAW, kwargs=DEFAULT, clean=False),
     Config("+ max passage", "max", DEFAULT, clean=False),
     Config("+ page references", kwargs={**DEFAULT, "ref_weight": 1.0}, clean=False),
-    Config("+ document prior", kwargs={**DEFAULT, "doc_weight": 1.0}, clean=False),
-    Config("+ page references + document prior", kwargs={**DEFAULT, "ref_weight": 1.0,
-                                                         "doc_weight": 1.0}, clean=False),
     Config("bm25 + OCR + context, query cleaning", kwargs={**DEFAULT, "dense_weight": 0.0}),
     Config("dense only, query cleaning",
            kwargs={**DEFAULT, "bm25_weight": 0.0, "dense_weight": 1.0}),
     Config(NEW, kwargs=DEFAULT),
     Config("+ query cleaning + max passage", "max", DEFAULT),
     Config("+ query cleaning + page references", kwargs={**DEFAULT, "ref_weight": 1.0}),
-    Config("+ query cleaning + document prior", kwargs={**DEFAULT, "doc_weight": 1.0}),
 ]
 GRID_CLEAN = [False, True]
 GRID_MODES = ["mean", "max"]
 GRID_DENSE = [0.6, 1.0]
 GRID_REF = [0.0, 1.0]
-GRID_DOC = [0.0, 1.0]
 
 
 def grid_configs() -> list[Config]:
     """Every combination of the `GRID_*` values (for weights chosen with documents held out)."""
     out = []
-    for clean, mode, dense, ref, doc in itertools.product(GRID_CLEAN, GRID_MODES, GRID_DENSE,
-                                                          GRID_REF, GRID_DOC):
-        out.append(Config(grid_name(clean, mode, dense, ref, doc), mode,
-                          {**DEFAULT, "dense_weight": dense, "ref_weight": ref,
-                           "doc_weight": doc}, clean))
+    for clean, mode, dense, ref in itertools.product(GRID_CLEAN, GRID_MODES, GRID_DENSE,
+                                                     GRID_REF):
+        out.append(Config(grid_name(clean, mode, dense, ref), mode,
+                          {**DEFAULT, "dense_weight": dense, "ref_weight": ref}, clean))
     return out
 
 
-def grid_name(clean: bool, mode: str, dense: float, ref: float, doc: float) -> str:
+def grid_name(clean: bool, mode: str, dense: float, ref: float) -> str:
     """The name of one grid configuration."""
-    return f"{'clean' if clean else 'raw'} {mode} d{dense} ref{ref} doc{doc}"
+    return f"{'clean' if clean else 'raw'} {mode} d{dense} ref{ref}"
 
 
 def leave_documents_out(corpus: Corpus, questions: list[EvalQuestion], types: list[set[str]],
@@ -194,7 +188,7 @@ def leave_documents_out(corpus: Corpus, questions: list[EvalQuestion], types: li
             return recall["10"], recall["5"]  # type: ignore[index]
 
         best = max(grid, key=lambda name: key(name, tune_q))
-        before, now = (grid_name(clean, "mean", 0.6, 0.0, 0.0) for clean in (False, True))
+        before, now = (grid_name(clean, "mean", 0.6, 0.0) for clean in (False, True))
         out[f"tuned_on_half_{tune}"] = {
             "chosen": best, "tune_questions": len(tune_q), "test_questions": len(test_q),
             "held_out": score(corpus, questions, grid[best], types, test_q),

@@ -25,7 +25,7 @@ EVERY_KEY: dict[str, Any] = {
     "never_above_full": False, "max_active_answers": 4, "torch_threads": 3,
     "max_kv_tokens_in_flight": 200_000, "decode_compile": "off",
     "score_layers": "4:-2", "query_window": 16, "head_agg": "max", "bm25_weight": 0.8,
-    "dense_weight": 1.25, "rrf_k": 30.0, "ref_weight": 1.5, "doc_weight": 2.0,
+    "dense_weight": 1.25, "rrf_k": 30.0, "ref_weight": 1.5,
     "clean_queries": False,
     "retrieval_index": False, "index_depth": 500, "index_lock_timeout_s": 30.0,
     "index_ivf_min_rows": 50_000, "index_scan_rows": 8192, "top_k": 7,

@@ -47,17 +47,16 @@ def test_referenced_pages_by_number_position_folio_and_caption() -> None:
     assert found("What is the revenue of report B?") == {}
 
 
-def test_reference_and_prior_weights_are_bounded_settings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_the_reference_weight_is_a_bounded_setting(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import pytest
     from pydantic import ValidationError
 
     from worker.settings import Settings
 
     monkeypatch.setenv("CONDUIT_REF_WEIGHT", "1.5")
-    monkeypatch.setenv("CONDUIT_DOC_WEIGHT", "0.5")
     s = Settings()
-    assert (s.ref_weight, s.doc_weight) == (1.5, 0.5)
+    assert s.ref_weight == 1.5
     with pytest.raises(ValidationError):
         Settings(ref_weight=-1.0)
     with pytest.raises(ValidationError):
-        Settings(doc_weight=11.0)
+        Settings(ref_weight=11.0)

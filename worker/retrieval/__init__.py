@@ -16,7 +16,6 @@ from worker.retrieval.embedder import (
 from worker.retrieval.fusion import Ranking, reciprocal_rank_fusion
 from worker.retrieval.hybrid import Candidate, Hit, search
 from worker.retrieval.passages import PassageConfig, embed_pages, split_passages
-from worker.retrieval.visual import VisualRetriever, load_visual_retriever
 
 __all__ = [
     "EMBEDDING_DIM",
@@ -25,11 +24,9 @@ __all__ = [
     "Hit",
     "PassageConfig",
     "Ranking",
-    "VisualRetriever",
     "embed_pages",
     "embedding_from_bytes",
     "embedding_to_bytes",
-    "load_visual_retriever",
     "reciprocal_rank_fusion",
     "search",
     "split_passages",

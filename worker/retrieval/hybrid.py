@@ -1,12 +1,12 @@
-"""Hybrid page retrieval: BM25 and dense (and optionally visual) rankings fused by RRF.
+"""Hybrid page retrieval: BM25 and dense rankings fused by RRF.
 
 Stateless over candidates: the caller picks the candidate pages (the scope: a whole
 collection, or the pages of a list of document ids) and passes their stored text and
 embeddings; nothing here reads a store, so embedded and distributed mode share the code.
 Each candidate's document context (its document's title words) is indexed with its text.
-Two optional terms join the fused score: pages the question points at by number, position
-or caption (`query_refs`), and the rank of each page's document (`doc_prior`). Every
-ranking reads the question without its answer-format instructions (`query_clean`).
+An optional term joins the fused score: pages the question points at by number, position or
+caption (`query_refs`). Every ranking reads the question without its answer-format
+instructions (`query_clean`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np
 
 from worker.retrieval.bm25 import bm25_scores
 from worker.retrieval.dense import max_passage_scores
-from worker.retrieval.doc_prior import document_ranks
 from worker.retrieval.document_context import with_context
 from worker.retrieval.embedder import Embedder
 from worker.retrieval.fusion import (
@@ -30,7 +29,6 @@ from worker.retrieval.fusion import (
 from worker.retrieval.passages import embed_pages
 from worker.retrieval.query_clean import retrieval_query
 from worker.retrieval.query_refs import parse_refs, referenced_pages
-from worker.retrieval.visual import VisualRetriever, late_interaction_scores
 
 
 @dataclass(frozen=True)
@@ -39,18 +37,15 @@ class Candidate:
 
     `key` is the caller's id for the page (e.g. "doc_ab12:3"). `embedding` is the page's
     `(n, 384)` passage matrix from ingestion (`embedding_from_bytes`); when None and the page
-    has text, it is computed on the fly. `visual` is the page's multi-vector embedding from
-    a configured `VisualRetriever` (None when there is none). `context` is the title words
-    of the page's document (`document_context`), indexed with the page by BM25. `document`
-    (its document's id) and `page` (1-based physical number, 0 unknown) let a question's
-    page references and the document prior find it; with `document` empty, `key` up to
-    its last ":" names the document.
+    has text, it is computed on the fly. `context` is the title words of the page's document
+    (`document_context`), indexed with the page by BM25. `document` (its document's id) and
+    `page` (1-based physical number, 0 unknown) let a question's page references find it;
+    with `document` empty, `key` up to its last ":" names the document.
     """
 
     key: str
     text: str
     embedding: np.ndarray | None = None
-    visual: np.ndarray | None = None
     context: str = ""
     document: str = ""
     page: int = 0
@@ -68,7 +63,6 @@ class Hit:
     score: float
     bm25_rank: int | None
     dense_rank: int | None
-    visual_rank: int | None = None
 
 
 def search(
@@ -79,28 +73,22 @@ def search(
     bm25_weight: float = 1.0,
     dense_weight: float = 1.0,
     embedder: Embedder | None = None,
-    visual: VisualRetriever | None = None,
-    visual_weight: float = 1.0,
     rrf_k: float = DEFAULT_RRF_K,
     ref_weight: float = 0.0,
-    doc_weight: float = 0.0,
     clean_query: bool = True,
 ) -> list[Hit]:
     """The `top_k` best candidates for `query`, best first.
 
     Rankings: BM25 over page context and text (pages without a query term are unranked),
     dense cosine of the query with each page's best passage (needs `embedder`; skipped when
-    None or `dense_weight` is 0), and visual late interaction (when `visual` is given and
-    candidates carry `visual` embeddings). Fused by weighted reciprocal rank fusion with
-    constant `rrf_k`. With `ref_weight`, a page the question names ("page 5", "the last
-    page", "Figure 2": `query_refs`) gains `ref_weight * strength / (rrf_k + 1)`; with
-    `doc_weight` (and more than one document in scope), every page gains
-    `doc_weight / (rrf_k + r)`, r its document's rank (`doc_prior`). With `clean_query`,
-    every ranking reads `query_clean.retrieval_query(query)` (the question without
-    "Please write the answer in ... format" and the like). Ties go to the better
+    None or `dense_weight` is 0). Fused by weighted reciprocal rank fusion with constant
+    `rrf_k`. With `ref_weight`, a page the question names ("page 5", "the last page",
+    "Figure 2": `query_refs`) gains `ref_weight * strength / (rrf_k + 1)`. With
+    `clean_query`, every ranking reads `query_clean.retrieval_query(query)` (the question
+    without "Please write the answer in ... format" and the like). Ties go to the better
     single rank, then to input order. When fewer than `top_k` candidates are ranked at all
-    (and neither extra term applies), the rest follow in input order with score 0, so the
-    result always has `min(top_k, len(candidates))` entries.
+    (and no page is named), the rest follow in input order with score 0, so the result
+    always has `min(top_k, len(candidates))` entries.
     """
     if top_k < 1:
         raise ValueError("top_k must be >= 1")
@@ -114,15 +102,10 @@ def search(
         scores = bm25_scores(query, [with_context(c.context, c.text) for c in candidates])
         rankings.append(Ranking("bm25", ranks_from_scores(scores, positive_only=True),
                                 bm25_weight))
-    pages: list[np.ndarray | None] | None = None
-    query_vector: np.ndarray | None = None
     if dense_weight and embedder is not None:
         pages = _page_vectors(candidates, embedder)
         query_vector = embedder.embed_query(query)
         rankings.append(Ranking("dense", _dense_order(query_vector, pages), dense_weight))
-    if visual_weight and visual is not None:
-        rankings.append(Ranking("visual", _visual_order(query, candidates, visual),
-                                visual_weight))
     fused = reciprocal_rank_fusion(rankings, n, k=rrf_k)
     if ref_weight:
         documents = [c.document_id() for c in candidates]
@@ -130,11 +113,6 @@ def search(
                                  [c.text for c in candidates])
         for i, strength in named.items():
             fused[i] += ref_weight * strength / (rrf_k + 1)
-    if doc_weight and len({c.document_id() for c in candidates}) > 1:
-        doc_rank = document_ranks(query, [c.document_id() for c in candidates],
-                                  [c.text for c in candidates], [c.context for c in candidates],
-                                  query_vector=query_vector, page_vectors=pages, rrf_k=rrf_k)
-        fused += doc_weight / (rrf_k + doc_rank)
     rank_of = {r.name: {index: rank for rank, index in enumerate(r.order, start=1)}
                for r in rankings}
     best_single = [min((ranks[i] for ranks in rank_of.values() if i in ranks), default=n + 1)
@@ -146,7 +124,6 @@ def search(
             score=float(fused[i]),
             bm25_rank=rank_of.get("bm25", {}).get(i),
             dense_rank=rank_of.get("dense", {}).get(i),
-            visual_rank=rank_of.get("visual", {}).get(i),
         )
         for i in order
     ]
@@ -171,12 +148,3 @@ def _dense_order(query_vector: np.ndarray, pages: Sequence[np.ndarray | None]) -
     order = ranks_from_scores(scores, positive_only=False)
     return [i for i in order if np.isfinite(scores[i])]
 
-
-def _visual_order(query: str, candidates: Sequence[Candidate],
-                  visual: VisualRetriever) -> list[int]:
-    present = [i for i, c in enumerate(candidates) if c.visual is not None]
-    if not present:
-        return []
-    query_vectors = visual.embed_query(query)
-    scores = late_interaction_scores(query_vectors, [candidates[i].visual for i in present])
-    return [present[j] for j in ranks_from_scores(scores, positive_only=False)]
