@@ -3,7 +3,6 @@
 Public API:
   ReuseRuntime(vlm: LoadedVLM, *, page_batch_size=8, head_cache=True, label_cache=True,
                label_entries=1024, label_refresh="always", never_above_full=True,
-               page_loads="batched",
                decode_slots=16, decode_positions=65536, decode_compile="off")
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
@@ -20,9 +19,6 @@ Public API:
     never_above_full: before a policy runs, its LM FLOPs are predicted
         (`conduit_core.cost.cost_model`); where they exceed a full prefill from the cached page
         embeddings, that runs instead (`AnswerResult.fallback`).
-    page_loads: "batched" (one staged host buffer, one non-blocking copy, every page
-        re-rotated in a few operations) or "per_page" (the path before it, kept for A/B
-        measurements); both fill the cache with the same values (`conduit_core.kv.page_loads`).
     decode_slots, decode_positions: the answers being generated share one `DecodePool` of at
         most this many slots and positions (`.pool`; one attention call a layer for all of
         them); an answer it cannot hold decodes from its own cache.
@@ -98,7 +94,7 @@ from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.kv_pool import DecodePool
-from conduit_core.kv.page_loads import load_pages, load_per_page
+from conduit_core.kv.page_loads import load_pages
 from conduit_core.kv.page_prefill import prefill_pages
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
@@ -112,7 +108,6 @@ from conduit_core.prompt.label_cache import LabelCache, fetch, load_labels
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
 from conduit_core.prompt.prompt_head import HeadCache
 
-PAGE_LOADS = ("batched", "per_page")
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
 
@@ -122,17 +117,14 @@ class ReuseRuntime:
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
                  label_refresh: LabelRefresh = "always",
-                 never_above_full: bool = True, page_loads: str = "batched",
+                 never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off"):
-        if page_loads not in PAGE_LOADS:
-            raise ValueError(f"page_loads must be one of {PAGE_LOADS}, got {page_loads!r}")
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
                              f"got {label_refresh!r}")
         if label_cache and not head_cache:
             raise ValueError("label_cache needs head_cache: labels are computed after the head")
-        self.page_loads = page_loads
         self.vlm = vlm
         self.adapter = vlm.adapter
         self.page_batch_size = page_batch_size
@@ -179,8 +171,7 @@ class ReuseRuntime:
                               label_refresh=self.label_refresh)
         cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
-        load = load_per_page if self.page_loads == "per_page" else load_pages
-        load(self.adapter, layout, [p.kv for p in pages], cache, embeds)
+        load_pages(self.adapter, layout, [p.kv for p in pages], cache, embeds)
         head, fill = None, 0.0
         if self.heads is not None and layout.head:
             head, computed = self.heads.get(self.adapter, namespace,

@@ -1,29 +1,26 @@
-"""Filling an assembled cache from cached pages: the batched load and the per-page one.
+"""Filling an assembled cache from cached pages, all pages at once.
 
-`load_pages` (the runtime's default), on an accelerator: pages a store read into host buffers
-of their own (the disk tier reads each entry straight into one, pinned where CUDA is
-available) cross as they are, one non-blocking copy a page, and are joined into the span of
-the prompt from the first page to the last on the device (`staging.packed_to_device`: no
-host copy besides the read). Other pages (prefilled here, from Redis) are laid out in one host
-buffer, pinned where CUDA is available (all pages' keys and values at their places in the
-span, the embeddings and int8 scales after them; `conduit_core.kv.staging.HostStage`), and
-the buffer crosses to the device in one non-blocking copy. Int8 pages cross as int8 plus
-scales and are dequantised there. Then the keys of all pages turn into the cache in a few
-operations, each row by its own page's shift (`rotation.rerotate_into` with a (span, head_dim)
-table; the label rows between pages are written too, with whatever the buffer held there: like
-every text row, they are computed before anything reads them), the values go in with one copy
-and the embeddings with one indexed copy. On the CPU the pages already are where the cache is:
-each page turns straight from its own tensors into its rows, all layers at once in steps that
-fit the core's cache; the staged path (`stage_on_cpu=True`) gives the same values, and is what
-the tests run on a CPU. `load_per_page` is the path before it (a blocking copy per page and
-tensor, one rotation per page and layer), kept for A/B measurements
-(`ReuseRuntime(page_loads="per_page")`). All leave exactly the same values in the page rows
-(tests/core/test_page_loads.py).
+`load_pages`, on an accelerator: pages a store read into host buffers of their own (the disk
+tier reads each entry straight into one, pinned where CUDA is available) cross as they are, one
+non-blocking copy a page, and are joined into the span of the prompt from the first page to the
+last on the device (`staging.packed_to_device`: no host copy besides the read). Other pages
+(prefilled here, from Redis) are laid out in one host buffer, pinned where CUDA is available
+(all pages' keys and values at their places in the span, the embeddings and int8 scales after
+them; `conduit_core.kv.staging.HostStage`), and the buffer crosses to the device in one
+non-blocking copy. Int8 pages cross as int8 plus scales and are dequantised there. Then the
+keys of all pages turn into the cache in a few operations, each row by its own page's shift
+(`rotation.rerotate_into` with a (span, head_dim) table; the label rows between pages are
+written too, with whatever the buffer held there: like every text row, they are computed before
+anything reads them), the values go in with one copy and the embeddings with one indexed copy.
+On the CPU the pages already are where the cache is: each page turns straight from its own
+tensors into its rows, all layers at once in steps that fit the core's cache; the staged path
+(`stage_on_cpu=True`) gives the same values, and is what the tests run on a CPU. Both leave in
+the page rows exactly the values a page-by-page load (each page turned by its own shift, one
+layer at a time) would (tests/core/test_page_loads.py).
 
 Public API:
   load_pages(adapter, layout, kvs, cache, embeds, stage_on_cpu=False) -> None
       embeds (N, hidden) filled in place
-  load_per_page(adapter, layout, kvs, cache, embeds) -> None
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.page_kv import PageKV, dequantize_int8
 from conduit_core.prompt.layout import Layout
 from conduit_core.prompt.rotation import (
-    rerotate,
     rerotate_into,
     rotate_chunk_elements,
     segment_delta,
@@ -170,15 +166,3 @@ def _packed_spans(layout: Layout, kvs: list[PageKV], dev: torch.device
                 torch.cat(value_scales, dim=2)]  # (L, kv, span, 1)
     return out
 
-
-def load_per_page(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,
-                  embeds: torch.Tensor) -> None:
-    """The per-page load: a blocking copy per page and tensor, one rotation per page and
-    layer; int8 pages dequantised on the host first."""
-    dev = adapter.device
-    for seg, kv in zip(layout.segments, [kv.dequantized() for kv in kvs], strict=True):
-        delta = segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
-        rerotate(adapter, kv.keys.to(dev), delta,
-                 out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd) in place
-        cache.values[:, 0, :, seg.start:seg.stop] = kv.values  # copied to the device
-        embeds[seg.start:seg.stop] = kv.embeds.to(embeds.device, embeds.dtype)

@@ -17,9 +17,9 @@ layer, the probabilities summed over the scored question rows per query head (H,
 value norms (G, N), written in place by the pass (one reduction a layer, whatever the number
 of pages), and reduces them once at the end; its memory is L' (H + G) N floats, not
 L' H Q' N, and does not grow with the question's length. With head_agg "max" (not linear in
-the rows) it takes one layer and chunk of rows at a time into two (N,) running sums.
-`token_scores` is the same reduction over all layers at once (the
-reference the accumulator is tested against, and what small hand-made inputs use).
+the rows) it takes one layer and chunk of rows at a time into two (N,) running sums. The
+tests hold the same reduction over all layers at once (`tests/core/helpers.token_scores`), the
+reference the accumulator is tested against.
 
 Public API:
   ScoreConfig(layers="all", query_window=None, head_agg="mean", query_rows="tail",
@@ -31,7 +31,6 @@ Public API:
       .slots(layer, heads, kv_heads) -> (row sums (H, N), value norms (G, N))  to write into
       .add(probs (H, c, N), value_norms (G, N))   head_agg "max": one layer's chunk of rows
       .result() -> (weighted (N,), attention (N,)) float32 means
-  token_scores(probs, value_norms, config, *, attention=True, value_norm=True) -> (N,)
 """
 
 from __future__ import annotations
@@ -164,34 +163,3 @@ class ScoreAccumulator:
             self._sums = self._norms = None
         return self._weighted / n, self._attention / n
 
-
-def token_scores(
-    probs: torch.Tensor,
-    value_norms: torch.Tensor,
-    config: ScoreConfig,
-    *,
-    attention: bool = True,
-    value_norm: bool = True,
-    n_prompt: int = 0,
-) -> torch.Tensor:
-    """Score every key token: (N,) float32.
-
-    probs (L, H, Q, N) question-row attention probabilities; value_norms (L, G, N).
-    `attention=False` scores by value norm alone, `value_norm=False` by attention alone;
-    `n_prompt`: the generation prompt's rows, last among the Q (for `query_rows`).
-    """
-    n_layers, heads, n_q, _ = probs.shape
-    kv_heads = value_norms.shape[1]
-    sl = config.layer_slice(n_layers)
-    p = probs[sl].float()  # (L', H, Q, N)
-    p = p[:, :, config.scored_rows(n_q, n_prompt).to(p.device)]  # (L', H, Q', N)
-    if not attention:
-        p = torch.ones_like(p[:, :, :1])  # (L', H, 1, N): the norm alone
-    if value_norm:
-        vn = value_norms[sl].float()  # (L', G, N)
-        if config.value_norm == "layer":
-            vn = vn / vn.mean(dim=-1, keepdim=True).clamp_min(1e-12)
-        vn = vn.repeat_interleave(heads // kv_heads, dim=1)  # (L', H, N)
-        p = p * vn.unsqueeze(2)  # (L', H, Q, N)
-    per_head = p.mean(dim=1) if config.head_agg == "mean" else p.amax(dim=1)  # (L', Q, N)
-    return per_head.mean(dim=(0, 1))  # (N,)

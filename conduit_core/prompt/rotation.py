@@ -7,14 +7,13 @@ refuses length-dependent RoPE types): in float32, d * inv_freq loses about d * 6
 three axes, so every frequency turns by d * inv_freq whatever its section. The rotation
 itself is float32 math written straight into the destination (the assembled cache).
 
-Two forms, equal element for element (the same float32 operations on the same values):
-`rerotate` turns one page by one shift, one decoder layer at a time (the per-page path);
 `rerotate_into` turns keys into a destination, each row by its own shift (a (T, head_dim)
 table, or one (1, head_dim) row for a single shift) in steps of at most
 `rotate_chunk_elements(device)` float32 elements: on a GPU all pages of a question staged as
-one span (`page_loads`) turn in a handful of launches for all layers, not about 5 per page
-and layer; on the CPU a step stays in the core's cache (a few layers of a page), which is where
-the per-page loop's speed came from (larger steps stream from memory and are slower).
+one span (`page_loads`) turn in a handful of launches for all layers, not a few per page and
+layer; on the CPU a step stays in the core's cache (a few layers of a page; larger steps
+stream from memory and are slower). It writes element for element what turning one page by
+one shift, one layer at a time, writes (the tests' reference, tests/core/helpers.py).
 
 Public API:
   segment_delta(old_positions, new_positions) -> int
@@ -23,9 +22,6 @@ Public API:
   shift_cos_sin(adapter, delta, device) -> (cos, sin) (head_dim,) float32, unit scale
   shift_tables(adapter, deltas, lengths, device) -> (cos, sin) (T, head_dim) float32,
       segment i's `lengths[i]` rows turned by `deltas[i]` (0: the identity)
-  rerotate(adapter, keys, delta, out=None) -> keys rotated by `delta` positions
-      keys (L, kv_heads, T, head_dim) (rotated layer by layer) or any (..., T, head_dim);
-      `out` (same shape, any float dtype, any strides) receives the result when given.
   rerotate_into(src, cos, sin, dst, chunk_elements=None) -> None
       src (L, kv, T, hd) turned row t by cos[t], sin[t] ((T, hd) or (1, hd) float32) into
       dst (same shape, any float dtype and strides: a span of the cache)
@@ -42,8 +38,8 @@ from conduit_core.errors import ConduitCoreError
 from conduit_core.model.adapters.base import VLMAdapter
 
 # float32 elements of one rotation step, per device. CPU: 2^17 (512 KiB an operand) keeps a
-# step in the core's L2 cache (whole-span steps stream from memory and are slower than the
-# per-page loop). Accelerators: a handful of launches for the whole question.
+# step in the core's L2 cache (whole-span steps stream from memory and are slower).
+# Accelerators: a handful of launches for the whole question.
 ROTATE_CHUNK_ELEMENTS = {"cpu": 1 << 17}
 DEFAULT_ROTATE_CHUNK_ELEMENTS = 1 << 26  # accelerators: 256 MiB of float32
 
@@ -72,25 +68,6 @@ def shift_cos_sin(adapter: VLMAdapter, delta: int,
     angles = delta * inv_freq
     emb = torch.cat((angles, angles))  # (hd,) the rotate-half layout
     return emb.cos().float(), emb.sin().float()
-
-
-def rerotate(adapter: VLMAdapter, keys: torch.Tensor, delta: int,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotate RoPE'd keys (..., T, head_dim) by `delta` positions (float32 math)."""
-    if out is None:
-        out = torch.empty_like(keys)
-    if delta == 0:
-        return out.copy_(keys)
-    cos, sin = shift_cos_sin(adapter, delta, keys.device)  # (hd,) each
-    half = keys.shape[-1] // 2
-    pairs = zip(keys, out, strict=True) if keys.dim() == 4 else iter([(keys, out)])
-    for src, dst in pairs:  # (kv, T, hd): one decoder layer at a time
-        k = src.float()  # (..., T, hd)
-        rotated = k * cos  # (..., T, hd)
-        rotated[..., :half].addcmul_(k[..., half:], sin[:half], value=-1.0)
-        rotated[..., half:].addcmul_(k[..., :half], sin[half:])
-        dst.copy_(rotated)
-    return out
 
 
 def shift_tables(adapter: VLMAdapter, deltas: Sequence[int], lengths: Sequence[int],

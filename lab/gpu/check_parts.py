@@ -225,8 +225,7 @@ def check_same_layout(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
                       question: str, budgets: list[float]) -> dict[str, Any]:
     """Pages reused in the layout they were cut from: every budget equals full prefill
     (the labels as text rows: a cached label is stale, not cut from this layout)."""
-    rt = ReuseRuntime(rt.vlm, label_cache=False, never_above_full=rt.never_above_full,
-                      page_loads=rt.page_loads)
+    rt = ReuseRuntime(rt.vlm, label_cache=False, never_above_full=rt.never_above_full)
     labels = page_labels(len(images))
     fresh = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
     rt.prefill(fresh, fresh.layout.visual_rows())  # exact K/V of every row

@@ -22,8 +22,7 @@ Steps, each printed with its wall time:
      logits and 1e-5 for keys, bfloat16 5e-2 and 2e-2, float16 1e-2 and 4e-3;
   3. timings on the timing model (Qwen2.5-VL-7B shapes with random weights on a GPU,
      "tiny" on the CPU), 8 pages x 256 visual tokens from host memory (the staged copy to
-     the device included): median TTFT of full prefill, CONDUIT at 0.1 (staged, batched
-     loads), CONDUIT at 0.1 with per-page loads (the load before issue 31) and full reuse;
+     the device included): median TTFT of full prefill, CONDUIT at 0.1 and full reuse;
      peak device memory of each (CPU: the process's peak RSS); decode tokens per second
      over 64 new tokens;
   4. a torch.profiler trace of one CONDUIT answer (trace_conduit_answer.json, Chrome trace
@@ -104,15 +103,12 @@ def _timings(rt: ReuseRuntime, pages: int, tokens: int, repeats: int,
     images = bench_pages(pages, tokens)
     work = make_workload(rt.vlm, pages, 32)
     kvs = rt.prefill_pages(images)  # host pages, pinned where CUDA is available
-    per_page = ReuseRuntime(rt.vlm, page_loads="per_page")
     fresh = list(zip(work.labels, images, strict=True))
     methods = {
         "full_prefill": lambda n: rt.answer_full_prefill(work.prefix, fresh, work.question,
                                                          max_new_tokens=n),
         "conduit_0.1": lambda n: rt.answer(parts.request(work.prefix, kvs, work.question,
                                                          "conduit", 0.1, n)),
-        "conduit_0.1_per_page_loads": lambda n: per_page.answer(parts.request(
-            work.prefix, kvs, work.question, "conduit", 0.1, n)),
         "full_reuse": lambda n: rt.answer(parts.request(work.prefix, kvs, work.question,
                                                         "full_reuse", 0.0, n)),
     }

@@ -1,14 +1,14 @@
 """A/B of the runtime's TTFT optimisations on the TTFT benchmark's workload, side by side.
 
-CONDUIT at 10% over pages held in memory, in five variants, with full prefill (vision tower
+CONDUIT at 10% over pages held in memory, in four variants, with full prefill (vision tower
 included) as the yardstick, all alternating in rotated order after a warm-up round:
   optimised         as shipped
   no_blocked_attn   `layer_forward.BLOCKED_ATTENTION = False`: masked subsets take one sdpa
                     call with an (R, N) mask and K/V repeated per query head
   no_stale_reuse    the refresh recomputes every text row (the scoring pass's rows dropped)
   neither           both off (the runtime before these two optimisations)
-  per_page_loads    `ReuseRuntime(page_loads="per_page")`: pages copied and re-rotated one
-                    by one, layer by layer (the load before issue 31's staged, batched one)
+(The per-page load that issue 31's staged, batched one replaced has left the product, and
+with it its variant here.)
 Reported: median TTFT, speedup over full prefill, both FLOPs ratios (`flops_ratio_lm`, the
 language model only; `flops_ratio_total`, vision included) and speedup / bound (total).
 
@@ -39,9 +39,8 @@ from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 
-VARIANTS = {"optimised": (True, True, "batched"), "no_blocked_attn": (False, True, "batched"),
-            "no_stale_reuse": (True, False, "batched"), "neither": (False, False, "batched"),
-            "per_page_loads": (True, True, "per_page")}  # (blocked, stale reuse, page loads)
+VARIANTS = {"optimised": (True, True), "no_blocked_attn": (False, True),
+            "no_stale_reuse": (True, False), "neither": (False, False)}  # (blocked, stale reuse)
 
 
 class _NoReuseRuntime(ReuseRuntime):
@@ -64,13 +63,11 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
     try:
         vlm = build_bench_vlm(model_shape, tokens_per_page=tokens_per_page)
         # each variant's own path, also where it costs more than a full prefill (tiny pages)
-        runtimes = {(True, "batched"): ReuseRuntime(vlm, never_above_full=False),
-                    (False, "batched"): _NoReuseRuntime(vlm, never_above_full=False),
-                    (True, "per_page"): ReuseRuntime(vlm, page_loads="per_page",
-                                                     never_above_full=False)}
+        runtimes = {True: ReuseRuntime(vlm, never_above_full=False),
+                    False: _NoReuseRuntime(vlm, never_above_full=False)}
         work = make_workload(vlm, pages, question_tokens)
         images = bench_pages(pages, tokens_per_page)
-        kvs = runtimes[True, "batched"].prefill_pages(images)
+        kvs = runtimes[True].prefill_pages(images)
         request = AnswerRequest(work.prefix, [PageInput(lab, kv) for lab, kv in
                                               zip(work.labels, kvs, strict=True)],
                                 work.question, policy="conduit", budget=0.1, max_new_tokens=1)
@@ -84,12 +81,12 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
             shift = rep % len(names)
             for name in names[shift:] + names[:shift]:
                 if name == "full_prefill":
-                    res = runtimes[True, "batched"].answer_full_prefill(
+                    res = runtimes[True].answer_full_prefill(
                         work.prefix, fresh, work.question, max_new_tokens=1)
                 else:
-                    blocked, reuse, loads = VARIANTS[name]
+                    blocked, reuse = VARIANTS[name]
                     with layer_forward.blocked_rows(blocked):
-                        res = runtimes[reuse, loads].answer(request)
+                        res = runtimes[reuse].answer(request)
                     ratios[name] = (res.flops_ratio_lm, res.flops_ratio_total)
                 if rep >= warmup:
                     times[name].append(res.ttft_s)

@@ -1,5 +1,8 @@
 """Test helpers: deterministic page images and independent reference computations that use
-the transformers model directly (never the runtime's own layer loop)."""
+the transformers model directly (never the runtime's own layer loop), and two references of
+the product's batched computations: `rerotate` (one page by one shift, layer by layer: what
+`rotation.rerotate_into` must write element for element) and `token_scores` (the scoring
+reduction over all layers at once: what `scoring.ScoreAccumulator` must give)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ import torch
 from PIL import Image
 
 from conduit_core.assembly import Assembly
+from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.prompt.rotation import shift_cos_sin
 from conduit_core.runtime import ReuseRuntime
 
 
@@ -97,3 +103,56 @@ def full_logits(rt: ReuseRuntime, prefix: str, pages: list[tuple[str, Image.Imag
 def kwargs_of(obj: Any) -> dict[str, Any]:
     """Public attributes of a dataclass-like object (for readable assertion messages)."""
     return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+
+
+def rerotate(adapter: VLMAdapter, keys: torch.Tensor, delta: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """RoPE'd keys (L, kv, T, hd), or any (..., T, hd), turned by `delta` positions with
+    float32 math, one layer at a time, into `out` (same shape, any float dtype and strides)
+    or a new tensor; returned."""
+    if out is None:
+        out = torch.empty_like(keys)
+    if delta == 0:
+        return out.copy_(keys)
+    cos, sin = shift_cos_sin(adapter, delta, keys.device)  # (hd,) each
+    half = keys.shape[-1] // 2
+    pairs = zip(keys, out, strict=True) if keys.dim() == 4 else iter([(keys, out)])
+    for src, dst in pairs:  # (kv, T, hd): one decoder layer at a time
+        k = src.float()  # (..., T, hd)
+        rotated = k * cos  # (..., T, hd)
+        rotated[..., :half].addcmul_(k[..., half:], sin[:half], value=-1.0)
+        rotated[..., half:].addcmul_(k[..., :half], sin[half:])
+        dst.copy_(rotated)
+    return out
+
+
+def token_scores(
+    probs: torch.Tensor,
+    value_norms: torch.Tensor,
+    config: ScoreConfig,
+    *,
+    attention: bool = True,
+    value_norm: bool = True,
+    n_prompt: int = 0,
+) -> torch.Tensor:
+    """Score every key token: (N,) float32.
+
+    probs (L, H, Q, N) question-row attention probabilities; value_norms (L, G, N).
+    `attention=False` scores by value norm alone, `value_norm=False` by attention alone;
+    `n_prompt`: the generation prompt's rows, last among the Q (for `query_rows`).
+    """
+    n_layers, heads, n_q, _ = probs.shape
+    kv_heads = value_norms.shape[1]
+    sl = config.layer_slice(n_layers)
+    p = probs[sl].float()  # (L', H, Q, N)
+    p = p[:, :, config.scored_rows(n_q, n_prompt).to(p.device)]  # (L', H, Q', N)
+    if not attention:
+        p = torch.ones_like(p[:, :, :1])  # (L', H, 1, N): the norm alone
+    if value_norm:
+        vn = value_norms[sl].float()  # (L', G, N)
+        if config.value_norm == "layer":
+            vn = vn / vn.mean(dim=-1, keepdim=True).clamp_min(1e-12)
+        vn = vn.repeat_interleave(heads // kv_heads, dim=1)  # (L', H, N)
+        p = p * vn.unsqueeze(2)  # (L', H, Q, N)
+    per_head = p.mean(dim=1) if config.head_agg == "mean" else p.amax(dim=1)  # (L', Q, N)
+    return per_head.mean(dim=(0, 1))  # (N,)

@@ -1,5 +1,6 @@
 """Page loads: the batched path (one staged buffer, one copy, re-rotation of all pages in a few
-operations, int8 dequantised on the device) fills the cache exactly as the per-page path."""
+operations, int8 dequantised on the device) fills the cache exactly as a page-by-page load
+(`_per_page`, the reference here: a copy per page and tensor, `rerotate` per page and layer)."""
 
 from __future__ import annotations
 
@@ -9,31 +10,51 @@ import pytest
 import torch
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
+from conduit_core.assembly import Assembly
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
-from conduit_core.prompt.rotation import rerotate, rerotate_into, shift_tables
+from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_tables
 from storage.keys import PageHash
 from storage.kv.codec import quantize_roundtrip
 from storage.kv.disk import DiskKVStore
-from tests.core.helpers import IMAGES
+from tests.core.helpers import IMAGES, rerotate
 from tests.device import TEST_DEVICE
 
 PREFIX = "You answer questions about the pages below."
 QUESTION = "What is on the second page?"
 
 
-def _assemble(rt: ReuseRuntime, kvs: list[PageKV], loads: str) -> tuple[torch.Tensor, ...]:
-    rt.page_loads = loads
-    try:
-        asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
-                          QUESTION)
-    finally:
-        rt.page_loads = "batched"
+def _page_rows(asm: Assembly, cache: KVCache, embeds: torch.Tensor
+               ) -> tuple[torch.Tensor, ...]:
+    """The keys and values of the page rows of `cache`, and `embeds`."""
     rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
-    dev = asm.cache.keys.device
-    return (asm.cache.keys[:, 0, :, rows.to(dev)], asm.cache.values[:, 0, :, rows.to(dev)],
-            asm.embeds)
+    dev = cache.keys.device
+    return cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds
+
+
+def _assemble(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
+    """The page rows of the runtime's own assembly (its load path on this device)."""
+    asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+                      QUESTION)
+    return _page_rows(asm, asm.cache, asm.embeds)
+
+
+def _per_page(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
+    """The reference: the same layout's page rows filled page by page (int8 pages dequantised
+    on the host first), a blocking copy per tensor and `rerotate` per page and layer."""
+    asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+                      QUESTION)
+    layout, dev = asm.layout, rt.adapter.device
+    cache = KVCache.allocate(rt.adapter, 1, layout.n)
+    embeds = rt.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
+    for seg, kv in zip(layout.segments, [kv.dequantized() for kv in kvs], strict=True):
+        delta = segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
+        rerotate(rt.adapter, kv.keys.to(dev), delta,
+                 out=cache.keys[:, 0, :, seg.start:seg.stop])  # (L, kv, T, hd)
+        cache.values[:, 0, :, seg.start:seg.stop] = kv.values
+        embeds[seg.start:seg.stop] = kv.embeds.to(embeds.device, embeds.dtype)
+    return _page_rows(asm, cache, embeds)
 
 
 def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
@@ -43,8 +64,8 @@ def _same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> None:
 
 def test_batched_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
     kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
-    _same(_assemble(runtime, kvs, "batched"), _assemble(runtime, kvs, "per_page"))
-    _same(_assemble(runtime, kvs[::-1], "batched"), _assemble(runtime, kvs[::-1], "per_page"))
+    _same(_assemble(runtime, kvs), _per_page(runtime, kvs))
+    _same(_assemble(runtime, kvs[::-1]), _per_page(runtime, kvs[::-1]))
 
 
 def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRuntime) -> None:
@@ -55,9 +76,8 @@ def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRunt
     int8 = [quantize_roundtrip(kv) for kv in floats]
     assert all(kv.quantized and kv.keys.dtype == torch.int8 for kv in int8)
     host = [kv.dequantized() for kv in int8]
-    _same(_assemble(runtime, int8, "batched"), _assemble(runtime, host, "per_page"))
-    _same(_assemble(runtime, [int8[0], floats[1]], "batched"),
-          _assemble(runtime, [host[0], floats[1]], "per_page"))
+    _same(_assemble(runtime, int8), _per_page(runtime, host))
+    _same(_assemble(runtime, [int8[0], floats[1]]), _per_page(runtime, [host[0], floats[1]]))
 
 
 def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
@@ -65,7 +85,7 @@ def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
     CPU too: the same cache as the per-page load, float and int8 pages alike."""
     floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     for kvs in (floats, [quantize_roundtrip(kv) for kv in floats]):
-        want = _assemble(runtime, kvs, "per_page")
+        want = _per_page(runtime, kvs)
         asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv)
                                         for i, kv in enumerate(kvs)], QUESTION)
         cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
@@ -104,7 +124,7 @@ def test_pages_read_from_disk_cross_as_read(runtime: ReuseRuntime, tmp_path: Pat
     assert packed_to_device([kv.tensors() for kv in kvs], "cpu") is not None
     assert packed_to_device([kv.tensors() for kv in floats], "cpu") is None  # staged instead
     for order in (kvs, kvs[::-1], [kvs[1], kvs[0]]):
-        want = _assemble(runtime, [kv.dequantized() for kv in order], "per_page")
+        want = _per_page(runtime, [kv.dequantized() for kv in order])
         _same(_staged(runtime, order), want)
 
 

@@ -19,7 +19,7 @@ from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.errors import UnsupportedModelError
 from conduit_core.model.adapters.base import check_rope
 from conduit_core.prompt.layout import page_context
-from conduit_core.prompt.rotation import rerotate, segment_delta
+from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
 from tests.core.conftest import MROPE, load_builtin
 from tests.core.helpers import (
     IMAGES,
@@ -100,6 +100,16 @@ def _exact_rotation(rt: ReuseRuntime, keys: torch.Tensor, delta: int) -> torch.T
     return k * angles.cos() + turned * angles.sin()
 
 
+def _turn(rt: ReuseRuntime, keys: torch.Tensor, delta: int,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """`keys` (L, kv, T, hd) turned by `delta` as the runtime turns a page on the CPU (one
+    shift's row for all the page's rows, `rerotate_into`); into `out` when given."""
+    out = torch.empty_like(keys) if out is None else out
+    cos, sin = shift_cos_sin(rt.adapter, delta, keys.device)  # (hd,) each
+    rerotate_into(keys, cos.view(1, -1), sin.view(1, -1), out)
+    return out
+
+
 def test_large_shifts_stay_exact(runtime: ReuseRuntime) -> None:
     """Shifts of long contexts (up to 10^6 positions, both directions) rotate cached keys
     as float64 math does; a float32 angle would be off by about delta * 6e-8 radians."""
@@ -108,11 +118,11 @@ def test_large_shifts_stay_exact(runtime: ReuseRuntime) -> None:
     # float32 math; keys of a lower precision are rounded once more on the way out
     rel = 2e-6 if page.keys.dtype == torch.float32 else 2.0 ** -8
     for delta in (32_768, 200_000, -150_000, 1_000_000):
-        got = rerotate(runtime.adapter, page.keys, delta)
+        got = _turn(runtime, page.keys, delta)
         want = _exact_rotation(runtime, page.keys, delta)
         assert float((got.double() - want).abs().max()) <= rel * scale, delta
     # composing shifts: there and back again returns the cached keys
-    back = rerotate(runtime.adapter, rerotate(runtime.adapter, page.keys, 123_457), -123_457)
+    back = _turn(runtime, _turn(runtime, page.keys, 123_457), -123_457)
     assert float((back.float() - page.keys.float()).abs().max()) <= 2 * rel * scale
 
 
@@ -124,15 +134,15 @@ def test_bfloat16_keys_rerotate_within_one_rounding(model_cache: Path) -> None:
     assert page.keys.dtype == torch.bfloat16
     scale = float(page.keys.float().abs().max())
     for delta in (17, 4_096, -9, 250_000):
-        got = rerotate(rt.adapter, page.keys, delta)
+        got = _turn(rt, page.keys, delta)
         assert got.dtype == torch.bfloat16
         want = _exact_rotation(rt, page.keys, delta)
         assert float((got.double() - want).abs().max()) <= 2.0 ** -8 * scale, delta
     # and in place into a strided destination (the assembled cache's page rows)
     dest = torch.zeros(page.keys.shape[0], 2, page.keys.shape[1], page.keys.shape[2] + 3,
                        page.keys.shape[3], dtype=torch.bfloat16)
-    rerotate(rt.adapter, page.keys, 4_096, out=dest[:, 1, :, 3:])
-    assert torch.equal(dest[:, 1, :, 3:], rerotate(rt.adapter, page.keys, 4_096))
+    _turn(rt, page.keys, 4_096, out=dest[:, 1, :, 3:])
+    assert torch.equal(dest[:, 1, :, 3:], _turn(rt, page.keys, 4_096))
     assert float(dest[:, 0].abs().max()) == 0.0 and float(dest[:, 1, :, :3].abs().max()) == 0.0
 
 

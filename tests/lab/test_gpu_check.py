@@ -48,11 +48,9 @@ def test_the_check_passes_on_cpu(dtype: str, tmp_path: Path) -> None:
                     assert 0 < row["refreshed"] < row["visual"]
     timings = doc["timings"]
     methods = {r["method"]: r for r in timings["rows"]}
-    assert set(methods) == {"full_prefill", "conduit_0.1", "conduit_0.1_per_page_loads",
-                            "full_reuse"}
+    assert set(methods) == {"full_prefill", "conduit_0.1", "full_reuse"}
     assert all(r["ttft_ms_median"] > 0 and r["peak_mb"] > 0 for r in methods.values())
-    assert methods["conduit_0.1"]["flops_ratio_lm"] == \
-        methods["conduit_0.1_per_page_loads"]["flops_ratio_lm"] < 1.0
+    assert methods["conduit_0.1"]["flops_ratio_lm"] < 1.0
     assert timings["decode"]["tokens_per_s"] > 0
     trace = json.loads((tmp_path / doc["profile"]["trace"]).read_text())
     assert trace["traceEvents"]

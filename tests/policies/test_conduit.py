@@ -12,7 +12,8 @@ from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies import get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.scoring import ScoreConfig, token_scores
+from conduit_core.policies.scoring import ScoreConfig
+from tests.core.helpers import token_scores
 
 from .conftest import CachedPages
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conduit_core.policies.scoring import ScoreConfig, token_scores
+from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import (
     budget_tokens,
     first_per_page,
@@ -15,6 +15,7 @@ from conduit_core.policies.selection import (
     quota_split,
     topk_positions,
 )
+from tests.core.helpers import token_scores
 
 
 def test_token_scores_by_hand() -> None:
