@@ -15,8 +15,8 @@ from worker.ingest import (
     PasswordRequiredError,
     TooManyPagesError,
     WrongPasswordError,
-    extract_text,
     open_pdf,
+    page_text,
 )
 
 PAGES = [f"Page {i}: the lighthouse keeper logged {i * 7} ships today." for i in range(1, 6)]
@@ -31,12 +31,12 @@ def encrypted(password: str) -> bytes:
 def test_opens_a_plain_pdf() -> None:
     doc = open_pdf(text_pages_pdf(PAGES), max_pages=10)
     assert doc.page_count == 5
-    assert "lighthouse keeper logged 21" in extract_text(doc, 2, ocr=False).text
+    assert "lighthouse keeper logged 21" in page_text(doc.load_page(2), ocr=False).text
 
 
 def test_a_password_for_an_unencrypted_file_is_ignored() -> None:
     doc = open_pdf(text_pages_pdf(PAGES), password="whatever", max_pages=10)
-    assert "logged 7 ships" in extract_text(doc, 0, ocr=False).text
+    assert "logged 7 ships" in page_text(doc.load_page(0), ocr=False).text
 
 
 def test_encrypted_file_needs_its_password() -> None:
@@ -49,14 +49,14 @@ def test_encrypted_file_needs_its_password() -> None:
         open_pdf(data, password="wrong", max_pages=10)
     doc = open_pdf(data, password="s3cret", max_pages=10)
     # pages must carry their text after authentication, not render blank
-    assert "logged 35 ships" in extract_text(doc, 4, ocr=False).text
+    assert "logged 35 ships" in page_text(doc.load_page(4), ocr=False).text
 
 
 def test_owner_password_only_file_opens_without_a_password() -> None:
     doc = pymupdf.open("pdf", text_pages_pdf(PAGES))
     data = pdf_bytes(doc, encryption=pymupdf.PDF_ENCRYPT_AES_256, owner_pw="owner-only")
     opened = open_pdf(data, max_pages=10)
-    assert "logged 14 ships" in extract_text(opened, 1, ocr=False).text
+    assert "logged 14 ships" in page_text(opened.load_page(1), ocr=False).text
 
 
 @pytest.mark.parametrize("fraction", [0.05, 0.3, 0.6])

@@ -8,7 +8,7 @@ import pypdf
 import pytest
 
 from lab.ingest.builders import text_pages_pdf
-from worker.ingest import WrongPasswordError, extract_text, open_pdf
+from worker.ingest import WrongPasswordError, open_pdf, page_text
 from worker.ingest.pdf import encryption_revision
 from worker.ingest.saslprep import password_forms, saslprep
 from worker.uploads import check_upload
@@ -52,7 +52,7 @@ def test_an_r6_file_opens_with_the_password_as_typed() -> None:
     data = _encrypted(TYPED, "AES-256")
     with open_pdf(data, password=TYPED, max_pages=5) as doc:
         assert encryption_revision(data) == 6
-        assert "06:42 in Harwich" in extract_text(doc, 0, ocr=False).text
+        assert "06:42 in Harwich" in page_text(doc.load_page(0), ocr=False).text
     with open_pdf(data, password=PREPARED, max_pages=5) as doc:  # and as prepared
         assert doc.page_count == 2
     with pytest.raises(WrongPasswordError):
@@ -63,12 +63,12 @@ def test_an_r6_upload_is_stored_decrypted() -> None:
     checked = check_upload(_encrypted(TYPED, "AES-256"), password=TYPED, max_bytes=2**20,
                            max_pages=5)
     with open_pdf(checked.data, max_pages=5) as doc:  # no password needed any more
-        assert "Low water" in extract_text(doc, 1, ocr=False).text
+        assert "Low water" in page_text(doc.load_page(1), ocr=False).text
 
 
 def test_an_r4_file_is_read_with_its_revision() -> None:
     data = _encrypted("harbour-4", "AES-128")
     assert encryption_revision(data) == 4
     with open_pdf(data, password="harbour-4", max_pages=5) as doc:
-        assert "Low water" in extract_text(doc, 1, ocr=False).text
+        assert "Low water" in page_text(doc.load_page(1), ocr=False).text
     assert encryption_revision(text_pages_pdf(["not encrypted"])) is None

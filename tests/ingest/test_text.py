@@ -16,10 +16,10 @@ from worker.ingest import (
     Deadline,
     IngestTimeoutError,
     Progress,
-    extract_text,
     iter_pages,
     ocr_available,
     open_pdf,
+    page_text,
     usable_text_layer,
 )
 
@@ -36,7 +36,7 @@ def test_multi_column_text_keeps_each_column_in_order() -> None:
     doc = pymupdf.open()
     two_column_page(doc)
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
-    text = extract_text(opened, 0, ocr=True)
+    text = page_text(opened.load_page(0), ocr=True)
     assert text.source == "text_layer"
     flat = " ".join(text.text.split())
     assert "northern breakwater was rebuilt with granite blocks quarried in Aberdeen" in flat
@@ -58,7 +58,7 @@ def test_image_only_page_is_read_by_ocr() -> None:
     image_only_page(doc, SCAN_LINES)
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
     assert opened[0].get_text().strip() == ""  # nothing in the text layer
-    text = extract_text(opened, 0, ocr=True)
+    text = page_text(opened.load_page(0), ocr=True)
     assert text.source == "ocr"
     assert "Vindeby" in text.text
     assert "gearbox" in text.text and "erosion" in text.text
@@ -69,7 +69,7 @@ def test_scan_with_a_stamped_footer_is_still_ocred() -> None:
     doc = pymupdf.open()
     image_only_page(doc, SCAN_LINES, footer="Confidential - scanned copy - page 1 of 1")
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
-    text = extract_text(opened, 0, ocr=True)
+    text = page_text(opened.load_page(0), ocr=True)
     assert text.source == "ocr"
     assert "gearbox" in text.text
 
@@ -78,7 +78,7 @@ def test_ocr_off_reports_no_text_for_an_image_only_page() -> None:
     doc = pymupdf.open()
     image_only_page(doc, SCAN_LINES)
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
-    text = extract_text(opened, 0, ocr=False)
+    text = page_text(opened.load_page(0), ocr=False)
     assert text.source == "none" and text.text == ""
 
 
@@ -120,7 +120,7 @@ def test_caption_over_a_large_image_keeps_the_layer_and_adds_the_image_words() -
     page.insert_image(pymupdf.Rect(0, 120, 595, 842), stream=text_image(SCAN_LINES))
     page.insert_text((50, 60), "Figure 4: photograph of the maintenance whiteboard", fontsize=12)
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
-    text = extract_text(opened, 0, ocr=True)
+    text = page_text(opened.load_page(0), ocr=True)
     assert text.source == "ocr"
     assert "photograph of the maintenance whiteboard" in text.text  # the layer is kept
     assert "gearbox" in text.text and "Vindeby" in text.text  # the image is read
@@ -139,7 +139,7 @@ def test_a_chart_on_a_page_full_of_text_is_read_too() -> None:
     opened = open_pdf(pdf_bytes(doc), max_pages=5)
     layer = opened[0].get_text("text")
     assert "Wholesale" not in layer and len(layer) > 400
-    text = extract_text(opened, 0, ocr=True)
+    text = page_text(opened.load_page(0), ocr=True)
     assert text.source == "ocr"
     assert "Wholesale" in text.text and "715" in text.text
     assert all(word in text.text for word in layer.split()[:20])  # the layer is kept

@@ -56,7 +56,6 @@ from worker.ingest.text import (
     PageText,
     TextPolicy,
     TextSource,
-    extract_text,
     page_text,
     usable_text_layer,
 )
@@ -89,7 +88,6 @@ __all__ = [
     "UnreadableDocumentError",
     "WrongPasswordError",
     "check_readable",
-    "extract_text",
     "inspect_pdf",
     "iter_pages",
     "ocr_available",

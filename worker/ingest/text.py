@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pymupdf
-from PIL import Image
 
 from worker.ingest.errors import CorruptPdfError
 from worker.ingest.ocr import ocr_available, ocr_page
@@ -80,18 +79,9 @@ def image_cover(page: pymupdf.Page) -> float:
     return min(covered / area, 1.0)
 
 
-def wants_ocr(page: pymupdf.Page, policy: TextPolicy = DEFAULT_TEXT_POLICY) -> bool:
-    """Whether `page_text` would OCR `page` (when OCR is on): its text layer is unusable, or
-    its images cover at least `policy.image_cover_ratio` of it. False for an unreadable page
-    (`page_text` reports it)."""
-    try:
-        layer = str(page.get_text("text"))
-    except Exception:
-        return False
-    return _wants_ocr(page, usable_text_layer(layer, policy), policy)
-
-
 def _wants_ocr(page: pymupdf.Page, usable: bool, policy: TextPolicy) -> bool:
+    """Whether OCR could add text: the layer is not `usable`, or images cover at least
+    `policy.image_cover_ratio` of the page."""
     return not usable or image_cover(page) >= policy.image_cover_ratio
 
 
@@ -127,21 +117,3 @@ def _layer_result(layer: str) -> PageText:
     text = layer.strip()
     return PageText(text=text, source="text_layer" if word_chars(text) else "none")
 
-
-def extract_text(
-    doc: pymupdf.Document, index: int, *, ocr: bool, image: Image.Image | None = None,
-    policy: TextPolicy = DEFAULT_TEXT_POLICY,
-) -> PageText:
-    """`page_text` of page `index` (0-based) of `doc`.
-
-    `image` (the page as rendered for the model) is accepted so call sites can pass what they
-    have, but it is not used: OCR renders the page itself at `policy.ocr_dpi`, because
-    model-resolution renders (about 100 dpi) are too coarse for Tesseract.
-    Raises `CorruptPdfError` when MuPDF cannot load the page.
-    """
-    del image
-    try:
-        page = doc.load_page(index)
-    except Exception as exc:
-        raise CorruptPdfError(f"page {index + 1} cannot be read") from exc
-    return page_text(page, ocr=ocr, policy=policy)
