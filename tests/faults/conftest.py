@@ -15,36 +15,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.conftest import free_port
+from lab.service_process import start_server
 
 # fast leases so that recovery takes seconds in tests (production: 60 s lease, 10 s reaper)
 FAST = {"CONDUIT_JOB_LEASE_S": "3", "CONDUIT_REAPER_INTERVAL_S": "0.5",
         "CONDUIT_OCR": "false"}
 
 
-def start_serve(home: Path, env: dict[str, str], timeout: float = 900
-                ) -> tuple[str, subprocess.Popen[bytes]]:
-    """`conduit serve` on a free port with its log appended to home/server.log; waits for
-    /healthz (a loaded CI machine can take a minute to import torch)."""
-    port = free_port()
-    log = open(home / "server.log", "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
-        env={**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1",
-             "CONDUIT_MAX_UPLOAD_BYTES": str(2 * 2**20), **env},
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((home / "server.log").read_text()[-4000:])
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return url, proc
-        except httpx.TransportError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + (home / "server.log").read_text()[-4000:])
+def start_serve(home: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes]]:
+    """`lab.service_process.start_server` with the fault suite's patience: its servers start
+    beside busy workers and other servers, so /healthz may take minutes to answer."""
+    return start_server(home, env, timeout=900)
 
 
 class Server:

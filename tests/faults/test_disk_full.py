@@ -16,8 +16,6 @@ uploads get 507 naming it while metadata writes (a new collection) still work.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,8 +23,10 @@ import pytest
 
 from storage.keys import PageHash
 from storage.kv import DiskKVStore, MemoryKVStore, TieredKVStore
+from storage.space import free_bytes
 from tests.faults.conftest import Server, assert_no_orphan_files, settled
 from tests.pdfs import text_pdf
+from tests.small_disk import fill, small_tmpfs
 from tests.storage.kv_testkit import assert_same_page, make_page
 
 PAGES = [f"Section {i}: the inspection interval of valve {i} is {7 * i} days. " * 12
@@ -35,40 +35,9 @@ PAGES = [f"Section {i}: the inspection interval of valve {i} is {7 * i} days. " 
 
 @pytest.fixture
 def small_home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "home"
-    home.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160m", "tmpfs", str(home)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    """The service's home on a 160 MiB tmpfs."""
+    with small_tmpfs(tmp_path / "home", 160) as home:
         yield home
-    finally:
-        subprocess.run(["umount", "-l", str(home)], check=False)
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _fill(home: Path, leave: int) -> Path:
-    """A ballast file that leaves about `leave` bytes free on the home's filesystem (the
-    server's log grows on it too, so a write that hits the end is shrunk back)."""
-    ballast = home / "ballast"
-    ballast.unlink(missing_ok=True)
-    with ballast.open("wb", buffering=0) as f:
-        size = max(0, _free(home) - leave)
-        chunk = b"\0" * (1 << 20)
-        try:
-            while size > 0:
-                size -= f.write(chunk[: min(size, len(chunk))])
-        except OSError:
-            pass
-        short = leave - _free(home)
-        if short > 0:
-            f.truncate(max(0, f.tell() - short))
-    return ballast
 
 
 def _documents(server: Server, col: str) -> list[dict[str, object]]:
@@ -92,7 +61,7 @@ def test_disk_full_during_upload_and_ingest(small_home: Path,
                   for p in (small_home / d).rglob("*") if p.is_file())
 
     # upload with (almost) no space left: 507, nothing kept
-    ballast = _fill(small_home, leave=8 * 1024)
+    ballast = fill(small_home, leave=8 * 1024)
     r = client.post(f"/v1/collections/{col}/documents",
                     files={"file": ("b.pdf", pdf, "application/pdf")})
     assert r.status_code == 507, r.text
@@ -102,8 +71,8 @@ def test_disk_full_during_upload_and_ingest(small_home: Path,
 
     # room for the upload, not for its pages and KV: failed with a message, deletable
     ballast.unlink()
-    ballast = _fill(small_home, leave=len(pdf) + 256 * 1024)
-    assert _free(small_home) < per_doc
+    ballast = fill(small_home, leave=len(pdf) + 256 * 1024)
+    assert free_bytes(small_home) < per_doc
     r = client.post(f"/v1/collections/{col}/documents",
                     files={"file": ("c.pdf", pdf, "application/pdf")})
     if r.status_code == 507:  # the database's own growth can take the last bytes
@@ -151,7 +120,7 @@ def test_full_disk_answers_507_and_a_delete_frees_space(
 
     # a full disk: a write answers 507 with a JSON message, never 500 (SQLite's log has a
     # few free frames first: new collections fit until it fills)
-    ballast = _fill(small_home, leave=0)
+    ballast = fill(small_home, leave=0)
     for i in range(500):
         r = client.post("/v1/collections", json={"name": f"full-{i}"})
         if r.status_code != 201:
@@ -165,10 +134,10 @@ def test_full_disk_answers_507_and_a_delete_frees_space(
         assert client.get(path).status_code == 200, path
 
     # DELETE works on the full disk and frees the document's space first
-    before = _free(small_home)
+    before = free_bytes(small_home)
     r = client.delete(f"/v1/documents/{first['document_id']}")
     assert r.status_code == 204, r.text
-    assert _free(small_home) - before >= 0.8 * per_doc
+    assert free_bytes(small_home) - before >= 0.8 * per_doc
     assert _files_bytes(small_home) == 0
     assert client.get(f"/v1/documents/{first['document_id']}").status_code == 404
 
@@ -180,7 +149,7 @@ def test_full_disk_answers_507_and_a_delete_frees_space(
 
     # below the reserve (not full): uploads get 507 naming it, metadata writes still work
     ballast.unlink()
-    ballast = _fill(small_home, leave=RESERVE // 2)
+    ballast = fill(small_home, leave=RESERVE // 2)
     r = client.post(f"/v1/collections/{col}/documents",
                     files={"file": ("d.pdf", text_pdf(PAGES[:1]), "application/pdf")})
     assert r.status_code == 507, r.text
@@ -194,7 +163,7 @@ def test_kv_write_to_a_full_disk_is_counted_and_served_from_memory(small_home: P
     page = make_page(3)
     disk = DiskKVStore(small_home / "kv", 1 << 30)
     stack = TieredKVStore([("memory", MemoryKVStore(1 << 30)), ("disk", disk)])
-    _fill(small_home, leave=4 * 1024)
+    fill(small_home, leave=4 * 1024)
     stack.put_many({key: page})  # the disk tier's write fails; nothing raises
     assert disk.stats().errors == 1
     assert [p.name for p in (small_home / "kv").rglob("*") if p.is_file()] == []

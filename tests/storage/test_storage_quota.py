@@ -7,7 +7,6 @@ reserve file is released), an insert raises `DiskFullError` and keeps nothing.""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from storage.metadata import (
 )
 from storage.metadata.usage import Quota, Usage
 from storage.space import free_bytes
+from tests.small_disk import fill, small_tmpfs
 
 
 def _doc(col: CollectionId, size: int = 100, pages: int = 2) -> Document:
@@ -97,28 +97,9 @@ def test_concurrent_inserts_never_pass_a_quota(meta: MetadataStore) -> None:
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A 48 MiB tmpfs (skipped, with the reason, where mounting is not permitted)."""
-    folder = tmp_path / "fs"
-    folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(folder)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    """A 48 MiB tmpfs."""
+    with small_tmpfs(tmp_path / "fs", 48) as folder:
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def _fill(folder: Path) -> None:
-    with (folder / "ballast").open("wb", buffering=0) as f:
-        for size in (1 << 20, 4096):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError:
-                pass
-    assert free_bytes(folder) < 4096
 
 
 def test_sqlite_deletes_and_status_writes_commit_on_a_full_disk(small_fs: Path) -> None:
@@ -133,7 +114,8 @@ def test_sqlite_deletes_and_status_writes_commit_on_a_full_disk(small_fs: Path) 
                                      text="word " * 400, text_source="text_layer",
                                      image_path="x", width=1, height=1, embedding=bytes(1536))
                                 for n in range(1, 21)])
-    _fill(small_fs)
+    fill(small_fs)
+    assert free_bytes(small_fs) < 4096
     with pytest.raises(DiskFullError):  # the log's free frames first take a few small writes
         for i in range(10_000):
             meta.create_collection(f"d{i}", "t")
