@@ -18,6 +18,11 @@ from worker.answer_job import Answer, Question, check_scope
 from worker.context import WorkerContext
 from worker.fairness import TenantSlots
 
+# The headers of a server-sent event answer: nothing between the service and the client may
+# hold its events back (X-Accel-Buffering: ingress-nginx and nginx buffer a response unless
+# told not to; Cache-Control: nor may a cache keep or merge it).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
 
 def answer_slot(request: Request, tenant: str) -> ExitStack:
     """One of `tenant`'s answers in flight (`worker.fairness.TenantSlots`, the app's

@@ -13,13 +13,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.utils import is_body_allowed_for_status_code
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.auth import KeyRing
 from service.guard import GuardMiddleware, validation_error
 from service.hardening import LoopbackHostMiddleware, SecurityHeadersMiddleware, private_home
-from service.metrics import UPLOADS, register_kv_collector
+from service.metrics import (
+    UPLOADS,
+    HTTPMetricsMiddleware,
+    register_kv_collector,
+    register_queue_collector,
+)
 from service.routers import (
     collections,
     documents,
@@ -68,7 +74,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reaper = Reaper(ctx, runner.submit_ingest, runner.local_queue)
         reaper.start()
         start_index_check(ctx)  # stale retrieval indexes rebuild in the background
-        collector = register_kv_collector(ctx.kv)
+        collectors: list[Collector] = [register_kv_collector(ctx.kv)]
+        if not settings.embedded:  # jobs wait in the broker's queues: export their lengths
+            collectors.append(register_queue_collector(runner.queue_lengths))
         log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
                  settings.embedded)
         try:
@@ -76,7 +84,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             reaper.stop()
             app.state.runner.shutdown()
-            REGISTRY.unregister(collector)
+            for collector in collectors:
+                REGISTRY.unregister(collector)
             ctx.close()
 
     # /docs and /redoc with Swagger UI and ReDoc served from the installed fastapi-offline
@@ -97,7 +106,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_upload_bytes=settings.max_upload_bytes)
     if not keyring.enabled:  # the open mode: loopback Host names only (DNS rebinding)
         app.add_middleware(LoopbackHostMiddleware, allowed=settings.allowed_hosts)
-    app.add_middleware(SecurityHeadersMiddleware)  # added last: outermost, on the guard's 401s
+    app.add_middleware(SecurityHeadersMiddleware)  # outside the guard: on its 401s too
+    # outermost: every response is counted, refusals included, by the route it was for
+    app.add_middleware(HTTPMetricsMiddleware, routes=lambda: app.router.routes)
     for router in (collections.router, documents.router, pages.router, query.router,
                    models.router, openai_chat.router, health.router, usage.router):
         app.include_router(router)

@@ -173,6 +173,16 @@ class CeleryRunner:
         """None: the broker holds the queue (and keeps unacknowledged messages)."""
         return None
 
+    def queue_lengths(self) -> dict[str, int]:
+        """Jobs waiting for a worker in each queue: the length of its Redis list (the one
+        KEDA's redis trigger reads; taken jobs leave it). `UnavailableError` when Redis
+        cannot be read."""
+        try:
+            return {queue: int(self._bus.llen(queue))  # type: ignore[arg-type]
+                    for queue in (ANSWER_QUEUE, INGEST_QUEUE)}
+        except (redis.RedisError, OSError) as exc:
+            raise UnavailableError(f"the broker is unavailable ({type(exc).__name__})") from exc
+
     def answer(self, question: Question, on_token: TokenSink | None = None,
                cancel: threading.Event | None = None) -> Answer:
         """Send the question to a worker and relay its tokens until the answer arrives.

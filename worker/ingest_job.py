@@ -1,5 +1,12 @@
 """The ingest job: render every page, read its text (OCR when needed), embed it for retrieval,
-and prefill page KV once per page hash. Progress is written to the metadata store per stage."""
+and prefill page KV once per page hash. Progress is written to the metadata store per stage.
+
+Metrics (default registry; the api's /metrics in the embedded form, a worker's metrics port in
+the distributed one), counted when a document's ingestion ends:
+  INGEST_PAGES      counter `conduit_ingest_pages_total{outcome}`: its pages, `ingested` or
+                    `skipped` (unreadable, left out of a ready document)
+  INGEST_DOCUMENTS  counter `conduit_ingest_documents_total{outcome}`: `ready` or `failed`
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from PIL import Image
+from prometheus_client import Counter
 
 from conduit_core.page_kv import PageKV
 from storage.errors import DiskFullError, NotFoundError, UnavailableError
@@ -28,6 +36,15 @@ from worker.retrieval.passages import embed_pages
 from worker.uploads import upload_path
 
 log = logging.getLogger(__name__)
+
+INGEST_PAGES = Counter("conduit_ingest_pages", "Pages of documents whose ingestion ended "
+                       "ready: ingested, or skipped as unreadable", ["outcome"])
+INGEST_DOCUMENTS = Counter("conduit_ingest_documents", "Documents whose ingestion ended, by "
+                           "outcome (ready, failed)", ["outcome"])
+for _outcome in ("ingested", "skipped"):  # every series exists from the start (rate() at 0)
+    INGEST_PAGES.labels(_outcome)
+for _outcome in ("ready", "failed"):
+    INGEST_DOCUMENTS.labels(_outcome)
 
 PREFILL_BATCH = 4  # pages per prefill call
 EMBED_BATCH = 32  # pages per embedding call (progress is reported after each)
@@ -70,6 +87,9 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
                                  pages_done=progress.total, pages_total=progress.total,
                                  skipped_pages=skipped)
         on_document_ready(ctx, doc.collection_id, document_id, pages)
+        INGEST_PAGES.labels("ingested").inc(len(pages))
+        INGEST_PAGES.labels("skipped").inc(len(skipped))
+        INGEST_DOCUMENTS.labels("ready").inc()
     except (UnavailableError, NotFoundError):
         raise
     except IngestError as exc:
@@ -88,6 +108,7 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
 
 
 def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) -> None:
+    INGEST_DOCUMENTS.labels("failed").inc()
     mark_failed(ctx, doc.id, None, message, pages_total=progress.total)
 
 

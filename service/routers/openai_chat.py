@@ -32,7 +32,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
-from service.answers import answer_slot, build_question, to_query_out
+from service.answers import SSE_HEADERS, answer_slot, build_question, to_query_out
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.schemas import QueryIn, QueryOut
 from worker.answer_job import Answer
@@ -246,5 +246,5 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep, tenant:
             slot.close()
 
     # the background task frees the slot of a stream that never started (the client gone)
-    return StreamingResponse(stream(), media_type="text/event-stream",
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(slot.close))

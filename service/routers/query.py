@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
-from service.answers import answer_slot, build_question, to_query_out
+from service.answers import SSE_HEADERS, answer_slot, build_question, to_query_out
 from service.deps import CtxDep, RunnerDep, TenantDep
 from service.metrics import QUERIES
 from service.schemas import QueryIn, QueryOut
@@ -78,6 +78,5 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
             slot.close()
 
     # the background task frees the slot of a stream that never started (the client gone)
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"},
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS,
                              background=BackgroundTask(slot.close))

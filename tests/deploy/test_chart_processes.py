@@ -5,7 +5,10 @@ is rewritten: mount paths to temp folders, the Redis address to the local server
 ports to free ports. Then a client uploads (with the generated API key), KEDA's lists are seen
 to hold the waiting job, a worker starts and ingests, the api answers, every probe path
 answers on the port it names, and the metrics key from the Secret (the one the ServiceMonitor
-presents) reads /metrics, whose series every dashboard and alert query must name.
+presents) reads /metrics, whose series every dashboard and alert query must name: HTTP
+responses by route template and status, the worker's ingested pages, the Redis queue lengths
+the api reads at each scrape. Both event streams carry the headers that keep ingress-nginx from
+buffering them.
 
 A setting the chart sets that Settings does not know, a URL, port or path the processes do not
 follow, fails here. Rendered with the cpu-demo example and the tiny builtin model (fast on CPU).
@@ -23,6 +26,7 @@ import httpx
 import pytest
 import redis
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from lab.processes import free_port, start_redis
 from tests.deploy import processes as pr
@@ -45,6 +49,8 @@ class Deployed:
     redis: redis.Redis
     answer: dict[str, object]
     queued: dict[str, int]  # list name -> length while no worker ran
+    collection_id: str
+    scraped_queued: str  # the api's /metrics while no worker ran
 
 
 def _mounts(workload: dict[str, Any], tmp: Path) -> dict[str, Path]:
@@ -114,9 +120,11 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         r = redis.Redis.from_url(redis_url)
         lists = [t["metadata"]["listName"] for t in _keda(render(MONITORED))["spec"]["triggers"]]
         queued = {name: int(r.llen(name)) for name in lists}  # type: ignore[arg-type]
+        scraped_queued = httpx.get(api_url + "/metrics", headers=_metrics_auth(out)).text
         running += pr.start([procs["worker"]], logs)  # KEDA would wake it now
         answer = pr.ingest_then_ask(api, collection_id, document_id, logs)
-        yield Deployed(out, procs, logs, api_url, r, answer, queued)
+        yield Deployed(out, procs, logs, api_url, r, answer, queued, collection_id,
+                       scraped_queued)
     finally:
         pr.stop(running)
         stop_redis()
@@ -165,15 +173,15 @@ def test_scrape_annotations_name_the_served_ports(deployed: Deployed) -> None:
         assert int(notes["prometheus.io/port"]) == declared[port]
         local = deployed.procs[name].ports[port]
         assert httpx.get(f"http://127.0.0.1:{local}{notes['prometheus.io/path']}",
-                         timeout=10, headers=_metrics_auth(deployed)).status_code == 200
+                         timeout=10, headers=_metrics_auth(deployed.out)).status_code == 200
 
 
-def _metrics_auth(deployed: Deployed) -> dict[str, str]:
+def _metrics_auth(out: Rendered) -> dict[str, str]:
     """The bearer token the ServiceMonitor presents, read from the Secret it names."""
     sm = render(MONITORED).one("ServiceMonitor", full())
     (endpoint,) = [e for e in sm["spec"]["endpoints"] if "authorization" in e]
     ref = endpoint["authorization"]["credentials"]
-    return {"Authorization": f"Bearer {deployed.out.secret_data(ref['name'])[ref['key']]}"}
+    return {"Authorization": f"Bearer {out.secret_data(ref['name'])[ref['key']]}"}
 
 
 def test_metrics_need_the_metrics_key(deployed: Deployed) -> None:
@@ -181,12 +189,12 @@ def test_metrics_need_the_metrics_key(deployed: Deployed) -> None:
     assert httpx.get(url).status_code == 401
     tenant = json.loads(deployed.out.secret_data(full())["CONDUIT_API_KEYS"])[0]
     assert httpx.get(url, headers={"Authorization": f"Bearer {tenant}"}).status_code == 403
-    r = httpx.get(url, headers=_metrics_auth(deployed))
+    r = httpx.get(url, headers=_metrics_auth(deployed.out))
     assert r.status_code == 200 and "conduit_queries_total" in r.text
 
 
 def _scraped(deployed: Deployed) -> set[str]:
-    api = httpx.get(deployed.api_url + "/metrics", headers=_metrics_auth(deployed)).text
+    api = httpx.get(deployed.api_url + "/metrics", headers=_metrics_auth(deployed.out)).text
     worker = httpx.get(f"http://127.0.0.1:{deployed.procs['worker'].ports['metrics']}/metrics")
     return pr.scraped_names(api) | pr.scraped_names(worker.text)
 
@@ -208,7 +216,71 @@ def test_every_alert_names_an_exported_series(deployed: Deployed) -> None:
     rule = render(MONITORED).one("PrometheusRule", full())
     exported = _scraped(deployed)
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
-    assert {"ConduitAnswerQueueStuck", "ConduitAnswerErrorsRising"} <= {r["alert"] for r in alerts}
+    assert {"ConduitAnswerQueueStuck", "ConduitAnswerErrorsRising", "ConduitJobsWaiting",
+            "ConduitServerErrorsRising"} <= {r["alert"] for r in alerts}
     for alert in alerts:
         names = pr.promql_metric_names(alert["expr"])
         assert names and names <= exported, (alert["alert"], sorted(names - exported))
+
+
+def _tenant(deployed: Deployed) -> httpx.Client:
+    return pr.client(deployed.api_url,
+                     json.loads(deployed.out.secret_data(full())["CONDUIT_API_KEYS"])[0])
+
+
+def test_event_streams_tell_a_proxy_not_to_buffer(deployed: Deployed) -> None:
+    """Both server-sent event answers carry the headers ingress-nginx (X-Accel-Buffering)
+    and any cache (Cache-Control) read as "pass it through as it comes"."""
+    api = _tenant(deployed)
+    asks = [("/v1/query/stream", {"collection_id": deployed.collection_id, "top_k": 1,
+                                  "question": "When is the oil filter replaced?",
+                                  "max_new_tokens": 2}),
+            ("/v1/chat/completions", {"model": f"conduit:{deployed.collection_id}",
+                                      "stream": True, "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "Oil filter?"}]})]
+    for path, body in asks:
+        with api.stream("POST", path, json=body) as r:
+            assert r.status_code == 200, (path, r.read())
+            assert r.headers["content-type"].startswith("text/event-stream"), path
+            assert r.headers.get("x-accel-buffering") == "no", (path, r.headers)
+            assert r.headers.get("cache-control") == "no-cache", (path, r.headers)
+            r.read()
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_http_responses_are_counted_by_route_template_and_status(deployed: Deployed) -> None:
+    api = _tenant(deployed)
+    assert api.get("/v1/documents/doc-that-is-not-there").status_code == 404
+    assert httpx.get(deployed.api_url + "/v1/collections").status_code == 401  # no key
+    assert api.get("/no/such/path").status_code == 404
+    scrape = _samples(httpx.get(deployed.api_url + "/metrics",
+                                headers=_metrics_auth(deployed.out)).text)
+    counts = {dict(labels)["route"] + " " + dict(labels)["method"] + " " +
+              dict(labels)["status"]: value for (name, labels), value in scrape.items()
+              if name == "conduit_http_requests_total"}
+    assert counts["/v1/documents/{document_id} GET 404"] >= 1, counts
+    assert counts["/v1/collections GET 401"] >= 1, counts  # refused before routing, still named
+    assert counts["/v1/query POST 200"] >= 1, counts  # the fixture's answer
+    assert counts["<unmatched> GET 404"] >= 1, counts  # raw paths do not become labels
+    assert not any("doc-that-is-not-there" in k or "/no/such" in k for k in counts)
+
+
+def test_ingested_pages_and_waiting_jobs_are_exported(deployed: Deployed) -> None:
+    """The worker counts the pages it ingested; the api reads the Redis lists at each scrape."""
+    worker = _samples(httpx.get(
+        f"http://127.0.0.1:{deployed.procs['worker'].ports['metrics']}/metrics").text)
+    assert worker[("conduit_ingest_pages_total", frozenset({("outcome", "ingested")}))] == \
+        len(pr.PAGES)
+    assert worker[("conduit_ingest_documents_total", frozenset({("outcome", "ready")}))] == 1
+    def waiting(scrape: str) -> dict[str, float]:
+        return {dict(labels)["queue"]: value for (name, labels), value in _samples(scrape).items()
+                if name == "conduit_celery_queue_length"}
+
+    # before any worker ran, the upload's job waited in its list; now every list is empty
+    assert waiting(deployed.scraped_queued) == {INGEST_QUEUE: 1, ANSWER_QUEUE: 0}
+    now = httpx.get(deployed.api_url + "/metrics", headers=_metrics_auth(deployed.out)).text
+    assert waiting(now) == {INGEST_QUEUE: 0, ANSWER_QUEUE: 0}
