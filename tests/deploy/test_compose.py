@@ -1,6 +1,7 @@
 """docker-compose.yml, its env file and GPU override, and deploy/Dockerfile agree with the code:
-real `conduit` subcommands, real Settings fields, one shared volume at CONDUIT_HOME, and an image
-that contains every package pyproject installs."""
+real `conduit` subcommands, real Settings fields, one shared volume at CONDUIT_HOME, an image
+that contains every package pyproject installs, and an api that serves the container network
+only with API keys or the explicit open-network opt-in (`service.hardening.check_bind`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from service.auth import KeyRing
 from service.cli import _parser
+from service.hardening import check_bind, is_loopback_address
 from tests.deploy.chart import ROOT, settings_field, settings_of
 from tests.deploy.compose import (
     DISTRIBUTED_ENV,
@@ -26,6 +29,7 @@ from tests.deploy.compose import (
     env_file,
     image_env,
 )
+from tests.deploy.processes import BASE_ENV, local_argv
 
 KEYS = {"CONDUIT_API_KEYS": '["compose-test-key-0123456789"]'}
 
@@ -42,7 +46,7 @@ def test_commands_are_real_conduit_subcommands() -> None:
         command = services[name]["command"]
         assert command[0] == "conduit", name
         assert _parser().parse_args(command[1:]).func.__name__ == func, name
-    cmd = [yaml.safe_load(rest) for op, rest in dockerfile() if op == "CMD"][-1]
+    cmd = _image_cmd()
     assert cmd[0] == "conduit" and _parser().parse_args(cmd[1:]).func.__name__ == "_serve"
     assert cmd == services["api"]["command"]
 
@@ -69,6 +73,59 @@ def test_the_api_keys_are_required() -> None:
     for env in ({}, {"CONDUIT_API_KEYS": ""}):
         with pytest.raises(MissingVariable, match="CONDUIT_API_KEYS"):
             compose(env)
+
+
+OPEN_DEMO = {"CONDUIT_API_KEYS": "[]", "CONDUIT_ALLOW_OPEN_NETWORK": "true"}
+
+
+def _image_cmd() -> list[str]:
+    cmd: list[str] = [yaml.safe_load(rest) for op, rest in dockerfile() if op == "CMD"][-1]
+    return cmd
+
+
+def _bind_refusal(command: list[str], env: dict[str, str]) -> str | None:
+    """What `conduit serve`, run as `command` with exactly `env`, says before it binds: None
+    when it serves."""
+    args = _parser().parse_args(command[1:])
+    s = settings_of(env)
+    return check_bind(args.host, keys=KeyRing.from_settings(s).enabled,
+                      allow_open=args.allow_open or s.allow_open_network)
+
+
+def test_compose_serves_the_network_only_with_keys_or_the_explicit_opt_in() -> None:
+    for shell in (KEYS, OPEN_DEMO):
+        for profile in ({}, env_file(DISTRIBUTED_ENV)):
+            api = compose(shell | profile)["services"]["api"]
+            env = image_env() | {k: str(v) for k, v in api["environment"].items()}
+            s = settings_of(env)
+            assert s.api_keys or s.allow_open_network, shell  # keys, or the opt-in said
+            args = _parser().parse_args(api["command"][1:])
+            assert not is_loopback_address(args.host)  # the container network: it must
+            assert _bind_refusal(api["command"], env) is None, shell
+            # published on the host's loopback only (the keyless demo's Host names are too)
+            assert all(p.startswith("127.0.0.1:") for p in api["ports"]), api["ports"]
+    # no keys and no opt-in: compose passes it on, and the api refuses to serve
+    api = compose({"CONDUIT_API_KEYS": "[]"})["services"]["api"]
+    refusal = _bind_refusal(api["command"], image_env() | api["environment"])
+    assert refusal and "CONDUIT_ALLOW_OPEN_NETWORK" in refusal
+
+
+def test_the_image_serves_with_keys_a_keys_file_or_the_opt_in(tmp_path: Path) -> None:
+    """The image's own command and environment: refused alone (a real process exits 2 and
+    says what to set), served with keys, with a mounted keys file, or with the opt-in."""
+    env = image_env() | {"CONDUIT_HOME": str(tmp_path / "home")}
+    keys_file = tmp_path / "conduit-keys"
+    keys_file.write_text('["image-test-key-0123456789"]')
+    for extra in (KEYS, {"CONDUIT_API_KEYS_FILE": str(keys_file)},
+                  {"CONDUIT_ALLOW_OPEN_NETWORK": "true"}):
+        assert _bind_refusal(_image_cmd(), env | extra) is None, extra
+    assert _bind_refusal(_image_cmd(), env) is not None
+    run = subprocess.run(local_argv(_image_cmd()), env=BASE_ENV | env, capture_output=True,
+                         timeout=300, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr.decode(errors="replace")[-2000:]
+    said = run.stderr.decode()
+    assert "refusing to serve 0.0.0.0" in said
+    assert "CONDUIT_API_KEYS" in said and "CONDUIT_ALLOW_OPEN_NETWORK" in said
 
 
 def test_distributed_profile_has_redis_worker_and_a_shared_volume() -> None:
