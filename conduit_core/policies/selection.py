@@ -10,7 +10,7 @@ Public API:
   page_amplification(scores, page_of, n_pages, gamma) -> (M,)
                                     c_m = (R_m / mean R)^gamma
   mass_k(scores, mass, k_max) -> int   fewest top tokens holding `mass` of the score mass
-  quota_split(sizes, k, weights=None) -> (M,)     k split over pages (largest remainder)
+  quota_split(sizes, k, weights=None) -> (M,)     k split over pages in proportion to weights
   per_page_topk(scores, page_of, quotas) -> positions   top quotas[m] of each page
   first_per_page(page_of, counts) -> positions    the first counts[m] tokens of each page
 """
@@ -71,41 +71,86 @@ def page_amplification(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int
 
 
 def quota_split(sizes: torch.Tensor, k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Split k tokens over pages of `sizes` (M,) in proportion to `weights` (default: the
-    sizes), largest remainder first (ties to the lower page), never more than a page holds.
-    Returns (M,) int64 summing to min(k, sizes.sum())."""
+    """Split k tokens over pages of `sizes` (M,) in proportion to `weights` (M,) >= 0
+    (default: the sizes), never more than a page holds. Returns (M,) int64 summing to
+    min(k, sizes.sum()).
+
+    The rule, in rounds over the pages that still have room (their weights; equal ones when
+    those weights are all 0): each gets floor(its share of the tokens left), at most its
+    room; when that gives nothing (every share below one token), the tokens left go one at
+    a time to the page with the largest remainder of its share (the lower page on a tie;
+    with the shares unchanged that is the same page each time), re-deciding when a page
+    fills up. A round is a fixed number of tensor operations (the single tokens of a round
+    are decided together): rounds repeat while floors still hand out whole tokens or a page
+    fills up, never once a page or once a token.
+    """
     sizes = sizes.to(torch.long).cpu()
     w = (sizes if weights is None else weights).to(torch.float64).cpu()
     k = min(k, int(sizes.sum()))
     quota = torch.zeros_like(sizes)
-    while int(quota.sum()) < k:
+    given = 0
+    while given < k:
         room = sizes - quota  # (M,)
         active = room > 0
-        left = k - int(quota.sum())
+        left = k - given
         share = torch.where(active, w, torch.zeros_like(w))
         if float(share.sum()) <= 0:
             share = active.to(torch.float64)
-        ideal = share / share.sum() * left  # (M,)
-        add = torch.minimum(ideal.floor().to(torch.long), room)
-        if int(add.sum()) == 0:  # hand out single tokens by largest remainder
-            rem = torch.where(active, ideal - ideal.floor(), torch.full_like(ideal, -1.0))
-            add = torch.zeros_like(quota)
-            add[int(torch.sort(-rem, stable=True).indices[0])] = 1
+        ratio = share / share.sum()  # (M,)
+        add = torch.minimum((ratio * left).floor().to(torch.long), room)  # (M,)
+        if int(add.sum()) == 0:
+            add = _single_tokens(ratio, active, room, left)
         quota += add
+        given += int(add.sum())
     return quota
+
+
+def _single_tokens(ratio: torch.Tensor, active: torch.Tensor, room: torch.Tensor,
+                   left: int) -> torch.Tensor:
+    """The tokens `quota_split` hands out one at a time while no page fills up (every share
+    ratio[m] * tokens left below one), decided together: (M,) int64.
+
+    Token j goes out with `left - j` tokens left, to the page of the largest remainder of
+    ratio * (left - j) among the active pages (the first on a tie); the same float64
+    products as one token a round, so the same pages. Stops after the token that fills a page
+    (the shares change then)."""
+    lefts = torch.arange(left, 0, -1, dtype=torch.float64)  # (S,) tokens left at each step
+    ideal = ratio.view(1, -1) * lefts.view(-1, 1)  # (S, M)
+    rem = torch.where(active.view(1, -1), ideal - ideal.floor(),
+                      torch.full_like(ideal, -1.0))  # (S, M)
+    winner = rem.argmax(dim=1)  # (S,) the first largest remainder of each step
+    given = torch.nn.functional.one_hot(winner, ratio.numel())  # (S, M)
+    full = (given.cumsum(0) >= room.view(1, -1)) & active.view(1, -1)  # (S, M)
+    fills = full.any(dim=1)  # (S,) some page full after the step
+    steps = int(fills.to(torch.long).argmax()) + 1 if bool(fills.any()) else left
+    return given[:steps].sum(0)  # (M,)
+
+
+def _rank_in_page(order: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> torch.Tensor:
+    """For positions `order` (N,) sorted by page (stably): each one's rank within its page."""
+    counts = torch.bincount(page_of, minlength=n_pages)  # (M,)
+    starts = counts.cumsum(0) - counts  # (M,) first index of each page in `order`
+    return torch.arange(order.numel()) - starts[page_of[order]]  # (N,)
 
 
 def per_page_topk(scores: torch.Tensor, page_of: torch.Tensor,
                   quotas: torch.Tensor) -> torch.Tensor:
-    """Positions of the top `quotas[m]` scores within each page m, ascending."""
-    picked = []
-    for m, q in enumerate(quotas.tolist()):
-        pos = torch.nonzero(page_of == m).view(-1)  # (T_m,)
-        picked.append(pos[topk_positions(scores[pos], int(q))])
-    return torch.cat(picked).sort().values if picked else torch.zeros(0, dtype=torch.long)
+    """Positions of the top `quotas[m]` scores (quotas (M,) >= 0) within each page m (page_of
+    (N,) in [0, M)), ascending; equal scores go to the lower position, as `topk_positions`.
+    One sort by score and one stable sort by page, whatever the number of pages."""
+    page_of = page_of.to(torch.long).cpu()
+    quotas = quotas.to(torch.long).cpu()
+    by_score = torch.sort(-scores.float().cpu(), stable=True).indices  # (N,) best first
+    order = by_score[torch.sort(page_of[by_score], stable=True).indices]  # (N,) page, best
+    keep = _rank_in_page(order, page_of, int(quotas.numel())) < quotas[page_of[order]]  # (N,)
+    return order[keep].sort().values
 
 
 def first_per_page(page_of: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Positions of the first `counts[m]` tokens of each page m, ascending."""
-    picked = [torch.nonzero(page_of == m).view(-1)[:int(c)] for m, c in enumerate(counts.tolist())]
-    return torch.cat(picked).sort().values if picked else torch.zeros(0, dtype=torch.long)
+    """Positions of the first `counts[m]` tokens (counts (M,) >= 0) of each page m (page_of
+    (N,) in [0, M)), ascending. One stable sort, whatever the number of pages."""
+    page_of = page_of.to(torch.long).cpu()
+    counts = counts.to(torch.long).cpu()
+    order = torch.sort(page_of, stable=True).indices  # (N,) by page, then position
+    keep = _rank_in_page(order, page_of, int(counts.numel())) < counts[page_of[order]]  # (N,)
+    return order[keep].sort().values
