@@ -16,8 +16,10 @@ Public API:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
@@ -61,9 +63,15 @@ class Assembly:
         attention. The peak, not the page's total: a question's attention is spread thinly
         over every token and sharply on the few it reads, and only the peak tells the page
         it read (measured: lab/testbed/NOTES.md, "Citations")."""
-        if self.stale is None:
+        if self.stale is None or not self.layout.segments:
             return ()
         attention = self.stale.attention.float().cpu()  # (N,)
-        totals = [float(attention[s.start:s.stop].max()) for s in self.layout.segments]
+        segments = self.layout.segments
+        rows = self.layout.visual_rows()  # (N_v,) page rows in order
+        page_of = torch.from_numpy(np.repeat(np.arange(len(segments)),
+                                             [s.length for s in segments]))  # (N_v,)
+        peaks = torch.full((len(segments),), -math.inf).scatter_reduce(
+            0, page_of, attention[rows], "amax")  # (M,) each page's most attended token
+        totals = peaks.tolist()
         whole = sum(totals)
         return tuple(t / whole for t in totals) if whole > 0 else ()

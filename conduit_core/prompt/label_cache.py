@@ -24,13 +24,15 @@ its path, and an answer that recomputes a label's page whole (a full prefill, th
 never computes the label here.
 
 Public API:
-  LabelKV(key, keys, values, position_ids)   .n, .copy_into(adapter, cache, start, position_ids)
+  LabelKV(key, keys, values, position_ids)   .n
   LabelCache(max_entries=1024)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
     .get(adapter, namespace, head, label_ids) -> (LabelKV, computed: bool)
     LabelCache.key(namespace, head, label_ids) -> LabelKey;  key in cache;  .clear();
     len(cache)
   load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
       rows (but those in rows `skip`), computing misses into `assembly.fill_flops`
+  write_labels(adapter, cache, spans, labels, position_ids)   labels' K/V into their spans,
+      turned to their places, all at once
   fetch(cache, adapter, costs, namespace, head, label_ids) -> (LabelKV, FLOPs spent
       computing it)
 """
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conduit_core.assembly import Assembly
@@ -49,7 +52,7 @@ from conduit_core.passes.layer_forward import forward_rows
 from conduit_core.prompt.bounded_lru import BoundedLRU
 from conduit_core.prompt.layout import Segment
 from conduit_core.prompt.prompt_head import HeadKV
-from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
+from conduit_core.prompt.rotation import rerotate_into, shift_tables, span_deltas
 
 LabelKey = tuple[str, tuple[int, ...], tuple[int, ...]]  # (namespace, head ids, label ids)
 
@@ -67,16 +70,6 @@ class LabelKV:
     def n(self) -> int:
         """Tokens in the label."""
         return len(self.key[2])
-
-    def copy_into(self, adapter: VLMAdapter, cache: KVCache, start: int,
-                  position_ids: torch.Tensor) -> None:
-        """Write the label's K/V into rows [start, start + n) of a batch-1 cache, its keys
-        turned to `position_ids` (P, n)."""
-        rows = slice(start, start + self.n)
-        delta = segment_delta(self.position_ids, position_ids)
-        cos, sin = shift_cos_sin(adapter, delta, self.keys.device)  # (hd,) each
-        rerotate_into(self.keys, cos.view(1, -1), sin.view(1, -1), cache.keys[:, 0, :, rows])
-        cache.values[:, 0, :, rows] = self.values
 
 
 class LabelCache(BoundedLRU[LabelKey, LabelKV]):
@@ -121,9 +114,9 @@ def _pending(assembly: Assembly, skip: torch.Tensor | None) -> list[tuple[Segmen
     if not assembly.labels_pending:
         return []
     layout = assembly.layout
-    spans = [s for s in layout.labels
-             if skip is None or not bool(torch.isin(torch.tensor([s.start]), skip))]
-    return [(s, layout.token_ids[s.start:s.stop]) for s in spans]
+    skipped = set() if skip is None else set(skip.tolist())
+    return [(s, layout.token_ids[s.start:s.stop]) for s in layout.labels
+            if s.start not in skipped]
 
 
 def _cost(costs: RowCosts, head: HeadKV, t: int) -> float:
@@ -139,13 +132,39 @@ def load_labels(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, assembl
     assembly.labels_pending = False
     if not pending:
         return
-    head, layout = assembly.head, assembly.layout
+    head = assembly.head
     assert head is not None  # stale labels are computed after the head
-    for span, ids in pending:
+    labels = []
+    for _, ids in pending:
         label, spent = fetch(cache, adapter, costs, assembly.namespace, head, ids)
-        label.copy_into(adapter, assembly.cache, span.start,
-                        layout.position_ids[:, span.start:span.stop])
+        labels.append(label)
         assembly.fill_flops += spent
+    write_labels(adapter, assembly.cache, [span for span, _ in pending], labels,
+                 assembly.layout.position_ids)
+
+
+def write_labels(adapter: VLMAdapter, cache: KVCache, spans: list[Segment],
+                 labels: list[LabelKV], position_ids: torch.Tensor) -> None:
+    """Write each label's K/V into its span of a batch-1 cache, its keys turned to the
+    layout's `position_ids` (P, N) there: all labels at once (one table of shifts, one
+    rotation pass, one indexed copy each for keys and values), the same values as turning
+    them one by one (`rotation.rerotate_into` with each label's own shift). Raises
+    ConduitCoreError where a label's positions do not shift uniformly."""
+    if not spans:
+        return
+    lengths = [s.length for s in spans]
+    rows = np.concatenate([np.arange(s.start, s.stop) for s in spans])  # (T,)
+    cached = torch.cat([label.position_ids for label in labels], dim=1).cpu()  # (P, T)
+    deltas = span_deltas(cached, position_ids.cpu()[:, torch.from_numpy(rows)], lengths)
+    dev = cache.keys.device
+    cos, sin = shift_tables(adapter, deltas, lengths, dev)  # (T, hd) each
+    keys = torch.cat([label.keys for label in labels], dim=2)  # (L, kv, T, hd)
+    turned = torch.empty(keys.shape, dtype=cache.keys.dtype, device=dev)  # (L, kv, T, hd)
+    rerotate_into(keys, cos, sin, turned)
+    index = torch.from_numpy(rows).to(dev)  # (T,)
+    cache.keys[:, 0].index_copy_(2, index, turned)  # (L, kv, N, hd)
+    values = torch.cat([label.values for label in labels], dim=2)  # (L, kv, T, hd)
+    cache.values[:, 0].index_copy_(2, index, values.to(cache.values.dtype))
 
 
 def fetch(cache: LabelCache, adapter: VLMAdapter, costs: RowCosts, namespace: str,

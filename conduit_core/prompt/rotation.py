@@ -19,6 +19,8 @@ Public API:
   segment_delta(old_positions, new_positions) -> int
       the shift of a page segment, taken from the position ids (never from token counts);
       raises ConduitCoreError unless every token on every axis moved by the same amount.
+  span_deltas(old_positions, new_positions, lengths) -> list[int]
+      `segment_delta` of consecutive spans at once, on the host
   shift_cos_sin(adapter, delta, device) -> (cos, sin) (head_dim,) float32, unit scale
   shift_tables(adapter, deltas, lengths, device) -> (cos, sin) (T, head_dim) float32,
       segment i's `lengths[i]` rows turned by `deltas[i]` (0: the identity)
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from conduit_core.errors import ConduitCoreError
@@ -42,6 +45,8 @@ from conduit_core.model.adapters.base import VLMAdapter
 # Accelerators: a handful of launches for the whole question.
 ROTATE_CHUNK_ELEMENTS = {"cpu": 1 << 17}
 DEFAULT_ROTATE_CHUNK_ELEMENTS = 1 << 26  # accelerators: 256 MiB of float32
+_NOT_UNIFORM = ("page segment positions do not shift uniformly; the page was prefilled under a "
+               "different segment layout than it is reused in")
 
 
 def rotate_chunk_elements(device: torch.device) -> int:
@@ -54,10 +59,22 @@ def segment_delta(old_positions: torch.Tensor, new_positions: torch.Tensor) -> i
     diff = new_positions.to(torch.long) - old_positions.to(torch.long).to(new_positions.device)
     delta = int(diff[0, 0])
     if not bool((diff == delta).all()):
-        raise ConduitCoreError(
-            "page segment positions do not shift uniformly; the page was prefilled under a "
-            "different segment layout than it is reused in")
+        raise ConduitCoreError(_NOT_UNIFORM)
     return delta
+
+
+def span_deltas(old_positions: torch.Tensor, new_positions: torch.Tensor,
+                lengths: Sequence[int]) -> list[int]:
+    """Shifts (new - old) of consecutive spans of `lengths` tokens (each at least 1), both
+    position tensors (P, sum of lengths) on the host: `segment_delta` of every span at once
+    (numpy on the host, no device work). Raises ConduitCoreError as it does."""
+    diff = (new_positions.to(torch.long).numpy()
+            - old_positions.to(torch.long).numpy())  # (P, T)
+    firsts = np.cumsum([0, *lengths[:-1]])  # (S,) each span's first column
+    deltas = diff[0, firsts]  # (S,)
+    if not bool((diff == np.repeat(deltas, lengths)[None, :]).all()):
+        raise ConduitCoreError(_NOT_UNIFORM)
+    return [int(d) for d in deltas]
 
 
 def shift_cos_sin(adapter: VLMAdapter, delta: int,

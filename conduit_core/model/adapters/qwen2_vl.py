@@ -3,7 +3,8 @@
 Public API:
   Qwen2VLAdapter(model, processor, tokenizer, max_image_tokens)
     segment = <|vision_start|> <|image_pad|>*n <|vision_end|>, n = t*h*w / merge^2;
-    positions from the model's own `get_rope_index` (3, N).
+    positions by the model's own rule (3, N), batched over images (`mrope_positions`).
+  mrope_positions(token_ids (N,), image_grids, image_token_id, merge) -> (3, N) int64
 """
 
 from __future__ import annotations
@@ -69,14 +70,13 @@ class Qwen2VLAdapter(VLMAdapter):
 
     def position_ids(self, token_ids: torch.Tensor,
                      image_grids: list[torch.Tensor]) -> torch.Tensor:
-        """The model's own 3-D M-RoPE index of the layout: (3, N)."""
-        ids = token_ids.view(1, -1).to(self.device)  # (1, N)
-        if not image_grids:
-            return torch.arange(ids.shape[1], device=self.device).view(1, -1).expand(3, -1)
-        mm = (ids == self.image_token_id).to(torch.int)  # (1, N)
-        grids = torch.stack(image_grids).to(self.device)  # (n, 3)
-        pos, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=mm, image_grid_thw=grids)
-        return pos[:, 0]  # (3, N)
+        """The 3-D M-RoPE index of the layout (3, N) int64 on the model's device: the model's
+        own rule (`get_rope_index` of Qwen2-VL and Qwen2.5-VL for images), computed on the host
+        in a fixed number of tensor operations whatever the number of images
+        (`mrope_positions`)."""
+        merge = int(self.model.config.vision_config.spatial_merge_size)
+        pos = mrope_positions(token_ids.view(-1).cpu(), image_grids, self.image_token_id, merge)
+        return pos.to(self.device)  # (3, N)
 
     def reference_inputs(self, token_ids: torch.Tensor,
                          pages: list[PreparedPage]) -> dict[str, Any]:
@@ -90,3 +90,40 @@ class Qwen2VLAdapter(VLMAdapter):
             kwargs["pixel_values"] = kwargs["pixel_values"].to(self.device)
             kwargs["image_grid_thw"] = torch.stack([p.image_grid for p in pages]).to(self.device)
         return kwargs
+
+
+def mrope_positions(token_ids: torch.Tensor, image_grids: list[torch.Tensor],
+                    image_token_id: int, merge: int) -> torch.Tensor:
+    """Qwen2-VL's M-RoPE position ids (3, N) int64 of one sequence `token_ids` (N,): a text
+    token takes the running position p on all three axes and moves it on by one; image i's
+    run of `image_token_id` tokens, (t, h, w) = (grid_t, grid_h / merge, grid_w / merge),
+    takes p + (its frame, row, column) in (t, h, w) order and moves p on by max(h, w).
+
+    Raises ValueError unless the runs of image tokens are exactly one per grid, in order,
+    each of t * h * w tokens. The same integers as the model's own `get_rope_index`
+    (tests/core/test_host_parity.py), with one cumulative sum instead of a loop over images.
+    """
+    ids = token_ids.view(-1).to(torch.long)  # (N,)
+    n = int(ids.numel())
+    if not image_grids:
+        return torch.arange(n).view(1, -1).expand(3, -1)  # (3, N)
+    grids = torch.stack([g.view(3).to(torch.long).cpu() for g in image_grids])  # (I, 3)
+    frames, height, width = grids[:, 0], grids[:, 1] // merge, grids[:, 2] // merge  # (I,)
+    image = ids == image_token_id  # (N,)
+    before = torch.cat([image.new_zeros(1), image[:-1]])  # (N,) the previous token's
+    after = torch.cat([image[1:], image.new_zeros(1)])  # (N,) the next token's
+    starts = torch.nonzero(image & ~before).view(-1)  # (R,) each image run's first token
+    ends = torch.nonzero(image & ~after).view(-1)  # (R,) and its last
+    if starts.numel() != grids.shape[0] or not bool(
+            (ends - starts + 1 == frames * height * width).all()):
+        raise ValueError(f"{int(starts.numel())} runs of image tokens do not match the "
+                         f"{grids.shape[0]} image grids given (one run of t*h*w tokens each)")
+    which = (image & ~before).cumsum(0) - 1  # (N,) image index of each image token
+    which = which.clamp_min(0)  # (N,) text tokens take image 0 (their values are unused)
+    step = (~image).to(torch.long)  # (N,) a text token moves the position on by one
+    step[ends] = torch.maximum(height, width)  # an image, by max(h, w) after its last token
+    start = step.cumsum(0) - step  # (N,) the running position before each token
+    j = torch.arange(n) - starts[which]  # (N,) index inside its image, (t, h, w) order
+    h, w = height[which], width[which]  # (N,)
+    grid = torch.stack([j // (h * w), j // w % h, j % w])  # (3, N)
+    return start.view(1, -1) + torch.where(image.view(1, -1), grid, 0)  # (3, N)
