@@ -39,6 +39,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.layer_forward import _attention_fn, _attn_impl, logits_of
+from conduit_core.passes.pooled_step import pool_attention
 from conduit_core.passes.row_attention import causal_row_mask
 
 
@@ -114,13 +115,9 @@ def forward_step(adapter: VLMAdapter, rows: list[StepRow], token_ids: torch.Tens
         outs = []
         if p:
             assert pool is not None and pool.keys is not None and pool.values is not None
-            keys, values = pool.keys[li], pool.values[li]  # (S, kv_heads, capacity, hd)
-            keys[slots, :, slot_rows] = k[:p, :, 0].to(keys.dtype)  # (P, kv_heads, hd)
-            values[slots, :, slot_rows] = v[:p, :, 0].to(values.dtype)
-            out, _ = attend(attn, q[:p], keys[:p, :, :n_pool], values[:p, :, :n_pool],
-                            pool_mask, dropout=0.0, scaling=attn.scaling,
-                            is_causal=False)  # (P, 1, heads, hd)
-            outs.append(out)
+            outs.append(pool_attention(attn, attend, q[:p], k[:p], v[:p], pool.keys[li],
+                                       pool.values[li], slots, slot_rows, n_pool,
+                                       pool_mask))  # (P, 1, heads, hd)
         for i in own:
             r = rows[i]
             r.cache.write(li, r.row, k[i:i + 1], v[i:i + 1])

@@ -16,12 +16,18 @@ positions the pool's answers hold. The captured step passes the pool's capacity 
 the model's own attention function runs it, as in `batch_forward.forward_step`.
 
 Public API:
+  pool_attention(attn, attend, q, k, v, keys, values, slots, rows, span, mask)
+      -> (B, 1, heads, hd): one layer's pool write and attention (shared with
+      `batch_forward`)
   pooled_forward(adapter, keys, values, token_ids (B,), rows (B,), positions (B,), span)
       -> logits (B, vocab) float32; writes each row's K/V into `keys`/`values`
       (L, slots >= B, kv_heads, capacity >= span, hd) at (its slot, its row)
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -35,6 +41,24 @@ def _key_mask(rows: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor
     past = keys > rows.view(-1, 1, 1, 1)  # (B, 1, 1, S)
     return torch.zeros(past.shape, dtype=dtype, device=rows.device).masked_fill(
         past, torch.finfo(dtype).min)
+
+
+def pool_attention(attn: Any, attend: Callable[..., tuple[torch.Tensor, Any]],
+                   q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor, span: int,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+    """One layer's attention of B new tokens over pool slots 0..B-1: k, v (B, kv_heads, 1, hd)
+    written into the layer's `keys`/`values` (S_pool, kv_heads, capacity, hd) at (slots[i],
+    rows[i]), then q (B, heads, 1, hd) attends through `attend` (the model's attention
+    function) over the first `span` positions of each slot under the additive `mask`
+    (B, 1, 1, span) or none. Returns (B, 1, heads, hd). Shared by the eager batched step
+    (`batch_forward.forward_step`) and the captured one (`pooled_forward`)."""
+    b = q.shape[0]
+    keys[slots, :, rows] = k[:, :, 0].to(keys.dtype)  # (B, kv_heads, hd)
+    values[slots, :, rows] = v[:, :, 0].to(values.dtype)
+    out, _ = attend(attn, q, keys[:b, :, :span], values[:b, :, :span], mask, dropout=0.0,
+                    scaling=attn.scaling, is_causal=False)  # (B, 1, heads, hd)
+    return out
 
 
 @torch.no_grad()
@@ -58,12 +82,8 @@ def pooled_forward(adapter: VLMAdapter, keys: torch.Tensor, values: torch.Tensor
         q, k, v = adapter.qkv(attn, h)  # (B, heads|kv_heads, 1, hd)
         q = adapter.apply_rotary(q, cos, sin)
         k = adapter.apply_rotary(k, cos, sin)
-        layer_keys, layer_values = keys[li], values[li]  # (S_pool, kv_heads, capacity, hd)
-        layer_keys[slots, :, rows] = k[:, :, 0].to(layer_keys.dtype)  # (B, kv_heads, hd)
-        layer_values[slots, :, rows] = v[:, :, 0].to(layer_values.dtype)
-        out, _ = _attention_fn(attn, impl)(
-            attn, q, layer_keys[:b, :, :span], layer_values[:b, :, :span], mask,
-            dropout=0.0, scaling=attn.scaling, is_causal=False)  # (B, 1, heads, hd)
+        out = pool_attention(attn, _attention_fn(attn, impl), q, k, v, keys[li], values[li],
+                             slots, rows, span, mask)  # (B, 1, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, 1, -1))  # (B, 1, hidden)
         residual = hidden
         hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
