@@ -14,23 +14,33 @@ makes the count fast while keeping the depth that multiplies it.
 
 Public API:
   LAUNCH_FREE: frozenset[str]   aten op names (overload packets) that are not counted
-  OpCounter()                   a TorchDispatchMode: .total, .by_name (Counter), .reset()
+  OpCounter(within=())          a TorchDispatchMode: .total, .by_name (Counter), .reset();
+      .within (Counter): of those, the ops dispatched while one of the functions `within`
+      runs (on the Python stack), by its name
   count_ops(fn) -> (fn's result, OpCounter)
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
   narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS) -> LoadedVLM
   answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
   PassCounting(vlm, **runtime options)   a `ReuseRuntime` that also counts the operations
       of its passes alone (`.passes`: scoring pass, refresh, logits)
-  prefill_ops(runtime, request) -> OpCounter   the prefill half of an answer (assembly,
-      scoring pass, refresh, first-token logits: `ReuseRuntime.start_answer`), decode excluded
+  prefill_ops(runtime, request, within=()) -> OpCounter   the prefill half of an answer
+      (assembly, scoring pass, refresh, first-token logits: `ReuseRuntime.start_answer`),
+      decode excluded
   ops_per_layer(counter, layers) -> float
+  narrow_runtime(pages, tokens_per_page=256) -> (PassCounting, list[PageKV])   the narrow
+      model's counting runtime and `pages` cached bench pages (the one setup of the bench
+      and the tests)
+  count_prefill(runtime, kvs, policy, budget=0.1) -> PrefillCount   the prefill half over
+      cached pages `kvs`, head and labels warm, counted on its second run (the choice
+      history warm, as in service): .ops (OpCounter, the page load within), .passes
 """
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -38,13 +48,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
+from conduit_core.kv.page_loads import load_pages
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies.policy_context import Resume
 from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.runtime import ReuseRuntime
-from lab.ttft.model import SHAPES, build_bench_vlm, make_workload
+from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload
 
 T = TypeVar("T")
 
@@ -73,11 +84,15 @@ def _name(func: Any) -> str:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten operations dispatched inside it that launch work (module docstring)."""
+    """Counts the aten operations dispatched inside it that launch work (module docstring);
+    those dispatched while a function of `within` runs are also counted in `.within`, by the
+    function's name (the innermost one, where they nest)."""
 
-    def __init__(self) -> None:
+    def __init__(self, within: Sequence[Callable[..., Any]] = ()) -> None:
         super().__init__()
         self.by_name: Counter[str] = Counter()
+        self.within: Counter[str] = Counter()
+        self._codes = {fn.__code__: fn.__name__ for fn in within}
 
     @property
     def total(self) -> int:
@@ -87,12 +102,26 @@ class OpCounter(TorchDispatchMode):
     def reset(self) -> None:
         """Forget what was counted."""
         self.by_name.clear()
+        self.within.clear()
+
+    def _caller(self) -> str | None:
+        """The innermost function of `within` on the Python stack, if any."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = self._codes.get(frame.f_code)
+            if name is not None:
+                return name
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         name = _name(func)
         if name not in LAUNCH_FREE:
             self.by_name[name] += 1
+            caller = self._caller() if self._codes else None
+            if caller is not None:
+                self.within[caller] += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -152,10 +181,46 @@ def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float
 
 
 @torch.no_grad()
-def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest) -> OpCounter:
+def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest,
+                within: Sequence[Callable[..., Any]] = ()) -> OpCounter:
     """Operations of the prefill half of `request` on `runtime` (its head and labels must be
-    warm: `ReuseRuntime.warm_labels`, so that no cache miss is counted); the answer's pool
-    slot is given back."""
-    state, counter = count_ops(lambda: runtime.start_answer(request))
+    warm: `ReuseRuntime.warm_labels`, so that no cache miss is counted), those inside the
+    functions `within` also apart; the answer's pool slot is given back."""
+    counter = OpCounter(within)
+    with counter:
+        state = runtime.start_answer(request)
     runtime.release(state)
     return counter
+
+
+def narrow_runtime(pages: int, tokens_per_page: int = 256) -> tuple[PassCounting, list[PageKV]]:
+    """A `PassCounting` runtime over `narrow_vlm(tokens_per_page)` and `pages` bench pages
+    prefilled on it (`lab.ttft.model.bench_pages`); the caller pins the threads."""
+    runtime = PassCounting(narrow_vlm(tokens_per_page))
+    return runtime, runtime.prefill_pages(bench_pages(pages, tokens_per_page))
+
+
+@dataclass(frozen=True)
+class PrefillCount:
+    """The operations of one prefill half: all of them (`ops`, with the page load's apart in
+    `ops.within["load_pages"]`) and those of its passes alone (`passes`)."""
+
+    request: AnswerRequest
+    ops: OpCounter
+    passes: int
+
+
+@torch.no_grad()
+def count_prefill(runtime: PassCounting, kvs: list[PageKV], policy: str,
+                  budget: float = 0.1) -> PrefillCount:
+    """The prefill half of the TTFT workload's request over `kvs` under `policy`: head and
+    labels computed ahead, one run to warm the choice history (as in service), then the
+    counted run."""
+    request = answer_request(runtime.vlm, kvs, policy, budget)
+    runtime.warm_labels(request.prefix, request.pages)  # no cache miss is counted
+    prefill_ops(runtime, request)
+    runtime.passes.reset()
+    ops = prefill_ops(runtime, request, within=(load_pages,))
+    passes = runtime.passes.total
+    runtime.passes.reset()
+    return PrefillCount(request, ops, passes)

@@ -5,10 +5,11 @@ hidden 64, pages of 256 tokens, one thread) the arithmetic is negligible, so the
 prefill is the time of issuing its operations: what a GPU answer spends on the host. For
 each page count, full prefill from the cached page embeddings (`full_prefill`), CONDUIT at
 10% (`conduit_per_page`, the default, and `conduit`) and full reuse run their prefill half
-(`ReuseRuntime.start_answer`, decode excluded); reported per layer: the operations of the
-whole prefill half and of its passes alone (scoring pass, refresh, logits), and the median
-wall time of `repeats` runs (warm caches, counting off). A decode step of one answer over
-the largest page count is measured the same way.
+(`ReuseRuntime.start_answer`, decode excluded; `lab.ttft.op_count.count_prefill`); reported
+per layer: the operations of the whole prefill half, of its passes alone (scoring pass,
+refresh, logits) and of its page load (`load_pages`), and the median wall time of `repeats`
+runs (warm caches, counting off). A decode step of one answer over the largest page count is
+measured the same way.
 
 Public API:
   run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict
@@ -28,14 +29,13 @@ from typing import Any
 
 import torch
 
-from lab.ttft.model import bench_pages
 from lab.ttft.op_count import (
     NARROW_LAYERS,
     PassCounting,
     answer_request,
     count_ops,
-    narrow_vlm,
-    prefill_ops,
+    count_prefill,
+    narrow_runtime,
 )
 
 RESULTS = Path(__file__).parent / "results"
@@ -59,25 +59,20 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        vlm = narrow_vlm()
-        rt = PassCounting(vlm)
-        kvs = rt.prefill_pages(bench_pages(max(pages), 256))
+        rt, kvs = narrow_runtime(max(pages))
         rows = []
         for policy in POLICIES:
             for p in pages:
-                request = answer_request(vlm, kvs[:p], policy)
-                rt.warm_labels(request.prefix, request.pages)
-                prefill_ops(rt, request)
-                rt.passes.reset()
-                counter = prefill_ops(rt, request)
-                passes = rt.passes.total
-                rt.passes.reset()
-                ms = _median_ms(lambda r=request: rt.release(rt.start_answer(r)), repeats)
+                count = count_prefill(rt, kvs[:p], policy)
+                ms = _median_ms(lambda r=count.request: rt.release(rt.start_answer(r)),
+                                repeats)
                 rt.passes.reset()
                 rows.append({"method": policy, "pages": p,
-                             "ops_per_layer": counter.total / NARROW_LAYERS,
-                             "pass_ops_per_layer": passes / NARROW_LAYERS, "host_ms": ms,
-                             "top_ops": dict(counter.by_name.most_common(8))})
+                             "ops_per_layer": count.ops.total / NARROW_LAYERS,
+                             "pass_ops_per_layer": count.passes / NARROW_LAYERS,
+                             "load_ops_per_layer": count.ops.within["load_pages"] / NARROW_LAYERS,
+                             "host_ms": ms,
+                             "top_ops": dict(count.ops.by_name.most_common(8))})
         decode = _decode_step(rt, kvs, repeats)
     finally:
         torch.set_num_threads(saved)
@@ -116,12 +111,14 @@ def _markdown(doc: dict[str, Any]) -> str:
     lines = [f"# Host cost on the narrow model ({w['model']}, {w['tokens_per_page']}-token "
              f"pages, one thread)", "", f"Command: `{w['command']}` ({w['machine']}; median "
              f"of {w['repeats']} runs). Ops: aten operations that launch work "
-             "(`lab.ttft.op_count`); passes: scoring pass, refresh and logits alone.", "",
-             "| method | pages | ops a layer | of which passes | host ms |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+             "(`lab.ttft.op_count`); passes: scoring pass, refresh and logits alone; page "
+             "load: `load_pages`.", "",
+             "| method | pages | ops a layer | of which passes | of which page load | host ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in doc["rows"]:
         lines.append(f"| {r['method']} | {r['pages']} | {r['ops_per_layer']:.1f} | "
-                     f"{r['pass_ops_per_layer']:.1f} | {r['host_ms']:.1f} |")
+                     f"{r['pass_ops_per_layer']:.1f} | {r['load_ops_per_layer']:.1f} | "
+                     f"{r['host_ms']:.1f} |")
     d = doc["decode_step"]
     lines += ["", f"Decode step (one answer, {d['pages']} pages): {d['ops_per_layer']:.1f} "
               f"ops a layer, {d['host_ms']:.2f} ms.", ""]
