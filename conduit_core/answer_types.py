@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NewType
 
 from conduit_core.errors import InvalidRequestError
-from conduit_core.page_kv import PageKV
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch stays unimported for the settings (DEFAULT_POLICY)
+    from conduit_core.page_kv import PageKV
     from conduit_core.policies.policy_context import RefreshPolicy
 
 TokenId = NewType("TokenId", int)

@@ -94,6 +94,7 @@ from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
 TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}  # as lab.ttft.bench's check
+INT8_STEP = 1 / 127  # int8 page KV: a key is within half a step of its scale group's max
 CHECKPOINT_EVERY = 10  # questions between rewrites of the outputs
 
 
@@ -239,10 +240,15 @@ class _Run:
         top1 = bool(got.argmax() == ref.argmax())
         tolerance = TOLERANCE.get(dtype, 1e-4)
         mixed = int(probe.computed_rows.numel()) < reused.layout.n  # not the plain causal path
+        # int8 pages (the store's default) hold keys rounded to their scale's step: the
+        # re-rotation is checked within that rounding, the budget-1.0 logits exactly
+        int8 = any(p.kv.quantized for p in inputs)
+        rotation_tolerance = max(tolerance, INT8_STEP) if int8 else tolerance
         check = {"budget_one_rel_diff": rel, "top1_equal": top1, "tolerance": tolerance,
-                 "rerotation_layer0_rel_diff": rerotation, "mixed_path": mixed,
-                 "head_tokens": reused.exact_rows, "pages": len(pages),
-                 "passed": top1 and rel <= tolerance and rerotation <= tolerance}
+                 "rerotation_layer0_rel_diff": rerotation,
+                 "rerotation_tolerance": rotation_tolerance, "int8_pages": int8,
+                 "mixed_path": mixed, "head_tokens": reused.exact_rows, "pages": len(pages),
+                 "passed": top1 and rel <= tolerance and rerotation <= rotation_tolerance}
         if not check["passed"]:
             raise BudgetOneError(f"budget 1.0 or re-rotation differs from full prefill: {check}")
         return check

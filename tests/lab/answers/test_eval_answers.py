@@ -46,7 +46,8 @@ def test_eval_answers_end_to_end_and_resume(tmp_path: Path, monkeypatch: pytest.
     doc = json.loads(out.read_text())
     check = doc["meta"]["budget_one_check"]  # budget 1.0 on the masked path, and re-rotation
     assert check["passed"] and check["mixed_path"] and check["head_tokens"] > 0
-    assert check["rerotation_layer0_rel_diff"] <= check["tolerance"]
+    assert check["int8_pages"]  # the store's default; re-rotation is within int8 rounding
+    assert check["rerotation_layer0_rel_diff"] <= check["rerotation_tolerance"]
     assert doc["meta"]["policy_options"]["conduit"]["gamma"] == "1.0"
     assert doc["meta"]["never_above_full"] is True
     assert out.with_suffix(".md").read_text().startswith("# Answer accuracy")
