@@ -9,8 +9,8 @@ Public API:
         (`conduit_core.prompt.prompt_head`); False computes it with every question.
     label_cache: page labels are computed once after the head and reused stale like their
         pages (`conduit_core.prompt.label_cache`; needs head_cache); False computes them as text
-        rows in every pass (before 2026-12-02 the only way). A label computed for an
-        answer is charged to it. label_entries: labels kept (least recently used dropped).
+        rows in every pass. A label computed for an answer is charged to it. label_entries:
+        labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
         the pages it refreshes whole, "always" every stale label (the scoring pass reads them
         stale; the first, right after the head, is exact as cached; `Layout.label_refresh`;

@@ -17,8 +17,7 @@ on a side stream after two warm-up runs, all buckets sharing one memory pool), "
 (`torch.compile(fullgraph=True, dynamic=False)`: one graph per bucket, no graph break),
 "eager" (none: every step takes `forward_step`). Modes: "off" -> eager; "on" -> graph on
 CUDA, compile elsewhere; "auto" -> graph on CUDA, eager elsewhere (on the CPU the compiled
-step attends over the whole slot and was the slower one where measured: three answers of the
-4-layer tiny model, 33 steps, 76 ms compiled against 62 ms eager).
+step attends over the whole slot, which made it the slower one: lab/ttft/NOTES.md).
 
 Public API:
   DECODE_COMPILE_MODES = ("auto", "off", "on")

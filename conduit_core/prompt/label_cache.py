@@ -2,8 +2,8 @@
 
 A request places a short label before each page (`[report.pdf p.3]`, about 13 tokens with
 the chat template's tokenizer). Without this cache every label is a text row: computed in the
-scoring pass and again in the refresh, on the testbed 78 of the 93 text rows after the
-head. With it, a label is treated like its page: its K/V are computed once, right after the
+scoring pass and again in the refresh, and labels are most of the text rows after the head
+(docs/DECISIONS.md). With it, a label is treated like its page: its K/V are computed once, right after the
 prompt head (the label's exact context when it is the first one, and the context every label
 shares), kept here by (head, label) token ids, and re-rotated into place in each assembled
 cache (`conduit_core.prompt.rotation`: RoPE composes, so only the position shift changes). A label
