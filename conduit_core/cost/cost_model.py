@@ -28,8 +28,7 @@ models). Where the policy's prediction exceeds it, the runtime runs that instead
 Public API:
   PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
   RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None,
-              cap=None)                               .plus(flops): more on the policy's side
-                                                      .fallback: run the full prefill instead
+              cap=None)                               .fallback: run the full prefill instead
                                                       (decided on the bound)
   refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
   plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows,
@@ -44,7 +43,7 @@ Public API:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -78,15 +77,6 @@ class RefreshPlan:
     fallback_whole: bool = False  # the fallback recomputes the head too (plain causal path)
     bound_lm: float | None = None  # the most the policy can cost (None: predicted_lm is exact)
     cap: int | None = None  # a forward-pass policy's k: the most it refreshes
-
-    def plus(self, flops: float) -> RefreshPlan:
-        """The plan with `flops` more on the policy's side (its prediction and bound): work
-        only the policy's path does (page labels computed for it; the fallback recomputes
-        them)."""
-        if not flops:
-            return self
-        bound = None if self.bound_lm is None else self.bound_lm + flops
-        return replace(self, predicted_lm=self.predicted_lm + flops, bound_lm=bound)
 
     @property
     def fallback(self) -> bool:

@@ -1,16 +1,16 @@
 """Cached page labels: a label's K/V computed once after the prompt head, reused stale.
 
-A request places a short label before each page (`[report.pdf p.3]`, about 13 tokens with
-the chat template's tokenizer). Without this cache every label is a text row: computed in the
+A request places a short label before each page (`[report.pdf p.3]`, about 13 tokens with the
+chat template's tokenizer). Without this cache every label is a text row: computed in the
 scoring pass and again in the refresh, and labels are most of the text rows after the head
-(docs/DECISIONS.md). With it, a label is treated like its page: its K/V are computed once, right after the
-prompt head (the label's exact context when it is the first one, and the context every label
-shares), kept here by (head, label) token ids, and re-rotated into place in each assembled
-cache (`conduit_core.prompt.rotation`: RoPE composes, so only the position shift changes). A label
-is then stale in both passes, exactly like the page tokens around it: its layer-0 K/V are
-exact (they depend only on the token and its position), its deeper K/V miss the pages that
-precede it in the question (the first label, right after the head, misses nothing: it is
-exact). The refresh recomputes a stale label with its whole page, or, with the runtime's
+(docs/DECISIONS.md). With it, a label is treated like its page: its K/V are computed once,
+right after the prompt head (the label's exact context when it is the first one, and the
+context every label shares), kept here by (head, label) token ids, and re-rotated into place in
+each assembled cache (`conduit_core.prompt.rotation`: RoPE composes, so only the position shift
+changes). A label is then stale in both passes, exactly like the page tokens around it: its
+layer-0 K/V are exact (they depend only on the token and its position), its deeper K/V miss the
+pages that precede it in the question (the first label, right after the head, misses nothing:
+it is exact). The refresh recomputes a stale label with its whole page, or, with the runtime's
 `label_refresh` "always" / "budget", every stale one (`Layout.refreshed_label_rows`), so a
 refresh of every page token, the fallback to a full prefill, stays exact.
 
