@@ -55,7 +55,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.answer_types import AnswerRequest, PageInput, PolicyChoice
 from conduit_core.assembly import Assembly
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
@@ -285,8 +285,8 @@ def check_stale_quality(rt: ReuseRuntime, images: list[Image.Image], prefix: str
     return {"budgets": rows, "passed": all(_sound(r) for r in rows)}
 
 
-def request(prefix: str, kvs: list[PageKV], question: str, policy: str, budget: float,
-            max_new_tokens: int) -> AnswerRequest:
+def request(prefix: str, kvs: list[PageKV], question: str, policy: str | PolicyChoice,
+            budget: float, max_new_tokens: int) -> AnswerRequest:
     """An answer request over cached pages labelled Page 1..n."""
     return AnswerRequest(prefix, [PageInput(lab, kv) for lab, kv in
                                   zip(page_labels(len(kvs)), kvs, strict=True)], question,

@@ -1,15 +1,15 @@
-"""The device-parity check of the GPU check: the same requests through the whole answer path
-on the CPU in float32 (the reference) and on the device in its dtype.
+"""The device-parity check of the GPU check: the same requests through the whole answer path on
+the CPU in float32 (the reference) and on the device in its dtype.
 
 Each side prefills the same page images, then answers the same question under a new prefix
 (page keys re-rotated, labels from the label cache, the head cache) at budgets 0.1 and 0.99
-through `ReuseRuntime.start_answer`. The reference runs CONDUIT and records the visual rows
-it chose; the device side replays them (a registered policy), so both refresh the same rows
-and the difference is the device's arithmetic alone. Each side also runs a full prefill of
-the same layout. Passed when, at every budget, the device's first-token logits are within
-the device dtype's logits bound of the reference's (`check_parts.TOLERANCES`, relative to
-the largest reference logit), and on the device the error against its own full prefill at
-0.99 is below that at 0.1 (the refresh moves the answer towards full prefill).
+through `ReuseRuntime.start_answer`. The reference runs CONDUIT and records the visual rows it
+chose; the device side replays them (a `PolicyChoice` of its own, not registered), so both
+refresh the same rows and the difference is the device's arithmetic alone. Each side also runs
+a full prefill of the same layout. Passed when, at every budget, the device's first-token
+logits are within the device dtype's logits bound of the reference's (`check_parts.TOLERANCES`,
+relative to the largest reference logit), and on the device the error against its own full
+prefill at 0.99 is below that at 0.1 (the refresh moves the answer towards full prefill).
 
 Public API:
   side(rt, images, prefix, question, budgets, chosen=None) -> dict
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.policies import get_policy, register_policy
+from conduit_core.answer_types import PolicyChoice, PolicyOptions
+from conduit_core.policies import get_policy
 from conduit_core.policies.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 from lab.gpu.check_parts import TOLERANCES, page_labels, rel_err, request
@@ -48,14 +49,12 @@ def side(rt: ReuseRuntime, images: list[Image.Image], prefix: str, question: str
                 rows: torch.Tensor = conduit(ctx)
                 picked.append(rows.to(torch.long).cpu())
                 return rows
-            register_policy(RECORD, record)
-            name = RECORD
+            choice = PolicyChoice(RECORD, PolicyOptions(), record)
         else:
             def replay(_ctx: PolicyContext, rows: torch.Tensor = chosen[i]) -> torch.Tensor:
                 return rows
-            register_policy(REPLAY, replay)
-            name = REPLAY
-        state = rt.start_answer(request(prefix, kvs, question, name, budget, 1))
+            choice = PolicyChoice(REPLAY, PolicyOptions(), replay)
+        state = rt.start_answer(request(prefix, kvs, question, choice, budget, 1))
         logits.append(state.decode.logits.float().cpu())  # (vocab,)
         rt.release(state)
     asm = rt.assemble_fresh(prefix, list(zip(page_labels(len(images)), images, strict=True)),

@@ -38,8 +38,14 @@ def _address(url: str) -> tuple[str, int]:
 
 
 def _open_sockets(pid: int) -> int:
-    return sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-               for fd in os.listdir(f"/proc/{pid}/fd"))
+    """Sockets the process holds (an fd closed while they are listed is not one)."""
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            count += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except FileNotFoundError:
+            continue
+    return count
 
 
 def _closed_by_peer(sock: socket.socket) -> bytes | None:
