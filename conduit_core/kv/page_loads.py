@@ -25,6 +25,7 @@ Public API:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
@@ -35,9 +36,9 @@ from conduit_core.prompt.layout import Layout
 from conduit_core.prompt.rotation import (
     rerotate_into,
     rotate_chunk_elements,
-    segment_delta,
     shift_cos_sin,
     shift_tables,
+    span_deltas,
 )
 
 
@@ -49,12 +50,14 @@ def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KV
         return
     if not all(kv.quantized for kv in kvs):  # a mixed question: the float form throughout
         kvs = [kv.dequantized() for kv in kvs]
-    deltas = [segment_delta(kv.position_ids, layout.position_ids[:, seg.start:seg.stop])
-              for seg, kv in zip(layout.segments, kvs, strict=True)]
+    rows = np.concatenate([np.arange(s.start, s.stop) for s in layout.segments])  # (T,)
+    deltas = span_deltas(torch.cat([kv.position_ids for kv in kvs], dim=1).cpu(),
+                         layout.position_ids.cpu()[:, torch.from_numpy(rows)],
+                         [s.length for s in layout.segments])  # one shift a page
     if adapter.device.type == "cpu" and not stage_on_cpu:
         _load_in_place(adapter, layout, kvs, deltas, cache, embeds)
     else:
-        _load_staged(adapter, layout, kvs, deltas, cache, embeds)
+        _load_staged(adapter, layout, kvs, deltas, cache, embeds, rows)
 
 
 def _load_in_place(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
@@ -73,9 +76,10 @@ def _load_in_place(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], delta
 
 
 def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
-                 cache: KVCache, embeds: torch.Tensor) -> None:
+                 cache: KVCache, embeds: torch.Tensor, rows: np.ndarray) -> None:
     """An accelerator: the pages cross in one copy each (packed, as a store read them) or
-    in one staged buffer, then a few operations for all pages."""
+    in one staged buffer, then a few operations for all pages (`rows` (T,): the page rows
+    of the layout, in order)."""
     dev = adapter.device
     first, last = layout.segments[0].start, layout.segments[-1].stop
     n_layers, heads, _, hd = kvs[0].keys.shape
@@ -105,8 +109,8 @@ def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas:
                                 kv_dtype)  # (l, kv, span, hd)
             rerotate_into(k, cos, sin, dst_k[lo:hi])
             dst_v[lo:hi] = dequantize_int8(values[lo:hi], scales[1][lo:hi], kv_dtype)
-    rows_all = torch.cat([torch.arange(s.start, s.stop) for s in layout.segments])  # (T,)
-    embeds.index_copy_(0, rows_all.to(dev), page_embeds.to(embeds.dtype))  # (N, hidden)
+    embeds.index_copy_(0, torch.from_numpy(rows).to(dev),
+                       page_embeds.to(embeds.dtype))  # (N, hidden)
 
 
 def _staged_spans(layout: Layout, kvs: list[PageKV], dev: torch.device) -> list[torch.Tensor]:

@@ -16,11 +16,10 @@ stream from memory and are slower). It writes element for element what turning o
 one shift, one layer at a time, writes (the tests' reference, tests/core/helpers.py).
 
 Public API:
-  segment_delta(old_positions, new_positions) -> int
-      the shift of a page segment, taken from the position ids (never from token counts);
-      raises ConduitCoreError unless every token on every axis moved by the same amount.
   span_deltas(old_positions, new_positions, lengths) -> list[int]
-      `segment_delta` of consecutive spans at once, on the host
+      the shift of each of consecutive spans (pages, labels), taken from the position ids
+      (never from token counts), at once on the host; raises ConduitCoreError unless every
+      token of a span on every axis moved by the same amount
   shift_cos_sin(adapter, delta, device) -> (cos, sin) (head_dim,) float32, unit scale
   shift_tables(adapter, deltas, lengths, device) -> (cos, sin) (T, head_dim) float32,
       segment i's `lengths[i]` rows turned by `deltas[i]` (0: the identity)
@@ -54,20 +53,11 @@ def rotate_chunk_elements(device: torch.device) -> int:
     return ROTATE_CHUNK_ELEMENTS.get(torch.device(device).type, DEFAULT_ROTATE_CHUNK_ELEMENTS)
 
 
-def segment_delta(old_positions: torch.Tensor, new_positions: torch.Tensor) -> int:
-    """Shift (new - old) of a segment's positions, both (P, T); must be uniform."""
-    diff = new_positions.to(torch.long) - old_positions.to(torch.long).to(new_positions.device)
-    delta = int(diff[0, 0])
-    if not bool((diff == delta).all()):
-        raise ConduitCoreError(_NOT_UNIFORM)
-    return delta
-
-
 def span_deltas(old_positions: torch.Tensor, new_positions: torch.Tensor,
                 lengths: Sequence[int]) -> list[int]:
     """Shifts (new - old) of consecutive spans of `lengths` tokens (each at least 1), both
-    position tensors (P, sum of lengths) on the host: `segment_delta` of every span at once
-    (numpy on the host, no device work). Raises ConduitCoreError as it does."""
+    position tensors (P, sum of lengths) on the host (numpy, no device work). Raises
+    ConduitCoreError unless each span moved uniformly."""
     diff = (new_positions.to(torch.long).numpy()
             - old_positions.to(torch.long).numpy())  # (P, T)
     firsts = np.cumsum([0, *lengths[:-1]])  # (S,) each span's first column

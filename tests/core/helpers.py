@@ -17,7 +17,7 @@ from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.policies.scoring import ScoreConfig
-from conduit_core.prompt.rotation import shift_cos_sin
+from conduit_core.prompt.rotation import shift_cos_sin, span_deltas
 from conduit_core.runtime import ReuseRuntime
 
 
@@ -156,3 +156,8 @@ def token_scores(
         p = p * vn.unsqueeze(2)  # (L', H, Q, N)
     per_head = p.mean(dim=1) if config.head_agg == "mean" else p.amax(dim=1)  # (L', Q, N)
     return per_head.mean(dim=(0, 1))  # (N,)
+
+
+def segment_delta(old_positions: torch.Tensor, new_positions: torch.Tensor) -> int:
+    """The shift of one span, (P, T) positions each (`span_deltas` of a single span)."""
+    return span_deltas(old_positions.cpu(), new_positions.cpu(), [old_positions.shape[-1]])[0]

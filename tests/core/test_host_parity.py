@@ -30,9 +30,9 @@ from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.adapters.qwen2_vl import mrope_positions
 from conduit_core.prompt.label_cache import LabelKV, _pending, fetch, write_labels
 from conduit_core.prompt.layout import Layout, Segment
-from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
+from conduit_core.prompt.rotation import rerotate_into, shift_cos_sin
 from tests.core.conftest import MROPE, load_builtin
-from tests.core.helpers import IMAGES
+from tests.core.helpers import IMAGES, segment_delta
 
 
 def _rope_index_loop(vlm: Any, token_ids: torch.Tensor,

@@ -14,11 +14,11 @@ from conduit_core.assembly import Assembly
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
-from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_tables
+from conduit_core.prompt.rotation import rerotate_into, shift_tables
 from storage.keys import PageHash
 from storage.kv.codec import quantize_roundtrip
 from storage.kv.disk import DiskKVStore
-from tests.core.helpers import IMAGES, rerotate
+from tests.core.helpers import IMAGES, rerotate, segment_delta
 from tests.device import TEST_DEVICE
 
 PREFIX = "You answer questions about the pages below."

@@ -19,13 +19,14 @@ from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.errors import UnsupportedModelError
 from conduit_core.model.adapters.base import check_rope
 from conduit_core.prompt.layout import page_context
-from conduit_core.prompt.rotation import rerotate_into, segment_delta, shift_cos_sin
+from conduit_core.prompt.rotation import rerotate_into, shift_cos_sin
 from tests.core.conftest import MROPE, load_builtin
 from tests.core.helpers import (
     IMAGES,
     direct_keys,
     page_from_assembly,
     reference_hidden_states,
+    segment_delta,
 )
 from tests.device import atol
 
