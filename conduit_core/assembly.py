@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
@@ -66,11 +65,8 @@ class Assembly:
         if self.stale is None or not self.layout.segments:
             return ()
         attention = self.stale.attention.float().cpu()  # (N,)
-        segments = self.layout.segments
-        rows = self.layout.visual_rows()  # (N_v,) page rows in order
-        page_of = torch.from_numpy(np.repeat(np.arange(len(segments)),
-                                             [s.length for s in segments]))  # (N_v,)
-        peaks = torch.full((len(segments),), -math.inf).scatter_reduce(
+        rows, page_of = self.layout.visual_rows(), self.layout.page_of_visual()  # (N_v,) each
+        peaks = torch.full((len(self.layout.segments),), -math.inf).scatter_reduce(
             0, page_of, attention[rows], "amax")  # (M,) each page's most attended token
         totals = peaks.tolist()
         whole = sum(totals)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
@@ -65,12 +64,8 @@ class PolicyContext:
 
     @property
     def page_of_visual(self) -> torch.Tensor:
-        """Page number of each visual token, aligned with `visual_rows` (N_v,) int64; made on
-        the host in numpy (bookkeeping, like the layout's row sets)."""
-        segments = self.layout.segments
-        pages = np.array([s.page for s in segments], dtype=np.int64)  # (M,)
-        lengths = np.array([s.length for s in segments], dtype=np.int64)  # (M,)
-        return torch.from_numpy(np.repeat(pages, lengths))  # (N_v,)
+        """Page number of each visual token, aligned with `visual_rows` (N_v,) int64."""
+        return self.layout.page_of_visual()
 
     @property
     def num_pages(self) -> int:

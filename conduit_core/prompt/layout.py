@@ -17,7 +17,8 @@ Public API:
   Segment(start, length, page)          a page segment's (or a page label's) span
   Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
          stale_labels=False, label_refresh="page")
-    .n, .text_rows(), .visual_rows(), .question_rows(), .segment_mask(), .cached_mask()
+    .n, .text_rows(), .visual_rows(), .page_of_visual(), .question_rows(), .segment_mask(),
+    .cached_mask()
     .refreshed_label_rows(visual_rows), .budget_label_rows()
   build_layout(adapter, prefix, labels, segments, image_grids, question,
                stale_labels=False, label_refresh="page") -> Layout
@@ -111,6 +112,13 @@ class Layout:
     def visual_rows(self) -> torch.Tensor:
         """Sequence indices of page segment tokens, ascending (N_v,)."""
         return torch.nonzero(self.segment_mask()).view(-1)
+
+    def page_of_visual(self) -> torch.Tensor:
+        """Page number of each visual token, aligned with `visual_rows` (N_v,) int64; made on
+        the host in numpy (bookkeeping, like the row sets)."""
+        pages = np.array([s.page for s in self.segments], dtype=np.int64)  # (M,)
+        lengths = np.array([s.length for s in self.segments], dtype=np.int64)  # (M,)
+        return torch.from_numpy(np.repeat(pages, lengths))  # (N_v,)
 
     def label_rows(self) -> torch.Tensor:
         """Sequence indices of every page label's tokens, ascending (N_l,)."""
