@@ -64,7 +64,6 @@ from tqdm import tqdm
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
-from conduit_core.policies import resolve_policy
 from lab.answers.config import (
     AnswerEvalConfig,
     check_config,
@@ -89,7 +88,7 @@ from storage.metadata import Page
 from worker.answer_job import Question, reading_order, retrieve
 from worker.context import WorkerContext, build_context
 from worker.ingest_job import ensure_prefilled
-from worker.policy_options import effective_options
+from worker.policy_options import settle_policy
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
@@ -203,9 +202,9 @@ class _Run:
                budget: float) -> AnswerResult:
         """The question answered over its cached pages with a registered policy."""
         request = AnswerRequest(
-            prefix=ANSWER_PREFIX, pages=inputs, question=item.question, policy=policy,
-            budget=budget, max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed,
-            options=effective_options(self.ctx.settings, policy, PolicyOptions()))
+            prefix=ANSWER_PREFIX, pages=inputs, question=item.question,
+            policy=settle_policy(self.ctx.settings, policy, PolicyOptions()), budget=budget,
+            max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed)
         with self.ctx.model_lock:
             return self.ctx.runtime.answer(request)
 
@@ -266,7 +265,7 @@ def _knobs(settings: Settings, policy: str) -> dict[str, str]:
     plain-function policy has none)."""
     if policy == REFERENCE:
         return {}
-    configured = resolve_policy(policy, effective_options(settings, policy, PolicyOptions()))
+    configured = settle_policy(settings, policy, PolicyOptions()).select
     config = getattr(configured, "config", configured)
     if not is_dataclass(config):
         return {}
