@@ -4,23 +4,27 @@
 tier reads each entry straight into one, pinned where CUDA is available) cross as they are, one
 non-blocking copy a page, and are joined into the span of the prompt from the first page to the
 last on the device (`staging.packed_to_device`: no host copy besides the read). Other pages
-(prefilled here, from Redis) are laid out in one host buffer, pinned where CUDA is available
-(all pages' keys and values at their places in the span, the embeddings and int8 scales after
-them; `conduit_core.kv.staging.HostStage`), and the buffer crosses to the device in one
-non-blocking copy. Int8 pages cross as int8 plus scales and are dequantised there. Then the
-keys of all pages turn into the cache in a few operations, each row by its own page's shift
-(`rotation.rerotate_into` with a (span, head_dim) table; the label rows between pages are
-written too, with whatever the buffer held there: like every text row, they are computed before
+(prefilled here, from Redis) are joined into one host buffer, pinned where CUDA is available,
+one `torch.cat` a tensor kind (all pages' keys and values at their places in the span, the
+embeddings and int8 scales after them; `conduit_core.kv.staging.HostStage`), and the buffer
+crosses to the device in one non-blocking copy. Int8 pages cross as int8 plus scales and are
+dequantised there. Then the keys of all pages turn into the cache in a few operations, each
+row by its own page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label
+rows between pages are written too, zeros: like every text row, they are computed before
 anything reads them), the values go in with one copy and the embeddings with one indexed copy.
-On the CPU the pages already are where the cache is: each page turns straight from its own
-tensors into its rows, all layers at once in steps that fit the core's cache; the staged path
-(`stage_on_cpu=True`) gives the same values, and is what the tests run on a CPU. Both leave in
-the page rows exactly the values a page-by-page load (each page turned by its own shift, one
-layer at a time) would (tests/core/test_page_loads.py).
+The operations issued do not depend on the number of pages.
+
+On the devices of `PAGE_BY_PAGE` (the CPU) the pages already are where the cache is, and
+memory passes cost more than operations: each page turns straight from its own tensors into its
+rows, all layers at once in steps that fit the core's cache (joining the pages first is a
+second pass over their bytes, and measured slower: lab/ttft/NOTES.md). Both paths leave in the
+page rows exactly the values a page-by-page load (each page turned by its own shift, one layer
+at a time) would (tests/core/test_page_loads.py, which also runs the joined path on the CPU).
 
 Public API:
-  load_pages(adapter, layout, kvs, cache, embeds, stage_on_cpu=False) -> None
+  load_pages(adapter, layout, kvs, cache, embeds) -> None
       embeds (N, hidden) filled in place
+  PAGE_BY_PAGE: set[str]   device types that load page by page, in place
 """
 
 from __future__ import annotations
@@ -41,9 +45,12 @@ from conduit_core.prompt.rotation import (
     span_deltas,
 )
 
+# device types whose pages turn in place, page by page (module docstring)
+PAGE_BY_PAGE = {"cpu"}
+
 
 def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KVCache,
-               embeds: torch.Tensor, stage_on_cpu: bool = False) -> None:
+               embeds: torch.Tensor) -> None:
     """Write the pages' re-rotated keys, values and embeddings (N, hidden) into their rows
     of the batch-1 cache (module docstring)."""
     if not kvs:
@@ -54,7 +61,7 @@ def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KV
     deltas = span_deltas(torch.cat([kv.position_ids for kv in kvs], dim=1).cpu(),
                          layout.position_ids.cpu()[:, torch.from_numpy(rows)],
                          [s.length for s in layout.segments])  # one shift a page
-    if adapter.device.type == "cpu" and not stage_on_cpu:
+    if adapter.device.type in PAGE_BY_PAGE:
         _load_in_place(adapter, layout, kvs, deltas, cache, embeds)
     else:
         _load_staged(adapter, layout, kvs, deltas, cache, embeds, rows)
@@ -113,10 +120,23 @@ def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas:
                        page_embeds.to(embeds.dtype))  # (N, hidden)
 
 
+def _gapped(layout: Layout, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The pieces of the span from the first page to the last, in order: `parts` (L, kv,
+    T_i, d), one a page, with a zero block (L, kv, gap, d) between consecutive pages for the
+    label rows (views of one zero: one `torch.cat` of the pieces joins the span)."""
+    zero = parts[0].new_zeros(())  # the label rows' one element
+    out = [parts[0]]
+    for prev, seg, part in zip(layout.segments[:-1], layout.segments[1:], parts[1:], strict=True):
+        n_layers, heads, _, d = part.shape
+        out += [zero.expand(n_layers, heads, seg.start - prev.stop, d), part]
+    return out
+
+
 def _staged_spans(layout: Layout, kvs: list[PageKV], dev: torch.device) -> list[torch.Tensor]:
     """Keys and values (L, kv, span, hd) at their places in the span, embeddings (T, hidden)
-    and, for int8 pages, key scales (L, kv, P, hd) and value scales (L, kv, span, 1), filled
-    into one host buffer that crosses in one copy (`HostStage`)."""
+    and, for int8 pages, key scales (L, kv, P, hd) and value scales (L, kv, span, 1), joined
+    into one host buffer (one `torch.cat` a tensor kind, whatever the number of pages) that
+    crosses in one copy (`HostStage`)."""
     first, last = layout.segments[0].start, layout.segments[-1].stop
     n_layers, heads, _, hd = kvs[0].keys.shape
     span, tokens = last - first, sum(kv.num_tokens for kv in kvs)
@@ -127,16 +147,14 @@ def _staged_spans(layout: Layout, kvs: list[PageKV], dev: torch.device) -> list[
         specs += [((n_layers, heads, len(kvs), hd), torch.float32),
                   ((n_layers, heads, span, 1), torch.float32)]
     staged = HostStage(specs, dev)
-    done = 0
-    for i, (seg, kv) in enumerate(zip(layout.segments, kvs, strict=True)):
-        rows, t = slice(seg.start - first, seg.stop - first), kv.num_tokens
-        staged.host[0][:, :, rows] = kv.keys  # (L, kv, T, hd) at its place in the span
-        staged.host[1][:, :, rows] = kv.values
-        staged.host[2][done:done + t] = kv.embeds  # (T, hidden)
-        if kv.key_scale is not None and kv.value_scale is not None:
-            staged.host[3][:, :, i:i + 1] = kv.key_scale  # (L, kv, 1, hd)
-            staged.host[4][:, :, rows] = kv.value_scale  # (L, kv, T, 1)
-        done += t
+    torch.cat(_gapped(layout, [kv.keys for kv in kvs]), dim=2, out=staged.host[0])
+    torch.cat(_gapped(layout, [kv.values for kv in kvs]), dim=2, out=staged.host[1])
+    torch.cat([kv.embeds for kv in kvs], out=staged.host[2])
+    if kvs[0].kv_dtype is not None:
+        key_scales = [kv.key_scale for kv in kvs if kv.key_scale is not None]
+        value_scales = [kv.value_scale for kv in kvs if kv.value_scale is not None]
+        torch.cat(key_scales, dim=2, out=staged.host[3])
+        torch.cat(_gapped(layout, value_scales), dim=2, out=staged.host[4])
     return staged.to_device()  # the one copy
 
 
@@ -149,24 +167,10 @@ def _packed_spans(layout: Layout, kvs: list[PageKV], dev: torch.device
     moved = packed_to_device([kv.tensors() for kv in kvs], dev)
     if moved is None:
         return None
-    n_layers, heads, _, hd = kvs[0].keys.shape
-    quantized = kvs[0].kv_dtype is not None
-    gaps = [seg.start - prev.stop for prev, seg in zip(layout.segments[:-1], layout.segments[1:],
-                                                  strict=True)]
-    widest = max(gaps, default=0)
-    zero_k = torch.zeros(n_layers, heads, widest, hd, dtype=kvs[0].keys.dtype, device=dev)
-    zero_s = torch.zeros(n_layers, heads, widest, 1, device=dev)  # value scales' gap rows
-    keys, values, value_scales = [moved[0][1]], [moved[0][2]], [moved[0][7] if quantized
-                                                                 else zero_s]
-    for gap, page in zip(gaps, moved[1:], strict=True):
-        keys += [zero_k[:, :, :gap], page[1]]  # (L, kv, gap, hd), (L, kv, T, hd)
-        values += [zero_k[:, :, :gap], page[2]]
-        if quantized:
-            value_scales += [zero_s[:, :, :gap], page[7]]  # (L, kv, gap, 1), (L, kv, T, 1)
-    out = [torch.cat(keys, dim=2), torch.cat(values, dim=2),  # (L, kv, span, hd) each
+    out = [torch.cat(_gapped(layout, [page[1] for page in moved]), dim=2),  # (L, kv, span, hd)
+           torch.cat(_gapped(layout, [page[2] for page in moved]), dim=2),
            torch.cat([page[0] for page in moved])]  # (T, hidden)
-    if quantized:
+    if kvs[0].kv_dtype is not None:
         out += [torch.cat([page[6] for page in moved], dim=2),  # (L, kv, P, hd)
-                torch.cat(value_scales, dim=2)]  # (L, kv, span, 1)
+                torch.cat(_gapped(layout, [page[7] for page in moved]), dim=2)]  # (L, kv, span, 1)
     return out
-

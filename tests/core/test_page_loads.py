@@ -1,9 +1,13 @@
-"""Page loads: the batched path (one staged buffer, one copy, re-rotation of all pages in a few
-operations, int8 dequantised on the device) fills the cache exactly as a page-by-page load
-(`_per_page`, the reference here: a copy per page and tensor, `rerotate` per page and layer)."""
+"""Page loads: the joined path (pages joined into one staged buffer, one copy, re-rotation of all
+pages in a few operations, int8 dequantised on the device) and the CPU's in-place path fill the
+cache exactly as a page-by-page load (`_per_page`, the reference here: a copy per page and
+tensor, `rerotate` per page and layer)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ import torch
 from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.assembly import Assembly
 from conduit_core.kv.kv_cache import KVCache
-from conduit_core.kv.page_loads import load_pages
+from conduit_core.kv.page_loads import PAGE_BY_PAGE, load_pages
 from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
 from conduit_core.prompt.rotation import rerotate_into, shift_tables
 from storage.keys import PageHash
@@ -23,6 +27,17 @@ from tests.device import TEST_DEVICE
 
 PREFIX = "You answer questions about the pages below."
 QUESTION = "What is on the second page?"
+
+
+@contextmanager
+def _joined() -> Iterator[None]:
+    """Within the block every device loads pages joined, as an accelerator does."""
+    saved = set(PAGE_BY_PAGE)
+    PAGE_BY_PAGE.clear()
+    try:
+        yield
+    finally:
+        PAGE_BY_PAGE.update(saved)
 
 
 def _page_rows(asm: Assembly, cache: KVCache, embeds: torch.Tensor
@@ -81,29 +96,25 @@ def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRunt
 
 
 def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
-    """The path an accelerator takes (one packed buffer, one copy, views of it), run on the
-    CPU too: the same cache as the per-page load, float and int8 pages alike."""
-    floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
-    for kvs in (floats, [quantize_roundtrip(kv) for kv in floats]):
-        want = _per_page(runtime, kvs)
-        asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv)
-                                        for i, kv in enumerate(kvs)], QUESTION)
-        cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
-        embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
-        load_pages(runtime.adapter, asm.layout, kvs, cache, embeds, stage_on_cpu=True)
-        rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
-        dev = cache.keys.device
-        _same((cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds),
-              want)
+    """The path an accelerator takes (pages joined into one staged buffer, one copy, views of
+    it), run on the CPU too: the same cache as the per-page load, float, int8 and mixed pages
+    alike, in any order."""
+    floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    # int8 pages of their own tensors (a decoded entry views one buffer: the packed path)
+    int8 = [replace(q, keys=q.keys.clone()) for q in map(quantize_roundtrip, floats)]
+    assert packed_to_device([kv.tensors() for kv in floats + int8], "cpu") is None
+    for kvs in (floats, floats[::-1], int8, int8[::-1], [int8[0], floats[1], int8[2]]):
+        _same(_staged(runtime, kvs), _per_page(runtime, kvs))
 
 
 def _staged(runtime: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
-    """The page rows of a cache filled by the accelerator's load path, run on the CPU."""
+    """The page rows of a cache filled by the accelerator's load path, run on any device."""
     asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
                            QUESTION)
     cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
     embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
-    load_pages(runtime.adapter, asm.layout, kvs, cache, embeds, stage_on_cpu=True)
+    with _joined():
+        load_pages(runtime.adapter, asm.layout, kvs, cache, embeds)
     rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
     dev = cache.keys.device
     return cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds
