@@ -34,7 +34,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 
+import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 BINS = 64
 
@@ -50,25 +52,26 @@ def even_rows(visual_rows: torch.Tensor, k: int) -> torch.Tensor:
     return visual_rows[pick]
 
 
-def quantile_rows(visual_rows: torch.Tensor, k: int, histogram: torch.Tensor) -> torch.Tensor:
+def quantile_rows(visual_rows: torch.Tensor, k: int, histogram: ArrayLike) -> torch.Tensor:
     """`k` distinct rows of `visual_rows` (ascending) at the quantiles of `histogram`
-    (BINS,) over their fractional index: (k,) ascending."""
+    (BINS,) over their fractional index: (k,) ascending. Host arithmetic (numpy)."""
     n = visual_rows.numel()
     if k <= 0 or n == 0:
         return visual_rows[:0]
     if k >= n:
         return visual_rows
-    cdf = torch.cumsum(histogram.double(), 0) / histogram.sum()  # (BINS,)
-    targets = (torch.arange(k, dtype=torch.float64) + 0.5) / k  # (k,)
-    bins = torch.searchsorted(cdf, targets).clamp(max=len(cdf) - 1)  # (k,)
-    below = torch.cat([cdf.new_zeros(1), cdf])[bins]  # (k,) mass before each bin
-    inside = (targets - below) / (cdf[bins] - below).clamp_min(1e-12)  # (k,) in [0, 1]
-    frac = (bins + inside.clamp(0, 1)) / len(cdf)  # (k,)
-    idx = (frac * (n - 1)).round().to(torch.long)  # (k,) nondecreasing
-    steps = torch.arange(k)
-    idx = torch.cummax(idx - steps, 0).values + steps  # strictly increasing
-    idx = torch.minimum(idx, n - k + steps)  # and within range: still strictly increasing
-    return visual_rows[idx]
+    hist = np.asarray(histogram, dtype=np.float64)  # (BINS,)
+    cdf = np.cumsum(hist) / hist.sum()  # (BINS,)
+    targets = (np.arange(k, dtype=np.float64) + 0.5) / k  # (k,)
+    bins = np.minimum(np.searchsorted(cdf, targets), len(cdf) - 1)  # (k,)
+    below = np.concatenate([[0.0], cdf])[bins]  # (k,) mass before each bin
+    inside = (targets - below) / np.maximum(cdf[bins] - below, 1e-12)  # (k,) in [0, 1]
+    frac = (bins + np.clip(inside, 0.0, 1.0)) / len(cdf)  # (k,)
+    idx = np.round(frac * (n - 1)).astype(np.int64)  # (k,) nondecreasing
+    steps = np.arange(k)
+    idx = np.maximum.accumulate(idx - steps) + steps  # strictly increasing
+    idx = np.minimum(idx, n - k + steps)  # and within range: still strictly increasing
+    return visual_rows[torch.from_numpy(idx).to(visual_rows.device)]
 
 
 class ChoiceHistory:
@@ -79,7 +82,7 @@ class ChoiceHistory:
             raise ValueError("capacity must be >= 1 and weight in (0, 1]")
         self.capacity = capacity
         self.weight = weight  # the newest answer's share of the average
-        self._hist: OrderedDict[Hashable, tuple[torch.Tensor, float]] = OrderedDict()
+        self._hist: OrderedDict[Hashable, tuple[np.ndarray, float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def rows(self, key: Hashable, visual_rows: torch.Tensor, k: int) -> torch.Tensor:
@@ -90,7 +93,7 @@ class ChoiceHistory:
             entry = self._hist.get(key)
             if entry is not None:
                 self._hist.move_to_end(key)
-        if entry is None or float(entry[0].sum()) <= 0.0:
+        if entry is None or entry[0].sum() <= 0.0:
             return even_rows(visual_rows, k)
         hist, share = entry
         return quantile_rows(visual_rows, min(k, max(1, round(share * k))) if k > 0 else 0,
@@ -104,10 +107,10 @@ class ChoiceHistory:
         if n == 0 or chosen.numel() == 0:
             return
         share = 1.0 if not cap else min(1.0, chosen.numel() / cap)
-        place = torch.searchsorted(visual_rows.cpu().contiguous(),
-                                 chosen.to(torch.long).cpu().contiguous())  # (k,)
-        hist = torch.histc(place.double() / n, bins=BINS, min=0.0, max=1.0)  # (BINS,)
-        hist = hist / hist.sum()
+        place = np.searchsorted(visual_rows.cpu().numpy(),
+                                chosen.to(torch.long).cpu().numpy())  # (k,)
+        hist = np.histogram(place / n, bins=BINS, range=(0.0, 1.0))[0].astype(np.float64)
+        hist /= hist.sum()  # (BINS,)
         w = self.weight
         with self._lock:
             old = self._hist.pop(key, None)

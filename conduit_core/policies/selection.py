@@ -17,6 +17,7 @@ Public API:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -72,41 +73,42 @@ def page_amplification(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int
 
 def quota_split(sizes: torch.Tensor, k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
     """Split k tokens over pages of `sizes` (M,) in proportion to `weights` (M,) >= 0
-    (default: the sizes), never more than a page holds. Returns (M,) int64 summing to
-    min(k, sizes.sum()).
+    (default: the sizes), never more than a page holds. Returns (M,) int64 (on the host)
+    summing to min(k, sizes.sum()).
 
     The rule, in rounds over the pages that still have room (their weights; equal ones when
     those weights are all 0): each gets floor(its share of the tokens left), at most its
     room; when that gives nothing (every share below one token), the tokens left go one at
     a time to the page with the largest remainder of its share (the lower page on a tie;
     with the shares unchanged that is the same page each time), re-deciding when a page
-    fills up. A round is a fixed number of tensor operations (the single tokens of a round
+    fills up. A round is a fixed number of array operations (the single tokens of a round
     are decided together): rounds repeat while floors still hand out whole tokens or a page
-    fills up, never once a page or once a token.
+    fills up, never once a page or once a token. Host arithmetic on M numbers: numpy, in
+    float64 (no device work, no dispatch of tensor operations).
     """
-    sizes = sizes.to(torch.long).cpu()
-    w = (sizes if weights is None else weights).to(torch.float64).cpu()
-    k = min(k, int(sizes.sum()))
-    quota = torch.zeros_like(sizes)
+    room_all = sizes.to(torch.long).cpu().numpy()  # (M,)
+    w = (room_all if weights is None else weights.cpu().numpy()).astype(np.float64)  # (M,)
+    k = min(k, int(room_all.sum()))
+    quota = np.zeros_like(room_all)
     given = 0
     while given < k:
-        room = sizes - quota  # (M,)
+        room = room_all - quota  # (M,)
         active = room > 0
         left = k - given
-        share = torch.where(active, w, torch.zeros_like(w))
-        if float(share.sum()) <= 0:
-            share = active.to(torch.float64)
+        share = np.where(active, w, 0.0)
+        if share.sum() <= 0:
+            share = active.astype(np.float64)
         ratio = share / share.sum()  # (M,)
-        add = torch.minimum((ratio * left).floor().to(torch.long), room)  # (M,)
-        if int(add.sum()) == 0:
+        add = np.minimum(np.floor(ratio * left).astype(np.int64), room)  # (M,)
+        if add.sum() == 0:
             add = _single_tokens(ratio, active, room, left)
         quota += add
         given += int(add.sum())
-    return quota
+    return torch.from_numpy(quota)
 
 
-def _single_tokens(ratio: torch.Tensor, active: torch.Tensor, room: torch.Tensor,
-                   left: int) -> torch.Tensor:
+def _single_tokens(ratio: np.ndarray, active: np.ndarray, room: np.ndarray,
+                   left: int) -> np.ndarray:
     """The tokens `quota_split` hands out one at a time while no page fills up (every share
     ratio[m] * tokens left below one), decided together: (M,) int64.
 
@@ -114,15 +116,14 @@ def _single_tokens(ratio: torch.Tensor, active: torch.Tensor, room: torch.Tensor
     ratio * (left - j) among the active pages (the first on a tie); the same float64
     products as one token a round, so the same pages. Stops after the token that fills a page
     (the shares change then)."""
-    lefts = torch.arange(left, 0, -1, dtype=torch.float64)  # (S,) tokens left at each step
-    ideal = ratio.view(1, -1) * lefts.view(-1, 1)  # (S, M)
-    rem = torch.where(active.view(1, -1), ideal - ideal.floor(),
-                      torch.full_like(ideal, -1.0))  # (S, M)
-    winner = rem.argmax(dim=1)  # (S,) the first largest remainder of each step
-    given = torch.nn.functional.one_hot(winner, ratio.numel())  # (S, M)
-    full = (given.cumsum(0) >= room.view(1, -1)) & active.view(1, -1)  # (S, M)
-    fills = full.any(dim=1)  # (S,) some page full after the step
-    steps = int(fills.to(torch.long).argmax()) + 1 if bool(fills.any()) else left
+    lefts = np.arange(left, 0, -1, dtype=np.float64)  # (S,) tokens left at each step
+    ideal = ratio[None, :] * lefts[:, None]  # (S, M)
+    rem = np.where(active[None, :], ideal - np.floor(ideal), -1.0)  # (S, M)
+    winner = rem.argmax(axis=1)  # (S,) the first largest remainder of each step
+    given = np.eye(ratio.size, dtype=np.int64)[winner]  # (S, M) one token a step
+    full = (given.cumsum(0) >= room[None, :]) & active[None, :]  # (S, M)
+    fills = full.any(axis=1)  # (S,) some page full after the step
+    steps = int(fills.argmax()) + 1 if fills.any() else left
     return given[:steps].sum(0)  # (M,)
 
 
