@@ -8,6 +8,13 @@ view of the same storage, or a size, and launch nothing); allocations (`empty` a
 not counted either (they take memory from the caching allocator and launch nothing).
 Everything else counts once a call, in-place forms included (`mul_` is `mul`).
 
+The counts stand for a device's launches, so they are taken on an accelerator's path
+(`accelerator_path`), where the CPU trades operations for memory passes: a masked row subset
+attends in one sdpa call a layer (the CPU takes four, to read fewer keys:
+`conduit_core.passes.row_attention.ROW_GROUPS`), pages load joined in one buffer (the CPU turns
+each page in place: `conduit_core.kv.page_loads.PAGE_BY_PAGE`) and keys re-rotate in steps of
+an accelerator's size (the CPU's stay in its cache: `rotation.ROTATE_CHUNK_ELEMENTS`).
+
 The model is a random-weight Qwen2.5-VL with Qwen2.5-VL-7B's 28 decoder layers at hidden 64
 (`narrow_vlm`): per-layer overhead, not arithmetic, is what it measures, so the narrow width
 makes the count fast while keeping the depth that multiplies it.
@@ -30,11 +37,11 @@ Public API:
   narrow_runtime(pages, tokens_per_page=256) -> (PassCounting, list[PageKV])   the narrow
       model's counting runtime and `pages` cached bench pages (the one setup of the bench
       and the tests)
+  accelerator_path()   a context: the CPU takes an accelerator's path (module docstring)
   count_prefill(runtime, kvs, policy, budget=0.1) -> PrefillCount   the prefill half over
       cached pages `kvs`, head and labels warm, counted on its second run (the choice
-      history warm, as in service): .ops (OpCounter, the page load within), .passes;
-      on the accelerator's attention path (`accelerator_groups()`: one sdpa call a layer
-      for a masked row subset, where the CPU takes four)
+      history warm, as in service) on the accelerator's path: .ops (OpCounter, the page
+      load within), .passes; and .cpu_load, the page load's ops on the CPU's own path
 """
 
 from __future__ import annotations
@@ -51,13 +58,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.assembly import Assembly
-from conduit_core.kv.page_loads import load_pages
+from conduit_core.kv.page_loads import PAGE_BY_PAGE, load_pages
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.row_attention import ROW_GROUPS
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies.policy_context import Resume
 from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload
 
@@ -206,25 +214,31 @@ def narrow_runtime(pages: int, tokens_per_page: int = 256) -> tuple[PassCounting
 
 @dataclass(frozen=True)
 class PrefillCount:
-    """The operations of one prefill half: all of them (`ops`, with the page load's apart in
-    `ops.within["load_pages"]`) and those of its passes alone (`passes`)."""
+    """The operations of one prefill half on the accelerator's path: all of them (`ops`,
+    with the page load's apart in `ops.within["load_pages"]`) and those of its passes alone
+    (`passes`); and the page load's on the CPU's own path (`cpu_load`)."""
 
     request: AnswerRequest
     ops: OpCounter
     passes: int
+    cpu_load: int
 
 
 @contextmanager
-def accelerator_groups() -> Iterator[None]:
-    """Within the block a masked row subset attends in one sdpa call a layer on any device,
-    as on an accelerator (`conduit_core.passes.row_attention.ROW_GROUPS`): the counts stand
-    for a device's launches, and the CPU's extra calls trade keys read for CPU time."""
-    saved = dict(ROW_GROUPS)
+def accelerator_path() -> Iterator[None]:
+    """Within the block the CPU takes an accelerator's path (module docstring): the
+    per-device settings `ROW_GROUPS`, `PAGE_BY_PAGE` and `ROTATE_CHUNK_ELEMENTS` emptied, and
+    restored after."""
+    saved = dict(ROW_GROUPS), set(PAGE_BY_PAGE), dict(ROTATE_CHUNK_ELEMENTS)
     ROW_GROUPS.clear()
+    PAGE_BY_PAGE.clear()
+    ROTATE_CHUNK_ELEMENTS.clear()
     try:
         yield
     finally:
-        ROW_GROUPS.update(saved)
+        ROW_GROUPS.update(saved[0])
+        PAGE_BY_PAGE.update(saved[1])
+        ROTATE_CHUNK_ELEMENTS.update(saved[2])
 
 
 @torch.no_grad()
@@ -232,13 +246,16 @@ def count_prefill(runtime: PassCounting, kvs: list[PageKV], policy: str,
                   budget: float = 0.1) -> PrefillCount:
     """The prefill half of the TTFT workload's request over `kvs` under `policy`: head and
     labels computed ahead, one run to warm the choice history (as in service), then the
-    counted run, on the accelerator's attention path (`accelerator_groups`)."""
+    counted run, on the accelerator's path (`accelerator_path`); then the page load's ops
+    on the CPU's own path."""
     request = answer_request(runtime.vlm, kvs, policy, budget)
     runtime.warm_labels(request.prefix, request.pages)  # no cache miss is counted
-    with accelerator_groups():
+    with accelerator_path():
         prefill_ops(runtime, request)
         runtime.passes.reset()
         ops = prefill_ops(runtime, request, within=(load_pages,))
     passes = runtime.passes.total
     runtime.passes.reset()
-    return PrefillCount(request, ops, passes)
+    cpu_load = prefill_ops(runtime, request, within=(load_pages,)).within["load_pages"]
+    runtime.passes.reset()
+    return PrefillCount(request, ops, passes, cpu_load)
