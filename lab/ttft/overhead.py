@@ -11,7 +11,9 @@ refresh, logits) and of its page load (`load_pages`), counted on an accelerator'
 (`lab.ttft.op_count.accelerator_path`), the page load's on the CPU's own path (each page
 turned in place), and the median wall time of `repeats` runs on the CPU's path (warm caches,
 counting off). A decode step of one answer over the largest page count is
-measured the same way.
+measured the same way, and the page load alone on both paths, side by side (`page_load`:
+the CPU's own, each page turned in place, against an accelerator's joined path run on the
+CPU: one join a tensor kind, then whole-span steps).
 
 Public API:
   run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict
@@ -31,9 +33,12 @@ from typing import Any
 
 import torch
 
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.page_loads import load_pages
 from lab.ttft.op_count import (
     NARROW_LAYERS,
     PassCounting,
+    accelerator_path,
     answer_request,
     count_ops,
     count_prefill,
@@ -77,6 +82,7 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
                              "host_ms": ms,
                              "top_ops": dict(count.ops.by_name.most_common(8))})
         decode = _decode_step(rt, kvs, repeats)
+        loads = [_page_load(rt, kvs[:p], repeats) for p in pages]
     finally:
         torch.set_num_threads(saved)
     doc = {"workload": {"model": "random-weight Qwen2.5-VL, 28 layers, hidden 64, 4/2 heads",
@@ -85,7 +91,7 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
                         "machine": f"{platform.machine()} {platform.system()}, "
                                    f"torch {torch.__version__}",
                         "command": command or "conduit-lab bench overhead"},
-           "rows": rows, "decode_step": decode}
+           "rows": rows, "decode_step": decode, "page_load": loads}
     out = Path(out) if out is not None else RESULTS / "overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -109,6 +115,30 @@ def _decode_step(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, An
             "host_ms": ms, "top_ops": dict(counter.by_name.most_common(12))}
 
 
+def _page_load(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, Any]:
+    """Median ms of `load_pages` alone over `kvs`, on the CPU's path and on the joined one
+    (alternating, `3 * repeats` runs each)."""
+    request = answer_request(rt.vlm, kvs, "full_reuse")
+    layout = rt.assemble(request.prefix, request.pages, request.question).layout
+    cache = KVCache.allocate(rt.adapter, 1, layout.n)
+    embeds = rt.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
+
+    def load() -> None:
+        load_pages(rt.adapter, layout, kvs, cache, embeds)
+
+    def joined() -> None:
+        with accelerator_path():
+            load()
+
+    times: dict[str, list[float]] = {"in_place": [], "joined": []}
+    for _ in range(3 * repeats):
+        times["in_place"].append(_median_ms(load, 1))
+        times["joined"].append(_median_ms(joined, 1))
+    in_place, join = statistics.median(times["in_place"]), statistics.median(times["joined"])
+    return {"pages": len(kvs), "in_place_ms": in_place, "joined_ms": join,
+            "joined_over_in_place": join / in_place}
+
+
 def _markdown(doc: dict[str, Any]) -> str:
     w = doc["workload"]
     lines = [f"# Host cost on the narrow model ({w['model']}, {w['tokens_per_page']}-token "
@@ -127,5 +157,13 @@ def _markdown(doc: dict[str, Any]) -> str:
                      f"{r['cpu_load_ops_per_layer']:.1f} | {r['host_ms']:.1f} |")
     d = doc["decode_step"]
     lines += ["", f"Decode step (one answer, {d['pages']} pages): {d['ops_per_layer']:.1f} "
-              f"ops a layer, {d['host_ms']:.2f} ms.", ""]
+              f"ops a layer, {d['host_ms']:.2f} ms.", "",
+              "Page load alone on the CPU (median ms, alternating runs): each page turned in "
+              "place (the CPU's path) against the pages joined first (an accelerator's path).",
+              "", "| pages | in place ms | joined ms | joined / in place |",
+              "| ---: | ---: | ---: | ---: |"]
+    for r in doc["page_load"]:
+        lines.append(f"| {r['pages']} | {r['in_place_ms']:.2f} | {r['joined_ms']:.2f} | "
+                     f"{r['joined_over_in_place']:.2f} |")
+    lines.append("")
     return "\n".join(lines)
