@@ -12,7 +12,7 @@ dequantised there. Then the keys of all pages turn into the cache in a few opera
 row by its own page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label
 rows between pages are written too, zeros: like every text row, they are computed before
 anything reads them), the values go in with one copy and the embeddings with one indexed copy.
-The operations issued do not depend on the number of pages.
+Besides a packed page's one copy, the operations issued do not depend on the number of pages.
 
 On the devices of `PAGE_BY_PAGE` (the CPU) the pages already are where the cache is, and
 memory passes cost more than operations: each page turns straight from its own tensors into its
