@@ -8,12 +8,11 @@ each page count, full prefill from the cached page embeddings (`full_prefill`), 
 (`ReuseRuntime.start_answer`, decode excluded; `lab.ttft.op_count.count_prefill`); reported
 per layer: the operations of the whole prefill half, of its passes alone (scoring pass,
 refresh, logits) and of its page load (`load_pages`), counted on an accelerator's path
-(`lab.ttft.op_count.accelerator_path`), the page load's on the CPU's own path (each page
-turned in place), and the median wall time of `repeats` runs on the CPU's path (warm caches,
-counting off). A decode step of one answer over the largest page count is
-measured the same way, and the page load alone on both paths, side by side (`page_load`:
-the CPU's own, each page turned in place, against an accelerator's joined path run on the
-CPU: one join a tensor kind, then whole-span steps).
+(`lab.ttft.op_count.accelerator_path`), the page load's also on the CPU's own path (each
+page turned in place), and the median wall time of `repeats` runs on the CPU's path (warm
+caches, counting off). A decode step of one answer over the largest page count is measured
+the same way. The page load alone is timed on both paths side by side (`page_load`: the
+CPU's in place against an accelerator's joined path run on the CPU).
 
 Public API:
   run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict

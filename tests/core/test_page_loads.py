@@ -5,8 +5,6 @@ tensor, `rerotate` per page and layer)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,9 +14,10 @@ import torch
 from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.assembly import Assembly
 from conduit_core.kv.kv_cache import KVCache
-from conduit_core.kv.page_loads import PAGE_BY_PAGE, load_pages
+from conduit_core.kv.page_loads import load_pages
 from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
 from conduit_core.prompt.rotation import rerotate_into, shift_tables
+from lab.ttft.op_count import accelerator_path
 from storage.keys import PageHash
 from storage.kv.codec import quantize_roundtrip
 from storage.kv.disk import DiskKVStore
@@ -27,17 +26,6 @@ from tests.device import TEST_DEVICE
 
 PREFIX = "You answer questions about the pages below."
 QUESTION = "What is on the second page?"
-
-
-@contextmanager
-def _joined() -> Iterator[None]:
-    """Within the block every device loads pages joined, as an accelerator does."""
-    saved = set(PAGE_BY_PAGE)
-    PAGE_BY_PAGE.clear()
-    try:
-        yield
-    finally:
-        PAGE_BY_PAGE.update(saved)
 
 
 def _page_rows(asm: Assembly, cache: KVCache, embeds: torch.Tensor
@@ -102,7 +90,7 @@ def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
     floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
     # int8 pages of their own tensors (a decoded entry views one buffer: the packed path)
     int8 = [replace(q, keys=q.keys.clone()) for q in map(quantize_roundtrip, floats)]
-    assert packed_to_device([kv.tensors() for kv in floats + int8], "cpu") is None
+    assert all(packed_to_device([kv.tensors()], "cpu") is None for kv in floats + int8)
     for kvs in (floats, floats[::-1], int8, int8[::-1], [int8[0], floats[1], int8[2]]):
         _same(_staged(runtime, kvs), _per_page(runtime, kvs))
 
@@ -113,7 +101,7 @@ def _staged(runtime: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...
                            QUESTION)
     cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
     embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
-    with _joined():
+    with accelerator_path():  # pages joined, whole-span steps, as on an accelerator
         load_pages(runtime.adapter, asm.layout, kvs, cache, embeds)
     rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
     dev = cache.keys.device
