@@ -51,7 +51,7 @@ class PolicyOptions:
     """Per-request knobs of the CONDUIT family (`conduit`, `conduit_per_page`).
 
     Every field None = the registered policy's own value. See
-    `conduit_core.policies.scoring.ScoreConfig` and `conduit_core.policies.conduit.ConduitConfig`
+    `conduit_core.passes.scoring.ScoreConfig` and `conduit_core.policies.conduit.ConduitConfig`
     for meanings and bounds.
     gamma:         amplification exponent >= 0 (0 = no image-level amplification).
     score_layers:  "all" or a half-open (start, stop) range of decoder layers to score with.

@@ -6,9 +6,9 @@ Public API:
                decode_slots=16, decode_positions=65536, decode_compile="off")
     head_cache: the prompt head (template opening + prefix, rows before the first page label)
         is computed once per prefix and copied into each assembled cache
-        (`conduit_core.prompt.prompt_head`); False computes it with every question.
+        (`conduit_core.passes.prompt_head`); False computes it with every question.
     label_cache: page labels are computed once after the head and reused stale like their
-        pages (`conduit_core.prompt.label_cache`; needs head_cache); False computes them as text
+        pages (`conduit_core.label_cache`; needs head_cache); False computes them as text
         rows in every pass. A label computed for an answer is charged to it. label_entries:
         labels kept (least recently used dropped).
     label_refresh: with the label cache, which labels a refresh recomputes: "page" those of
@@ -72,7 +72,7 @@ Public API:
         placed where its choices under the same `key` (namespace, policy, options, budget)
         fell before (`.choices`, a `conduit_core.cost.choice_history.ChoiceHistory`; answers
         record theirs)
-  (the Assembly it works on: `conduit_core.assembly`)
+  (the Assembly it works on: `conduit_core.passes.assembly`)
 """
 
 from __future__ import annotations
@@ -86,27 +86,27 @@ from PIL import Image
 
 from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput, TokenCallback
-from conduit_core.assembly import Assembly
 from conduit_core.cost.choice_history import ChoiceHistory, even_rows
 from conduit_core.cost.cost_model import RefreshPlan, RowCosts, plan_refresh
-from conduit_core.cost.flops import FlopsModel
 from conduit_core.decode import DecodeState, Sampler, decode_step
 from conduit_core.errors import InvalidRequestError
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.kv.page_loads import load_pages
-from conduit_core.kv.page_prefill import prefill_pages
+from conduit_core.label_cache import LabelCache, fetch, load_labels
+from conduit_core.model.flops import FlopsModel
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import logits_of
+from conduit_core.passes.page_prefill import prefill_pages
+from conduit_core.passes.prompt_head import HeadCache
 from conduit_core.passes.refresh_pass import refresh_pass
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores, stale_pass
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
-from conduit_core.policies.scoring import ScoreConfig
-from conduit_core.prompt.label_cache import LabelCache, fetch, load_labels
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
-from conduit_core.prompt.prompt_head import HeadCache
 
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
 
@@ -205,7 +205,7 @@ class ReuseRuntime:
 
     def load_labels(self, assembly: Assembly, skip: torch.Tensor | None = None) -> None:
         """Fill the stale label rows of `assembly` from the label cache, computing the labels
-        it lacks (`conduit_core.prompt.label_cache.load_labels`); labels in rows `skip` (their pages
+        it lacks (`conduit_core.label_cache.load_labels`); labels in rows `skip` (their pages
         are refreshed whole) are left to the refresh."""
         if self.labels is not None:
             load_labels(self.labels, self.adapter, self.costs, assembly, skip)
@@ -242,7 +242,7 @@ class ReuseRuntime:
     def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
                       resume: Resume | None = None) -> float:
         """Language-model FLOPs of a `refresh` that computed rows `computed`, charged as
-        its attention computes them (see `conduit_core.cost.flops`)."""
+        its attention computes them (see `conduit_core.model.flops`)."""
         if assembly.text_from_one:
             return self.costs.after_scoring(assembly.layout, computed, assembly.last_only)
         return self.costs.refresh(assembly.layout, computed, assembly.last_only,

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, replace
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies import PolicyChoice
-from conduit_core.policies.scoring import ScoreConfig
 from storage.keys import PageHash, cache_namespace
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext

@@ -1,7 +1,7 @@
 """What a prefill will cost before it runs, so that reuse never costs more than full prefill.
 
 The runtime computes, per request, the rows a refresh runs (`refresh_rows`) and charges them
-as computed (`conduit_core.cost.flops`). This module predicts that charge before the policy runs:
+as computed (`conduit_core.model.flops`). This module predicts that charge before the policy runs:
 
   * a policy that selects without a forward pass (random, EPIC, value norm, full reuse,
     prefix reuse, full prefill, ...) is run first: its choice is cheap and exact, so the
@@ -48,12 +48,12 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.cost.choice_history import even_rows
-from conduit_core.cost.flops import FlopsModel
 from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.model.flops import FlopsModel
 from conduit_core.passes.layer_forward import computed_key_counts
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import fused_layers
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.prompt.layout import Layout
 
 
@@ -170,7 +170,7 @@ class RowCosts:
         return self.flops.trimmed(rows, n_layers, every, every[-1:])
 
     def head(self, h: int) -> float:
-        """A prompt head of `h` tokens computed alone (`conduit_core.prompt.prompt_head`):
+        """A prompt head of `h` tokens computed alone (`conduit_core.passes.prompt_head`):
         every row through every layer on the plain causal path, all outputs kept."""
         return self.rows(torch.arange(h), h, last_only=False)
 

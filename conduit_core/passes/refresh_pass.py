@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from conduit_core.assembly import Assembly
 from conduit_core.cost.cost_model import refresh_rows
 from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows, setup_rows
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.policies.policy_context import Resume

@@ -4,7 +4,7 @@ All text tokens run through all layers against the stale, re-rotated page KV (ex
 mask, writing their own fresh K/V). At each scored layer the scored question rows' attention
 probabilities over all keys are formed (softmax over all N keys, per query head; query head h
 reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
-at once over the rows into the layer's statistics (`conduit_core.policies.scoring.
+at once over the rows into the layer's statistics (`conduit_core.passes.scoring.
 ScoreAccumulator`: (H + G, N) floats a layer, reduced over the layers once at the end). No
 probabilities outlive their layer: peak memory is not (L, H, Q, N), and the question rows
 are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question is
@@ -55,7 +55,7 @@ import torch
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.layer_forward import RowSetup, forward_rows, setup_rows
-from conduit_core.policies.scoring import ScoreAccumulator, ScoreConfig
+from conduit_core.passes.scoring import ScoreAccumulator, ScoreConfig
 
 SCORE_CHUNK_ELEMENTS = 1 << 24
 

@@ -2,7 +2,7 @@
 
 From the scoring pass (`PolicyContext.scores()`), every visual token j gets
   s_j = mean over layers, question tokens of agg over heads of A[l,h,q,j] ||V[l,g(h),j]||
-(reduced layer by layer in the scoring pass, `conduit_core.policies.scoring`); page m's total
+(reduced layer by layer in the scoring pass, `conduit_core.passes.scoring`); page m's total
 R_m = sum_j s_j scales its tokens by c_m = (R_m / mean_m R_m)^gamma; the
 k = `PolicyContext.k` (round(budget * N_v)) highest s'_j = c_m s_j over all
 pages are refreshed (text tokens are always recomputed and not charged to the budget).
@@ -27,8 +27,8 @@ import torch
 from conduit_core.answer_types import PolicyOptions
 from conduit_core.cost.cost_model import PolicyCost
 from conduit_core.errors import InvalidRequestError
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import (
     budget_tokens,
     mass_k,

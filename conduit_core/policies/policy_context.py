@@ -26,8 +26,8 @@ import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import budget_tokens
 from conduit_core.prompt.layout import Layout
 

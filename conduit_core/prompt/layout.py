@@ -5,7 +5,7 @@ are tokenized separately (segments are delimited by special tokens), so the layo
 the concatenation. Positions come from the family's own rule over the whole layout.
 
 Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
-label's K/V come from the label cache (`conduit_core.prompt.label_cache`), stale like its page's,
+label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
 and `label_refresh` says which labels a refresh recomputes (`refreshed_label_rows`): "page"
 a label only with its whole page; "always" every label whatever it refreshes of the pages
 (the scoring pass still reads them stale) but the first when it directly follows the head,

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from conduit_core.cost.cost_model import PolicyCost
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import topk_positions
 
 

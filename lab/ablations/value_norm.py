@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import topk_positions
 
 

@@ -56,9 +56,9 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput, PolicyChoice
-from conduit_core.assembly import Assembly
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import get_policy
 from conduit_core.prompt.layout import page_context
 from conduit_core.runtime import ReuseRuntime

@@ -58,8 +58,8 @@ def kv_bytes_per_token(model: str, dtype: str, home: Path) -> int:
     the model's config alone (a builtin's from its folder under `home`/models)."""
     from transformers import AutoConfig
 
-    from conduit_core.cost.flops import LMShape
     from conduit_core.model.builtin import is_builtin, materialise_builtin
+    from conduit_core.model.flops import LMShape
 
     source = str(materialise_builtin(model, home / "models")) if is_builtin(model) else model
     shape = LMShape.from_config(AutoConfig.from_pretrained(source).get_text_config())

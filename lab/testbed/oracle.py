@@ -61,9 +61,9 @@ import torch
 from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.assembly import Assembly
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.model.testbed_model import WEIGHTS
+from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime

@@ -34,11 +34,11 @@ import torch
 
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.assembly import Assembly
 from conduit_core.model.adapters.qwen2_vl import Qwen2VLAdapter
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
 from conduit_core.page_kv import ModelFingerprint
+from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import get_policy
 from conduit_core.runtime import ReuseRuntime
 from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages

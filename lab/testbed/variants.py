@@ -55,13 +55,13 @@ from pathlib import Path
 import torch
 
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
-from conduit_core.cost.flops import LMShape, rows_flops
 from conduit_core.kv.kv_cache import KVCache
+from conduit_core.model.flops import LMShape, rows_flops
 from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.policies.selection import topk_positions
 
 _Q = ScoreConfig(query_rows="question")
@@ -239,7 +239,7 @@ def main() -> None:
                     help="comma-separated candidates to probe (default: every one; '' none)")
     ap.add_argument("--no-label-cache", dest="label_cache", action="store_false",
                     help="page labels as text rows (before 2026-12-02), not stale from the "
-                    "label cache (conduit_core.prompt.label_cache)")
+                    "label cache (conduit_core.label_cache)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--records", type=Path, default=None,
                     help="also write every answer's score here, for `testbed paired`")

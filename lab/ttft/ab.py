@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.assembly import Assembly
 from conduit_core.passes import layer_forward
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 

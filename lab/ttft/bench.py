@@ -15,7 +15,7 @@ tokens. Methods, each timed to the first generated token:
                                method takes the head from the cache)
   conduit_labels_off           conduit with the page labels as text rows, computed in both
                                passes (no label cache; every other reuse method takes them
-                               stale from it, `conduit_core.prompt.label_cache`, warmed in the
+                               stale from it, `conduit_core.label_cache`, warmed in the
                                warm-up round; the refresh recomputes every cached
                                label, `label_refresh="always"`, the service's default)
   conduit_labels_page          conduit with a cached label recomputed only with its whole

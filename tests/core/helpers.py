@@ -12,11 +12,11 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.assembly import Assembly
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
-from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.prompt.rotation import shift_cos_sin, span_deltas
 from conduit_core.runtime import ReuseRuntime
 

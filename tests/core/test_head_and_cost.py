@@ -20,9 +20,9 @@ from PIL import Image
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.model.loader import load_vlm
+from conduit_core.passes.prompt_head import HeadCache
 from conduit_core.policies import POLICIES, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
-from conduit_core.prompt.prompt_head import HeadCache
 from lab.refresh_probe import probe_refresh
 from tests.core.helpers import IMAGES, page_image
 from tests.device import TEST_DEVICE, TEST_DTYPE, same_answer, tol

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
-from conduit_core.assembly import Assembly
 from conduit_core.errors import ConduitCoreError
 from conduit_core.kv.kv_cache import KVCache
+from conduit_core.label_cache import LabelKV, _pending, fetch, write_labels
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.adapters.qwen2_vl import mrope_positions
-from conduit_core.prompt.label_cache import LabelKV, _pending, fetch, write_labels
+from conduit_core.passes.assembly import Assembly
 from conduit_core.prompt.layout import Layout, Segment
 from conduit_core.prompt.rotation import rerotate_into, shift_cos_sin
 from tests.core.conftest import MROPE, load_builtin

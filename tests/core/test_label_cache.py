@@ -1,4 +1,4 @@
-"""Cached page labels (`conduit_core.prompt.label_cache`): stale like their pages, exact where a
+"""Cached page labels (`conduit_core.label_cache`): stale like their pages, exact where a
 refresh covers them.
 
 * the first label's cached K/V equal a full prefill's rows (computed in its exact context);
@@ -23,9 +23,9 @@ import torch
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, AnswerResult
 from conduit_core.cost.cost_model import refresh_rows
+from conduit_core.label_cache import LabelCache
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.prompt.label_cache import LabelCache
 from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.core.helpers import IMAGES
 from tests.device import tol

@@ -18,13 +18,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
-from conduit_core.assembly import Assembly
-from conduit_core.cost.flops import SCORE_PAIR_FLOPS, LMShape
+from conduit_core.model.flops import SCORE_PAIR_FLOPS, LMShape
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies.registry import PRODUCT_POLICIES
-from conduit_core.policies.scoring import ScoreConfig
 from conduit_core.runtime import ReuseRuntime
 from storage.kv.codec import decode_page, encode_page
 from tests.core.conftest import load_builtin
@@ -100,7 +100,7 @@ _cpu_sdpa._get_raw = True  # type: ignore[attr-defined]  # torch's counter: raw 
 
 class ScoringTerms(ReuseRuntime):
     """A runtime that adds up the scoring pass's element-wise terms (softmax, the
-    norm-weighted reduction, value norms: `conduit_core.cost.flops.scoring_flops` less its
+    norm-weighted reduction, value norms: `conduit_core.model.flops.scoring_flops` less its
     QK^T), which a matmul counter cannot see."""
 
     extra = 0.0

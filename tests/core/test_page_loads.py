@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
-from conduit_core.assembly import Assembly
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
+from conduit_core.passes.assembly import Assembly
 from conduit_core.prompt.rotation import rerotate_into, shift_tables
 from lab.ttft.op_count import accelerator_path
 from storage.keys import PageHash

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
-from conduit_core.assembly import Assembly
+from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores, fused_layers, stale_pass
-from conduit_core.policies.scoring import ScoreConfig
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, token_scores
 from tests.device import atol, tol

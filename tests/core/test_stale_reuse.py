@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
-from conduit_core.assembly import Assembly
+from conduit_core.passes.assembly import Assembly
 from lab.diagnostics import kv_error
 from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.assembly import Assembly
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies import get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.scoring import ScoreConfig
 from tests.core.helpers import token_scores
 
 from .conftest import CachedPages

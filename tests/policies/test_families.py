@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.cost.flops import LMShape, full_prefill_flops, trimmed_rows_flops
 from conduit_core.model.builtin import builtin_names
+from conduit_core.model.flops import LMShape, full_prefill_flops, trimmed_rows_flops
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.runtime import ReuseRuntime

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conduit_core.cost.flops import (
+from conduit_core.model.builtin import builtin_names
+from conduit_core.model.flops import (
     LMShape,
     TiledVisionShape,
     VisionShape,
@@ -21,7 +22,6 @@ from conduit_core.cost.flops import (
     vision_shape,
     vision_tower_flops,
 )
-from conduit_core.model.builtin import builtin_names
 from conduit_core.model.loader import load_vlm
 
 from .conftest import text_page

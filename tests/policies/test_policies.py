@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest
-from conduit_core.cost.flops import (
+from conduit_core.model.flops import (
     LMShape,
     full_prefill_flops,
     rows_flops,

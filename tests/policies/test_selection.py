@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conduit_core.policies.scoring import ScoreConfig
+from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.selection import (
     budget_tokens,
     first_per_page,

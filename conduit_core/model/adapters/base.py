@@ -28,8 +28,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-from conduit_core.cost import flops
 from conduit_core.errors import UnsupportedModelError
+from conduit_core.model import flops
 
 # prompt pieces (template, prefixes, page labels, short questions) kept tokenized, and the
 # longest piece kept: at most about a megabyte of text and ids
@@ -245,7 +245,7 @@ class VLMAdapter(ABC):
 
     def vision_flops(self, image_grids: list[torch.Tensor]) -> float:
         """Vision-tower FLOPs of encoding these pages: the analytic model of
-        `conduit_core.cost.flops` where it knows the family, else 2 * vision parameters * tokens
+        `conduit_core.model.flops` where it knows the family, else 2 * vision parameters * tokens
         entering the tower."""
         try:
             return float(flops.vision_flops(self, image_grids))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
+from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.prompt.layout import Layout
-from conduit_core.prompt.prompt_head import HeadKV
 
 
 @dataclass

@@ -44,14 +44,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from conduit_core.assembly import Assembly
 from conduit_core.cost.cost_model import RowCosts
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.prompt.bounded_lru import BoundedLRU
 from conduit_core.prompt.layout import Segment
-from conduit_core.prompt.prompt_head import HeadKV
 from conduit_core.prompt.rotation import rerotate_into, shift_tables, span_deltas
 
 LabelKey = tuple[str, tuple[int, ...], tuple[int, ...]]  # (namespace, head ids, label ids)
