@@ -7,13 +7,13 @@ from fastapi import HTTPException
 
 from storage.errors import NotFoundError
 from storage.metadata import Collection, CollectionId, Document, DocumentId
-from worker.context import WorkerContext
+from worker.facade import Worker
 
 
-def owned_collection(ctx: WorkerContext, tenant: str, collection_id: str) -> Collection:
+def owned_collection(worker: Worker, tenant: str, collection_id: str) -> Collection:
     """The collection if the tenant owns it; 404 otherwise (no existence leak)."""
     try:
-        col = ctx.meta.get_collection(CollectionId(collection_id))
+        col = worker.meta.get_collection(CollectionId(collection_id))
     except NotFoundError:
         col = None
     if col is None or col.tenant != tenant:
@@ -27,12 +27,12 @@ def document_not_found(document_id: str) -> HTTPException:
     return HTTPException(404, f"document {document_id} not found")
 
 
-def owned_document(ctx: WorkerContext, tenant: str, document_id: str) -> Document:
+def owned_document(worker: Worker, tenant: str, document_id: str) -> Document:
     """The document if the tenant owns its collection; the same 404 as a made-up id otherwise
     (never the owner's collection id)."""
     try:
-        doc = ctx.meta.get_document(DocumentId(document_id))
-        col = ctx.meta.get_collection(doc.collection_id)
+        doc = worker.meta.get_document(DocumentId(document_id))
+        col = worker.meta.get_collection(doc.collection_id)
     except NotFoundError:
         raise document_not_found(document_id) from None
     if col.tenant != tenant:

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from fastapi import Request
-
 from conduit_core.answer_types import PolicyOptions
 from service.access import document_not_found, owned_collection
 from service.metrics import ANSWER_SECONDS, FALLBACKS, FLOPS_RATIO, QUERIES, TTFT
 from service.schemas import CacheOut, QueryIn, QueryOut
 from service.views import citation_out
 from storage.metadata import CollectionId, DocumentId
-from worker.answer_job import Answer, Question, check_scope
-from worker.context import WorkerContext
-from worker.fairness import TenantSlots
+from worker.facade import Answer, Question, Worker
 
 # The headers of a server-sent event answer: nothing between the service and the client may
 # hold its events back (X-Accel-Buffering: ingress-nginx and nginx buffer a response unless
@@ -24,23 +20,22 @@ from worker.fairness import TenantSlots
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def answer_slot(request: Request, tenant: str) -> ExitStack:
-    """One of `tenant`'s answers in flight (`worker.fairness.TenantSlots`, the app's
-    `answer_slots`), held until the returned stack is closed (closing twice is harmless);
-    `TenantBusyError` (429 with Retry-After) when the tenant holds its cap already."""
-    slots: TenantSlots = request.app.state.answer_slots
+def answer_slot(worker: Worker, tenant: str) -> ExitStack:
+    """One of `tenant`'s answers in flight (`Worker.answer_slot`), held until the returned
+    stack is closed (closing twice is harmless); `TenantBusyError` (429 with Retry-After) when
+    the tenant holds its cap already."""
     stack = ExitStack()
-    stack.enter_context(slots.hold(tenant))
+    stack.enter_context(worker.answer_slot(tenant))
     return stack
 
 
-def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
+def build_question(body: QueryIn, worker: Worker, tenant: str,
                    check_pages: bool = False) -> Question:
     """Resolve and check a query body into the worker's `Question` (404/409/422 on problems),
-    its policy resolved once where the model is loaded here (`check_scope`)."""
-    col = owned_collection(ctx, tenant, body.collection_id)
+    its policy resolved once where the model is loaded here (`Worker.check_question`)."""
+    col = owned_collection(worker, tenant, body.collection_id)
     if body.document_ids is not None:
-        _check_documents(ctx, col.id, body.document_ids)
+        _check_documents(worker, col.id, body.document_ids)
     question = Question(
         collection_id=col.id, question=body.question, top_k=body.top_k,
         max_new_tokens=body.max_new_tokens,
@@ -52,14 +47,14 @@ def build_question(body: QueryIn, ctx: WorkerContext, tenant: str,
                               query_window=body.query_window, head_agg=body.head_agg),
         tenant=tenant,
     )
-    return check_scope(ctx, question, with_model=ctx.settings.embedded, pages=check_pages)
+    return worker.check_question(question, pages=check_pages)
 
 
-def _check_documents(ctx: WorkerContext, collection_id: CollectionId,
+def _check_documents(worker: Worker, collection_id: CollectionId,
                      document_ids: list[str]) -> None:
     """404 naming the first id that is not a document of the collection: the same reply for
     a made-up id, a deleted document and another tenant's (which is in another collection)."""
-    present = {d.id for d in ctx.meta.list_documents(collection_id)}
+    present = {d.id for d in worker.meta.list_documents(collection_id)}
     for document_id in document_ids:
         if document_id not in present:
             raise document_not_found(document_id)

@@ -47,13 +47,7 @@ from storage.errors import (
 )
 from storage.space import is_disk_full
 from storage.text_safety import safe_text, safe_value
-from worker.context import build_context
-from worker.errors import WorkerError
-from worker.fairness import TenantSlots, answer_cap, queued_documents_cap
-from worker.ingest.errors import IngestError
-from worker.recovery import Reaper
-from worker.retrieval.index.pipeline import start_index_check
-from worker.runners import InProcessRunner
+from worker.facade import IngestError, Worker, WorkerError
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,26 +61,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = build_context(settings)
-        app.state.ctx = ctx
-        app.state.runner = runner = _build_runner(ctx)
-        # the startup reconcile, then a pass every reaper_interval_s: no document stays stuck
-        reaper = Reaper(ctx, runner.submit_ingest, runner.local_queue)
-        reaper.start()
-        start_index_check(ctx)  # stale retrieval indexes rebuild in the background
-        collectors: list[Collector] = [register_kv_collector(ctx.kv)]
+        # the runner, the reaper and the retrieval index check start with it
+        app.state.worker = worker = Worker.serve(settings, keyed=keyring.enabled)
+        collectors: list[Collector] = [register_kv_collector(worker.kv)]
         if not settings.embedded:  # jobs wait in the broker's queues: export their lengths
-            collectors.append(register_queue_collector(runner.queue_lengths))
-        log.info("conduit up: home=%s model=%s embedded=%s", ctx.home, settings.model,
+            collectors.append(register_queue_collector(worker.queue_lengths))
+        log.info("conduit up: home=%s model=%s embedded=%s", worker.home, settings.model,
                  settings.embedded)
         try:
             yield
         finally:
-            reaper.stop()
-            app.state.runner.shutdown()
             for collector in collectors:
                 REGISTRY.unregister(collector)
-            ctx.close()
+            worker.close()
 
     # /docs and /redoc with Swagger UI and ReDoc served from the installed fastapi-offline
     # package, not a CDN: they work on an air-gapped cluster (no validator badge either)
@@ -96,12 +83,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                          swagger_ui_parameters={"validatorUrl": None})
     app.state.keyring = keyring
     app.state.thumbnails = ThumbnailCache()
-    # what one tenant may hold at once (`worker.fairness`): answers in flight, queued uploads
-    app.state.answer_slots = TenantSlots(answer_cap(settings, keyring.enabled),
-                                         "answers in flight", "CONDUIT_MAX_ANSWERS_PER_TENANT")
-    app.state.upload_slots = TenantSlots(queued_documents_cap(settings, keyring.enabled),
-                                         "documents queued for ingestion",
-                                         "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
     app.add_middleware(GuardMiddleware, keyring=keyring,
                        max_upload_bytes=settings.max_upload_bytes)
     if not keyring.enabled:  # the open mode: loopback Host names only (DNS rebinding)
@@ -120,14 +101,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def _build_runner(ctx):  # type: ignore[no-untyped-def]
-    if ctx.settings.embedded:
-        return InProcessRunner(ctx)
-    from worker.celery_app import CeleryRunner
-
-    return CeleryRunner(ctx.settings.redis_url, ctx.settings)
 
 
 _DISK_FULL = ("the service's disk is full; the request was not completed (deleting documents "

@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
     from service.auth import KeyRing
     from service.connections import uvicorn_options
     from service.hardening import check_bind
-    from worker.heap import freeze_long_lived
+    from worker.facade import freeze_long_lived
 
     settings = Settings()
     refusal = check_bind(args.host, keys=KeyRing.from_settings(settings).enabled,
@@ -111,12 +111,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     from service.hardening import private_home
-    from worker.celery_app import run_worker
+    from worker.facade import run_celery_worker
 
     settings = Settings()
     private_home(settings.home.resolve())  # uploads, page images, KV: the service's user's only
-    run_worker(settings, concurrency=args.concurrency,
-               queues=tuple(q for q in args.queues.split(",") if q))
+    run_celery_worker(settings, concurrency=args.concurrency,
+                      queues=tuple(q for q in args.queues.split(",") if q))
     return 0
 
 
@@ -126,44 +126,39 @@ def _ingest(args: argparse.Namespace) -> int:
     from service.hardening import private_home
     from service.views import skipped_pages_warning
     from storage.metadata import Document, DocumentId, Job, JobId, new_id
-    from worker.context import build_context
-    from worker.ingest.errors import IngestError
-    from worker.runners import execute_ingest_job
-    from worker.uploads import check_upload, store_upload
+    from worker.facade import IngestError, Worker
 
     settings = Settings()
     private_home(settings.home.resolve())
-    ctx = build_context(settings)
-    col = ctx.meta.find_collection(args.collection, "default") or \
-        ctx.meta.create_collection(args.collection, "default")
+    worker = Worker.local(settings)
+    col = worker.meta.find_collection(args.collection, "default") or \
+        worker.meta.create_collection(args.collection, "default")
     failures = 0
     for path in args.paths:
         try:
             data = path.read_bytes()
-            checked = check_upload(data, password=args.password,
-                                   max_bytes=settings.max_upload_bytes,
-                                   max_pages=settings.max_pages)
+            checked = worker.check_upload(data, args.password, path.name)
         except (OSError, IngestError) as exc:
             print(f"{path}: {getattr(exc, 'message', exc)}", file=sys.stderr)
             failures += 1
             continue
         doc_id, job_id = DocumentId(new_id("doc")), JobId(new_id("job"))
-        store_upload(ctx.home, doc_id, checked.data)
-        ctx.meta.add_job(Job(id=job_id, kind="ingest", document_id=doc_id))
-        ctx.meta.add_document(Document(id=doc_id, collection_id=col.id, filename=path.name,
+        worker.store_upload(doc_id, checked.data)
+        worker.meta.add_job(Job(id=job_id, kind="ingest", document_id=doc_id))
+        worker.meta.add_document(Document(id=doc_id, collection_id=col.id, filename=path.name,
                                        sha256=checked.sha256, size_bytes=len(data),
                                        pages_total=checked.page_count, job_id=job_id))
-        worker = threading.Thread(target=execute_ingest_job, args=(ctx, job_id, doc_id))
-        worker.start()
+        job = threading.Thread(target=worker.ingest_here, args=(job_id, doc_id))
+        job.start()
         with tqdm(total=checked.page_count, desc=path.name, unit="page") as bar:
-            while worker.is_alive():
-                worker.join(0.2)
-                doc = ctx.meta.get_document(doc_id)
+            while job.is_alive():
+                job.join(0.2)
+                doc = worker.meta.get_document(doc_id)
                 bar.set_postfix_str(doc.stage)
                 bar.total = max(doc.pages_total, 1)
                 bar.n = doc.pages_done
                 bar.refresh()
-        doc = ctx.meta.get_document(doc_id)
+        doc = worker.meta.get_document(doc_id)
         if doc.status != "ready":
             print(f"{path}: {doc.error}", file=sys.stderr)
             failures += 1
@@ -173,22 +168,19 @@ def _ingest(args: argparse.Namespace) -> int:
             if warning:
                 reasons = "; ".join(f"page {p.number}: {p.reason}" for p in doc.skipped_pages)
                 print(f"{path}: warning: {warning} ({reasons})", file=sys.stderr)
-    ctx.close()
+    worker.close()
     return 1 if failures else 0
 
 
 def _ask(args: argparse.Namespace) -> int:
     from conduit_core.answer_types import PolicyOptions
     from service.hardening import private_home
-    from worker.answer_job import Question, answer_question
-    from worker.context import build_context
-    from worker.errors import WorkerError
-    from worker.policy_options import parse_layers
+    from worker.facade import Question, Worker, WorkerError, parse_layers
 
     settings = Settings()
     private_home(settings.home.resolve())  # a prefill writes page KV under it
-    ctx = build_context(settings)
-    col = ctx.meta.find_collection(args.collection, "default")
+    worker = Worker.local(settings)
+    col = worker.meta.find_collection(args.collection, "default")
     if col is None:
         print(f"no collection named {args.collection!r}", file=sys.stderr)
         return 2
@@ -201,12 +193,12 @@ def _ask(args: argparse.Namespace) -> int:
     )
     stream = None if args.json else (lambda _id, text: print(text, end="", flush=True))
     try:
-        result = answer_question(ctx, question, on_token=stream)
+        result = worker.answer(question, on_token=stream)
     except WorkerError as exc:
         print(exc.message, file=sys.stderr)
         return 2
     finally:
-        ctx.close()
+        worker.close()
     if args.json:
         from dataclasses import asdict
 

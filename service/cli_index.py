@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from worker.facade import Worker
 
 
 def add_index_commands(sub: Any) -> None:
@@ -19,39 +22,33 @@ def add_index_commands(sub: Any) -> None:
     check.set_defaults(func=_check)
 
 
-def _collections(args: argparse.Namespace) -> tuple[Any, list[str]]:
-    from worker.context import build_context
-    from worker.retrieval.index.pipeline import retrieval_indexes
+def _collections(args: argparse.Namespace) -> tuple[Worker, list[str]]:
+    from worker.facade import Worker
     from worker.settings import Settings
 
-    ctx = build_context(Settings())
-    indexes = retrieval_indexes(ctx)
-    ids = [args.collection] if args.collection else indexes.indexed_collections()
-    return ctx, ids
+    worker = Worker.local(Settings())
+    ids = [args.collection] if args.collection else worker.indexed_collections()
+    return worker, ids
 
 
 def _rebuild(args: argparse.Namespace) -> int:
     import time
 
-    from worker.retrieval.index.pipeline import retrieval_indexes
-
-    ctx, ids = _collections(args)
+    worker, ids = _collections(args)
     for collection_id in ids:
         t0 = time.perf_counter()
-        pages = retrieval_indexes(ctx).rebuild(ctx.meta, collection_id)
+        pages = worker.rebuild_index(collection_id)
         print(f"{collection_id}: {pages} pages in {time.perf_counter() - t0:.1f} s")
-    ctx.close()
+    worker.close()
     return 0
 
 
 def _check(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from worker.retrieval.index.pipeline import retrieval_indexes
-
-    ctx, ids = _collections(args)
-    checks = [retrieval_indexes(ctx).check(ctx.meta, c) for c in ids]
+    worker, ids = _collections(args)
+    checks = [worker.check_index(c) for c in ids]
     print(json.dumps([asdict(c) for c in checks], indent=2))
-    ctx.close()
+    worker.close()
     return 0 if all(c.state == "ok" for c in checks) else 1
 

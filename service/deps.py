@@ -1,4 +1,4 @@
-"""FastAPI dependencies: the worker context, the job runner, and the caller's tenant."""
+"""FastAPI dependencies: the worker, the thumbnail cache, and the caller's tenant."""
 
 from __future__ import annotations
 
@@ -8,20 +8,13 @@ from fastapi import Depends, Header, HTTPException, Path, Request
 
 from service.auth import KeyRing, bearer_token
 from service.thumbnails import ThumbnailCache
-from worker.context import WorkerContext
-from worker.runners import JobRunner
+from worker.facade import Worker
 
 
-def get_ctx(request: Request) -> WorkerContext:
-    """The process-wide worker context."""
-    ctx: WorkerContext = request.app.state.ctx
-    return ctx
-
-
-def get_runner(request: Request) -> JobRunner:
-    """The job runner (in-process or Celery)."""
-    runner: JobRunner = request.app.state.runner
-    return runner
+def get_worker(request: Request) -> Worker:
+    """The process's worker (`worker.facade.Worker`, built at startup)."""
+    worker: Worker = request.app.state.worker
+    return worker
 
 
 def get_thumbnails(request: Request) -> ThumbnailCache:
@@ -30,8 +23,7 @@ def get_thumbnails(request: Request) -> ThumbnailCache:
     return cache
 
 
-CtxDep = Annotated[WorkerContext, Depends(get_ctx)]
-RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+WorkerDep = Annotated[Worker, Depends(get_worker)]
 ThumbnailsDep = Annotated[ThumbnailCache, Depends(get_thumbnails)]
 
 

@@ -11,7 +11,7 @@ from service.schemas import (
     SnippetOut,
 )
 from storage.metadata import Collection, Document, Job
-from worker.answer_job import Citation
+from worker.facade import Citation
 
 
 def collection_out(c: Collection) -> CollectionOut:

@@ -9,6 +9,9 @@ product's modules import each other without circles; routers import no other rou
 may import the product but never the tests (the tests may import the lab), and its modules
 import each other without circles, counting imports inside functions too.
 
+The service calls the worker through one module, `worker.facade`, and builds it from
+`worker.settings`; it imports no other worker module.
+
 The product carries only what it serves: every product module is reached from an entry point
 by imports, and every public top-level function and class is named by product code (a
 module or function that only the lab or the tests use lives in the lab or the tests)."""
@@ -132,6 +135,20 @@ def test_no_import_circles_between_lab_modules() -> None:
              for name, path in LAB.items()}
     loop = _circle(edges)
     assert loop is None, "import circle: " + " -> ".join(loop or [])
+
+
+# The worker modules the service may import: the facade it calls, the settings it reads
+SERVICE_SEAMS = ("worker.facade", "worker.settings")
+
+
+def test_the_service_imports_only_the_workers_facade() -> None:
+    service = {n: p for n, p in PRODUCT.items() if n.split(".")[0] == "service"}
+    assert len(service) >= 10
+    for name, path in service.items():
+        deep = sorted(m for m in _imports(path) if m.split(".")[0] == "worker"
+                      and not any(m == s or m.startswith(s + ".") for s in SERVICE_SEAMS))
+        assert not deep, f"{name} imports {deep}: the service calls the worker through " \
+            "worker.facade (add what it needs there)"
 
 
 def test_routers_do_not_import_routers() -> None:

@@ -8,41 +8,25 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, HTTPException, UploadFile
 from kombu.exceptions import OperationalError
 
 from service.access import owned_collection, owned_document
 from service.deps import (
     CollectionIdPath,
-    CtxDep,
     DocumentIdPath,
     JobIdPath,
-    RunnerDep,
     TenantDep,
     ThumbnailsDep,
+    WorkerDep,
 )
 from service.metrics import UPLOADS
 from service.schemas import DocumentOut, JobOut, UploadOut
 from service.views import document_out, job_out
 from storage.errors import DiskFullError, NotFoundError, UnavailableError
-from storage.gc import release_pages
 from storage.metadata import Document, DocumentId, Job, JobId, new_id
 from storage.text_safety import safe_text
-from worker.context import WorkerContext
-from worker.fairness import TenantSlots
-from worker.ingest.sandbox import ReaderLimits
-from worker.recovery import job_is_stale, remove_page_images, settled_job
-from worker.retrieval.index.pipeline import on_document_deleted
-from worker.runners import queued_documents
-from worker.uploads import (
-    UploadTooLargeError,
-    check_quota,
-    check_room,
-    check_upload,
-    store_upload,
-    tenant_quota,
-    upload_path,
-)
+from worker.facade import UploadTooLargeError, Worker
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["documents"])
@@ -75,11 +59,11 @@ def storage_refusal(exc: BaseException) -> HTTPException | None:
     return None
 
 
-def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
+def _undo_upload(worker: Worker, doc_id: DocumentId, job_id: JobId) -> None:
     """Remove what an upload that failed half-way stored (each step best effort)."""
-    upload_path(ctx.home, doc_id).unlink(missing_ok=True)
-    for step in (lambda: ctx.meta.delete_document(doc_id),
-                 lambda: ctx.meta.update_job(job_id, status="failed",
+    worker.remove_upload(doc_id)
+    for step in (lambda: worker.meta.delete_document(doc_id),
+                 lambda: worker.meta.update_job(job_id, status="failed",
                                              error="the upload was not accepted")):
         try:
             step()
@@ -89,13 +73,11 @@ def _undo_upload(ctx: WorkerContext, doc_id: DocumentId, job_id: JobId) -> None:
             log.warning("could not undo upload %s: %s", doc_id, exc)
 
 
-def upload_slot(request: Request, ctx: CtxDep, tenant: TenantDep) -> Iterator[None]:
+def upload_slot(worker: WorkerDep, tenant: TenantDep) -> Iterator[None]:
     """One of the caller's uploads in flight, counted with its documents queued or in
-    ingestion (`worker.runners.queued_documents`), held while the upload is checked and
-    stored; `TenantBusyError` (429 with Retry-After, nothing stored) beyond the app's cap."""
-    slots: TenantSlots = request.app.state.upload_slots
-    queued = queued_documents(ctx.meta, tenant) if slots.cap else 0
-    with slots.hold(tenant, already=queued):
+    ingestion (`Worker.upload_slot`), held while the upload is checked and stored;
+    `TenantBusyError` (429 with Retry-After, nothing stored) beyond the cap."""
+    with worker.upload_slot(tenant):
         yield
 
 
@@ -106,8 +88,7 @@ UploadSlotDep = Annotated[None, Depends(upload_slot)]
              response_model=UploadOut)
 def upload_document(
     collection_id: CollectionIdPath,
-    ctx: CtxDep,
-    runner: RunnerDep,
+    worker: WorkerDep,
     tenant: TenantDep,
     _slot: UploadSlotDep,
     file: Annotated[UploadFile, File(description="A PDF file.")],
@@ -125,29 +106,23 @@ def upload_document(
     queued (`upload_slot`), 503 when the PDF readers hold their memory budget
     (`worker.ingest.budget`).
     """
-    col = owned_collection(ctx, tenant, collection_id)
-    s = ctx.settings
-    data = _read_capped(file.file, s.max_upload_bytes)
-    checked = check_upload(data, password=password or None, max_bytes=s.max_upload_bytes,
-                           max_pages=s.max_pages,
-                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s,
-                                               budget_mb=s.reader_memory_mb))
-    quota = tenant_quota(s)
-    check_quota(ctx.meta, tenant, quota, checked)
-    check_room(ctx.home, len(checked.data), s.disk_reserve_bytes)
+    col = owned_collection(worker, tenant, collection_id)
+    data = _read_capped(file.file, worker.settings.max_upload_bytes)
+    checked = worker.check_upload(data, password or None, file.filename)
+    worker.check_room(tenant, checked)
     doc_id = DocumentId(new_id("doc"))
     job = Job(id=JobId(new_id("job")), kind="ingest", document_id=doc_id)
     filename = safe_text(file.filename or "document.pdf").replace("/", "_")[-200:]
     try:
-        store_upload(ctx.home, doc_id, checked.data)
-        ctx.meta.add_job(job)
-        ctx.meta.add_document(Document(
+        worker.store_upload(doc_id, checked.data)
+        worker.meta.add_job(job)
+        worker.meta.add_document(Document(
             id=doc_id, collection_id=col.id, filename=filename, sha256=checked.sha256,
             size_bytes=checked.size, pages_total=checked.page_count, job_id=job.id,
-        ), quota)
-        runner.submit_ingest(job.id, doc_id)
+        ), worker.quota)
+        worker.submit_ingest(job.id, doc_id)
     except Exception as exc:
-        _undo_upload(ctx, doc_id, job.id)
+        _undo_upload(worker, doc_id, job.id)
         refusal = storage_refusal(exc)
         UPLOADS.labels("storage_error" if refusal else "error").inc()
         if refusal is None:
@@ -159,24 +134,14 @@ def upload_document(
 
 
 @router.get("/v1/documents/{document_id}", response_model=DocumentOut)
-def get_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep) -> DocumentOut:
+def get_document(document_id: DocumentIdPath, worker: WorkerDep,
+                 tenant: TenantDep) -> DocumentOut:
     """Status and progress of a document's ingestion."""
-    return document_out(owned_document(ctx, tenant, document_id))
-
-
-def _held_by_live_worker(ctx: WorkerContext, doc: Document) -> bool:
-    """Whether a worker is ingesting the document now (its job runs under a live lease)."""
-    if doc.status not in ("queued", "processing") or doc.job_id is None:
-        return False
-    try:
-        job = ctx.meta.get_job(doc.job_id)
-    except NotFoundError:
-        return False
-    return job.status == "running" and not job_is_stale(job, ctx.settings.job_lease_s)
+    return document_out(owned_document(worker, tenant, document_id))
 
 
 @router.delete("/v1/documents/{document_id}", status_code=204)
-def delete_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep,
+def delete_document(document_id: DocumentIdPath, worker: WorkerDep, tenant: TenantDep,
                     thumbnails: ThumbnailsDep) -> None:
     """Delete a document, its files, and the cached pages no other document uses.
 
@@ -184,38 +149,35 @@ def delete_document(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep,
     (lease expired), is deleted, and its job then ends as failed ("the document was deleted").
     Its files go first, so that the records' delete finds room on a full disk.
     """
-    doc = owned_document(ctx, tenant, document_id)
-    if _held_by_live_worker(ctx, doc):
+    doc = owned_document(worker, tenant, document_id)
+    if worker.held_by_live_worker(doc):
         raise HTTPException(409, "the document is being ingested; retry when it is done (a "
-                            f"stalled ingest can be deleted {ctx.settings.job_lease_s:.0f} s "
+                            f"stalled ingest can be deleted {worker.settings.job_lease_s:.0f} s "
                             "after its worker stops)")
-    upload_path(ctx.home, doc.id).unlink(missing_ok=True)
-    remove_page_images(ctx, doc.id)
     thumbnails.drop_document(doc.id)
-    released = release_pages(ctx.kv, ctx.meta, doc.id)
-    log.info("deleted %s, released %d cached page(s)", doc.id, len(released))
-    on_document_deleted(ctx, doc.collection_id, doc.id)
+    released = worker.delete_document_files(doc)
+    log.info("deleted %s, released %d cached page(s)", doc.id, released)
     if doc.job_id is not None and doc.status in ("queued", "processing"):
         try:
-            ctx.meta.update_job(doc.job_id, status="failed", error="the document was deleted")
+            worker.meta.update_job(doc.job_id, status="failed", error="the document was deleted")
         except NotFoundError:
             pass
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: JobIdPath, ctx: CtxDep, tenant: TenantDep) -> JobOut:
+def get_job(job_id: JobIdPath, worker: WorkerDep, tenant: TenantDep) -> JobOut:
     """A background job's status: the caller's if its document is theirs. A made-up id,
     another tenant's job and the job of a deleted document all get the same 404."""
     not_found = HTTPException(404, f"job {job_id} not found")
     try:
-        job = ctx.meta.get_job(JobId(job_id))
+        job = worker.meta.get_job(JobId(job_id))
     except NotFoundError:
         raise not_found from None
     if job.document_id is None:  # answer jobs are not recorded; none is anyone's to read
         raise not_found
     try:
-        doc = owned_document(ctx, tenant, job.document_id)
+        doc = owned_document(worker, tenant, job.document_id)
     except HTTPException:
         raise not_found from None
-    return job_out(settled_job(job, doc))
+    return job_out(worker.settled_job(job, doc))
 

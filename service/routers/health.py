@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.deps import CtxDep, TenantDep
-from worker.context import WorkerContext
+from service.deps import TenantDep, WorkerDep
+from worker.facade import Worker
 
 router = APIRouter(tags=["health"])
 
@@ -33,13 +33,13 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", response_model=None)
 async def readyz(request: Request) -> dict[str, object] | JSONResponse:
     """The stores answer (503 when they do not, or not within 5 s). Says nothing about the
-    deployment: probes call it without a key. The context is read from the app, not through
+    deployment: probes call it without a key. The worker is read from the app, not through
     a dependency (a sync dependency would take a request thread)."""
-    ctx: WorkerContext = request.app.state.ctx
+    worker: Worker = request.app.state.worker
     loop = asyncio.get_running_loop()
     try:
         await asyncio.wait_for(
-            loop.run_in_executor(_PROBES, ctx.meta.list_collections, "default"),
+            loop.run_in_executor(_PROBES, worker.meta.list_collections, "default"),
             _READY_TIMEOUT_S)
     except TimeoutError:
         return JSONResponse({"detail": "the metadata store did not answer in time"},
@@ -48,9 +48,9 @@ async def readyz(request: Request) -> dict[str, object] | JSONResponse:
 
 
 @router.get("/v1/info")
-def info(ctx: CtxDep, _tenant: TenantDep) -> dict[str, object]:
+def info(worker: WorkerDep, _tenant: TenantDep) -> dict[str, object]:
     """The serving configuration: model, form, policy, budget, whether this process loaded the
     model."""
-    s = ctx.settings
+    s = worker.settings
     return {"model": s.model, "embedded": s.embedded, "policy": s.policy, "budget": s.budget,
-            "max_question_tokens": s.max_question_tokens, "model_loaded": ctx.model_loaded}
+            "max_question_tokens": s.max_question_tokens, "model_loaded": worker.model_loaded}

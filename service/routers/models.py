@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path
 
-from service.deps import CtxDep, TenantDep
+from service.deps import TenantDep, WorkerDep
 from storage.errors import NotFoundError
 from storage.metadata import Collection, CollectionId
 
@@ -29,18 +29,18 @@ def model_card(col: Collection) -> dict[str, object]:
 
 
 @router.get("/v1/models")
-def list_models(ctx: CtxDep, tenant: TenantDep) -> dict[str, object]:
+def list_models(worker: WorkerDep, tenant: TenantDep) -> dict[str, object]:
     """The caller's collections, oldest first, in OpenAI's list format."""
-    return {"object": "list", "data": [model_card(c) for c in ctx.meta.list_collections(tenant)]}
+    return {"object": "list", "data": [model_card(c) for c in worker.meta.list_collections(tenant)]}
 
 
 @router.get("/v1/models/{model}")
-def get_model(model: ModelPath, ctx: CtxDep, tenant: TenantDep) -> dict[str, object]:
+def get_model(model: ModelPath, worker: WorkerDep, tenant: TenantDep) -> dict[str, object]:
     """One of the caller's collections as a model; 404 for any other name."""
     col: Collection | None = None
     if model.startswith(MODEL_PREFIX):
         try:
-            col = ctx.meta.get_collection(CollectionId(model.removeprefix(MODEL_PREFIX)))
+            col = worker.meta.get_collection(CollectionId(model.removeprefix(MODEL_PREFIX)))
         except NotFoundError:
             col = None
     if col is None or col.tenant != tenant:

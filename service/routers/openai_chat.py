@@ -26,17 +26,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
 from service.answers import SSE_HEADERS, answer_slot, build_question, to_query_out
-from service.deps import CtxDep, RunnerDep, TenantDep
+from service.deps import TenantDep, WorkerDep
 from service.schemas import QueryIn, QueryOut
-from worker.answer_job import Answer
-from worker.errors import AnswerCancelledError
+from worker.facade import Answer, AnswerCancelledError
 
 router = APIRouter(tags=["openai"])
 
@@ -168,13 +167,13 @@ def _event(cid: str, model: str, choices: list[dict[str, object]],
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep,
-                           request: Request) -> dict[str, object] | StreamingResponse:
+async def chat_completions(body: ChatIn, worker: WorkerDep,
+                           tenant: TenantDep) -> dict[str, object] | StreamingResponse:
     """Answer the last user message over the collection named by `model` (429 while the
     caller has its cap of answers in flight; a stream holds its slot until it ends)."""
-    slot = answer_slot(request, tenant)
+    slot = answer_slot(worker, tenant)
     try:
-        question = await anyio.to_thread.run_sync(build_question, _query(body), ctx, tenant,
+        question = await anyio.to_thread.run_sync(build_question, _query(body), worker, tenant,
                                                   body.stream)
     except BaseException:
         slot.close()
@@ -182,7 +181,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep, tenant:
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     if not body.stream:
         with slot:
-            answer = await anyio.to_thread.run_sync(runner.answer, question)
+            answer = await anyio.to_thread.run_sync(worker.answer, question)
         out = to_query_out(answer)
         return {
             "id": cid, "object": "chat.completion", "created": int(time.time()),
@@ -205,7 +204,7 @@ async def chat_completions(body: ChatIn, ctx: CtxDep, runner: RunnerDep, tenant:
 
     def run() -> None:
         try:
-            answer = runner.answer(question, on_token=on_token, cancel=gone)
+            answer = worker.answer(question, on_token=on_token, cancel=gone)
             done = Finished(to_query_out(answer), usage(answer), finish_reason(answer))
             loop.call_soon_threadsafe(pieces.put_nowait, done)
         except Exception as exc:  # an error event, never a silently cut stream

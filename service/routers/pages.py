@@ -11,12 +11,12 @@ from fastapi import APIRouter, Header, HTTPException, Query, Response
 from fastapi.responses import FileResponse
 
 from service.access import owned_document
-from service.deps import CtxDep, DocumentIdPath, PageNumberPath, TenantDep, ThumbnailsDep
+from service.deps import DocumentIdPath, PageNumberPath, TenantDep, ThumbnailsDep, WorkerDep
 from service.schemas import PageOut
 from service.thumbnails import WIDTHS, thumbnail_width
 from storage.keys import PageHash
 from storage.metadata import Page
-from worker.context import WorkerContext
+from worker.facade import Worker
 
 router = APIRouter(tags=["documents"])
 
@@ -26,23 +26,23 @@ IMAGE_CACHE_CONTROL = "private, max-age=86400"
 MAX_THUMB_WIDTH = 4096
 
 
-def _ready_pages(ctx: WorkerContext, tenant: str, document_id: str) -> list[Page]:
-    doc = owned_document(ctx, tenant, document_id)
+def _ready_pages(worker: Worker, tenant: str, document_id: str) -> list[Page]:
+    doc = owned_document(worker, tenant, document_id)
     if doc.status == "failed":
         raise HTTPException(409, f"document {document_id} failed to ingest: {doc.error}")
     if doc.status != "ready":
         raise HTTPException(409, f"document {document_id} is still being ingested "
                             f"({doc.stage}, {doc.pages_done}/{doc.pages_total}); retry when "
                             "it is ready")
-    return sorted(ctx.meta.list_pages(doc.collection_id, [doc.id]), key=lambda p: p.number)
+    return sorted(worker.meta.list_pages(doc.collection_id, [doc.id]), key=lambda p: p.number)
 
 
 @router.get("/v1/documents/{document_id}/pages", response_model=list[PageOut])
-def list_pages(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep) -> list[PageOut]:
+def list_pages(document_id: DocumentIdPath, worker: WorkerDep, tenant: TenantDep) -> list[PageOut]:
     """Every page of a ready document: size, text length, whether it was OCRed, and which KV
     tiers hold its cache (409 while the document is being ingested or if it failed)."""
-    pages = _ready_pages(ctx, tenant, document_id)
-    held = ctx.kv.tiers_holding([PageHash(p.page_hash) for p in pages])
+    pages = _ready_pages(worker, tenant, document_id)
+    held = worker.kv_tiers_holding([PageHash(p.page_hash) for p in pages])
     return [PageOut(number=p.number, width=p.width, height=p.height,
                     kv_cached=bool(held[PageHash(p.page_hash)]),
                     kv_tiers=held[PageHash(p.page_hash)], text_chars=len(p.text),
@@ -55,7 +55,7 @@ def list_pages(document_id: DocumentIdPath, ctx: CtxDep, tenant: TenantDep) -> l
 def page_image(
     document_id: DocumentIdPath,
     number: PageNumberPath,
-    ctx: CtxDep,
+    worker: WorkerDep,
     tenant: TenantDep,
     thumbnails: ThumbnailsDep,
     width: Annotated[int | None, Query(
@@ -66,10 +66,10 @@ def page_image(
     """The page as rendered for the model, PNG; `?width=` scales it down for thumbnails (a
     fixed set of widths, kept in a bounded in-memory cache). Answers carry an ETag and
     `Cache-Control`; a matching `If-None-Match` gets a 304."""
-    page = next((p for p in _ready_pages(ctx, tenant, document_id) if p.number == number), None)
+    page = next((p for p in _ready_pages(worker, tenant, document_id) if p.number == number), None)
     if page is None:
         raise HTTPException(404, f"document {document_id} has no page {number}")
-    path = ctx.page_image_path(page.image_path)
+    path = worker.page_image_path(page.image_path)
     if not path.is_file():
         raise HTTPException(404, f"the image of page {number} is missing on the server")
     if width is not None:

@@ -9,37 +9,36 @@ import threading
 from collections.abc import AsyncIterator
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from service.answers import SSE_HEADERS, answer_slot, build_question, to_query_out
-from service.deps import CtxDep, RunnerDep, TenantDep
+from service.deps import TenantDep, WorkerDep
 from service.metrics import QUERIES
 from service.schemas import QueryIn, QueryOut
-from worker.errors import AnswerCancelledError
+from worker.facade import AnswerCancelledError
 
 router = APIRouter(tags=["query"])
 
 
 @router.post("/v1/query", response_model=QueryOut)
-def query(body: QueryIn, ctx: CtxDep, runner: RunnerDep, tenant: TenantDep,
-          request: Request) -> QueryOut:
+def query(body: QueryIn, worker: WorkerDep, tenant: TenantDep) -> QueryOut:
     """Retrieve pages, reuse their cached KV with selective refresh, and answer (429 while
     the caller has its cap of answers in flight: `service.answers.answer_slot`)."""
-    with answer_slot(request, tenant):
-        return to_query_out(runner.answer(build_question(body, ctx, tenant)))
+    with answer_slot(worker, tenant):
+        return to_query_out(worker.answer(build_question(body, worker, tenant)))
 
 
 @router.post("/v1/query/stream", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
-async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
-                       tenant: TenantDep, request: Request) -> StreamingResponse:
+async def query_stream(body: QueryIn, worker: WorkerDep,
+                       tenant: TenantDep) -> StreamingResponse:
     """The same answer as server-sent events, token by token. The caller's answer slot is
     taken before the stream starts (429 instead of a stream) and held until it ends."""
-    slot = answer_slot(request, tenant)
+    slot = answer_slot(worker, tenant)
     try:
-        question = await anyio.to_thread.run_sync(build_question, body, ctx, tenant, True)
+        question = await anyio.to_thread.run_sync(build_question, body, worker, tenant, True)
     except BaseException:
         slot.close()
         raise
@@ -55,10 +54,10 @@ async def query_stream(body: QueryIn, ctx: CtxDep, runner: RunnerDep,
 
     def run() -> None:
         try:
-            out = to_query_out(runner.answer(question, on_token=on_token, cancel=gone))
+            out = to_query_out(worker.answer(question, on_token=on_token, cancel=gone))
             event = ("done", out.model_dump_json())
         except Exception as exc:  # reported to the client as an event, never a dropped stream
-            QUERIES.labels(question.policy or ctx.settings.policy, "error").inc()
+            QUERIES.labels(question.policy or worker.settings.policy, "error").inc()
             event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
         loop.call_soon_threadsafe(events.put_nowait, event)
 

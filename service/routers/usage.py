@@ -10,8 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from service.deps import CtxDep, TenantDep
-from worker.uploads import tenant_quota
+from service.deps import TenantDep, WorkerDep
 
 router = APIRouter(tags=["usage"])
 
@@ -32,9 +31,9 @@ class UsageOut(BaseModel):
 
 
 @router.get("/v1/usage", response_model=UsageOut)
-def get_usage(ctx: CtxDep, tenant: TenantDep) -> UsageOut:
+def get_usage(worker: WorkerDep, tenant: TenantDep) -> UsageOut:
     """The caller's bytes, documents and pages with their limits."""
-    used = ctx.meta.usage(tenant)
-    quota = tenant_quota(ctx.settings)
+    used = worker.usage(tenant)
+    quota = worker.quota
     return UsageOut(**{name: Measure(used=getattr(used, name), limit=getattr(quota, name) or None)
                        for name in ("bytes", "documents", "pages")})
