@@ -1,33 +1,24 @@
 """`AnswerEngine`: one per process, the only thread that runs the model. Concurrent questions
-are batched (continuous batching) and ingest prefill is interleaved with them.
+are batched (continuous batching); a newcomer's prefill and ingest page batches run between
+the running answers' decode steps.
 
-A scheduler thread loops: when no question is being prefilled, admit at most one waiting
-question (fair across tenants: the oldest question of the tenant admitted least recently,
-`worker.fairness.TenantQueue`; first come first served within a tenant) when a slot is free
-(`max_active` answers in the batch) and its KV fits (`max_kv_tokens` cache positions in
-flight, counted from each answer's own cache); run one phase of the prefilling question
-(`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation; scoring pass and selection;
-refresh and first-token logits); run at most one queued model job (an ingest page batch:
-`run`); then one batched decode step of every active answer (`ReuseRuntime.step`), so
-running answers keep streaming while another question is prefilled (a decode step between
-its phases) or a document is ingested. Each iteration's model work holds `model_lock` (code
-outside the engine that uses the runtime directly, e.g. the lab's evaluation harness, takes
-the same lock).
+The engine thread repeats one step, in three parts. Schedule: `worker.scheduler.Scheduler`
+decides, under the engine's lock, what the step runs (`SchedulerOutput`: admission in turn
+across tenants under the slot and KV budgets, at most one unit of prefill work, the running
+batch). Execute: under `model_lock`, outside the engine's lock, the step runs one phase of
+the prefilling question (`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation;
+scoring pass and selection; refresh and first-token logits) or one queued model job (`run`),
+then one batched decode step of every running answer (`ReuseRuntime.step`), the newcomer
+whose prefill just ended among them. So a running answer gets a token after every unit of
+prefill work, however many questions arrive. Update: finished and failed answers leave the
+batch and are handed their results. `model_lock` is also taken by code outside the engine
+that uses the runtime directly (the lab's evaluation harness).
 
 A question leaves the batch at the next step when its token callback raises (a client gone)
 or its `cancel` event is set; a question that waits longer than `queue_wait_s` for a slot is
 refused (`AnswerQueueFullError`, 503 with Retry-After). Memory stays bounded: at most
 `max_active` caches and `max_kv_tokens` positions; a question that alone needs more is
 refused at once (`AnswerTooLargeError`, 422).
-
-Public API:
-  AnswerEngine(runtime: Callable[[], ReuseRuntime], *, max_active, max_kv_tokens,
-               queue_wait_s, model_lock=None)
-    .answer(request, on_token=None, cancel=None, tenant="") -> (AnswerResult, queue_s)   blocks
-    .run(fn) -> fn()   a model job (ingest prefill) run between decode steps; blocks
-    .stats() -> EngineStats(queued, active, kv_tokens, jobs)
-    .close()
-  kv_tokens_needed(request) -> int   upper bound of the cache positions a request needs
 """
 
 from __future__ import annotations
@@ -35,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -43,44 +33,23 @@ from typing import Any, TypeVar
 
 from conduit_core.answer_state import AnswerState
 from conduit_core.answer_types import AnswerRequest, AnswerResult, TokenCallback
-from conduit_core.runtime import PrefillSteps, ReuseRuntime
+from conduit_core.runtime import ReuseRuntime
 from worker import engine_metrics as metrics
 from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
-from worker.fairness import TenantQueue
+from worker.scheduler import Scheduler, SchedulerOutput, Ticket, kv_tokens_needed
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-# slack for the prompt's template tokens (chat markers, generation prompt) over its text
-TEMPLATE_TOKENS = 64
+
+__all__ = ["AnswerEngine", "EngineStats", "kv_tokens_needed"]
 
 
-def kv_tokens_needed(request: AnswerRequest) -> int:
-    """An upper bound of the cache positions `request` allocates: its pages' tokens, its
-    text (a token holds at least one character of it) plus the template, and its answer."""
-    text = len(request.prefix) + len(request.question) + sum(len(p.label)
-                                                             for p in request.pages)
-    return (sum(p.kv.num_tokens for p in request.pages) + text + TEMPLATE_TOKENS
-            + request.max_new_tokens)
+@dataclass
+class StepOutcome:
+    """What the execute part of a step leaves to its update part."""
 
-
-@dataclass(eq=False)  # identity: two questions over the same pages are still two tickets
-class _Ticket:
-    """One submitted question, from the queue to its result."""
-
-    request: AnswerRequest
-    tenant: str  # whose question: admission takes turns between tenants
-    on_token: TokenCallback | None
-    cancel: threading.Event | None
-    need: int  # KV positions reserved while admitted (the estimate, then the actual cache)
-    queued_at: float = field(default_factory=time.perf_counter)
-    admitted_at: float = 0.0
-    steps: PrefillSteps | None = None  # its prefill, between admission and first logits
-    state: AnswerState | None = None
-    future: Future[AnswerResult] = field(default_factory=Future)
-
-    @property
-    def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
+    prefilled: tuple[Ticket, AnswerState] | None = None  # a prefill that reached its logits
+    failed: list[tuple[Ticket, BaseException]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -100,18 +69,21 @@ class AnswerEngine:
                  max_kv_tokens: int = 65536, queue_wait_s: float = 60.0,
                  model_lock: Any | None = None) -> None:
         self._runtime_fn = runtime
-        self.max_active = max_active
-        self.max_kv_tokens = max_kv_tokens
-        self.queue_wait_s = queue_wait_s
         self._model_lock = model_lock if model_lock is not None else threading.Lock()
-        self._cond = threading.Condition()
-        self._queue: TenantQueue[_Ticket] = TenantQueue()
-        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._active: list[_Ticket] = []
-        self._prefilling: _Ticket | None = None  # engine thread only
+        self._cond = threading.Condition()  # guards the scheduler and `_closed`
+        self._scheduler = Scheduler(max_active=max_active, max_kv_tokens=max_kv_tokens,
+                                    queue_wait_s=queue_wait_s)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="conduit-engine", daemon=True)
         self._thread.start()
+
+    @property
+    def max_active(self) -> int:
+        return self._scheduler.max_active
+
+    @property
+    def max_kv_tokens(self) -> int:
+        return self._scheduler.max_kv_tokens
 
     # ---- callers --------------------------------------------------------------------
     def answer(self, request: AnswerRequest, on_token: TokenCallback | None = None,
@@ -125,15 +97,15 @@ class AnswerEngine:
                 f"this question needs about {need} KV cache positions, more than the "
                 f"{self.max_kv_tokens} this worker holds at once (CONDUIT_MAX_KV_TOKENS_"
                 "IN_FLIGHT); ask over fewer pages or for a shorter answer")
-        ticket = _Ticket(request=request, tenant=tenant, on_token=on_token, cancel=cancel,
-                         need=need)
+        ticket = Ticket(request=request, tenant=tenant, on_token=on_token, cancel=cancel,
+                        need=need)
         with self._cond:
             if self._closed:
                 raise AnswerQueueFullError("the answer engine is shutting down; retry")
-            self._queue.push(tenant, ticket)
-            metrics.QUEUE_LENGTH.set(len(self._queue))
+            self._scheduler.submit(ticket)
+            metrics.QUEUE_LENGTH.set(len(self._scheduler.queue))
             self._cond.notify_all()
-        result = ticket.future.result()
+        result: AnswerResult = ticket.future.result()
         return result, ticket.admitted_at - ticket.queued_at
 
     def run(self, fn: Callable[[], T]) -> T:
@@ -145,16 +117,16 @@ class AnswerEngine:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the answer engine is closed")
-            self._jobs.append((fn, future))
+            self._scheduler.submit_job((fn, future))
             self._cond.notify_all()
         return future.result()
 
     def stats(self) -> EngineStats:
         """Queue length, batch size and reserved KV now."""
         with self._cond:
-            return EngineStats(queued=len(self._queue), active=len(self._active),
-                               kv_tokens=sum(t.need for t in self._active),
-                               jobs=len(self._jobs))
+            s = self._scheduler
+            return EngineStats(queued=len(s.queue), active=len(s.active),
+                               kv_tokens=s.kv_reserved, jobs=len(s.jobs))
 
     def close(self) -> None:
         """Stop: questions and jobs still waiting are refused; running answers end."""
@@ -163,166 +135,143 @@ class AnswerEngine:
             self._cond.notify_all()
         self._thread.join(timeout=30)
 
-    # ---- the scheduler thread ---------------------------------------------------------
+    # ---- the engine thread: schedule -> execute -> update ----------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._closed or self._queue or self._jobs or self._active):
+                while not (self._closed or self._scheduler.has_work):
                     self._cond.wait()
                 if self._closed:
                     self._fail_all()
                     return
-                ticket = self._admit() if self._prefilling is None else None
-                job = self._jobs.popleft() if self._jobs else None
-                active = list(self._active)
+                out = self._scheduler.schedule()
+                self._scheduled(out)
+                if out.idle:  # nothing can run until a question or a job comes in
+                    self._cond.wait(0.1)  # (or a queued one expires)
+                    continue
             try:
-                self._iteration(ticket, job, active)
+                outcome = self._execute(out)
             except Exception:  # noqa: BLE001 - keep serving; the failed answers are told
                 log.exception("answer engine step failed")
-                try:
-                    self._fail(active, "internal error while answering")
-                except Exception:  # noqa: BLE001 - the engine thread must not die
-                    log.exception("answer engine could not fail the batch cleanly")
+                outcome = StepOutcome(failed=[
+                    (t, RuntimeError("internal error while answering"))
+                    for t in [*([out.prefill] if out.prefill else []), *out.decode]])
+            try:
+                self._update(outcome)
+            except Exception:  # noqa: BLE001 - the engine thread must not die
+                log.exception("answer engine could not retire the step's answers")
 
-    def _admit(self) -> _Ticket | None:
-        """The next question to prefill (the tenants' turn, `TenantQueue`), or None; expires
-        those that waited too long and drops those cancelled in the queue. Called under the
-        condition."""
-        now = time.perf_counter()
-        for waiting in list(self._queue):
-            if waiting.cancelled:
+    def _scheduled(self, out: SchedulerOutput) -> None:
+        """Tell what left the queue and export the queue's gauges (under the lock)."""
+        for ticket, error in out.expired:
+            if isinstance(error, AnswerCancelledError):
                 metrics.CANCELLED.inc()
-                self._queue.remove(waiting)
-                waiting.future.set_exception(AnswerCancelledError("the client went away"))
-            elif now - waiting.queued_at > self.queue_wait_s:
-                self._queue.remove(waiting)
-                waiting.future.set_exception(AnswerQueueFullError(
-                    f"no answer slot freed within {self.queue_wait_s:.0f} s; retry later"))
-        metrics.QUEUE_LENGTH.set(len(self._queue))
-        head = self._queue.peek()
-        if head is None:
-            return None
-        reserved = sum(t.need for t in self._active)
-        if len(self._active) >= self.max_active or (
-                self._active and reserved + head.need > self.max_kv_tokens):
-            return None  # nobody overtakes the question whose turn it is
-        ticket = self._queue.pop()
-        ticket.admitted_at = now
-        metrics.QUEUE_SECONDS.observe(now - ticket.queued_at)
-        self._active.append(ticket)
-        metrics.QUEUE_LENGTH.set(len(self._queue))
-        metrics.ACTIVE.set(len(self._active))
-        return ticket
+            ticket.future.set_exception(error)
+        if out.admitted is not None:
+            metrics.QUEUE_SECONDS.observe(out.admitted.admitted_at - out.admitted.queued_at)
+        metrics.QUEUE_LENGTH.set(len(self._scheduler.queue))
+        metrics.ACTIVE.set(len(self._scheduler.active))
 
-    def _iteration(self, ticket: _Ticket | None,
-                   job: tuple[Callable[[], Any], Future[Any]] | None,
-                   active: list[_Ticket]) -> None:
+    def _execute(self, out: SchedulerOutput) -> StepOutcome:
+        """Run the step's model work: its unit of prefill work, then the decode step."""
+        outcome = StepOutcome()
         rt = self._runtime_fn()
         with self._model_lock:
-            if ticket is not None:
-                ticket.steps = rt.prefill_steps(ticket.request, ticket.on_token)
-                self._prefilling = ticket
-            if self._prefilling is not None:
-                self._prefill_phase(self._prefilling)
-            if job is not None:
-                fn, future = job
+            if out.prefill is not None:
+                self._prefill_phase(rt, out.prefill, outcome)
+            if out.job is not None:
+                fn, future = out.job
                 try:
                     future.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - handed to the job's caller
                     future.set_exception(exc)
+            batch = list(out.decode)
+            if outcome.prefilled is not None:  # the newcomer decodes its first token now
+                newcomer, state = outcome.prefilled
+                newcomer.state = state
+                batch.append(newcomer)
             running = []
-            for t in active:
-                if t.state is None:
-                    continue
+            for t in batch:
+                assert t.state is not None
                 if t.cancelled and not t.state.done:  # leaves at this step
                     t.state.decode.error = AnswerCancelledError("the client went away")
                     t.state.decode.done = True
                 if not t.state.done:
-                    running.append(t)
+                    running.append(t.state)
             if running:
                 metrics.BATCH_SIZE.observe(len(running))
                 with metrics.STEP_SECONDS.time():
-                    rt.step([t.state for t in running if t.state is not None])
-            for t in active:  # decode slots of the answers that ended (the lock guards the pool)
+                    rt.step(running)
+            for t in batch:  # decode slots of the answers that ended (the lock guards the pool)
                 if t.state is not None and t.state.done:
                     rt.release(t.state)
-        self._retire(rt, active)
+        return outcome
 
-    def _prefill_phase(self, ticket: _Ticket) -> None:
-        """One phase of the prefilling question; a failure (or its client gone) ends it
-        alone."""
-        assert ticket.steps is not None
+    @staticmethod
+    def _prefill_phase(rt: ReuseRuntime, ticket: Ticket, outcome: StepOutcome) -> None:
+        """One phase of `ticket`'s prefill; a failure (or its client gone) ends it alone."""
         start = time.perf_counter()
         try:
             if ticket.cancelled:
                 raise AnswerCancelledError("the client went away")
+            if ticket.steps is None:
+                ticket.steps = rt.prefill_steps(ticket.request, ticket.on_token)
             phase = next(ticket.steps)
             metrics.PHASE_SECONDS.labels(phase).observe(time.perf_counter() - start)
-            return
         except StopIteration as done:
             last = metrics.PREFILL_PHASES[-1]
             metrics.PHASE_SECONDS.labels(last).observe(time.perf_counter() - start)
-            ticket.state = done.value
-            assert ticket.state is not None
-            ticket.need = ticket.state.kv_tokens  # the actual cache, not the estimate
+            outcome.prefilled = (ticket, done.value)
         except BaseException as exc:  # noqa: BLE001 - handed to the question's caller
-            ticket.steps.close()
-            if isinstance(exc, AnswerCancelledError):
-                metrics.CANCELLED.inc()
-            with self._cond:
-                self._active.remove(ticket)
-                self._cond.notify_all()
-            ticket.future.set_exception(exc)
-        ticket.steps = None
-        self._prefilling = None
+            if ticket.steps is not None:
+                ticket.steps.close()
+            outcome.failed.append((ticket, exc))
 
-    def _retire(self, rt: ReuseRuntime, active: list[_Ticket]) -> None:
-        """Hand finished answers their results and free their slots."""
-        done = [t for t in active if t.state is not None and t.state.done]
-        if not done:
-            return
+    def _update(self, outcome: StepOutcome) -> None:
+        """Take the ended and failed answers out of the batch, then hand them their
+        results (outside the lock: a result is computed from its answer's state)."""
         with self._cond:
-            for t in done:
-                self._active.remove(t)
-            metrics.ACTIVE.set(len(self._active))
+            if outcome.prefilled is not None:
+                self._scheduler.prefilled(*outcome.prefilled)
+            failed = self._scheduler.retire([t for t, _ in outcome.failed])
+            done = self._scheduler.retire(self._scheduler.finished())
+            metrics.ACTIVE.set(len(self._scheduler.active))
             self._cond.notify_all()
+        if failed:
+            self._release([t for t in failed if t.state is not None])
+        for ticket, error in outcome.failed:
+            if ticket in failed:
+                self._tell(ticket, error)
         for t in done:
             assert t.state is not None
             if t.state.error is not None:
-                if isinstance(t.state.error, AnswerCancelledError):
-                    metrics.CANCELLED.inc()
-                t.future.set_exception(t.state.error)
+                self._tell(t, t.state.error)
             else:
-                t.future.set_result(rt.result(t.state))
+                t.future.set_result(self._runtime_fn().result(t.state))
             t.state = None  # its cache goes now, not when the caller lets go
 
-    def _fail(self, tickets: list[_Ticket], message: str) -> None:
-        if self._prefilling in tickets:
-            self._prefilling = None
-        with self._cond:
+    def _release(self, tickets: list[Ticket]) -> None:
+        """Give back the decode slots of answers dropped mid-way."""
+        rt = self._runtime_fn()
+        with self._model_lock:
             for t in tickets:
-                if t in self._active:
-                    self._active.remove(t)
-            self._cond.notify_all()
-        held = [t.state for t in tickets if t.state is not None]
-        if held:  # their decode slots (a state exists only once the runtime does)
-            rt = self._runtime_fn()
-            with self._model_lock:
-                for state in held:
-                    rt.release(state)
-        for t in tickets:
-            t.state = None
-            if not t.future.done():
-                t.future.set_exception(RuntimeError(message))
+                assert t.state is not None
+                rt.release(t.state)
+
+    @staticmethod
+    def _tell(ticket: Ticket, error: BaseException) -> None:
+        if isinstance(error, AnswerCancelledError):
+            metrics.CANCELLED.inc()
+        ticket.state = None
+        if not ticket.future.done():
+            ticket.future.set_exception(error)
 
     def _fail_all(self) -> None:
-        """At close (under the condition): refuse everything still held."""
-        for t in [*self._queue, *self._active]:
+        """At close (under the lock): refuse everything still held."""
+        tickets, jobs = self._scheduler.drain()
+        for t in tickets:
             if not t.future.done():
                 t.future.set_exception(AnswerQueueFullError("the answer engine stopped"))
-        for _, future in self._jobs:
+        for _, future in jobs:
             if not future.done():
                 future.set_exception(RuntimeError("the answer engine stopped"))
-        self._queue.clear()
-        self._active.clear()
-        self._jobs.clear()
