@@ -101,11 +101,11 @@ from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import logits_of
 from conduit_core.passes.page_prefill import prefill_pages
 from conduit_core.passes.prompt_head import HeadCache
-from conduit_core.passes.refresh_pass import refresh_pass
+from conduit_core.passes.refresh_pass import Resume, refresh_pass
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores, stale_pass
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
-from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy, Resume
+from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout, build_layout
 
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state

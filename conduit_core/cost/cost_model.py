@@ -1,7 +1,9 @@
 """What a prefill will cost before it runs, so that reuse never costs more than full prefill.
 
-The runtime computes, per request, the rows a refresh runs (`refresh_rows`) and charges them
-as computed (`conduit_core.model.flops`). This module predicts that charge before the policy runs:
+The runtime computes, per request, the rows a refresh runs
+(`conduit_core.passes.refresh_pass.refresh_rows`) and charges them as computed
+(`conduit_core.model.flops`, `RowCosts` here). This module predicts that charge before the
+policy runs (`plan_refresh`):
 
   * a policy that selects without a forward pass (random, EPIC, value norm, full reuse,
     prefix reuse, full prefill, ...) is run first: its choice is cheap and exact, so the
@@ -23,21 +25,8 @@ The alternative every prediction is compared with is a full prefill from the cac
 embeddings (vision tower skipped): every row after the cached head recomputed, or every row
 on the plain causal path where that is cheaper (a masked subset computes up to a row block
 of keys more per row, which outweighs the head where attention dominates the cost: tiny
-models). Where the policy's prediction exceeds it, the runtime runs that instead and says so.
-
-Public API:
-  PolicyCost(scoring=None, check_layers=0, k=0)       what a forward-pass policy will run
-  RefreshPlan(predicted_lm, fallback_lm, visual, fallback_whole=False, bound_lm=None,
-              cap=None)                               .fallback: run the full prefill instead
-                                                      (decided on the bound)
-  refresh_rows(layout, exact_rows, visual_rows, scored) -> (rows, n_skipped)
-  plan_refresh(costs, layout, exact_rows, last_only, ctx, policy, place=even_rows,
-               text_from_one=True) -> RefreshPlan
-      place(visual_rows, k) -> (k,): where the estimate puts the k rows; text_from_one:
-      a refresh after a scoring pass starts its text rows at layer 1 (False: int8 pages)
-  RowCosts(adapter, flops)  .refresh(layout, rows, last_only, start_layer=0),
-                            .rows(rows, n, last_only, start_layer=0), .scoring(...),
-                            .after_scoring(layout, rows, last_only), .check(layout, layers)
+models). Where the policy's bound exceeds it, the runtime runs that instead and says so
+(`RefreshPlan.fallback`).
 """
 
 from __future__ import annotations
@@ -51,20 +40,11 @@ from conduit_core.cost.choice_history import even_rows
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.flops import FlopsModel
 from conduit_core.passes.layer_forward import computed_key_counts
+from conduit_core.passes.refresh_pass import refresh_rows
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import fused_layers
-from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost, RefreshPolicy
 from conduit_core.prompt.layout import Layout
-
-
-@dataclass(frozen=True)
-class PolicyCost:
-    """The forward work a policy does: its scoring pass (None: none), the layers every row
-    runs before it chooses (CacheBlend's check pass; 0: none), and the tokens it refreshes."""
-
-    scoring: ScoreConfig | None = None
-    check_layers: int = 0
-    k: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,23 +64,6 @@ class RefreshPlan:
         the upper bound, so that an answer never costs more than the fallback."""
         bound = self.predicted_lm if self.bound_lm is None else self.bound_lm
         return bound > self.fallback_lm
-
-
-def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
-                 scored: bool) -> tuple[torch.Tensor, int]:
-    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`
-    (and the stale labels of the pages they cover whole, `Layout.refreshed_label_rows`);
-    after a scoring pass the text rows before the first refreshed cached row are exact
-    already and skipped. Returns (rows, how many text rows were skipped after the head)."""
-    visual_rows = visual_rows.to(torch.long).cpu()
-    stale = torch.cat([visual_rows, layout.refreshed_label_rows(visual_rows)])  # (V',)
-    rows = torch.cat([layout.text_rows(), stale]).unique(sorted=True)  # (R,)
-    rows = rows[rows >= exact_rows]
-    if not scored:
-        return rows, 0
-    first = int(stale.min()) if stale.numel() else layout.n
-    skipped = int((rows < first).sum())  # every row before `first` is a text row
-    return rows[skipped:], skipped
 
 
 @dataclass(frozen=True)

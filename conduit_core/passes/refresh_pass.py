@@ -1,21 +1,48 @@
 """The refresh pass: recompute the chosen visual rows and the text rows of an assembled
 cache, reusing every row whose result is already exact.
 
-Public API:
-  refresh_pass(adapter, assembly, visual_rows, resume=None) -> (hidden (R | 1, hidden),
-      rows computed (R_c,))   what `ReuseRuntime.refresh` runs
+Which rows a refresh computes (`refresh_rows`) is decided here once, for the pass and for
+the cost model that predicts it (`conduit_core.cost.cost_model`); a policy that already ran
+every token through the first layers hands the pass a `Resume` to start from.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from conduit_core.cost.cost_model import refresh_rows
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows, setup_rows
 from conduit_core.passes.stale_pass import text_from_layer_one
-from conduit_core.policies.policy_context import Resume
+from conduit_core.prompt.layout import Layout
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Every token's hidden state after decoder layers 0..layer - 1, with fresh K/V of every
+    token written at those layers: the refresh runs its rows from `layer` on."""
+
+    layer: int  # first layer still to run
+    hidden: torch.Tensor  # (N, hidden) input of `layer`, all rows in sequence order
+
+
+def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
+                 scored: bool) -> tuple[torch.Tensor, int]:
+    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`
+    (and the stale labels of the pages they cover whole, `Layout.refreshed_label_rows`);
+    after a scoring pass the text rows before the first refreshed cached row are exact
+    already and skipped. Returns (rows, how many text rows were skipped after the head)."""
+    visual_rows = visual_rows.to(torch.long).cpu()
+    stale = torch.cat([visual_rows, layout.refreshed_label_rows(visual_rows)])  # (V',)
+    rows = torch.cat([layout.text_rows(), stale]).unique(sorted=True)  # (R,)
+    rows = rows[rows >= exact_rows]
+    if not scored:
+        return rows, 0
+    first = int(stale.min()) if stale.numel() else layout.n
+    skipped = int((rows < first).sum())  # every row before `first` is a text row
+    return rows[skipped:], skipped
 
 
 @torch.no_grad()

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import torch
 
-from conduit_core.cost.cost_model import PolicyCost
 from conduit_core.model.flops import LMShape, rows_flops
 from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
-from conduit_core.policies.policy_context import PolicyContext, Resume
+from conduit_core.passes.refresh_pass import Resume
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import budget_tokens, topk_positions
 
 

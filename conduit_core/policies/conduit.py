@@ -25,10 +25,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from conduit_core.answer_types import PolicyOptions
-from conduit_core.cost.cost_model import PolicyCost
 from conduit_core.errors import InvalidRequestError
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import (
     budget_tokens,
     mass_k,

@@ -6,15 +6,11 @@ text tokens. Budget k = round(budget * N_v), or, where every refresh recomputes 
 label rows inside the budget (`Layout.budget_label_rows`), round(budget * (N_v + L)) - L
 (at least 0): the refreshed rows then stay within the same share of the cached ones.
 
-Public API:
-  PolicyContext(layout, budget, seed, scorer, cache, embeds, adapter)
-    .k, .visual_rows, .page_of_visual, .num_pages
-    .scores(config=ScoreConfig()) -> StaleScores   runs the scoring pass once per config
-                                     (lazily) and counts its FLOPs
-    .extra_flops                     FLOPs spent by scoring (added to the answer's accounting)
-    .resume                          set by a policy that already ran every token through the
-                                     first layers (CacheBlend): the refresh continues from there
-  RefreshPolicy = Callable[[PolicyContext], torch.Tensor]
+A policy reads the layout and the assembled stale cache; it may ask for the scoring pass
+(`PolicyContext.scores`, run once per `ScoreConfig` and charged to the answer) or run layers
+itself and leave the refresh a `Resume` (CacheBlend). One that runs a forward pass declares
+that work before it runs (`cost_profile(ctx) -> PolicyCost`), so that the cost model can
+predict it (`conduit_core.cost.cost_model`).
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies.selection import budget_tokens
@@ -33,12 +30,13 @@ from conduit_core.prompt.layout import Layout
 
 
 @dataclass(frozen=True)
-class Resume:
-    """Every token's hidden state after decoder layers 0..layer - 1, with fresh K/V of every
-    token written at those layers: the refresh runs its rows from `layer` on."""
+class PolicyCost:
+    """The forward work a policy does: its scoring pass (None: none), the layers every row
+    runs before it chooses (CacheBlend's check pass; 0: none), and the tokens it refreshes."""
 
-    layer: int  # first layer still to run
-    hidden: torch.Tensor  # (N, hidden) input of `layer`, all rows in sequence order
+    scoring: ScoreConfig | None = None
+    check_layers: int = 0
+    k: int = 0
 
 
 @dataclass

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from conduit_core.cost.cost_model import PolicyCost
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import topk_positions
 
 

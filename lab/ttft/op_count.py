@@ -61,10 +61,10 @@ from conduit_core.kv.page_loads import PAGE_BY_PAGE, load_pages
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.row_attention import ROW_GROUPS
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
-from conduit_core.policies.policy_context import Resume
 from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload

@@ -22,8 +22,8 @@ import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, AnswerResult
-from conduit_core.cost.cost_model import refresh_rows
 from conduit_core.label_cache import LabelCache
+from conduit_core.passes.refresh_pass import refresh_rows
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext
 from lab.refresh_probe import probe_full_prefill, probe_refresh
