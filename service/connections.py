@@ -12,6 +12,12 @@ protocol, uvicorn's httptools protocol plus four bounds (`ConnectionLimits`):
   bytes trickle); else the connection is closed without a reply (one sweep of the waiting
   connections, oldest first, every quarter of the timeout or second, finds it);
 - **header size**: more than `max_header_bytes` before the headers end gets 431 and a close;
+- **one reply a request**: when the app answers before a request's body is in (a 400 for too
+  many form fields, a 401, a 413), the rest of the body is read and dropped under the body
+  deadline, and only then does the next request's header deadline start; a body that may be
+  longer than `DISCARD_BYTES` (declared so, or chunked) is not read: that early reply says
+  `connection: close` and the connection closes after it. Either way the client never gets a
+  second, unrequested reply (before: the body's bytes were parsed as the next headers: 431);
 - **body deadline**: a request body must be complete `body_timeout_s` after its headers
   plus a second for every `body_min_rate` bytes received (so a body that trickles or stops
   is cut, and one that averages the rate never is; time the app itself has paused reading
@@ -49,6 +55,7 @@ FD_RESERVE = 512
 _WARN_EVERY_S = 60
 _SWEEP_S = 1.0  # how often overdue headers are looked for (at most; a quarter of the timeout)
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+DISCARD_BYTES = 1 << 20  # body bytes read and dropped after an early reply; more: close
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +96,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._body_start = 0.0  # loop time the body deadline counts from
         self._body_bytes = 0
+        self._keep_alive = True  # the request's own keep-alive, once its body is in
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Start the header deadline; past the cap, close the oldest waiting connection."""
@@ -130,6 +138,18 @@ class BoundedProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._awaiting_body = True
         self._body_start, self._body_bytes = self.loop.time(), 0
+        if self.cycle is not None:  # a reply before a long body is in closes the connection
+            self._keep_alive = self.cycle.keep_alive
+            if not self._body_discardable():
+                self.cycle.keep_alive = False
+
+    def _body_discardable(self) -> bool:
+        """Whether the body is declared and at most `DISCARD_BYTES` (else it is not read after
+        an early reply)."""
+        lengths = [v for k, v in self.headers if k == b"content-length"]
+        chunked = any(k == b"transfer-encoding" for k, _ in self.headers)
+        return not chunked and len(lengths) <= 1 and all(
+            v.strip().isdigit() and int(v) <= DISCARD_BYTES for v in lengths)
 
     def on_body(self, body: bytes) -> None:
         """Body bytes: the body deadline moves on by their share of the minimum rate."""
@@ -137,16 +157,25 @@ class BoundedProtocol(HttpToolsProtocol):
         self._body_bytes += len(body)
 
     def on_message_complete(self) -> None:
-        """The whole body is in: no deadline until the response ends."""
+        """The whole body is in: no deadline until the response ends; the request keeps its
+        keep-alive unless its reply started first; already answered, the next may come."""
         super().on_message_complete()
         self._awaiting_body = False
         self._cancel_body_timer()
+        cycle = self.cycle
+        if cycle is None or self.transport.is_closing():
+            return
+        if not cycle.response_started:
+            cycle.keep_alive = self._keep_alive
+        elif cycle.response_complete:  # the rest of an early-refused body is dropped
+            self._await_request()
 
     def on_response_complete(self) -> None:
-        """Kept alive with no request parsed ahead: wait for the next one's headers."""
+        """Kept alive with no request parsed ahead and its body all in: wait for the next
+        one's headers (a body still arriving is dropped first, under its deadline)."""
         super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None
-                                                or self.cycle.response_complete):
+        if not self.transport.is_closing() and not self._awaiting_body and (
+                self.cycle is None or self.cycle.response_complete):
             self._await_request()
 
     def _await_request(self) -> None:
@@ -177,9 +206,10 @@ class BoundedProtocol(HttpToolsProtocol):
     def _body_overdue(self) -> None:
         self._body_timer = None
         cycle = self.cycle
-        if not self._awaiting_body or cycle is None or cycle.response_complete:
+        if not self._awaiting_body or cycle is None:
             return
-        if self.flow.read_paused:  # the app has not taken what came: not the client's delay
+        if self.flow.read_paused and not cycle.response_complete:  # the app has not taken
+            # what came: not the client's delay
             self._body_start = self.loop.time() - self._body_bytes / self.limits.body_min_rate
         if self._body_due() > self.loop.time():  # bytes came since it was armed
             self._arm_body()
