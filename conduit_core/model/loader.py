@@ -15,7 +15,9 @@ with a warning). The fingerprint's revision is the hub commit when known, else a
 the weight files, memoised in cache_dir by file path, size and mtime and, on a first load,
 computed in a thread while the weights load (the hash and the load read the same files):
 a worker that loads its model at startup (`WorkerContext.preload_model`) never hashes on a
-question's path. Its template version includes `max_image_tokens`.
+question's path. Its template version includes `max_image_tokens`. Once placed, each
+layer's q/k/v and gate/up projections are fused (`VLMAdapter.fuse_projections`: the
+parameters become views of one weight a group, so the model's own forward is unchanged).
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ def load_vlm(
             revision = digest.result()
     processor = family.processor_class.from_pretrained(source)
     adapter = family.adapter_class(model, processor, processor.tokenizer, max_image_tokens)
+    adapter.fuse_projections()  # placed and cast for good: q/k/v and gate/up one matmul each
     fingerprint = ModelFingerprint(
         name=name_or_path,
         revision=str(revision),

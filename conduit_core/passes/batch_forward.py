@@ -128,7 +128,7 @@ def forward_step(adapter: VLMAdapter, rows: list[StepRow], token_ids: torch.Tens
         att = torch.cat(outs).reshape(b, 1, -1)  # (B, 1, heads * hd)
         hidden = residual + attn.o_proj(att)
         residual = hidden
-        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     logits = logits_of(adapter, hidden)[:, 0]  # (B, vocab)
     if permuted:
         inverse = torch.empty(b, dtype=torch.long)

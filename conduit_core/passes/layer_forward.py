@@ -204,7 +204,7 @@ def forward_rows(
             )  # (B, R, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, r, -1))
         residual = hidden
-        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     return hidden
 
 
@@ -228,7 +228,7 @@ def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Ten
         out, _ = _attention_fn(attn, impl)(attn, q, keys, values, sub_mask, dropout=0.0,
                                            scaling=attn.scaling, is_causal=False)
     hidden = residual[:, outputs] + attn.o_proj(out.reshape(b, r_o, -1))  # (B, R_o, hidden)
-    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    return hidden + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
 
 
 def logits_of(adapter: VLMAdapter, hidden: torch.Tensor) -> torch.Tensor:

@@ -86,5 +86,5 @@ def pooled_forward(adapter: VLMAdapter, keys: torch.Tensor, values: torch.Tensor
                              slots, rows, span, mask)  # (B, 1, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, 1, -1))  # (B, 1, hidden)
         residual = hidden
-        hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     return logits_of(adapter, hidden)[:, 0]  # (B, vocab)

@@ -134,6 +134,7 @@ def build_bench_vlm(shape: str, *, tokens_per_page: int, device: str = "cpu",
     processor = ImageOnlyQwen2_5_VLProcessor(image_processor=ip, tokenizer=tok,
                                              chat_template=tok.chat_template)
     adapter = Qwen2_5_VLAdapter(model, processor, tok, tokens_per_page)
+    adapter.fuse_projections()  # as the loader does
     blob = json.dumps(config.to_diff_dict(), sort_keys=True, default=str).encode()
     fingerprint = ModelFingerprint(
         name=f"bench:{shape}", revision=f"random-seed-{seed}", dtype=str(dtype).split(".")[-1],

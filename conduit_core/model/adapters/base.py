@@ -13,7 +13,9 @@ Public API:
                       image tokens (`prepare_pages`), the segment's layer-0 input embeddings
                       (`page_embeds`), position ids for any layout (`position_ids`), the
                       reference forward inputs for tests (`reference_inputs`); the base class
-                      gives access to the decoder layers, rotary embedding and chat template.
+                      gives access to the decoder layers, rotary embedding and chat template,
+                      and runs a layer's projections, fused once loaded
+                      (`fuse_projections`, `qkv`, `mlp`: `adapters.fused`).
 Everything else (layer loop, masks, cache writes, rotation, decode) is shared runtime code.
 """
 
@@ -30,6 +32,7 @@ from torch import nn
 
 from conduit_core.errors import UnsupportedModelError
 from conduit_core.model import flops
+from conduit_core.model.adapters.fused import fuse_layers, fused_of
 
 # prompt pieces (template, prefixes, page labels, short questions) kept tokenized, and the
 # longest piece kept: at most about a megabyte of text and ids
@@ -171,17 +174,39 @@ class VLMAdapter(ABC):
         emb: torch.Tensor = self.language_model.embed_tokens(token_ids.to(self.device))
         return emb
 
+    def fuse_projections(self) -> int:
+        """Fuse every layer's q/k/v and gate/up projections into one weight each, the
+        modules' parameters becoming views of it (`conduit_core.model.adapters.fused`; call
+        once the model is placed and cast); returns the groups fused."""
+        return fuse_layers(self.layers)
+
     def qkv(self, attn: Any, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Pre-RoPE q, k, v of normed hidden states `h` (B, R, hidden) via the module's own
-        projections: q (B, heads, R, hd), k and v (B, kv_heads, R, hd)."""
+        """Pre-RoPE q, k, v of normed hidden states `h` (B, R, hidden): one matmul where the
+        projections are fused, else the module's own three; q (B, heads, R, hd), k and v
+        (B, kv_heads, R, hd) (views of the projection's output)."""
         b, r, _ = h.shape
         hd = attn.head_dim
-        q = attn.q_proj(h).view(b, r, -1, hd)  # (B, R, heads, hd)
-        k = attn.k_proj(h).view(b, r, -1, hd)  # (B, R, kv_heads, hd)
+        fused = fused_of(attn)
+        q, k, v = (fused.split(h) if fused is not None
+                   else (attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)))  # (B, R, out_i)
+        q = q.view(b, r, -1, hd)  # (B, R, heads, hd)
+        k = k.view(b, r, -1, hd)  # (B, R, kv_heads, hd)
         if getattr(attn, "q_norm", None) is not None:  # Qwen3 language models: per-head norms
             q, k = attn.q_norm(q), attn.k_norm(k)
-        v = attn.v_proj(h).view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
+        v = v.view(b, r, -1, hd).transpose(1, 2)  # (B, kv_heads, R, hd)
         return q.transpose(1, 2), k.transpose(1, 2), v
+
+    @staticmethod
+    def mlp(mlp: Any, h: torch.Tensor) -> torch.Tensor:
+        """The gated MLP `mlp` of normed hidden states `h` (B, R, hidden): gate and up in one
+        matmul where fused, else the module's own forward; (B, R, hidden)."""
+        fused = fused_of(mlp)
+        if fused is None:
+            out: torch.Tensor = mlp(h)
+            return out
+        gate, up = fused.split(h)  # (B, R, intermediate) each
+        down: torch.Tensor = mlp.down_proj(mlp.act_fn(gate) * up)  # (B, R, hidden)
+        return down
 
     def rotary(self, like: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """cos, sin (B, R, hd) from the model's own rotary embedding; position_ids (P, B, R)."""
