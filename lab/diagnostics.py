@@ -20,6 +20,7 @@ from PIL import Image
 
 from conduit_core.answer_types import PageInput
 from conduit_core.kv.kv_cache import KVCache
+from lab import answering
 
 if TYPE_CHECKING:
     from conduit_core.runtime import ReuseRuntime
@@ -60,10 +61,10 @@ def reuse_kv_error(runtime: ReuseRuntime, prefix: str, pages: list[PageInput],
                    visual_rows: torch.Tensor | None = None) -> KVError:
     """K/V error at the visual tokens of reusing cached pages under `prefix` (refreshing
     `visual_rows`, default none) against a full prefill of the same layout."""
-    reused = runtime.assemble(prefix, pages, question)
+    reused = runtime.reuse.assemble(prefix, pages, question)
     refresh = visual_rows if visual_rows is not None else torch.zeros(0, dtype=torch.long)
-    runtime.prefill(reused, refresh)
-    reference = runtime.assemble_fresh(
+    answering.prefill(runtime, reused, refresh)
+    reference = answering.assemble_fresh(runtime,
         prefix, [(p.label, img) for p, img in zip(pages, images, strict=True)], question)
-    runtime.prefill(reference, reference.layout.visual_rows())
+    answering.prefill(runtime, reference, reference.layout.visual_rows())
     return kv_error(reused.cache, reference.cache, reused.layout.visual_rows())

@@ -30,6 +30,7 @@ from PIL import Image
 
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def _logits(runtime: ReuseRuntime, hidden: torch.Tensor, rows: Rows) -> torch.Te
     """Logits (R | 1, vocab) of hidden states (R, hidden): every row, or the last only."""
     if rows not in ("last", "all"):
         raise ValueError(f"logits must be 'last' or 'all', got {rows!r}")
-    return runtime.logits(hidden if rows == "all" else hidden[-1:])
+    return runtime.reuse.logits(hidden if rows == "all" else hidden[-1:])
 
 
 @torch.inference_mode()
@@ -62,20 +63,20 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
                   last_only: bool = False, logits: Rows = "last") -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
     policy = request.choice.select
-    assembly = runtime.assemble(request.prefix, request.pages, request.question,
+    assembly = runtime.reuse.assemble(request.prefix, request.pages, request.question,
                                 last_only=last_only)
-    ctx = runtime.policy_context(assembly, request.budget, request.seed)
+    ctx = runtime.reuse.policy_context(assembly, request.budget, request.seed)
     t0 = time.perf_counter()
     visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
     seconds = time.perf_counter() - t0
-    hidden, computed = runtime.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
+    hidden, computed = runtime.reuse.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
     layout = assembly.layout
     rows = torch.cat([layout.text_rows(), visual,
                       layout.refreshed_label_rows(visual)]).unique()  # (R,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=ctx.extra_flops, choice_seconds=seconds,
                         computed_rows=computed,
-                        refresh_flops=runtime.refresh_flops(assembly, computed, ctx.resume))
+                        refresh_flops=runtime.reuse.refresh_flops(assembly, computed, ctx.resume))
 
 
 @torch.inference_mode()
@@ -83,9 +84,9 @@ def probe_full_prefill(runtime: ReuseRuntime, prefix: str,
                        pages: list[tuple[str, Image.Image]], question: str,
                        logits: Rows = "last") -> RefreshProbe:
     """The reference: every token computed now from the images (vision tower included)."""
-    assembly = runtime.assemble_fresh(prefix, pages, question)
+    assembly = answering.assemble_fresh(runtime, prefix, pages, question)
     visual = assembly.layout.visual_rows()
-    hidden = runtime.prefill(assembly, visual)  # (N, hidden)
+    hidden = answering.prefill(runtime, assembly, visual)  # (N, hidden)
     rows = torch.arange(assembly.layout.n)  # (N,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=0.0, choice_seconds=0.0, computed_rows=rows)

@@ -21,8 +21,9 @@ Steps:
      cache on, the question's labels are computed once before them, like the page KV at
      ingest, so no policy's FLOPs carry them and each runs on the same cached labels):
        `full_prefill` (budget 1.0): full prefill from the page images
-         (`answer_full_prefill`: vision tower, then every row on the plain causal path);
-       `full_prefill_cached` (budget 1.0): `rt.answer` with the registered `full_prefill`
+         (`lab.answering.answer_full_prefill`: vision tower, then every row on the plain
+         causal path);
+       `full_prefill_cached` (budget 1.0): `lab.answering.answer` with the registered `full_prefill`
          policy over the cached pages. The page KV is assembled (loaded, re-rotated) as for
          any policy, the policy selects every visual row, and the refresh recomputes every
          visual row from the page's cached layer-0 embeddings (the vision tower's output at
@@ -64,6 +65,7 @@ from tqdm import tqdm
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.answer_types import AnswerResult, PolicyOptions
+from lab import answering
 from lab.answers.config import (
     AnswerEvalConfig,
     check_config,
@@ -168,7 +170,7 @@ class _Run:
                   for lab, p in zip(labels, pages, strict=True)]
         rt = self.ctx.runtime
         with self.ctx.model_lock:  # the labels computed with the pages, charged to no answer
-            rt.warm_labels(ANSWER_PREFIX, inputs)
+            answering.warm_labels(rt, ANSWER_PREFIX, inputs)
         new: list[Record] = []
         if self.check is None and self.cfg.check_budget_one:
             self.check = self.budget_one(labels, pages, inputs, item.question)
@@ -176,7 +178,7 @@ class _Run:
             images = [(lab, Image.open(self.ctx.page_image_path(p.image_path)).convert("RGB"))
                       for lab, p in zip(labels, pages, strict=True)]
             with self.ctx.model_lock:
-                ref = rt.answer_full_prefill(ANSWER_PREFIX, images, item.question,
+                ref = answering.answer_full_prefill(rt, ANSWER_PREFIX, images, item.question,
                                              max_new_tokens=self.cfg.max_new_tokens)
             ref_rec = self.record(item, REFERENCE, 1.0, ref, ref.text,
                                   pages=[p.number for p in pages], kv_load_ms=0.0, **info)
@@ -206,7 +208,7 @@ class _Run:
             policy=settle_policy(self.ctx.settings, policy, PolicyOptions()), budget=budget,
             max_new_tokens=self.cfg.max_new_tokens, seed=self.cfg.seed)
         with self.ctx.model_lock:
-            return self.ctx.runtime.answer(request)
+            return answering.answer(self.ctx.runtime, request)
 
     def budget_one(self, labels: list[str], pages: list[Page], inputs: list[PageInput],
                    question: str) -> dict[str, Any]:
@@ -225,9 +227,9 @@ class _Run:
         with self.ctx.model_lock:
             ref = probe_full_prefill(rt, ANSWER_PREFIX, images, question).logits[-1]  # (V,)
             probe = probe_refresh(rt, request)
-            fresh = rt.assemble_fresh(ANSWER_PREFIX, images, question)
-            rt.prefill(fresh, fresh.layout.visual_rows())
-            reused = rt.assemble(ANSWER_PREFIX, inputs, question)
+            fresh = answering.assemble_fresh(rt, ANSWER_PREFIX, images, question)
+            answering.prefill(rt, fresh, fresh.layout.visual_rows())
+            reused = rt.reuse.assemble(ANSWER_PREFIX, inputs, question)
         got = probe.logits[-1]  # (V,)
         vis = reused.layout.visual_rows().to(reused.cache.keys.device)
         k_reused = reused.cache.keys[0, 0][:, vis].float()  # (G, N_v, hd) re-rotated

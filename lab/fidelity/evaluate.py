@@ -44,6 +44,7 @@ from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.fidelity.data import FidelityCase, make_cases
 from lab.fidelity.report import write_plot, write_table
 from lab.refresh_probe import probe_full_prefill, probe_refresh
@@ -86,7 +87,7 @@ def _evaluate_case(rt: ReuseRuntime, case: FidelityCase, names: list[str],
     """Metrics of every (policy, budget) on one request, and the reference's TTFT."""
     fresh = list(zip(case.labels, case.images, strict=True))
     ref_probe = probe_full_prefill(rt, case.prefix, fresh, case.question)
-    ref = rt.answer_full_prefill(case.prefix, fresh, case.question,
+    ref = answering.answer_full_prefill(rt, case.prefix, fresh, case.question,
                                  max_new_tokens=max_new_tokens)
     kvs = rt.prefill_pages(case.images)
     pages = [PageInput(label, kv) for label, kv in zip(case.labels, kvs, strict=True)]
@@ -97,7 +98,7 @@ def _evaluate_case(rt: ReuseRuntime, case: FidelityCase, names: list[str],
                                 policy=name, budget=budget, max_new_tokens=max_new_tokens,
                                 seed=seed)
             probe = probe_refresh(rt, req)
-            result = rt.answer(req)
+            result = answering.answer(rt, req)
             if result.token_ids[:1] and int(probe.logits[-1].argmax()) != result.token_ids[0]:
                 raise RuntimeError(f"{name}: probe and answer disagree on the first token")
             out.append({
@@ -166,7 +167,7 @@ def run_fidelity_eval(
         "model": model, "pages": pages, "samples": samples, "seed": seed,
         "budgets": list(budgets), "policies": names, "max_new_tokens": max_new_tokens,
         "max_image_tokens": rt.adapter.max_image_tokens,
-        "lm_shape": asdict(rt.flops.lm),
+        "lm_shape": asdict(rt.reuse.flops.lm),
         "full_prefill_seconds": sum(ref_ttft) / len(ref_ttft),
         "wall_seconds": time.perf_counter() - t0,
         "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),

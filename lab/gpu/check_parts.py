@@ -62,6 +62,7 @@ from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import get_policy
 from conduit_core.prompt.layout import page_context
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 
 # Relative error bounds (max |diff| / max |reference|). float32: two float32 paths that sum
 # in other orders (the runtime's blocked rows vs the model's one causal call). bfloat16:
@@ -100,9 +101,10 @@ def _model_logits(vlm: LoadedVLM, token_ids: torch.Tensor,
 def check_full_prefill(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
                        question: str) -> dict[str, Any]:
     """All rows' logits of the runtime's full prefill against the model's own forward."""
-    asm = rt.assemble_fresh(prefix, list(zip(page_labels(len(images)), images, strict=True)),
+    asm = answering.assemble_fresh(rt,
+        prefix, list(zip(page_labels(len(images)), images, strict=True)),
                             question)
-    got = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))  # (N, vocab)
+    got = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))  # (N, vocab)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)  # (N, vocab)
     err, tol = rel_err(got, ref), _tol(rt, "logits")
     top1 = bool((got[-1].argmax() == ref[-1].argmax()).item())
@@ -158,7 +160,7 @@ def check_rerotation(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
     layer (the page prefill's rounding added, judged by the logits bound), `vision_rel_err`
     the cached embeddings against the model's own vision features (reported)."""
     kvs = rt.prefill_pages(images)
-    asm = rt.assemble(prefix, [PageInput(lab, kv) for lab, kv in
+    asm = rt.reuse.assemble(prefix, [PageInput(lab, kv) for lab, kv in
                                zip(page_labels(len(kvs)), kvs, strict=True)], question)
     shifts, layers = [], [0.0] * len(rt.adapter.layers)
     for seg, kv in zip(asm.layout.segments, kvs, strict=True):
@@ -180,11 +182,11 @@ def _answer_logits(rt: ReuseRuntime, prefix: str, pages: list[PageInput], questi
     """CONDUIT's prefill half on the answer path: first-token logits (vocab,), the assembly
     (with its scoring pass) and the refreshed visual tokens."""
     policy = get_policy("conduit")
-    asm = rt.assemble(prefix, pages, question, last_only=True)
-    ctx = rt.policy_context(asm, budget)
+    asm = rt.reuse.assemble(prefix, pages, question, last_only=True)
+    ctx = rt.reuse.policy_context(asm, budget)
     visual = policy(ctx).to(torch.long).cpu().unique()
-    hidden, _ = rt.refresh(asm, visual, ctx.resume)
-    return rt.logits(hidden[-1:])[-1], asm, int(visual.numel())
+    hidden, _ = rt.reuse.refresh(asm, visual, ctx.resume)
+    return rt.reuse.logits(hidden[-1:])[-1], asm, int(visual.numel())
 
 
 def _scores_finite(asm: Assembly) -> bool:
@@ -227,8 +229,8 @@ def check_same_layout(rt: ReuseRuntime, images: list[Image.Image], prefix: str,
     (the labels as text rows: a cached label is stale, not cut from this layout)."""
     rt = ReuseRuntime(rt.vlm, label_cache=False, never_above_full=rt.never_above_full)
     labels = page_labels(len(images))
-    fresh = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
-    rt.prefill(fresh, fresh.layout.visual_rows())  # exact K/V of every row
+    fresh = answering.assemble_fresh(rt, prefix, list(zip(labels, images, strict=True)), question)
+    answering.prefill(rt, fresh, fresh.layout.visual_rows())  # exact K/V of every row
     cut = []
     for seg, grid in zip(fresh.layout.segments, fresh.image_grids, strict=True):
         at = slice(seg.start, seg.stop)
@@ -265,7 +267,7 @@ def check_one_layer(vlm: LoadedVLM, images: list[Image.Image], prefix: str, ques
     rt = ReuseRuntime(one_layer(vlm), never_above_full=False)
     kvs = rt.prefill_pages(images)
     labels = page_labels(len(images))
-    asm = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
+    asm = answering.assemble_fresh(rt, prefix, list(zip(labels, images, strict=True)), question)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)[-1]  # (vocab,)
     pages = [PageInput(lab, kv) for lab, kv in zip(labels, kvs, strict=True)]
     rows = _budget_rows(rt, prefix, pages, question, budgets, ref)
@@ -278,7 +280,7 @@ def check_stale_quality(rt: ReuseRuntime, images: list[Image.Image], prefix: str
     """Full depth, new prefix: how close CONDUIT gets to full prefill (reported)."""
     kvs = rt.prefill_pages(images)
     labels = page_labels(len(images))
-    asm = rt.assemble_fresh(prefix, list(zip(labels, images, strict=True)), question)
+    asm = answering.assemble_fresh(rt, prefix, list(zip(labels, images, strict=True)), question)
     ref = _model_logits(rt.vlm, asm.layout.token_ids, images)[-1]  # (vocab,)
     pages = [PageInput(lab, kv) for lab, kv in zip(labels, kvs, strict=True)]
     rows = _budget_rows(rt, prefix, pages, question, budgets, ref)

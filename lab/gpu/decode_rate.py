@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.gpu.check_parts import request
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 
@@ -36,7 +37,8 @@ STREAMS = [1, 16]
 def _rate(rt: ReuseRuntime, kvs: list[Any], work: Any, streams: int, new: int,
           device: str) -> float:
     """Tokens a second summed over `streams` answers decoding together."""
-    states = [rt.start_answer(request(work.prefix, kvs, f"{work.question} {i}", "full_reuse",
+    states = [answering.start_answer(rt,
+        request(work.prefix, kvs, f"{work.question} {i}", "full_reuse",
                                       0.0, new)) for i in range(streams)]
     for s in states:
         s.decode.stops = frozenset()

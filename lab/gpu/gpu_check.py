@@ -51,7 +51,7 @@ from PIL import Image
 
 from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
-from lab import results
+from lab import answering, results
 from lab.gpu import check_parts as parts
 from lab.gpu import environment
 from lab.gpu.check_args import add_arguments
@@ -105,11 +105,12 @@ def _timings(rt: ReuseRuntime, pages: int, tokens: int, repeats: int,
     kvs = rt.prefill_pages(images)  # host pages, pinned where CUDA is available
     fresh = list(zip(work.labels, images, strict=True))
     methods = {
-        "full_prefill": lambda n: rt.answer_full_prefill(work.prefix, fresh, work.question,
+        "full_prefill": lambda n: answering.answer_full_prefill(rt,
+            work.prefix, fresh, work.question,
                                                          max_new_tokens=n),
-        "conduit_0.1": lambda n: rt.answer(parts.request(work.prefix, kvs, work.question,
+        "conduit_0.1": lambda n: answering.answer(rt, parts.request(work.prefix, kvs, work.question,
                                                          "conduit", 0.1, n)),
-        "full_reuse": lambda n: rt.answer(parts.request(work.prefix, kvs, work.question,
+        "full_reuse": lambda n: answering.answer(rt, parts.request(work.prefix, kvs, work.question,
                                                         "full_reuse", 0.0, n)),
     }
     times: dict[str, list[float]] = {m: [] for m in methods}
@@ -148,11 +149,11 @@ def _profile(rt: ReuseRuntime, out: Path, device: str) -> dict[str, Any]:
     work = make_workload(rt.vlm, 2, 32)
     kvs = rt.prefill_pages(bench_pages(2, 64))
     request = parts.request(work.prefix, kvs, work.question, "conduit", 0.1, 8)
-    rt.answer(request)  # warm
+    answering.answer(rt, request)  # warm
     cuda = device.startswith("cuda")
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
-        rt.answer(request)
+        answering.answer(rt, request)
         _sync(device)
     trace = out / "trace_conduit_answer.json"
     prof.export_chrome_trace(str(trace))

@@ -30,6 +30,7 @@ from conduit_core.answer_types import PolicyChoice, PolicyOptions
 from conduit_core.policies import get_policy
 from conduit_core.policies.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.gpu.check_parts import TOLERANCES, page_labels, rel_err, request
 
 RECORD, REPLAY = "parity_record", "parity_replay"
@@ -54,12 +55,14 @@ def side(rt: ReuseRuntime, images: list[Image.Image], prefix: str, question: str
             def replay(_ctx: PolicyContext, rows: torch.Tensor = chosen[i]) -> torch.Tensor:
                 return rows
             choice = PolicyChoice(REPLAY, PolicyOptions(), replay)
-        state = rt.start_answer(request(prefix, kvs, question, choice, budget, 1))
+        state = answering.start_answer(rt, request(prefix, kvs, question, choice, budget, 1))
         logits.append(state.decode.logits.float().cpu())  # (vocab,)
         rt.release(state)
-    asm = rt.assemble_fresh(prefix, list(zip(page_labels(len(images)), images, strict=True)),
+    asm = answering.assemble_fresh(rt,
+        prefix, list(zip(page_labels(len(images)), images, strict=True)),
                             question)
-    full = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))[-1].float().cpu()  # (vocab,)
+    # (vocab,)
+    full = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))[-1].float().cpu()
     return {"logits": logits, "full": full,
             "chosen": chosen if chosen is not None else picked[-len(budgets):]}
 

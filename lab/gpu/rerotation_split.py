@@ -76,7 +76,7 @@ def rerotation_split(shape: str = "tiny", layers: int | None = None,
     work = bench_model.make_workload(vlm, pages, 32)
     images = bench_model.bench_pages(pages, tokens)
     kvs = rt.prefill_pages(images)
-    asm = rt.assemble(work.prefix, [PageInput(lab, kv) for lab, kv in
+    asm = rt.reuse.assemble(work.prefix, [PageInput(lab, kv) for lab, kv in
                                     zip(page_labels(len(kvs)), kvs, strict=True)], work.question)
     out = []
     for seg, kv, image in zip(asm.layout.segments, kvs, images, strict=True):

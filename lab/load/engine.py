@@ -34,6 +34,7 @@ from prometheus_client import REGISTRY
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.ttft.default_model import a4_page
 from worker.engine import AnswerEngine
 from worker.engine_metrics import PREFILL_PHASES
@@ -108,10 +109,10 @@ def run(*, model: str, slots: list[int], clients: int, duration_s: float,
     with tempfile.TemporaryDirectory() as tmp:
         rt = ReuseRuntime(load_vlm(model, device=device, dtype=settings.torch_dtype,
                                    cache_dir=Path(tmp)))
-        rt._stop_ids = []  # every answer decodes max_new_tokens tokens
+        rt.reuse.stop_ids = []  # every answer decodes max_new_tokens tokens
         kvs = rt.prefill_pages([a4_page(i) for i in range(4)])
         pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
-        rt.answer(AnswerRequest(ANSWER_PREFIX, pages[:2], "warm-up", max_new_tokens=4))
+        answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages[:2], "warm-up", max_new_tokens=4))
         levels = [run_level(rt, pages, slots=s, clients=clients, duration_s=duration_s,
                             max_new_tokens=max_new_tokens, policy=settings.policy,
                             budget=settings.budget) for s in slots]

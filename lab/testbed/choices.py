@@ -98,7 +98,7 @@ def main() -> None:
         kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
         pages = [PageInput(label=page_label(s.doc_name, p + 1), kv=kv)
                  for p, kv in zip(s.pages, kvs, strict=True)]
-        assembly = runtime.assemble(ANSWER_PREFIX, pages, s.text)
+        assembly = runtime.reuse.assemble(ANSWER_PREFIX, pages, s.text)
         places = _places(s)
         asked, record, source = (cells for _, cells in places[:3])
         for policy in args.policies.split(","):

@@ -36,8 +36,8 @@ def top_pages(runtime: ReuseRuntime, n: int, seed: int) -> dict[str, Counter[str
         kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
         pages = [PageInput(page_label(s.doc_name, p + 1), kv)
                  for p, kv in zip(s.pages, kvs, strict=True)]
-        assembly = runtime.assemble(ANSWER_PREFIX, pages, s.text, last_only=True)
-        scores, _ = runtime.scoring(assembly)
+        assembly = runtime.reuse.assemble(ANSWER_PREFIX, pages, s.text, last_only=True)
+        scores, _ = runtime.reuse.scoring(assembly)
         peak = list(assembly.page_attention())
         attention = scores.attention.float().cpu()  # (N,)
         total = [float(attention[g.start:g.stop].sum()) for g in assembly.layout.segments]

@@ -40,12 +40,12 @@ def near_cells_held(vlm: LoadedVLM, n: int, seed: int, first: float = 0.8) -> di
     out = dict.fromkeys(("questions", "near", *CHOICES), 0)
     for case in split_cases(runtime, n, seed):
         assembly = case.assembly
-        ctx = runtime.policy_context(assembly, 0.1, 0)
+        ctx = runtime.reuse.policy_context(assembly, 0.1, 0)
         chosen = {
             "default_10": base(ctx),
             "default_first": base(at_k(ctx, round(first * ctx.k))),
             "second_hop_10": SecondHop(base, first)(ctx),
-            "default_20": base(runtime.policy_context(assembly, 0.2, 0)),
+            "default_20": base(runtime.reuse.policy_context(assembly, 0.2, 0)),
         }
         near = set(near_glyph_rows(assembly, case.sample, case.source))
         out["questions"] += 1

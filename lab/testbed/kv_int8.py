@@ -41,6 +41,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.testbed.batches import page_image
 from lab.testbed.intervals import mean_interval, paired_interval
 from lab.testbed.probe import MAX_NEW_TOKENS, probe_samples
@@ -90,10 +91,10 @@ def run(vlm: LoadedVLM, n: int, seed: int, budget: float, policies: list[str],
                     req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
                                         policy=policy, budget=budget,
                                         max_new_tokens=MAX_NEW_TOKENS, seed=0)
-                    text = runtime.answer(req).text.strip()
+                    text = answering.answer(runtime, req).text.strip()
                     rows.append({"id": qid, "policy": policy, "form": form, "budget": budget,
                                  "text": text, "score": float(text == s.question.answer)})
-            full = runtime.answer_full_prefill(
+            full = answering.answer_full_prefill(runtime,
                 ANSWER_PREFIX, list(zip(labels, images, strict=True)), s.text,
                 max_new_tokens=MAX_NEW_TOKENS).text.strip()
             rows.append({"id": qid, "policy": FULL, "form": "none", "budget": 1.0,

@@ -67,6 +67,7 @@ from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.testbed.batches import Sample, page_image
 from lab.testbed.probe import MAX_NEW_TOKENS, load_checkpoint_vlm, page_cell_rows, probe_samples
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -215,7 +216,7 @@ def split_cases(runtime: ReuseRuntime, n: int, seed: int) -> Iterator[SplitCase]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
-        assembly = runtime.assemble(ANSWER_PREFIX, inputs, s.text)
+        assembly = runtime.reuse.assemble(ANSWER_PREFIX, inputs, s.text)
         found = source_cell(assembly, s)
         if found is None:
             continue
@@ -233,13 +234,13 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
     asked = covered = 0
     for case in split_cases(runtime, n, seed):
         s, assembly, source, inputs = case.sample, case.assembly, case.source, case.inputs
-        chosen = set(base(runtime.policy_context(assembly, budget, 0)).tolist())
+        chosen = set(base(runtime.reuse.policy_context(assembly, budget, 0)).tolist())
         covered += source in chosen
         extras = _arm_rows(assembly, s, source, case.page_rows, chosen, rng)
         for arm in added:
             added[arm] += len(set(extras[arm] or []) - chosen)
         if "full_prefill" in arms:
-            full = runtime.answer_full_prefill(
+            full = answering.answer_full_prefill(runtime,
                 ANSWER_PREFIX, list(zip(case.labels, case.images, strict=True)), s.text,
                 max_new_tokens=MAX_NEW_TOKENS)
             right["full_prefill"] += full.text.strip() == s.question.answer
@@ -249,7 +250,7 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
             if arm == "full_prefill" or rows is None:
                 continue
             extra[:] = rows
-            res = runtime.answer(AnswerRequest(
+            res = answering.answer(runtime, AnswerRequest(
                 prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
                 policy=_ORACLE, budget=budget, max_new_tokens=MAX_NEW_TOKENS, seed=0))
             right[arm] += res.text.strip() == s.question.answer

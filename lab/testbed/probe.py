@@ -41,6 +41,7 @@ from conduit_core.page_kv import ModelFingerprint
 from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import get_policy
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages
 from lab.testbed.train import model_tensors
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -104,7 +105,7 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
     token that is no glyph cell (a page's delimiters)."""
     cells = {row: (page, cell) for page in s.pages
              for cell, row in enumerate(page_cell_rows(assembly, s, page))}
-    chosen = get_policy(policy)(runtime.policy_context(assembly, budget, seed)).tolist()
+    chosen = get_policy(policy)(runtime.reuse.policy_context(assembly, budget, seed)).tolist()
     return [cells.get(i) for i in chosen]
 
 
@@ -133,19 +134,20 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]
         kvs = runtime.prefill_pages(images)
         fam, want = s.question.family, s.question.answer
-        full = runtime.answer_full_prefill(ANSWER_PREFIX, list(zip(labels, images, strict=True)),
+        full = answering.answer_full_prefill(runtime,
+            ANSWER_PREFIX, list(zip(labels, images, strict=True)),
                                            s.text, max_new_tokens=MAX_NEW_TOKENS)
         hits[(fam, "full_prefill", 1.0)].append(full.text.strip() == want)
         record(qid, "full_prefill", 1.0, full.text.strip() == want)
         flops[(fam, "full_prefill", 1.0)].append(full.flops_ratio_lm)
         inputs = [PageInput(label=lab, kv=kv) for lab, kv in zip(labels, kvs, strict=True)]
-        runtime.warm_labels(ANSWER_PREFIX, inputs)  # the labels, with the pages
+        answering.warm_labels(runtime, ANSWER_PREFIX, inputs)  # the labels, with the pages
         for policy in policies:
             for budget in budgets:
                 req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
                                     policy=policy, budget=budget, max_new_tokens=MAX_NEW_TOKENS,
                                     seed=0)
-                res = runtime.answer(req)
+                res = answering.answer(runtime, req)
                 hits[(fam, policy, budget)].append(res.text.strip() == want)
                 record(qid, policy, budget, res.text.strip() == want)
                 flops[(fam, policy, budget)].append(res.flops_ratio_lm)
@@ -163,6 +165,6 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
 
 def _covers(runtime: ReuseRuntime, req: AnswerRequest, s: Sample) -> bool:
     """Whether the policy's refreshed set holds every asked record's result cell."""
-    assembly = runtime.assemble(req.prefix, req.pages, req.question)
+    assembly = runtime.reuse.assemble(req.prefix, req.pages, req.question)
     chosen = set(refreshed_cells(runtime, assembly, s, req.choice.name, req.budget, req.seed))
     return all(cell in chosen for cell in key_cells(s))

@@ -73,6 +73,7 @@ from conduit_core.model.loader import DTYPES
 from conduit_core.page_kv import PageKV
 from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
 from lab.ttft.model import SHAPES, Workload, bench_pages, build_bench_vlm, make_workload
 from lab.ttft.report import write_outputs
@@ -180,8 +181,9 @@ class _Runner:
         self.variants = {_variant(m): ReuseRuntime(
             rt.vlm, head_cache=m.head_cache, label_cache=m.label_cache,
             label_refresh=m.label_refresh, never_above_full=rt.never_above_full)
-            for m in METHODS if _variant(m) != (rt.heads is not None, rt.labels is not None,
-                                                rt.label_refresh)}
+            for m in METHODS if _variant(m) != (rt.reuse.heads is not None,
+                                                rt.reuse.labels is not None,
+                                                rt.reuse.label_refresh)}
 
     def once(self, method: Method, tier: str, *, memory: bool = False) -> Sample:
         rt, w = self.rt, self.work
@@ -191,7 +193,7 @@ class _Runner:
             peak if memory else contextlib.nullcontext())
         if method.policy is None:
             with measured:
-                res = rt.answer_full_prefill(w.prefix, list(zip(w.labels, self.images,
+                res = answering.answer_full_prefill(rt, w.prefix, list(zip(w.labels, self.images,
                                                                 strict=True)),
                                              w.question, max_new_tokens=1)
             load_s = 0.0
@@ -200,7 +202,7 @@ class _Runner:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
                 runtime = self.variants.get(_variant(method), rt)
-                res = runtime.answer(AnswerRequest(w.prefix, pages, w.question,
+                res = answering.answer(runtime, AnswerRequest(w.prefix, pages, w.question,
                                                    policy=method.policy, budget=method.budget,
                                                    max_new_tokens=1))
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s,
@@ -302,11 +304,11 @@ def _sweep(rt: ReuseRuntime, tiers: BenchTiers, pages_sweep: Sequence[int], toke
 @torch.no_grad()
 def _scoring_peak_mb(rt: ReuseRuntime, work: Workload, kvs: list[PageKV]) -> float | None:
     """Peak memory of the scoring pass alone over an assembled request (MB)."""
-    asm = rt.assemble(work.prefix, [PageInput(label, kv) for label, kv in
+    asm = rt.reuse.assemble(work.prefix, [PageInput(label, kv) for label, kv in
                                     zip(work.labels, kvs, strict=True)], work.question)
     peak = PeakMemory(rt.adapter.device)
     with peak:
-        rt.scoring(asm)
+        rt.reuse.scoring(asm)
     return None if peak.peak is None else peak.peak / 2**20
 
 
@@ -351,13 +353,13 @@ def run_ttft_bench(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page:
                             sweep_repeats or repeats, warmup) if pages_sweep else None)
     finally:
         torch.set_num_threads(saved_threads)
-    probe = rt.assemble(work.prefix, [PageInput(lab, kv) for lab, kv in
+    probe = rt.reuse.assemble(work.prefix, [PageInput(lab, kv) for lab, kv in
                                       zip(work.labels, kvs, strict=True)], work.question)
     n_v = int(probe.layout.visual_rows().numel())
     doc: dict[str, Any] = {
         "workload": {
             "model_shape": model_shape, "model_notes": SHAPES[model_shape].notes,
-            "lm_shape": asdict(rt.flops.lm), "vision": dict(SHAPES[model_shape].vision),
+            "lm_shape": asdict(rt.reuse.flops.lm), "vision": dict(SHAPES[model_shape].vision),
             "pages": pages, "tokens_per_page": tokens_per_page,
             "question_tokens": question_tokens, "prompt_tokens": probe.layout.n,
             "visual_tokens": n_v, "text_tokens": probe.layout.n - n_v,

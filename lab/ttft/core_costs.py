@@ -37,6 +37,7 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.ttft.bench import PeakMemory
 from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload
 
@@ -51,10 +52,10 @@ def _runtime(layers: int, tokens_per_page: int) -> ReuseRuntime:
 def _scoring_peak(rt: ReuseRuntime, pages: list[PageInput], prefix: str,
                   question: str) -> tuple[float, int]:
     """Peak MB of one scoring pass over a fresh assembly, and the prompt length."""
-    asm = rt.assemble(prefix, pages, question)
+    asm = rt.reuse.assemble(prefix, pages, question)
     peak = PeakMemory(rt.adapter.device)
     with torch.no_grad(), peak:
-        result = rt.scoring(asm)
+        result = rt.reuse.scoring(asm)
     del result
     return (peak.peak or 0) / 2**20, asm.layout.n
 
@@ -62,16 +63,16 @@ def _scoring_peak(rt: ReuseRuntime, pages: list[PageInput], prefix: str,
 def _decode_ms(rt: ReuseRuntime, pages: list[PageInput], prefix: str, question: str,
                tokens: int, repeats: int) -> float:
     """Median ms per generated token after the first (stop tokens disabled)."""
-    saved = rt._stop_ids
-    rt._stop_ids = []
+    saved = rt.reuse.stop_ids
+    rt.reuse.stop_ids = []
     try:
         times = []
         for _ in range(repeats):
-            res = rt.answer(AnswerRequest(prefix, pages, question, policy="full_reuse",
+            res = answering.answer(rt, AnswerRequest(prefix, pages, question, policy="full_reuse",
                                           max_new_tokens=tokens))
             times.append((res.total_s - res.ttft_s) / max(1, len(res.token_ids) - 1))
     finally:
-        rt._stop_ids = saved
+        rt.reuse.stop_ids = saved
     return 1e3 * statistics.median(times)
 
 

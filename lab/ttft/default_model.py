@@ -31,6 +31,7 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
 
 MODEL = "builtin:small-qwen2-vl"
@@ -52,12 +53,12 @@ def a4_page(seed: int) -> Image.Image:
 def _once(rt: ReuseRuntime, method: str, pages: list[PageInput],
           images: list[Image.Image], max_new_tokens: int) -> AnswerResult:
     if method == "full_prefill":
-        return rt.answer_full_prefill(ANSWER_PREFIX, [(p.label, im) for p, im in
+        return answering.answer_full_prefill(rt, ANSWER_PREFIX, [(p.label, im) for p, im in
                                                       zip(pages, images, strict=True)],
                                       QUESTION, max_new_tokens=max_new_tokens)
     policy = {"conduit": "conduit", "full_reuse": "full_reuse",
               "full_prefill_cached_vision": "full_prefill"}[method]
-    return rt.answer(AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=policy,
+    return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=policy,
                                    max_new_tokens=max_new_tokens))
 
 

@@ -21,35 +21,33 @@ makes the count fast while keeping the depth that multiplies it.
 
 Public API:
   LAUNCH_FREE: frozenset[str]   aten op names (overload packets) that are not counted
-  OpCounter(within=())          a TorchDispatchMode: .total, .by_name (Counter), .reset();
-      .within (Counter): of those, the ops dispatched while one of the functions `within`
-      runs (on the Python stack), by its name
+  OpCounter()                   a TorchDispatchMode: .total, .by_name (Counter), .reset()
   count_ops(fn) -> (fn's result, OpCounter)
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
   narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS) -> LoadedVLM
   answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
-  PassCounting(vlm, **runtime options)   a `ReuseRuntime` that also counts the operations
-      of its passes alone (`.passes`: scoring pass, refresh, logits)
-  prefill_ops(runtime, request, within=()) -> OpCounter   the prefill half of an answer
-      (assembly, scoring pass, refresh, first-token logits: `ReuseRuntime.start_answer`),
-      decode excluded
+  PhaseCounting()   a `PassObserver` (`conduit_core.pass_observer`): the ops of the runtime's
+      passes alone (`.passes`: scoring pass, refresh, first-token logits) and of its page
+      loads (`.load`), counted while it observes the runtime (`lab.answering.observing`)
+  prefill_ops(runtime, request) -> OpCounter   the prefill half of an answer (assembly,
+      scoring pass, refresh, first-token logits: `lab.answering.start_answer`), decode
+      excluded
   ops_per_layer(counter, layers) -> float
-  narrow_runtime(pages, tokens_per_page=256) -> (PassCounting, list[PageKV])   the narrow
-      model's counting runtime and `pages` cached bench pages (the one setup of the bench
-      and the tests)
+  narrow_runtime(pages, tokens_per_page=256) -> (ReuseRuntime, list[PageKV])   the narrow
+      model's runtime and `pages` cached bench pages (the one setup of the bench and the
+      tests)
   accelerator_path()   a context: the CPU takes an accelerator's path (module docstring)
   count_prefill(runtime, kvs, policy, budget=0.1) -> PrefillCount   the prefill half over
       cached pages `kvs`, head and labels warm, counted on its second run (the choice
-      history warm, as in service) on the accelerator's path: .ops (OpCounter, the page
-      load within), .passes; and .cpu_load, the page load's ops on the CPU's own path
+      history warm, as in service) on the accelerator's path: .ops (OpCounter), .passes,
+      .load; and .cpu_load, the page load's ops on the CPU's own path
 """
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -57,16 +55,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conduit_core.answer_types import AnswerRequest, PageInput
-from conduit_core.kv.page_loads import PAGE_BY_PAGE, load_pages
+from conduit_core.kv.page_loads import PAGE_BY_PAGE
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
-from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.row_attention import ROW_GROUPS
-from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
+from lab.answering import observing
 from lab.ttft.model import SHAPES, bench_pages, build_bench_vlm, make_workload
 
 T = TypeVar("T")
@@ -96,15 +94,11 @@ def _name(func: Any) -> str:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten operations dispatched inside it that launch work (module docstring);
-    those dispatched while a function of `within` runs are also counted in `.within`, by the
-    function's name (the innermost one, where they nest)."""
+    """Counts the aten operations dispatched inside it that launch work (module docstring)."""
 
-    def __init__(self, within: Sequence[Callable[..., Any]] = ()) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self.by_name: Counter[str] = Counter()
-        self.within: Counter[str] = Counter()
-        self._codes = {fn.__code__: fn.__name__ for fn in within}
 
     @property
     def total(self) -> int:
@@ -114,53 +108,33 @@ class OpCounter(TorchDispatchMode):
     def reset(self) -> None:
         """Forget what was counted."""
         self.by_name.clear()
-        self.within.clear()
-
-    def _caller(self) -> str | None:
-        """The innermost function of `within` on the Python stack, if any."""
-        frame = sys._getframe(2)
-        while frame is not None:
-            name = self._codes.get(frame.f_code)
-            if name is not None:
-                return name
-            frame = frame.f_back  # type: ignore[assignment]
-        return None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         name = _name(func)
         if name not in LAUNCH_FREE:
             self.by_name[name] += 1
-            caller = self._caller() if self._codes else None
-            if caller is not None:
-                self.within[caller] += 1
         return func(*args, **(kwargs or {}))
 
 
-class PassCounting(ReuseRuntime):
-    """A `ReuseRuntime` whose scoring pass, refresh and logits also count their operations
-    into `.passes` (the layer path, without the assembly, the page labels, the plan and the
-    selection around it)."""
+class PhaseCounting:
+    """A `PassObserver` that counts the operations of the runtime's passes alone into
+    `.passes` (scoring pass, refresh, first-token logits: the layer path, without the
+    assembly, the page labels, the plan and the selection around it) and those of its page
+    loads into `.load`."""
 
-    def __init__(self, vlm: LoadedVLM, **options: Any) -> None:
-        super().__init__(vlm, **options)
+    def __init__(self) -> None:
         self.passes = OpCounter()
+        self.load = OpCounter()
 
-    def scoring(self, assembly: Assembly,
-                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
-        if assembly.labels_pending:  # the labels' load is not the pass's
-            self.load_labels(assembly)
-        with self.passes:
-            return super().scoring(assembly, config)
+    def phase(self, name: Phase, assembly: Assembly) -> AbstractContextManager[object]:
+        """The counter phase `name` runs in."""
+        return self.load if name == "page_load" else self.passes
 
-    def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
-                resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.passes:
-            return super().refresh(assembly, visual_rows, resume)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        with self.passes:
-            return super().logits(hidden)
+    def reset(self) -> None:
+        """Forget what was counted."""
+        self.passes.reset()
+        self.load.reset()
 
 
 def count_ops(fn: Callable[[], T]) -> tuple[T, OpCounter]:
@@ -193,34 +167,34 @@ def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float
 
 
 @torch.no_grad()
-def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest,
-                within: Sequence[Callable[..., Any]] = ()) -> OpCounter:
+def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest) -> OpCounter:
     """Operations of the prefill half of `request` on `runtime` (its head and labels must be
-    warm: `ReuseRuntime.warm_labels`, so that no cache miss is counted), those inside the
-    functions `within` also apart; the answer's pool slot is given back."""
-    counter = OpCounter(within)
+    warm: `lab.answering.warm_labels`, so that no cache miss is counted); the answer's pool
+    slot is given back."""
+    counter = OpCounter()
     with counter:
-        state = runtime.start_answer(request)
+        state = answering.start_answer(runtime, request)
     runtime.release(state)
     return counter
 
 
-def narrow_runtime(pages: int, tokens_per_page: int = 256) -> tuple[PassCounting, list[PageKV]]:
-    """A `PassCounting` runtime over `narrow_vlm(tokens_per_page)` and `pages` bench pages
-    prefilled on it (`lab.ttft.model.bench_pages`); the caller pins the threads."""
-    runtime = PassCounting(narrow_vlm(tokens_per_page))
+def narrow_runtime(pages: int, tokens_per_page: int = 256) -> tuple[ReuseRuntime, list[PageKV]]:
+    """A runtime over `narrow_vlm(tokens_per_page)` and `pages` bench pages prefilled on it
+    (`lab.ttft.model.bench_pages`); the caller pins the threads."""
+    runtime = ReuseRuntime(narrow_vlm(tokens_per_page))
     return runtime, runtime.prefill_pages(bench_pages(pages, tokens_per_page))
 
 
 @dataclass(frozen=True)
 class PrefillCount:
-    """The operations of one prefill half on the accelerator's path: all of them (`ops`,
-    with the page load's apart in `ops.within["load_pages"]`) and those of its passes alone
-    (`passes`); and the page load's on the CPU's own path (`cpu_load`)."""
+    """The operations of one prefill half on the accelerator's path: all of them (`ops`),
+    those of its passes alone (`passes`) and of its page load (`load`); and the page load's
+    on the CPU's own path (`cpu_load`)."""
 
     request: AnswerRequest
     ops: OpCounter
     passes: int
+    load: int
     cpu_load: int
 
 
@@ -242,20 +216,22 @@ def accelerator_path() -> Iterator[None]:
 
 
 @torch.no_grad()
-def count_prefill(runtime: PassCounting, kvs: list[PageKV], policy: str,
+def count_prefill(runtime: ReuseRuntime, kvs: list[PageKV], policy: str,
                   budget: float = 0.1) -> PrefillCount:
     """The prefill half of the TTFT workload's request over `kvs` under `policy`: head and
     labels computed ahead, one run to warm the choice history (as in service), then the
-    counted run, on the accelerator's path (`accelerator_path`); then the page load's ops
-    on the CPU's own path."""
+    counted run, on the accelerator's path (`accelerator_path`), its passes and page load
+    counted apart through the runtime's observer (`PhaseCounting`); then the page load's
+    ops on the CPU's own path."""
     request = answer_request(runtime.vlm, kvs, policy, budget)
-    runtime.warm_labels(request.prefix, request.pages)  # no cache miss is counted
-    with accelerator_path():
+    answering.warm_labels(runtime, request.prefix, request.pages)  # no miss is counted
+    phases = PhaseCounting()
+    with observing(runtime, phases):
+        with accelerator_path():
+            prefill_ops(runtime, request)
+            phases.reset()
+            ops = prefill_ops(runtime, request)
+        passes, load = phases.passes.total, phases.load.total
+        phases.reset()
         prefill_ops(runtime, request)
-        runtime.passes.reset()
-        ops = prefill_ops(runtime, request, within=(load_pages,))
-    passes = runtime.passes.total
-    runtime.passes.reset()
-    cpu_load = prefill_ops(runtime, request, within=(load_pages,)).within["load_pages"]
-    runtime.passes.reset()
-    return PrefillCount(request, ops, passes, cpu_load)
+    return PrefillCount(request, ops, passes, load, phases.load.total)

@@ -5,7 +5,7 @@ hidden 64, pages of 256 tokens, one thread) the arithmetic is negligible, so the
 prefill is the time of issuing its operations: what a GPU answer spends on the host. For
 each page count, full prefill from the cached page embeddings (`full_prefill`), CONDUIT at
 10% (`conduit_per_page`, the default, and `conduit`) and full reuse run their prefill half
-(`ReuseRuntime.start_answer`, decode excluded; `lab.ttft.op_count.count_prefill`); reported
+(`lab.answering.start_answer`, decode excluded; `lab.ttft.op_count.count_prefill`); reported
 per layer: the operations of the whole prefill half, of its passes alone (scoring pass,
 refresh, logits) and of its page load (`load_pages`), counted on an accelerator's path
 (`lab.ttft.op_count.accelerator_path`), the page load's also on the CPU's own path (each
@@ -34,9 +34,10 @@ import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
+from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.ttft.op_count import (
     NARROW_LAYERS,
-    PassCounting,
     accelerator_path,
     answer_request,
     count_ops,
@@ -70,13 +71,12 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
         for policy in POLICIES:
             for p in pages:
                 count = count_prefill(rt, kvs[:p], policy)
-                ms = _median_ms(lambda r=count.request: rt.release(rt.start_answer(r)),
-                                repeats)
-                rt.passes.reset()
+                ms = _median_ms(lambda r=count.request: rt.release(
+                    answering.start_answer(rt, r)), repeats)
                 rows.append({"method": policy, "pages": p,
                              "ops_per_layer": count.ops.total / NARROW_LAYERS,
                              "pass_ops_per_layer": count.passes / NARROW_LAYERS,
-                             "load_ops_per_layer": count.ops.within["load_pages"] / NARROW_LAYERS,
+                             "load_ops_per_layer": count.load / NARROW_LAYERS,
                              "cpu_load_ops_per_layer": count.cpu_load / NARROW_LAYERS,
                              "host_ms": ms,
                              "top_ops": dict(count.ops.by_name.most_common(8))})
@@ -98,13 +98,13 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
     return doc
 
 
-def _decode_step(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, Any]:
+def _decode_step(rt: ReuseRuntime, kvs: list[Any], repeats: int) -> dict[str, Any]:
     """Ops and median ms of one decode step of one answer over all the pages."""
     request = answer_request(rt.vlm, kvs, "conduit_per_page")
     request = type(request)(request.prefix, request.pages, request.question,
                             policy=request.policy, budget=request.budget,
                             max_new_tokens=DECODE_STEPS + repeats + 2)
-    state = rt.start_answer(request)
+    state = answering.start_answer(rt, request)
     for _ in range(DECODE_STEPS):
         rt.step([state])
     _, counter = count_ops(lambda: rt.step([state]))
@@ -114,11 +114,11 @@ def _decode_step(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, An
             "host_ms": ms, "top_ops": dict(counter.by_name.most_common(12))}
 
 
-def _page_load(rt: PassCounting, kvs: list[Any], repeats: int) -> dict[str, Any]:
+def _page_load(rt: ReuseRuntime, kvs: list[Any], repeats: int) -> dict[str, Any]:
     """Median ms of `load_pages` alone over `kvs`, on the CPU's path and on the joined one
     (alternating, `3 * repeats` runs each)."""
     request = answer_request(rt.vlm, kvs, "full_reuse")
-    layout = rt.assemble(request.prefix, request.pages, request.question).layout
+    layout = rt.reuse.assemble(request.prefix, request.pages, request.question).layout
     cache = KVCache.allocate(rt.adapter, 1, layout.n)
     embeds = rt.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
 

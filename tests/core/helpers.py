@@ -19,6 +19,7 @@ from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.prompt.rotation import shift_cos_sin, span_deltas
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 
 
 def page_image(seed: int, size: tuple[int, int] = (224, 280)) -> Image.Image:
@@ -95,8 +96,8 @@ def until_stop(tokens: list[int], stops: list[int]) -> list[int]:
 def full_logits(rt: ReuseRuntime, prefix: str, pages: list[tuple[str, Image.Image]],
                 question: str) -> tuple[Assembly, torch.Tensor]:
     """Full prefill (vision tower now) of a layout through the runtime: assembly, logits."""
-    asm = rt.assemble_fresh(prefix, pages, question)
-    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
+    asm = answering.assemble_fresh(rt, prefix, pages, question)
+    logits = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))
     return asm, logits
 
 

@@ -20,6 +20,7 @@ from conduit_core.decode import Sampler
 from conduit_core.passes import batch_forward
 from conduit_core.passes.layer_forward import forward_rows, logits_of
 from conduit_core.policies import POLICIES
+from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.device import LOW_PRECISION, TEST_DEVICE, atol, tol
@@ -57,7 +58,7 @@ class Forced(Sampler):
 
 def _alone(rt: ReuseRuntime, request: AnswerRequest) -> tuple[list[int], list[torch.Tensor]]:
     """Token ids and the logits of every pick of one answer decoded by itself."""
-    state = rt.start_answer(request)
+    state = answering.start_answer(rt, request)
     logits = [state.decode.logits.clone()]
     while not state.done:
         rt.step([state])
@@ -77,7 +78,7 @@ def _together(rt: ReuseRuntime, requests: list[AnswerRequest],
     while True:
         for i, request in enumerate(requests):
             if states[i] is None and JOIN_AT[i] <= step:
-                state = states[i] = rt.start_answer(request)
+                state = states[i] = answering.start_answer(rt, request)
                 if forced is not None:
                     state.decode.sampler = Forced(forced[i])
                 logits[i].append(state.decode.logits.clone())
@@ -124,7 +125,7 @@ def _check(rt: ReuseRuntime, requests: list[AnswerRequest], label: str) -> None:
 def test_batched_answers_equal_answers_alone_for_every_policy(family: str,
                                                                model_cache: Path) -> None:
     rt = ReuseRuntime(load_builtin(family, model_cache), never_above_full=False)
-    rt._stop_ids = []  # every answer runs to its own max_new_tokens: the batch shrinks
+    rt.reuse.stop_ids = []  # every answer runs to its own max_new_tokens: the batch shrinks
     for policy in POLICIES:
         _check(rt, _requests(rt, policy), f"{family} {policy}")
 
@@ -140,7 +141,7 @@ def _bf16_runtime(model_cache: Path) -> ReuseRuntime:
     rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="bfloat16",
                                    device=TEST_DEVICE), never_above_full=False)
     assert rt.adapter.dtype == torch.bfloat16
-    rt._stop_ids = []
+    rt.reuse.stop_ids = []
     return rt
 
 
@@ -158,7 +159,7 @@ def test_every_step_of_a_batch_agrees_within_the_dtypes_bound(
     else:
         rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache, dtype="float32",
                                        device=TEST_DEVICE), never_above_full=False)
-        rt._stop_ids, bounds = [], {"atol": 1e-4, "rtol": 0.0}
+        rt.reuse.stop_ids, bounds = [], {"atol": 1e-4, "rtol": 0.0}
     assert _worst(rt, _requests(rt, policy), bounds["atol"], bounds["rtol"], forced=True) <= 1
 
 
@@ -193,10 +194,10 @@ def test_one_answer_equals_the_row_by_row_decode(family: str, model_cache: Path)
     """The batched step with a batch of one against the shared layer loop (`forward_rows`,
     one row at a time, as decode ran before batching)."""
     rt = ReuseRuntime(load_builtin(family, model_cache))
-    rt._stop_ids = []
+    rt.reuse.stop_ids = []
     request = _requests(rt, "conduit")[1]
     ids, logits = _alone(rt, request)
-    state = rt.start_answer(request)
+    state = answering.start_answer(rt, request)
     d, adapter = state.decode, rt.adapter
     want = [d.logits]
     for step, tok in enumerate(ids[:-1]):
@@ -214,14 +215,14 @@ def test_a_callback_that_raises_leaves_the_batch_alone(model_cache: Path) -> Non
     """A client that goes away (its token callback raises) ends its own answer at that step;
     the others in the batch go on and give what they give alone."""
     rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache))
-    rt._stop_ids = []
+    rt.reuse.stop_ids = []
     requests = _requests(rt, "conduit")
     alone = [_alone(rt, r)[0] for r in requests]
 
     def gone(_tok: int, _piece: str) -> None:
         raise ConnectionError("client went away")
 
-    states = [rt.start_answer(r, on_token=gone if i == 1 else None)
+    states = [answering.start_answer(rt, r, on_token=gone if i == 1 else None)
               for i, r in enumerate(requests)]
     while not all(s.done for s in states):
         rt.step(states)
@@ -229,4 +230,4 @@ def test_a_callback_that_raises_leaves_the_batch_alone(model_cache: Path) -> Non
     for i in (0, 2):
         assert list(rt.result(states[i]).token_ids) == alone[i]
     with pytest.raises(ConnectionError):
-        rt.finish(rt.start_answer(requests[1], on_token=gone))
+        answering.finish(rt, answering.start_answer(rt, requests[1], on_token=gone))

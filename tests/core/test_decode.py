@@ -11,6 +11,7 @@ import torch
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.decode import Detokenizer, Sampler
 from conduit_core.errors import UnknownPolicyError
+from lab import answering
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
 
@@ -28,7 +29,8 @@ def _request(rt: ReuseRuntime, **kw: object) -> AnswerRequest:
 
 def test_streaming_callback_sees_every_token(qwen: ReuseRuntime) -> None:
     seen: list[tuple[int, str]] = []
-    result = qwen.answer(_request(qwen, max_new_tokens=7), on_token=lambda t, s: seen.append(
+    result = answering.answer(qwen,
+        _request(qwen, max_new_tokens=7), on_token=lambda t, s: seen.append(
         (t, s)))
     assert [t for t, _ in seen] == result.token_ids
     assert "".join(s for _, s in seen) == result.text
@@ -36,10 +38,10 @@ def test_streaming_callback_sees_every_token(qwen: ReuseRuntime) -> None:
 
 
 def test_sampling_is_seeded_and_differs_from_greedy(qwen: ReuseRuntime) -> None:
-    greedy = qwen.answer(_request(qwen, max_new_tokens=12))
-    a = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
-    b = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
-    c = qwen.answer(_request(qwen, max_new_tokens=12, temperature=5.0, seed=8))
+    greedy = answering.answer(qwen, _request(qwen, max_new_tokens=12))
+    a = answering.answer(qwen, _request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
+    b = answering.answer(qwen, _request(qwen, max_new_tokens=12, temperature=5.0, seed=7))
+    c = answering.answer(qwen, _request(qwen, max_new_tokens=12, temperature=5.0, seed=8))
     assert a.token_ids == b.token_ids  # the seed fixes the draw
     assert a.token_ids != c.token_ids  # another seed, another draw (fixed seeds: no chance)
     assert a.token_ids != greedy.token_ids  # temperature 5 is not greedy
@@ -53,14 +55,14 @@ def test_sampling_is_seeded_and_differs_from_greedy(qwen: ReuseRuntime) -> None:
 
 
 def test_stop_token_ends_generation(qwen: ReuseRuntime) -> None:
-    free = qwen.answer(_request(qwen, max_new_tokens=6))
+    free = answering.answer(qwen, _request(qwen, max_new_tokens=6))
     assert free.stop_reason == "length" and len(free.token_ids) == 6
     stop = free.token_ids[2]
-    qwen._stop_ids = [stop]
+    qwen.reuse.stop_ids = [stop]
     try:
-        stopped = qwen.answer(_request(qwen, max_new_tokens=6))
+        stopped = answering.answer(qwen, _request(qwen, max_new_tokens=6))
     finally:
-        qwen._stop_ids = qwen.adapter.stop_token_ids()
+        qwen.reuse.stop_ids = qwen.adapter.stop_token_ids()
     first = free.token_ids.index(stop)
     assert stopped.token_ids == free.token_ids[:first] and stopped.stop_reason == "stop"
 
@@ -76,7 +78,7 @@ def test_top_p_keeps_only_the_nucleus() -> None:
 def test_unknown_policy_is_a_clear_error(qwen: ReuseRuntime) -> None:
     request = _request(qwen, max_new_tokens=2)
     with pytest.raises(UnknownPolicyError, match="full_reuse"):
-        qwen.answer(AnswerRequest(request.prefix, request.pages, request.question,
+        answering.answer(qwen, AnswerRequest(request.prefix, request.pages, request.question,
                                   policy="no-such-policy"))
 
 
@@ -93,12 +95,12 @@ def test_bfloat16_answers_with_the_same_code(model_cache: Path) -> None:
     pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
     assert pages[0].keys.dtype == torch.bfloat16
     inputs = [PageInput("Page 1:\n", pages[0]), PageInput("Page 2:\n", pages[1])]
-    full = rt.answer(AnswerRequest("Be brief.", inputs, "What?", policy="full_prefill",
+    full = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?", policy="full_prefill",
                                    max_new_tokens=4))
-    fresh = rt.answer_full_prefill("Be brief.", [("Page 1:\n", IMAGES["a"]),
+    fresh = answering.answer_full_prefill(rt, "Be brief.", [("Page 1:\n", IMAGES["a"]),
                                                  ("Page 2:\n", IMAGES["b"])], "What?",
                                    max_new_tokens=4)
-    reuse = rt.answer(AnswerRequest("Be brief.", inputs, "What?", policy="full_reuse",
+    reuse = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?", policy="full_reuse",
                                     max_new_tokens=4))
     assert full.token_ids == fresh.token_ids and len(reuse.token_ids) > 0
 

@@ -17,6 +17,7 @@ from conduit_core.answer_state import AnswerState
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.passes.pooled_step import pooled_forward
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
+from lab import answering
 from lab.gpu.check_parts import one_layer
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
@@ -44,7 +45,7 @@ def _run(rt: ReuseRuntime, kvs: list[PageInput]) -> tuple[list[list[int]], list[
             if states[i] is None and join <= step and live < SLOTS:
                 request = AnswerRequest("Be brief.", [kvs[i % len(kvs)]], f"Question {i}?",
                                         policy="full_reuse", budget=0.0, max_new_tokens=n)
-                states[i] = rt.start_answer(request)
+                states[i] = answering.start_answer(rt, request)
         live_states = [s for s in states if s is not None and not s.done]
         sizes.append(len(live_states))
         rt.step(live_states)
@@ -61,7 +62,7 @@ def vlm(model_cache: Path) -> LoadedVLM:
 def _runtime(vlm: LoadedVLM, mode: str) -> ReuseRuntime:
     rt = ReuseRuntime(vlm, never_above_full=False, decode_slots=SLOTS,
                       decode_positions=SLOTS * CAPACITY, decode_compile=mode)
-    rt._stop_ids = []  # every answer runs to its own length
+    rt.reuse.stop_ids = []  # every answer runs to its own length
     return rt
 
 

@@ -14,6 +14,7 @@ import torch
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_state import AnswerState
 from conduit_core.kv.kv_pool import POSITION_STEP
+from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.core.test_batched_decode import Forced
@@ -27,7 +28,7 @@ SHAPES = [(["a"], "What is it?", 6), (["a", "b"], "Which page has the larger tab
 
 def _runtime(family: str, cache: Path, dtype: str | None = None, **pool: int) -> ReuseRuntime:
     rt = ReuseRuntime(load_builtin(family, cache, dtype=dtype), never_above_full=False, **pool)
-    rt._stop_ids = []  # each answer runs to its own length: the batch shrinks
+    rt.reuse.stop_ids = []  # each answer runs to its own length: the batch shrinks
     return rt
 
 
@@ -42,7 +43,7 @@ def _run(rt: ReuseRuntime, requests: list[AnswerRequest], forced: list[list[int]
          ) -> tuple[list[list[int]], list[list[torch.Tensor]], list[int]]:
     """All requests decoded together (with `forced`, each answer picks those tokens: teacher
     forcing): token ids, each pick's logits, pool size each step."""
-    states = [rt.start_answer(r) for r in requests]
+    states = [answering.start_answer(rt, r) for r in requests]
     for state, tokens in zip(states, forced or [], strict=False):
         state.decode.sampler = Forced(tokens)
     logits = [[s.decode.logits.clone()] for s in states]
@@ -91,7 +92,7 @@ def test_pooled_steps_agree_in_bfloat16_every_step(model_cache: Path) -> None:
 
 def test_slots_stay_contiguous_grow_and_hold_each_answers_keys(model_cache: Path) -> None:
     rt = _runtime("builtin:tiny-qwen2-vl", model_cache)
-    states: list[AnswerState] = [rt.start_answer(r) for r in _requests(rt)]
+    states: list[AnswerState] = [answering.start_answer(rt, r) for r in _requests(rt)]
     own = [s.decode.cache for s in states]
     n = [s.decode.n_keys for s in states]
     rt.step(states)  # each takes a slot at its first step (the pool doubles 1 -> 2 -> 4)
@@ -123,7 +124,7 @@ def test_a_step_that_leaves_a_slot_out_stays_exact(model_cache: Path) -> None:
     requests = _requests(rt)[:2]
     ref_ids, _, _ = _run(_runtime("builtin:tiny-qwen2-vl", model_cache, decode_positions=1),
                          requests[:1])
-    a, b = (rt.start_answer(r) for r in requests)
+    a, b = (answering.start_answer(rt, r) for r in requests)
     rt.step([a, b])
     assert rt.pool.size == 2
     while not a.done:
@@ -136,7 +137,7 @@ def test_an_answer_ended_by_its_owner_gives_its_slot_back(model_cache: Path) -> 
     """The engine ends a cancelled answer by setting `done`: the next step frees its slot
     (and `release` does at once)."""
     rt = _runtime("builtin:tiny-qwen2-vl", model_cache)
-    a, b = (rt.start_answer(r) for r in _requests(rt)[1:])
+    a, b = (answering.start_answer(rt, r) for r in _requests(rt)[1:])
     rt.step([a, b])
     a.decode.done = True
     rt.step([b])
@@ -145,7 +146,7 @@ def test_an_answer_ended_by_its_owner_gives_its_slot_back(model_cache: Path) -> 
 
 def test_a_pool_too_small_leaves_answers_on_their_own_caches(model_cache: Path) -> None:
     rt = _runtime("builtin:tiny-qwen2-vl", model_cache, decode_positions=POSITION_STEP)
-    states = [rt.start_answer(r) for r in _requests(rt)]
+    states = [answering.start_answer(rt, r) for r in _requests(rt)]
     rt.step(states)
     slotted = [s.decode.slot is not None for s in states]
     assert slotted == [s.kv_tokens <= POSITION_STEP for s in states] and not all(slotted)

@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
@@ -43,7 +44,7 @@ def test_reuse_pays_off_on_the_default_model(tmp_path: Path) -> None:
     assert min(kv.num_tokens for kv in kvs) >= 256
     pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
     question = "What is the total amount due, and who signed the contract?"
-    conduit = rt.answer(AnswerRequest(ANSWER_PREFIX, pages, question, max_new_tokens=2))
+    conduit = answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, question, max_new_tokens=2))
     assert not conduit.fallback and conduit.head_tokens > 0
     assert conduit.flops_ratio_lm < 0.35
     # with no earlier answer the estimate places the refreshed tokens evenly (CONDUIT's choice
@@ -54,10 +55,11 @@ def test_reuse_pays_off_on_the_default_model(tmp_path: Path) -> None:
     assert conduit.fill_flops_lm > 0
     own = conduit.flops_used_lm - conduit.fill_flops_lm
     assert conduit.predicted_flops_lm == pytest.approx(own, rel=0.10)
-    again = rt.answer(AnswerRequest(ANSWER_PREFIX, pages, "Which region grew fastest in 2021?",
+    again = answering.answer(rt,
+        AnswerRequest(ANSWER_PREFIX, pages, "Which region grew fastest in 2021?",
                                     max_new_tokens=2))
     assert again.fill_flops_lm == 0.0  # the head and labels are cached now
     assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=0.05)
-    reuse = rt.answer(AnswerRequest(ANSWER_PREFIX, pages, question, policy="full_reuse",
+    reuse = answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, question, policy="full_reuse",
                                     max_new_tokens=2))
     assert reuse.flops_ratio_lm < conduit.flops_ratio_lm

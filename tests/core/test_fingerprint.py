@@ -9,6 +9,7 @@ import pytest
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.errors import FingerprintMismatch
+from lab import answering
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
 
@@ -20,7 +21,7 @@ def test_page_from_another_model_is_refused(model_cache: Path) -> None:
     request = AnswerRequest("", [PageInput("", foreign)], "What?", policy="full_reuse",
                             max_new_tokens=2)
     with pytest.raises(FingerprintMismatch, match="tiny-qwen2.5-vl"):
-        qwen2.answer(request)
+        answering.answer(qwen2, request)
 
 
 def test_page_of_another_dtype_is_refused(model_cache: Path) -> None:
@@ -29,7 +30,7 @@ def test_page_of_another_dtype_is_refused(model_cache: Path) -> None:
     (page,) = bf16.prefill_pages([IMAGES["b"]])
     assert page.keys.dtype.is_floating_point and page.fingerprint.dtype == "bfloat16"
     with pytest.raises(FingerprintMismatch, match="bfloat16"):
-        f32.assemble("", [PageInput("", page)], "What?")
+        f32.reuse.assemble("", [PageInput("", page)], "What?")
 
 
 def test_page_of_another_template_or_revision_is_refused(model_cache: Path) -> None:
@@ -40,5 +41,5 @@ def test_page_of_another_template_or_revision_is_refused(model_cache: Path) -> N
         other = dataclasses.replace(page, fingerprint=dataclasses.replace(
             page.fingerprint, **{field: value}))
         with pytest.raises(FingerprintMismatch, match="cannot be reused"):
-            rt.assemble("", [PageInput("", other)], "What?")
-    rt.assemble("", [PageInput("", page)], "What?")  # its own page is accepted
+            rt.reuse.assemble("", [PageInput("", other)], "What?")
+    rt.reuse.assemble("", [PageInput("", page)], "What?")  # its own page is accepted

@@ -9,6 +9,7 @@ import torch
 
 from conduit_core import ReuseRuntime
 from conduit_core.decode import printable
+from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, reference_logits, until_stop
 from tests.device import atol, same_answer
@@ -22,8 +23,8 @@ PREFIX, QUESTION = "You answer questions about documents.", "What is the total a
 def test_full_prefill_logits_match_model_forward(name: str, attn: str, model_cache: Path) -> None:
     vlm = load_builtin(name, model_cache, attn=attn)
     rt = ReuseRuntime(vlm)
-    asm = rt.assemble_fresh(PREFIX, PAGES, QUESTION)
-    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))  # (N, vocab)
+    asm = answering.assemble_fresh(rt, PREFIX, PAGES, QUESTION)
+    logits = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))  # (N, vocab)
     ref = reference_logits(vlm, asm, [img for _, img in PAGES])
     assert logits.shape == ref.shape
     assert (logits - ref).abs().max().item() <= atol("logits")
@@ -33,8 +34,8 @@ def test_full_prefill_logits_match_model_forward(name: str, attn: str, model_cac
 def test_full_prefill_greedy_tokens_match_generate(name: str, model_cache: Path) -> None:
     vlm = load_builtin(name, model_cache)
     rt = ReuseRuntime(vlm)
-    result = rt.answer_full_prefill(PREFIX, PAGES, QUESTION, max_new_tokens=8)
-    asm = rt.assemble_fresh(PREFIX, PAGES, QUESTION)
+    result = answering.answer_full_prefill(rt, PREFIX, PAGES, QUESTION, max_new_tokens=8)
+    asm = answering.assemble_fresh(rt, PREFIX, PAGES, QUESTION)
     prepared = vlm.adapter.prepare_pages([img for _, img in PAGES])
     kwargs = vlm.adapter.reference_inputs(asm.layout.token_ids, prepared)
     gen = vlm.model.generate(**kwargs, max_new_tokens=8, do_sample=False)[0, asm.layout.n:]
@@ -65,8 +66,8 @@ def test_full_prefill_greedy_tokens_match_generate(name: str, model_cache: Path)
 def test_text_only_request(model_cache: Path) -> None:
     vlm = load_builtin("builtin:tiny-qwen2-vl", model_cache)
     rt = ReuseRuntime(vlm)
-    asm = rt.assemble_fresh(PREFIX, [], QUESTION)
-    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
+    asm = answering.assemble_fresh(rt, PREFIX, [], QUESTION)
+    logits = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))
     ids = asm.layout.token_ids.view(1, -1)
     with torch.no_grad():
         ref = vlm.model(input_ids=ids.to(logits.device)).logits[0]

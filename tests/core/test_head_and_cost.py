@@ -23,6 +23,7 @@ from conduit_core.model.loader import load_vlm
 from conduit_core.passes.prompt_head import HeadCache
 from conduit_core.policies import POLICIES, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from lab import answering
 from lab.refresh_probe import probe_refresh
 from tests.core.helpers import IMAGES, page_image
 from tests.device import TEST_DEVICE, TEST_DTYPE, same_answer, tol
@@ -38,9 +39,9 @@ def _inputs(rt: ReuseRuntime, images: list[Image.Image]) -> list[PageInput]:
 
 def test_head_rows_equal_full_prefill(runtime: ReuseRuntime) -> None:
     pages = [("[a p.1]", IMAGES["a"]), ("[b p.2]", IMAGES["b"])]
-    ref = runtime.assemble_fresh(PREFIX, pages, QUESTION)
-    runtime.prefill(ref, ref.layout.visual_rows())  # every row, plain causal
-    asm = runtime.assemble(PREFIX, _inputs(runtime, [IMAGES["a"], IMAGES["b"]]), QUESTION)
+    ref = answering.assemble_fresh(runtime, PREFIX, pages, QUESTION)
+    answering.prefill(runtime, ref, ref.layout.visual_rows())  # every row, plain causal
+    asm = runtime.reuse.assemble(PREFIX, _inputs(runtime, [IMAGES["a"], IMAGES["b"]]), QUESTION)
     head = asm.head
     assert head is not None and head.n == asm.layout.head > 0
     assert head.n < asm.layout.segments[0].start  # the first label is not part of it
@@ -58,7 +59,7 @@ def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> Non
     for policy in ("conduit", "full_prefill", "random", "cacheblend"):
         req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.3,
                             max_new_tokens=6)
-        a, b = with_head.answer(req), no_head.answer(req)
+        a, b = answering.answer(with_head, req), answering.answer(no_head, req)
         assert same_answer(a.token_ids, b.token_ids), policy
         assert a.head_tokens > 0 and b.head_tokens == 0
         assert a.fill_flops_lm > 0 or a.own_flops_lm == a.flops_used_lm, policy
@@ -66,9 +67,11 @@ def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> Non
         pa = probe_refresh(with_head, req, last_only=True).logits[-1]
         pb = probe_refresh(no_head, req, last_only=True).logits[-1]
         torch.testing.assert_close(pa, pb, **tol("logits"))
-    assert with_head.heads is not None and len(with_head.heads) == 1  # one prefix, one entry
-    with_head.answer(AnswerRequest("Another prefix.", inputs, QUESTION, max_new_tokens=1))
-    assert len(with_head.heads) == 2
+    # one prefix, one entry
+    assert with_head.reuse.heads is not None and len(with_head.reuse.heads) == 1
+    answering.answer(with_head, AnswerRequest("Another prefix.", inputs, QUESTION,
+                                              max_new_tokens=1))
+    assert len(with_head.reuse.heads) == 2
 
 
 def test_head_cache_is_bounded(runtime: ReuseRuntime) -> None:
@@ -123,7 +126,7 @@ def test_prediction_matches_measured(paged: tuple[ReuseRuntime, list[PageInput]]
     rt, inputs = paged
     assert inputs[0].kv.num_tokens >= 200
     for budget in (0.05, 0.1, 0.2):
-        result = rt.answer(AnswerRequest(PREFIX, inputs, QUESTION, policy=policy,
+        result = answering.answer(rt, AnswerRequest(PREFIX, inputs, QUESTION, policy=policy,
                                          budget=budget, max_new_tokens=1))
         predicted = result.fallback_flops_lm if result.fallback else result.predicted_flops_lm
         if policy in CAPPED and not result.fallback:  # the estimate of its cap: from above
@@ -146,11 +149,11 @@ def test_a_budget_per_question_is_predicted_from_earlier_answers(
     try:
         request = AnswerRequest(PREFIX, inputs, QUESTION, policy="test_mass_10", budget=0.3,
                                 max_new_tokens=1)
-        first = rt.answer(request)
+        first = answering.answer(rt, request)
         assert not first.fallback
         assert first.refreshed_visual_tokens < round(0.3 * first.visual_tokens)  # under it
         assert first.flops_used_lm < 0.95 * first.predicted_flops_lm  # predicted at the cap
-        again = rt.answer(request)
+        again = answering.answer(rt, request)
         assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=0.05)
     finally:
         POLICIES.pop("test_mass_10")
@@ -164,14 +167,14 @@ def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None
     long_question = " ".join([QUESTION] * 6)
     req = AnswerRequest(PREFIX, inputs, long_question, policy="conduit", budget=0.5,
                         max_new_tokens=4)
-    got = rt.answer(req)
+    got = answering.answer(rt, req)
     assert got.fallback and got.predicted_flops_lm > 0.8 * got.fallback_flops_lm
     assert got.refreshed_visual_tokens == got.visual_tokens
     assert got.own_flops_lm == pytest.approx(got.fallback_flops_lm)
     assert got.own_flops_lm < got.flops_full_lm
-    full = rt.answer(AnswerRequest(PREFIX, inputs, long_question, policy="full_prefill",
+    full = answering.answer(rt, AnswerRequest(PREFIX, inputs, long_question, policy="full_prefill",
                                    max_new_tokens=4))
     assert got.token_ids == full.token_ids and not full.fallback
-    own = ReuseRuntime(runtime.vlm, never_above_full=False).answer(req)
+    own = answering.answer(ReuseRuntime(runtime.vlm, never_above_full=False), req)
     assert not own.fallback and own.flops_used_lm > got.flops_used_lm
     assert own.refreshed_visual_tokens == round(0.5 * own.visual_tokens)

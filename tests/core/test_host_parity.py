@@ -109,10 +109,10 @@ def _assembled(rt: ReuseRuntime, n_pages: int) -> tuple[Assembly, list[Segment],
     names = ["[a.pdf p.1]", "[annual report 2025.pdf p.12]", "[b p.3]", "[c.pdf p.100]"]
     pages = [PageInput(names[i % len(names)] + " " * (i // len(names)), kvs[i % len(kvs)])
              for i in range(n_pages)]
-    asm = rt.assemble("Answer from the pages.", pages, "What is shown?", labels=False)
+    asm = rt.reuse.assemble("Answer from the pages.", pages, "What is shown?", labels=False)
     assert asm.head is not None and asm.labels_pending
     pending = _pending(asm, None)
-    labels = [fetch(rt.labels, rt.adapter, rt.costs, "", asm.head, ids)[0]  # type: ignore[arg-type]
+    labels = [fetch(rt.reuse.labels, rt.adapter, rt.reuse.costs, "", asm.head, ids)[0]  # type: ignore[arg-type]
               for _, ids in pending]
     return asm, [span for span, _ in pending], labels
 

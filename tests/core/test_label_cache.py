@@ -26,6 +26,7 @@ from conduit_core.label_cache import LabelCache
 from conduit_core.passes.refresh_pass import refresh_rows
 from conduit_core.policies import POLICIES, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext
+from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.core.helpers import IMAGES
 from tests.device import tol
@@ -49,9 +50,9 @@ def labelled(runtime: ReuseRuntime) -> ReuseRuntime:
 
 def test_first_label_equals_full_prefill_rows(labelled: ReuseRuntime) -> None:
     pages = list(zip(LABELS, [IMAGES["a"], IMAGES["b"], IMAGES["c"]], strict=True))
-    ref = labelled.assemble_fresh(PREFIX, pages, QUESTION)
-    labelled.prefill(ref, ref.layout.visual_rows())  # every row, plain causal
-    asm = labelled.assemble(PREFIX, _pages(labelled), QUESTION)
+    ref = answering.assemble_fresh(labelled, PREFIX, pages, QUESTION)
+    answering.prefill(labelled, ref, ref.layout.visual_rows())  # every row, plain causal
+    asm = labelled.reuse.assemble(PREFIX, _pages(labelled), QUESTION)
     assert asm.layout.stale_labels and len(asm.layout.labels) == 3
     first = asm.layout.labels[0]
     assert first.start == asm.layout.head  # right after the head: its exact context
@@ -75,7 +76,7 @@ def test_every_page_refreshed_equals_full_prefill(labelled: ReuseRuntime) -> Non
         got = probe_refresh(rt, req, last_only=True)
         torch.testing.assert_close(got.logits[-1], ref.logits[-1], **tol("logits"))
         labels = torch.cat([torch.arange(s.start, s.stop) for s in
-                            rt.assemble(PREFIX, pages, QUESTION).layout.labels])
+                            rt.reuse.assemble(PREFIX, pages, QUESTION).layout.labels])
         assert bool(torch.isin(labels, got.computed_rows).all()), policy
 
 
@@ -84,10 +85,10 @@ def test_partial_budget_keeps_labels_stale(runtime: ReuseRuntime,
     plain = ReuseRuntime(runtime.vlm, label_cache=False, never_above_full=False)
     pages = _pages(labelled)
     req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1)
-    labelled.answer(req)  # the labels are in the cache from here on
+    answering.answer(labelled, req)  # the labels are in the cache from here on
     with_labels = probe_refresh(labelled, req, last_only=True)
     as_text = probe_refresh(plain, req, last_only=True)
-    layout = labelled.assemble(PREFIX, pages, QUESTION).layout
+    layout = labelled.reuse.assemble(PREFIX, pages, QUESTION).layout
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels])
     assert not bool(torch.isin(label_rows, with_labels.rows).any())  # in neither pass
     assert bool(torch.isin(label_rows, as_text.rows).all())
@@ -97,7 +98,7 @@ def test_partial_budget_keeps_labels_stale(runtime: ReuseRuntime,
 
 
 def test_label_refreshed_with_its_whole_page(labelled: ReuseRuntime) -> None:
-    layout = labelled.assemble(PREFIX, _pages(labelled), QUESTION).layout
+    layout = labelled.reuse.assemble(PREFIX, _pages(labelled), QUESTION).layout
     second = layout.segments[1]
     whole = torch.arange(second.start, second.stop)
     assert layout.refreshed_label_rows(whole).tolist() == list(
@@ -118,7 +119,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     rt = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
     page_only = ReuseRuntime(runtime.vlm, label_refresh="page", never_above_full=False)
     pages = _pages(rt)
-    layout = rt.assemble(PREFIX, pages, QUESTION).layout
+    layout = rt.reuse.assemble(PREFIX, pages, QUESTION).layout
     first = layout.labels[0]
     assert first.start == layout.head
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
@@ -128,8 +129,8 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     for policy in ("conduit", "full_reuse"):
         req = AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=0.1,
                             max_new_tokens=2)
-        rt.answer(req)  # the labels are in the cache from here on
-        page_only.answer(req)
+        answering.answer(rt, req)  # the labels are in the cache from here on
+        answering.answer(page_only, req)
         fresh, stale = probe_refresh(rt, req, last_only=True), probe_refresh(page_only, req,
                                                                             last_only=True)
         assert bool(torch.isin(label_rows, fresh.rows).all())
@@ -137,7 +138,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
         assert not bool(torch.isin(label_rows, stale.rows).any())
         assert torch.equal(fresh.visual_rows, stale.visual_rows)  # the same choice
         assert fresh.refresh_flops > stale.refresh_flops
-        result = rt.answer(req)
+        result = answering.answer(rt, req)
         assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
     with pytest.raises(ValueError, match="label_refresh"):
         ReuseRuntime(runtime.vlm, label_refresh="sometimes")
@@ -155,22 +156,22 @@ def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_refresh="budget", never_above_full=False)
     always = ReuseRuntime(runtime.vlm, label_refresh="always", never_above_full=False)
     pages = _pages(rt)
-    layout = rt.assemble(PREFIX, pages, QUESTION).layout
+    layout = rt.reuse.assemble(PREFIX, pages, QUESTION).layout
     n_labels = sum(s.length for s in layout.labels[1:])  # the first is exact as cached
     n_visual = int(layout.visual_rows().numel())
     assert layout.budget_label_rows() == n_labels > 0
-    assert always.assemble(PREFIX, pages, QUESTION).layout.budget_label_rows() == 0
+    assert always.reuse.assemble(PREFIX, pages, QUESTION).layout.budget_label_rows() == 0
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
     req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.5,
                         max_new_tokens=2)
-    rt.answer(req)  # the labels are in the cache from here on
+    answering.answer(rt, req)  # the labels are in the cache from here on
     got, full_share = probe_refresh(rt, req, last_only=True), probe_refresh(always, req,
                                                                             last_only=True)
     assert bool(torch.isin(label_rows, got.rows).all())
     assert got.visual_rows.numel() == round(0.5 * (n_visual + n_labels)) - n_labels
     assert full_share.visual_rows.numel() == round(0.5 * n_visual)
     assert got.refresh_flops < full_share.refresh_flops
-    result = rt.answer(req)
+    result = answering.answer(rt, req)
     assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
     small = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.01)
     assert probe_refresh(rt, small, last_only=True).visual_rows.numel() == 0  # not below 0
@@ -185,17 +186,18 @@ def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
 def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True, label_refresh="page",
                       never_above_full=False)
-    assert rt.labels is not None
+    assert rt.reuse.labels is not None
     pages = _pages(rt)
 
     def ask(policy: str, budget: float = 0.1) -> AnswerResult:
-        return rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=budget,
+        return answering.answer(rt,
+            AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=budget,
                                        max_new_tokens=2))
 
     whole = ask("full_prefill")  # every page recomputed whole: no label is computed for it
-    assert len(rt.labels) == 0
+    assert len(rt.reuse.labels) == 0
     random = ask("random")  # a choice made before any pass: the misses predicted exactly
-    assert len(rt.labels) == 3
+    assert len(rt.reuse.labels) == 3
     assert random.fill_flops_lm > 0  # the misses, charged but not predicted: a path never
     # depends on which caches are warm
     assert random.predicted_flops_lm == pytest.approx(random.own_flops_lm, rel=1e-9)
@@ -203,7 +205,7 @@ def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
     assert again.fill_flops_lm == 0.0  # the misses were charged once
     assert random.own_flops_lm == again.flops_used_lm
     assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=1e-9)
-    rt.labels.clear()
+    rt.reuse.labels.clear()
     first, second = ask("conduit"), ask("conduit")
     assert first.flops_used_lm > second.flops_used_lm == first.own_flops_lm
     for result in (first, second):
@@ -213,10 +215,10 @@ def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
 
 def test_label_cache_is_bounded_and_needs_the_head(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True)
-    assert rt.labels is not None
-    rt.labels = LabelCache(max_entries=2)
-    rt.assemble(PREFIX, _pages(rt), QUESTION)
-    assert len(rt.labels) == 2  # three labels, the least recently used went
+    assert rt.reuse.labels is not None
+    rt.reuse.labels = LabelCache(max_entries=2)
+    rt.reuse.assemble(PREFIX, _pages(rt), QUESTION)
+    assert len(rt.reuse.labels) == 2  # three labels, the least recently used went
     with pytest.raises(ValueError):
         LabelCache(max_entries=0)
     with pytest.raises(ValueError):
@@ -226,21 +228,21 @@ def test_label_cache_is_bounded_and_needs_the_head(runtime: ReuseRuntime) -> Non
 def test_warmed_labels_are_charged_to_no_answer(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
     pages = _pages(rt)
-    assert rt.warm_labels(PREFIX, pages) > 0  # three labels computed, nothing assembled
-    assert rt.labels is not None and len(rt.labels) == 3
-    assert rt.warm_labels(PREFIX, pages) == 0.0
+    assert answering.warm_labels(rt, PREFIX, pages) > 0  # three labels computed, nothing assembled
+    assert rt.reuse.labels is not None and len(rt.reuse.labels) == 3
+    assert answering.warm_labels(rt, PREFIX, pages) == 0.0
     req = AnswerRequest(PREFIX, pages, QUESTION, policy="random", budget=0.1, max_new_tokens=2)
-    first, second = rt.answer(req), rt.answer(req)
+    first, second = answering.answer(rt, req), answering.answer(rt, req)
     assert first.flops_used_lm == second.flops_used_lm  # the first paid for no label
 
 
 def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, label_cache=True, never_above_full=False)
-    assert rt.labels is not None
+    assert rt.reuse.labels is not None
     pages = _pages(rt)
-    ref = rt.assemble(PREFIX, pages, QUESTION)  # labels loaded; kept alive: its memory is not
+    ref = rt.reuse.assemble(PREFIX, pages, QUESTION)  # labels loaded; kept alive: its memory is not
     spans = ref.layout.labels  # handed to the answer's cache
-    rt.labels.clear()  # the answer computes them (charged, and predicted)
+    rt.reuse.labels.clear()  # the answer computes them (charged, and predicted)
     conduit = get_policy("conduit")
     seen: list[torch.Tensor] = []
 
@@ -252,7 +254,8 @@ def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime)
     assert getattr(conduit, "cost_profile", None) is not None
     register_policy("profileless", profileless)
     try:
-        got, again = (rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
+        got, again = (answering.answer(rt,
+            AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
                                               budget=0.1, max_new_tokens=4)) for _ in range(2))
     finally:
         POLICIES.pop("profileless")
@@ -262,6 +265,6 @@ def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime)
     assert got.own_flops_lm == again.flops_used_lm
     for result in (got, again):
         assert result.predicted_flops_lm == pytest.approx(result.own_flops_lm, rel=1e-9)
-    plain = rt.answer(AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1,
-                                    max_new_tokens=4))
+    plain = answering.answer(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+                                               budget=0.1, max_new_tokens=4))
     assert got.token_ids == plain.token_ids

@@ -13,6 +13,7 @@ from transformers import InternVLConfig, InternVLForConditionalGeneration
 from conduit_core import ReuseRuntime, load_vlm
 from conduit_core.errors import UnsupportedModelError
 from conduit_core.model.builtin_models import tiny_internvl
+from lab import answering
 from tests.core.helpers import IMAGES, reference_logits
 
 
@@ -35,8 +36,8 @@ def test_qwen3_language_model_full_prefill_is_exact(tmp_path: Path) -> None:
     assert vlm.adapter.layers[0].self_attn.q_norm is not None
     rt = ReuseRuntime(vlm)
     pages = [("Page 1:\n", IMAGES["a"]), ("Page 2:\n", IMAGES["b"])]
-    asm = rt.assemble_fresh("Be brief.", pages, "What is the total?")
-    logits = rt.logits(rt.prefill(asm, asm.layout.visual_rows()))
+    asm = answering.assemble_fresh(rt, "Be brief.", pages, "What is the total?")
+    logits = rt.reuse.logits(answering.prefill(rt, asm, asm.layout.visual_rows()))
     ref = reference_logits(vlm, asm, [img for _, img in pages])
     assert (logits - ref).abs().max().item() <= 1e-4
 

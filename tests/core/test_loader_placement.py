@@ -18,6 +18,7 @@ from conduit_core.model.adapters.base import SUPPORTED_ATTENTION
 from conduit_core.model.loader import load_vlm
 from conduit_core.passes.layer_forward import forward_rows
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from tests.core.conftest import load_builtin
 from tests.device import TEST_DEVICE
 
@@ -37,7 +38,7 @@ def test_a_model_switched_to_another_attention_is_refused(model_cache: Path) -> 
     with pytest.raises(UnsupportedModelError, match="flex_attention"):
         type(vlm.adapter)(model, vlm.processor, vlm.tokenizer, vlm.adapter.max_image_tokens)
     rt = ReuseRuntime(vlm)  # and a switch after the adapter was built: refused at run time
-    asm = rt.assemble_fresh("", [], "What?")
+    asm = answering.assemble_fresh(rt, "", [], "What?")
     vlm.model.config._attn_implementation = "flex_attention"
     try:
         with pytest.raises(UnsupportedModelError, match="flex_attention"):

@@ -48,17 +48,17 @@ def test_reuse_in_the_same_layout_gives_the_models_logits(name: str, blocked: bo
     inputs = [PageInput(label, kv) for label, kv in zip(LABELS, cut, strict=True)]
     for fraction in FRACTIONS:
         for scored in (False, True):  # with a scoring pass, the prefix rows come from it
-            asm = rt.assemble(PREFIX, inputs, QUESTION)
+            asm = rt.reuse.assemble(PREFIX, inputs, QUESTION)
             assert torch.equal(asm.layout.token_ids, fresh.layout.token_ids)
             visual = _subset(asm.layout.visual_rows(), fraction, seed=int(fraction * 10))
             with layer_forward.blocked_rows(blocked):
                 if scored:
-                    rt.scoring(asm)
-                hidden, computed = rt.refresh(asm, visual)
+                    rt.reuse.scoring(asm)
+                hidden, computed = rt.reuse.refresh(asm, visual)
             rows = torch.cat([asm.layout.text_rows(), visual]).unique()  # (R,)
             if scored and fraction:
                 assert computed.numel() < rows.numel()  # the prefix rows were reused
-            got = rt.logits(hidden)  # (R, vocab)
+            got = rt.reuse.logits(hidden)  # (R, vocab)
             err = float((got - ref[rows]).abs().max())
             assert err <= atol("logits"), (fraction, scored, err)
 
@@ -73,14 +73,14 @@ def test_stale_pages_approach_full_prefill_as_the_budget_grows(name: str,
                                                         strict=True)]
     errors = []
     for fraction in (*FRACTIONS, 1.0):
-        asm = rt.assemble(PREFIX, inputs, QUESTION)
+        asm = rt.reuse.assemble(PREFIX, inputs, QUESTION)
         visual = asm.layout.visual_rows()
         # nested subsets: the first rows of one random order, so more budget adds rows
         order = torch.randperm(visual.numel(), generator=torch.Generator().manual_seed(0))
         chosen = visual[order[:round(fraction * visual.numel())].sort().values]
-        hidden, _ = rt.refresh(asm, chosen)
+        hidden, _ = rt.reuse.refresh(asm, chosen)
         rows = torch.cat([asm.layout.text_rows(), chosen]).unique()
-        errors.append(float((rt.logits(hidden)[-1] - ref[rows[-1]]).abs().max()))
+        errors.append(float((rt.reuse.logits(hidden)[-1] - ref[rows[-1]]).abs().max()))
     assert errors[0] > 1e-4  # a new prefix makes the pages measurably stale
     assert errors[-1] <= atol("logits")  # everything refreshed: the full prefill
     assert errors[0] > errors[1] > errors[2] > errors[3], errors

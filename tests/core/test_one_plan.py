@@ -12,20 +12,23 @@ half of each answer agrees with its charged LM FLOPs within 1%, on cold and warm
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
+from conduit_core.cost.cost_model import RowCosts
 from conduit_core.model.flops import SCORE_PAIR_FLOPS, LMShape
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
-from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from storage.kv.codec import decode_page, encode_page
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
@@ -63,7 +66,7 @@ def _request(pages: dict[str, PageKV], scope: tuple[str, ...], policy: str,
 
 def _run(rt: ReuseRuntime, pages: dict[str, PageKV],
          grid: list[tuple[tuple[str, ...], str, float]]) -> dict[tuple, AnswerResult]:
-    return {cell: rt.answer(_request(pages, *cell)) for cell in grid}
+    return {cell: answering.answer(rt, _request(pages, *cell)) for cell in grid}
 
 
 def test_answers_and_charges_do_not_depend_on_what_ran_before(
@@ -98,63 +101,63 @@ def _cpu_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 _cpu_sdpa._get_raw = True  # type: ignore[attr-defined]  # torch's counter: raw arguments
 
 
-class ScoringTerms(ReuseRuntime):
-    """A runtime that adds up the scoring pass's element-wise terms (softmax, the
+class ScoringTerms:
+    """A `PassObserver` that adds up the scoring pass's element-wise terms (softmax, the
     norm-weighted reduction, value norms: `conduit_core.model.flops.scoring_flops` less its
-    QK^T), which a matmul counter cannot see."""
+    QK^T), which a matmul counter cannot see, after each scoring pass of `runtime`."""
 
-    extra = 0.0
+    def __init__(self, runtime: ReuseRuntime) -> None:
+        self.shape: LMShape = runtime.reuse.flops.lm
+        self.n_layers = len(runtime.adapter.layers)
+        self.extra = 0.0
 
-    def scoring(self, assembly: Assembly,
-                config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
-        config = config or ScoreConfig()
-        layout, n_layers = assembly.layout, len(self.adapter.layers)
-        scored = len(range(n_layers)[config.layer_slice(n_layers)])
+    @contextmanager
+    def phase(self, name: Phase, assembly: Assembly) -> Iterator[None]:
+        yield
+        if name != "scoring":
+            return
+        assert assembly.stale is not None
+        config, layout, shape = assembly.stale.config, assembly.layout, self.shape
+        scored = len(range(self.n_layers)[config.layer_slice(self.n_layers)])
         rows = int(config.scored_rows(int(layout.question_rows().numel()),
                                       layout.prompt).numel())
-        shape: LMShape = self.flops.lm
         self.extra += scored * (rows * layout.n * shape.heads * SCORE_PAIR_FLOPS
                                 + 2 * shape.kv_heads * shape.head_dim * layout.n)
-        return super().scoring(assembly, config)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_flop_counter_agrees_with_the_charge(vlm: LoadedVLM, pages: dict[str, PageKV],
                                                warm: bool) -> None:
-    shape: LMShape = ReuseRuntime(vlm).flops.lm
+    shape: LMShape = ReuseRuntime(vlm).reuse.flops.lm
     vocab = int(vlm.model.config.get_text_config().vocab_size)
     logits_row = 2 * shape.hidden * vocab  # the first token's logits: not prefill work
     for scope, policy, budget in GRID:
-        rt = ScoringTerms(vlm)
+        rt = ReuseRuntime(vlm)
+        terms = ScoringTerms(rt)
         request = _request(pages, scope, policy, budget)
         if warm:
-            rt.answer(request)
-        rt.extra = 0.0
+            answering.answer(rt, request)
         counter = FlopCounterMode(display=False, custom_mapping={
             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
-        with counter:
-            state = rt.start_answer(request)
-        result = rt.finish(state)
-        counted = counter.get_total_flops() - logits_row + rt.extra
+        with counter, answering.observing(rt, terms):
+            state = answering.start_answer(rt, request)
+        result = answering.finish(rt, state)
+        counted = counter.get_total_flops() - logits_row + terms.extra
         assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (scope, policy, budget)
         assert (result.fill_flops_lm == 0.0) == warm, (scope, policy, budget)
 
 
-def test_the_counter_sees_an_uncharged_pass(vlm: LoadedVLM, pages: dict[str, PageKV]) -> None:
+def test_the_counter_sees_an_uncharged_pass(vlm: LoadedVLM, pages: dict[str, PageKV],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The check above fails when a pass goes uncharged: the scoring pass's charge dropped."""
-
-    class Uncharged(ScoringTerms):
-        def scoring(self, assembly: Assembly,
-                    config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
-            return super().scoring(assembly, config)[0], 0.0
-
-    rt = Uncharged(vlm)
+    monkeypatch.setattr(RowCosts, "scoring", lambda *args, **kwargs: 0.0)
+    rt = ReuseRuntime(vlm)
     request = _request(pages, ("c", "a", "b"), "conduit", 0.1)
-    rt.answer(request)
+    answering.answer(rt, request)
     counter = FlopCounterMode(display=False, custom_mapping={
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
     with counter:
-        state = rt.start_answer(request)
-    result = rt.finish(state)
+        state = answering.start_answer(rt, request)
+    result = answering.finish(rt, state)
     assert not result.fallback
     assert counter.get_total_flops() > 1.05 * result.flops_used_lm

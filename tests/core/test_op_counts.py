@@ -9,10 +9,11 @@ path (`lab.ttft.op_count.accelerator_path`: one sdpa call a layer for a masked r
 pages joined in one buffer, re-rotation in an accelerator's steps). Counted at 2, 8 and 32
 pages, for CONDUIT at 10% (the registry's default `conduit_per_page`, and the paper's
 `conduit`) and for a full prefill from the cached page embeddings (policy `full_prefill`):
-* the whole prefill half (`ReuseRuntime.start_answer`: layout, page and label loads, plan,
+* the whole prefill half (`lab.answering.start_answer`: layout, page and label loads, plan,
   scoring pass, selection, refresh, first-token logits) stays within 10% across the page
   counts, and CONDUIT's is at most `RATIO_BOUND` times full prefill's;
-* the passes alone (scoring pass, refresh, logits: `PassCounting.passes`) do too;
+* the passes alone (scoring pass, refresh, logits: `PhaseCounting.passes`, counted through
+  the runtime's observer) do too;
 * the page load (`load_pages`) issues the same operations at every page count (one join a
   tensor kind, one copy, one re-rotation), so a loop over pages there shows at once;
 * the CPU's own page load (each page turned in place, `PAGE_BY_PAGE`: fewer memory passes
@@ -50,7 +51,7 @@ def counted() -> Counts:
             for pages in PAGES:
                 count = count_prefill(rt, kvs[:pages], policy)
                 rows["whole"].append(count.ops.total / NARROW_LAYERS)
-                rows["load"].append(count.ops.within["load_pages"] / NARROW_LAYERS)
+                rows["load"].append(count.load / NARROW_LAYERS)
                 rows["passes"].append(count.passes / NARROW_LAYERS)
                 rows["cpu_load"].append(count.cpu_load / NARROW_LAYERS)
             out[policy] = rows

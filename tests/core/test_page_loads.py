@@ -38,7 +38,7 @@ def _page_rows(asm: Assembly, cache: KVCache, embeds: torch.Tensor
 
 def _assemble(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
     """The page rows of the runtime's own assembly (its load path on this device)."""
-    asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+    asm = rt.reuse.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
                       QUESTION)
     return _page_rows(asm, asm.cache, asm.embeds)
 
@@ -46,7 +46,7 @@ def _assemble(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
 def _per_page(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
     """The reference: the same layout's page rows filled page by page (int8 pages dequantised
     on the host first), a blocking copy per tensor and `rerotate` per page and layer."""
-    asm = rt.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+    asm = rt.reuse.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
                       QUESTION)
     layout, dev = asm.layout, rt.adapter.device
     cache = KVCache.allocate(rt.adapter, 1, layout.n)
@@ -97,7 +97,8 @@ def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
 
 def _staged(runtime: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
     """The page rows of a cache filled by the accelerator's load path, run on any device."""
-    asm = runtime.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
+    asm = runtime.reuse.assemble(
+        PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
                            QUESTION)
     cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
     embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)

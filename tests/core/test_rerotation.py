@@ -20,6 +20,7 @@ from conduit_core.errors import UnsupportedModelError
 from conduit_core.model.adapters.base import check_rope
 from conduit_core.prompt.layout import page_context
 from conduit_core.prompt.rotation import rerotate_into, shift_cos_sin
+from lab import answering
 from tests.core.conftest import MROPE, load_builtin
 from tests.core.helpers import (
     IMAGES,
@@ -42,7 +43,7 @@ def _canonical_inputs(rt: ReuseRuntime, page: PageKV, image: Image.Image
 
 def _check(rt: ReuseRuntime, prefix: str, pages: list[tuple[str, PageKV]],
            sources: list[tuple[tuple[torch.Tensor, ...], slice]]) -> list[int]:
-    asm = rt.assemble(prefix, [PageInput(lab, kv) for lab, kv in pages], QUESTION)
+    asm = rt.reuse.assemble(prefix, [PageInput(lab, kv) for lab, kv in pages], QUESTION)
     deltas = []
     for seg, (_, kv), (layer_inputs, rows) in zip(asm.layout.segments, pages, sources,
                                                   strict=True):
@@ -64,7 +65,7 @@ def test_rerotation_under_prefix_with_image_and_permutation(runtime: ReuseRuntim
     # page b follows an image (page a): under M-RoPE its shift is not a token count
     deltas = _check(runtime, prefix, [("Page 1:\n", a), ("Page 2:\n", b)], [src_a, src_b])
     assert all(d > 0 for d in deltas)  # moved to larger positions
-    asm = runtime.assemble(prefix, [PageInput("Page 1:\n", a), PageInput("Page 2:\n", b)],
+    asm = runtime.reuse.assemble(prefix, [PageInput("Page 1:\n", a), PageInput("Page 2:\n", b)],
                            QUESTION)
     seg_b = asm.layout.segments[1]
     token_delta = seg_b.start - page_context(runtime.adapter, b.token_ids,
@@ -81,8 +82,9 @@ def test_rerotation_to_smaller_positions(runtime: ReuseRuntime) -> None:
     prefix = ("Read the pages below carefully. They come from a scanned report; the table on "
               "page two shows the sales by region for every quarter of the year.")
     pages = [("First page:\n", IMAGES["b"]), ("Second page:\n", IMAGES["c"])]
-    asm = runtime.assemble_fresh(prefix, pages, QUESTION)
-    runtime.prefill(asm, asm.layout.visual_rows())  # full prefill: exact K/V at large positions
+    asm = answering.assemble_fresh(runtime, prefix, pages, QUESTION)
+    # full prefill: exact K/V at large positions
+    answering.prefill(runtime, asm, asm.layout.visual_rows())
     late = page_from_assembly(runtime, asm, 1)  # page c as it sits late in that layout
     layer_inputs = reference_hidden_states(runtime.vlm, asm.layout.token_ids,
                                            [img for _, img in pages])

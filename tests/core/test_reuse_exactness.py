@@ -8,6 +8,7 @@ import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.policies import get_policy
+from lab import answering
 from lab.diagnostics import kv_error, reuse_kv_error
 from tests.core.helpers import IMAGES, full_logits
 from tests.device import atol, same_answer
@@ -19,11 +20,11 @@ def test_refreshing_every_token_equals_full_prefill(runtime: ReuseRuntime) -> No
     pages_kv = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     prefix = "You answer questions about the invoice."
     labels = ["Page 3:\n", "Page 7 shows the table:\n"]
-    asm = runtime.assemble(prefix, [PageInput(lab, kv) for lab, kv in zip(labels, pages_kv,
+    asm = runtime.reuse.assemble(prefix, [PageInput(lab, kv) for lab, kv in zip(labels, pages_kv,
                                                                           strict=True)],
                            QUESTION)
-    hidden = runtime.prefill(asm, asm.layout.visual_rows())
-    logits = runtime.logits(hidden)
+    hidden = answering.prefill(runtime, asm, asm.layout.visual_rows())
+    logits = runtime.reuse.logits(hidden)
     ref_asm, ref = full_logits(runtime, prefix, list(zip(labels, [IMAGES["a"], IMAGES["b"]],
                                                          strict=True)), QUESTION)
     assert torch.equal(asm.layout.token_ids, ref_asm.layout.token_ids)
@@ -35,9 +36,10 @@ def test_refreshing_every_token_equals_full_prefill(runtime: ReuseRuntime) -> No
 
 def test_reuse_in_the_prefill_context_equals_full_prefill(runtime: ReuseRuntime) -> None:
     (page,) = runtime.prefill_pages([IMAGES["c"]])
-    asm = runtime.assemble("", [PageInput("", page)], QUESTION)  # head == canonical opening
-    hidden = runtime.prefill(asm, get_policy("full_reuse")(runtime.policy_context(asm, 0.0)))
-    logits = runtime.logits(hidden)[-1]
+    asm = runtime.reuse.assemble("", [PageInput("", page)], QUESTION)  # head == canonical opening
+    hidden = answering.prefill(
+        runtime, asm, get_policy("full_reuse")(runtime.reuse.policy_context(asm, 0.0)))
+    logits = runtime.reuse.logits(hidden)[-1]
     ref_asm, ref = full_logits(runtime, "", [("", IMAGES["c"])], QUESTION)
     assert (logits - ref[-1]).abs().max().item() <= atol("logits")
     seg = asm.layout.segments[0]
@@ -51,8 +53,9 @@ def test_reuse_under_changed_prefix_is_finite_and_reports_kv_error(runtime: Reus
     pages_kv = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     prefix = "Answer briefly. The document is a quarterly report of the company."
     inputs = [PageInput("Page 1:\n", pages_kv[0]), PageInput("Page 2:\n", pages_kv[1])]
-    asm = runtime.assemble(prefix, inputs, QUESTION)
-    logits = runtime.logits(runtime.prefill(asm, torch.zeros(0, dtype=torch.long)))[-1]
+    asm = runtime.reuse.assemble(prefix, inputs, QUESTION)
+    logits = runtime.reuse.logits(
+        answering.prefill(runtime, asm, torch.zeros(0, dtype=torch.long)))[-1]
     ref_asm, ref = full_logits(runtime, prefix, [("Page 1:\n", IMAGES["a"]),
                                                  ("Page 2:\n", IMAGES["b"])], QUESTION)
     assert torch.isfinite(logits).all()
@@ -79,15 +82,15 @@ def test_reuse_under_changed_prefix_is_finite_and_reports_kv_error(runtime: Reus
 def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> None:
     pages_kv = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     inputs = [PageInput("Page 1:\n", pages_kv[0]), PageInput("Page 2:\n", pages_kv[1])]
-    full = runtime.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_prefill",
-                                        max_new_tokens=5))
-    fresh = runtime.answer_full_prefill("Be brief.", [("Page 1:\n", IMAGES["a"]),
-                                                      ("Page 2:\n", IMAGES["b"])], QUESTION,
-                                        max_new_tokens=5)
+    full = answering.answer(runtime, AnswerRequest("Be brief.", inputs, QUESTION,
+                                                   policy="full_prefill", max_new_tokens=5))
+    fresh = answering.answer_full_prefill(runtime, "Be brief.", [("Page 1:\n", IMAGES["a"]),
+                                                                 ("Page 2:\n", IMAGES["b"])],
+                                          QUESTION, max_new_tokens=5)
     assert same_answer(full.token_ids, fresh.token_ids)
     assert full.refreshed_visual_tokens == full.visual_tokens > 0
-    reuse = runtime.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_reuse",
-                                         max_new_tokens=5))
+    reuse = answering.answer(runtime, AnswerRequest("Be brief.", inputs, QUESTION,
+                                                    policy="full_reuse", max_new_tokens=5))
     assert reuse.refreshed_visual_tokens == 0 and reuse.visual_tokens == full.visual_tokens
     assert reuse.flops_used < full.flops_used < full.flops_full  # neither runs the tower
     # the head (template opening + prefix) comes from the head cache: computed and charged
@@ -97,8 +100,8 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     assert full.own_flops_lm < full.flops_full_lm
     assert 0 < reuse.flops_ratio_lm < 1
     no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False)
-    plain = no_head.answer(AnswerRequest("Be brief.", inputs, QUESTION, policy="full_prefill",
-                                         max_new_tokens=5))
+    plain = answering.answer(no_head, AnswerRequest("Be brief.", inputs, QUESTION,
+                                                    policy="full_prefill", max_new_tokens=5))
     assert same_answer(plain.token_ids, fresh.token_ids) and plain.head_tokens == 0
     assert plain.flops_ratio_lm == pytest.approx(1.0)
 

@@ -43,8 +43,8 @@ def test_scores_match_the_models_own_attention_and_values(name: str,
     vlm = load_builtin(name, model_cache, attn="eager")
     rt = ReuseRuntime(vlm)
     (page,) = rt.prefill_pages([IMAGES["a"]])
-    asm = rt.assemble("", [PageInput("", page)], QUESTION)
-    scores, flops = rt.scoring(asm)
+    asm = rt.reuse.assemble("", [PageInput("", page)], QUESTION)
+    scores, flops = rt.reuse.scoring(asm)
     layout = asm.layout
     n_layers, heads = len(vlm.adapter.layers), vlm.adapter.text_config.num_attention_heads
     q_rows = layout.question_rows()
@@ -65,7 +65,7 @@ def test_scores_match_the_models_own_attention_and_values(name: str,
     torch.testing.assert_close(scores.weighted, by_hand.float(), **tol("scores"))
     torch.testing.assert_close(scores.attention, ref_probs.mean(dim=(0, 1, 2)).float(),
                                **tol("scores"))
-    kept = _scoring(rt, rt.assemble("", [PageInput("", page)], QUESTION), ScoreConfig(),
+    kept = _scoring(rt, rt.reuse.assemble("", [PageInput("", page)], QUESTION), ScoreConfig(),
                     keep_probs=True)
     assert kept.probs is not None and kept.probs.shape == ref_probs.shape
     assert (kept.probs - ref_probs).abs().max().item() <= atol("keys")
@@ -87,7 +87,7 @@ def test_layer_by_layer_reduction_equals_the_all_layers_reference(
     rt = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache))
     pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
     inputs = [PageInput("Page 1:", pages[0]), PageInput("Page 2:", pages[1])]
-    asm = rt.assemble("New prefix.", inputs, QUESTION)
+    asm = rt.reuse.assemble("New prefix.", inputs, QUESTION)
     full = _scoring(rt, asm, ScoreConfig(), keep_probs=True)
     probs = full.probs  # (L, H, Q, N)
     assert probs is not None
@@ -97,7 +97,7 @@ def test_layer_by_layer_reduction_equals_the_all_layers_reference(
     default = token_scores(probs, norms, ScoreConfig(), n_prompt=n_prompt)
     for config in CONFIGS:
         for chunk in (None, 2):
-            got = _scoring(rt, rt.assemble("New prefix.", inputs, QUESTION), config,
+            got = _scoring(rt, rt.reuse.assemble("New prefix.", inputs, QUESTION), config,
                            chunk=chunk, monkeypatch=monkeypatch)
             want = token_scores(probs, norms, config, n_prompt=n_prompt)
             torch.testing.assert_close(got.weighted, want, atol=1e-7, rtol=1e-5)
@@ -127,13 +127,13 @@ def test_the_scoring_probabilities_give_the_layers_attention(
             heads = rt.adapter.text_config.num_attention_heads
             monkeypatch.setattr("conduit_core.passes.stale_pass.SCORE_CHUNK_ELEMENTS",
                                 chunk * heads * 4096)
-        asm = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
-        ref = rt.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
+        asm = rt.reuse.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
+        ref = rt.reuse.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
         text, layout = asm.fresh_text_rows(), asm.layout
         assert torch.equal(text, layout.question_rows())  # every text row is scored
         fused = fused_layers(range(n_layers), n_layers, text.numel(), text.numel(), last_only)
         assert fused == list(range(n_layers - 1 if last_only else n_layers))
-        scores, charged = rt.scoring(asm)
+        scores, charged = rt.reuse.scoring(asm)
         pos = layout.position_ids[:, text].unsqueeze(1)  # (P, 1, N_t)
         hidden = ref.embeds[text].unsqueeze(0)  # (1, N_t, hidden)
         with torch.no_grad():
@@ -147,7 +147,7 @@ def test_the_scoring_probabilities_give_the_layers_attention(
         torch.testing.assert_close(scores.text_hidden, last[0], **tol("logits"))
         torch.testing.assert_close(asm.cache.keys[:, :, :, text], ref.cache.keys[:, :, :, text],
                                    **tol("keys"))
-        unfused = (rt.costs.refresh(layout, text, last_only)
-                   + rt.flops.scoring(text.numel(), layout.n, n_layers))
+        unfused = (rt.reuse.costs.refresh(layout, text, last_only)
+                   + rt.reuse.flops.scoring(text.numel(), layout.n, n_layers))
         assert charged < unfused
         monkeypatch.undo()

@@ -8,6 +8,7 @@ import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.passes.assembly import Assembly
+from lab import answering
 from lab.diagnostics import kv_error
 from storage.kv.codec import quantize_roundtrip
 from tests.core.helpers import IMAGES
@@ -21,7 +22,7 @@ QUESTION = "What is the total amount?"
 def _assemble(runtime: ReuseRuntime, int8: bool = False) -> Assembly:
     kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     kvs = [quantize_roundtrip(kv) for kv in kvs] if int8 else kvs
-    return runtime.assemble(PREFIX, [PageInput(lab, kv) for lab, kv in
+    return runtime.reuse.assemble(PREFIX, [PageInput(lab, kv) for lab, kv in
                                      zip(LABELS, kvs, strict=True)], QUESTION)
 
 
@@ -34,12 +35,12 @@ def _visual_choice(asm: Assembly) -> torch.Tensor:
 def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
     runtime = ReuseRuntime(runtime.vlm, label_cache=False)  # the labels are text rows
     fast, slow = _assemble(runtime), _assemble(runtime)
-    runtime.scoring(fast)
-    runtime.scoring(slow)
+    runtime.reuse.scoring(fast)
+    runtime.reuse.scoring(slow)
     slow.stale = None  # the reference: every text row recomputed
     visual = _visual_choice(fast)
-    hidden, computed = runtime.refresh(fast, visual)
-    ref_hidden, ref_computed = runtime.refresh(slow, visual)
+    hidden, computed = runtime.reuse.refresh(fast, visual)
+    ref_hidden, ref_computed = runtime.reuse.refresh(slow, visual)
     text = fast.fresh_text_rows()  # the head's rows come from the head cache
     assert text.numel() < fast.layout.text_rows().numel()
     reused = text[text < int(visual.min())]
@@ -56,21 +57,21 @@ def test_reused_text_rows_equal_recomputed_ones(runtime: ReuseRuntime) -> None:
 def test_no_refreshed_visual_token_reuses_every_text_row(runtime: ReuseRuntime) -> None:
     runtime = ReuseRuntime(runtime.vlm, label_refresh="page")  # no label refreshed either
     fast, slow = _assemble(runtime), _assemble(runtime)
-    runtime.scoring(fast)
+    runtime.reuse.scoring(fast)
     none = torch.zeros(0, dtype=torch.long)
-    hidden, computed = runtime.refresh(fast, none)
+    hidden, computed = runtime.reuse.refresh(fast, none)
     assert computed.numel() == 0
-    torch.testing.assert_close(hidden, runtime.prefill(slow, none), **tol("hidden"))
+    torch.testing.assert_close(hidden, answering.prefill(runtime, slow, none), **tol("hidden"))
 
 
 def test_a_cache_write_after_scoring_drops_the_reuse(runtime: ReuseRuntime) -> None:
     runtime = ReuseRuntime(runtime.vlm, label_refresh="page")  # the text rows alone
     asm = _assemble(runtime)
-    runtime.scoring(asm)
+    runtime.reuse.scoring(asm)
     k = asm.cache.keys[0, :, :, :1].clone()  # (B, G, 1, hd)
     asm.cache.write(0, torch.tensor([0], device=k.device), k, asm.cache.values[0, :, :, :1].clone())
     visual = _visual_choice(asm)
-    _, computed = runtime.refresh(asm, visual)
+    _, computed = runtime.reuse.refresh(asm, visual)
     assert torch.equal(computed, torch.cat([asm.fresh_text_rows(), visual]).unique())
     assert not asm.text_from_one
 
@@ -80,10 +81,10 @@ def test_int8_pages_recompute_layer_zero_of_the_text_rows(runtime: ReuseRuntime)
     differ from what the scoring pass read: the text rows then run from layer 0 again."""
     fast, slow = _assemble(runtime, int8=True), _assemble(runtime, int8=True)
     assert not fast.layer0_exact
-    runtime.scoring(fast)
-    runtime.scoring(slow)
+    runtime.reuse.scoring(fast)
+    runtime.reuse.scoring(slow)
     slow.stale = None
     visual = _visual_choice(fast)
-    hidden, _ = runtime.refresh(fast, visual)
+    hidden, _ = runtime.reuse.refresh(fast, visual)
     assert not fast.text_from_one
-    torch.testing.assert_close(hidden, runtime.refresh(slow, visual)[0], **tol("hidden"))
+    torch.testing.assert_close(hidden, runtime.reuse.refresh(slow, visual)[0], **tol("hidden"))

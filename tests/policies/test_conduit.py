@@ -13,6 +13,7 @@ from conduit_core.passes.stale_pass import StaleScores
 from conduit_core.policies import get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext
+from lab import answering
 from tests.core.helpers import token_scores
 
 from .conftest import CachedPages
@@ -26,7 +27,7 @@ def context(cached: CachedPages, asm: Assembly, budget: float,
     rt = cached.runtime
 
     def scorer(config: ScoreConfig) -> tuple[StaleScores, float]:
-        return (scores, 0.0) if scores is not None else rt.scoring(asm, config)
+        return (scores, 0.0) if scores is not None else rt.reuse.scoring(asm, config)
 
     return PolicyContext(layout=asm.layout, budget=budget, seed=0, scorer=scorer,
                          cache=asm.cache, embeds=asm.embeds, adapter=rt.adapter)
@@ -38,7 +39,7 @@ def share_on(rows: torch.Tensor, asm: Assembly, page: int) -> float:
 
 
 def test_one_page_amplification_is_one(cached: CachedPages) -> None:
-    asm = cached.runtime.assemble(PREFIX, cached.inputs(["Page:", "", ""])[:1], QUESTION)
+    asm = cached.runtime.reuse.assemble(PREFIX, cached.inputs(["Page:", "", ""])[:1], QUESTION)
     choice = ConduitPolicy().explain(context(cached, asm, 0.3))
     assert choice.amplification.tolist() == [1.0]
     plain = ConduitPolicy(ConduitConfig(gamma=0.0)).explain(context(cached, asm, 0.3))
@@ -47,7 +48,7 @@ def test_one_page_amplification_is_one(cached: CachedPages) -> None:
 
 
 def test_several_pages_get_different_amplification(cached: CachedPages) -> None:
-    asm = cached.runtime.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = cached.runtime.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     c = ConduitPolicy().explain(context(cached, asm, 0.1)).amplification
     assert c.shape == (3,) and float(c.mean()) == pytest.approx(1.0)
     assert float(c.max() - c.min()) > 0.01
@@ -72,7 +73,7 @@ def constructed_scores(asm: Assembly, signal_page: int, n_layers: int, heads: in
 
 def test_global_selection_follows_the_signal_page(cached: CachedPages) -> None:
     rt = cached.runtime
-    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     cfg = rt.adapter.text_config
     scores = constructed_scores(asm, 1, len(rt.adapter.layers), cfg.num_attention_heads,
                                 cfg.num_key_value_heads)
@@ -93,13 +94,13 @@ def test_real_scoring_pass_follows_a_loud_page(cached: CachedPages) -> None:
     """Make page 3's cached values 4x larger (a page the question's norm-weighted attention
     must favour) and run the real scoring pass: the global top-k goes there, a quota not."""
     rt = cached.runtime
-    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     seg = asm.layout.segments[2]
     with torch.inference_mode():
         asm.cache.values[:, :, :, seg.start:seg.stop] *= 4.0
     budget = 0.2
     chosen = ConduitPolicy().explain(context(cached, asm, budget))
-    asm2 = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm2 = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     with torch.inference_mode():
         asm2.cache.values[:, :, :, seg.start:seg.stop] *= 4.0
     quota = ConduitPolicy(ConduitConfig(per_page=True)).explain(context(cached, asm2, budget))
@@ -115,18 +116,18 @@ def test_knobs_change_the_choice_and_are_validated(cached: CachedPages) -> None:
     rt = cached.runtime
     for score in [ScoreConfig(layers=(1, 2)), ScoreConfig(query_window=1),
                   ScoreConfig(head_agg="max")]:
-        asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+        asm = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
         ctx = context(cached, asm, 0.2)
         choice = ConduitPolicy(ConduitConfig(score=score, gamma=0.0)).explain(ctx)
         mine = ctx.scores(score).weighted.cpu()[asm.layout.visual_rows()]  # (N_v,)
         assert not torch.allclose(mine, ctx.scores().weighted.cpu()[asm.layout.visual_rows()])
         top = asm.layout.visual_rows()[torch.sort(-mine, stable=True).indices[:ctx.k]]
         assert torch.equal(choice.rows, top.sort().values), score
-    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     one = ConduitPolicy(ConduitConfig(gamma=1.0)).explain(context(cached, asm, 0.2))
     two = ConduitPolicy(ConduitConfig(gamma=2.0)).explain(context(cached, asm, 0.2))
     torch.testing.assert_close(two.amplification, one.amplification ** 2)
-    asm = rt.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = rt.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     fixed = ConduitPolicy(ConduitConfig(budget=0.5)).explain(context(cached, asm, 0.1))
     assert fixed.rows.numel() == round(0.5 * asm.layout.visual_rows().numel())
     with pytest.raises(ValueError):
@@ -136,7 +137,7 @@ def test_knobs_change_the_choice_and_are_validated(cached: CachedPages) -> None:
 
 
 def test_answer_reports_its_budget(cached: CachedPages) -> None:
-    result = cached.runtime.answer(AnswerRequest(
+    result = answering.answer(cached.runtime, AnswerRequest(
         prefix=PREFIX, pages=cached.inputs(["A", "B", "C"]), question=QUESTION,
         policy="conduit", budget=0.1, max_new_tokens=3))
     assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
@@ -146,7 +147,7 @@ def test_answer_reports_its_budget(cached: CachedPages) -> None:
 def test_budget_per_question_stops_at_the_score_mass(cached: CachedPages) -> None:
     """With `mass`, CONDUIT refreshes the fewest top tokens holding that share of the
     amplified score mass, never more than the budget's k (the cap)."""
-    asm = cached.runtime.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
+    asm = cached.runtime.reuse.assemble(PREFIX, cached.inputs(["A", "B", "C"]), QUESTION)
     fixed = ConduitPolicy().explain(context(cached, asm, 0.5))
     total = float(fixed.scores.sum())
     for mass in (0.2, 0.5):
@@ -166,17 +167,19 @@ def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> 
     """With a scoring pass, each page's peak attention normalised over the pages; without
     one (full reuse), nothing."""
     pages = cached.inputs(["A", "B", "C"])
-    scored = cached.runtime.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
+    scored = answering.answer(cached.runtime,
+        AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                                  policy="conduit", budget=0.1,
                                                  max_new_tokens=1))
     assert len(scored.page_attention) == 3 and not scored.fallback
     assert sum(scored.page_attention) == pytest.approx(1.0)
     assert all(a > 0 for a in scored.page_attention)
-    asm = cached.runtime.assemble(PREFIX, pages, QUESTION)
-    stale, _ = cached.runtime.scoring(asm)
+    asm = cached.runtime.reuse.assemble(PREFIX, pages, QUESTION)
+    stale, _ = cached.runtime.reuse.scoring(asm)
     peaks = torch.stack([stale.attention[s.start:s.stop].max() for s in asm.layout.segments])
     shares = torch.tensor(asm.page_attention(), device=peaks.device)
     assert torch.allclose(shares, peaks / peaks.sum(), atol=1e-5)
-    reuse = cached.runtime.answer(AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
+    reuse = answering.answer(cached.runtime,
+        AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                                 policy="full_reuse", max_new_tokens=1))
     assert reuse.page_attention == ()

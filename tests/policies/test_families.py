@@ -14,6 +14,7 @@ from conduit_core.model.flops import LMShape, full_prefill_flops, trimmed_rows_f
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import POLICIES
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.device import TEST_DEVICE, TEST_DTYPE, tol
 
@@ -44,7 +45,7 @@ def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFact
         if policy in ("conduit", "cacheblend", "random", "epic"):
             req = AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
                                 policy=policy, budget=0.25, max_new_tokens=2)
-            result = rt.answer(req)
+            result = answering.answer(rt, req)
             probe = probe_refresh(rt, req, last_only=True)
             assert result.refreshed_visual_tokens == round(0.25 * n_v), policy
             # the analytic accounting: the policy's own work (scoring pass, check layers)

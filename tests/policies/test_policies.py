@@ -19,6 +19,7 @@ from conduit_core.policies import POLICIES
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.policies.selection import budget_tokens
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
 from tests.device import TEST_DEVICE, same_answer, tol
 
@@ -68,7 +69,7 @@ def test_every_policy_refreshes_its_budget(cached: CachedPages, budget: float) -
     expected |= {"full_prefill": n_v, "full_reuse": 0, "prefix_reuse": n_v}
     assert budget_tokens(budget, n_v) == round(budget * n_v)
     for name in POLICIES:
-        result = cached.runtime.answer(request(cached, name, budget))
+        result = answering.answer(cached.runtime, request(cached, name, budget))
         assert result.visual_tokens == n_v
         if name == "conduit_adaptive":
             assert 0 < result.refreshed_visual_tokens <= budget_tokens(budget, n_v)
@@ -79,7 +80,7 @@ def test_every_policy_refreshes_its_budget(cached: CachedPages, budget: float) -
 def test_first_token_policies_pick_page_heads(cached: CachedPages) -> None:
     starts = []
     probe = probe_refresh(cached.runtime, request(cached, "epic", 0.2))  # k = 9: 3 per page
-    layout = cached.runtime.assemble(PREFIX, cached.inputs(LABELS), QUESTION).layout
+    layout = cached.runtime.reuse.assemble(PREFIX, cached.inputs(LABELS), QUESTION).layout
     for seg in layout.segments:
         starts += list(range(seg.start, seg.start + 3))
     assert probe.visual_rows.tolist() == starts
@@ -109,7 +110,7 @@ def test_prefix_reuse_reuses_an_identical_leading_page(cached: CachedPages) -> N
     labels = ["", "Page 2:", "Page 3:"]
     probe = probe_refresh(cached.runtime, request(cached, "prefix_reuse", 0.0, prefix="",
                                                   labels=labels))
-    layout = cached.runtime.assemble("", cached.inputs(labels), QUESTION).layout
+    layout = cached.runtime.reuse.assemble("", cached.inputs(labels), QUESTION).layout
     first = layout.segments[0]
     assert first.start == len(cached.runtime.adapter.page_opening_ids())
     assert probe.visual_rows.tolist() == [r for s in layout.segments[1:]
@@ -132,7 +133,7 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     rt = ReuseRuntime(cached.runtime.vlm, label_cache=False,  # the labels are text rows
                       never_above_full=False)
     shape = LMShape.from_config(rt.adapter.text_config)
-    asm = rt.assemble(PREFIX, cached.inputs(LABELS), QUESTION, last_only=True)
+    asm = rt.reuse.assemble(PREFIX, cached.inputs(LABELS), QUESTION, last_only=True)
     text, n = asm.fresh_text_rows(), asm.layout.n  # the head comes from the head cache
     assert asm.exact_rows > 0 and text.numel() < asm.layout.text_rows().numel()
     n_q = asm.layout.question_rows().numel()
@@ -153,7 +154,7 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
     assert block_counts(text, n).sum() > (text + 1).sum()  # charged above the causal pairs
     for name, scoring in [("conduit", True), ("random", False), ("value_norm", False)]:
         probe = probe_refresh(rt, request(cached, name, 0.1), last_only=True)
-        result = rt.answer(request(cached, name, 0.1))
+        result = answering.answer(rt, request(cached, name, 0.1))
         computed = probe.computed_rows
         if scoring:  # the visual rows through layer 0; every row from layer 1 (its text
             # rows' layer 0 is the scoring pass's, exact: layer-0 K/V are never stale)
@@ -174,7 +175,7 @@ def test_answer_flops_are_scoring_plus_refresh(cached: CachedPages) -> None:
         assert result.flops_ratio_lm == pytest.approx(used / full_lm)
         assert result.flops_ratio_total == pytest.approx(used / full)
         assert result.flops_ratio_total < result.flops_ratio_lm
-    reuse = rt.answer(request(cached, "full_reuse", 0.1))
+    reuse = answering.answer(rt, request(cached, "full_reuse", 0.1))
     assert reuse.flops_used == pytest.approx(charged(text))
 
 
@@ -196,26 +197,27 @@ def test_cacheblend_flops_and_check_layer(cached: CachedPages,
                                      block_counts(probe.computed_rows, n), torch.tensor([n]))
         assert probe.extra_flops == pytest.approx(check_pass)
         assert probe.refresh_flops == pytest.approx(carried)
-        result = rt.answer(request(cached, "cacheblend_x", 0.1))
+        result = answering.answer(rt, request(cached, "cacheblend_x", 0.1))
         assert result.flops_used_lm == pytest.approx(check_pass + carried)
         assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
     # a check at the last layer recomputes everything: a full prefill (every row through
     # every layer in full, the last one included)
     monkeypatch.setitem(POLICIES, "cacheblend_x", CacheBlendPolicy(check_layer=n_layers - 1))
-    full = rt.answer(request(cached, "cacheblend_x", 0.1))
-    ref = rt.answer_full_prefill(PREFIX, cached.fresh(LABELS), QUESTION, max_new_tokens=2)
+    full = answering.answer(rt, request(cached, "cacheblend_x", 0.1))
+    ref = answering.answer_full_prefill(rt,
+        PREFIX, cached.fresh(LABELS), QUESTION, max_new_tokens=2)
     assert full.flops_used == pytest.approx(full_prefill_flops(shape, full.prompt_tokens))
     assert same_answer(full.token_ids, ref.token_ids)
 
 
 def test_score_based_policies_skip_scoring_at_trivial_budgets(cached: CachedPages) -> None:
     rt = cached.runtime
-    reuse = rt.answer(request(cached, "full_reuse", 0.0))
-    everything = rt.answer(request(cached, "full_prefill", 1.0))
+    reuse = answering.answer(rt, request(cached, "full_reuse", 0.0))
+    everything = answering.answer(rt, request(cached, "full_prefill", 1.0))
     for name in ("conduit", "raw_attention", "conduit_per_page"):
-        assert rt.answer(request(cached, name, 0.0)).flops_used == reuse.flops_used
-        assert rt.answer(request(cached, name, 1.0)).flops_used == everything.flops_used
-    assert rt.answer(request(cached, "conduit", 0.1)).flops_used > reuse.flops_used
+        assert answering.answer(rt, request(cached, name, 0.0)).flops_used == reuse.flops_used
+        assert answering.answer(rt, request(cached, name, 1.0)).flops_used == everything.flops_used
+    assert answering.answer(rt, request(cached, "conduit", 0.1)).flops_used > reuse.flops_used
 
 
 def test_probes_form_only_the_logits_asked_for(cached: CachedPages) -> None:

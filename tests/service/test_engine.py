@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerResult
+from lab import answering
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
 from worker.engine import AnswerEngine, kv_tokens_needed
@@ -25,7 +26,7 @@ from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooL
 def rt(tmp_path_factory: pytest.TempPathFactory) -> ReuseRuntime:
     runtime = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl",
                                         tmp_path_factory.mktemp("models")))
-    runtime._stop_ids = []  # every answer runs to its max_new_tokens
+    runtime.reuse.stop_ids = []  # every answer runs to its max_new_tokens
     return runtime
 
 
@@ -66,8 +67,8 @@ def _concurrently(engine: AnswerEngine, reqs: list[AnswerRequest]
 def test_concurrent_questions_are_batched_and_answer_as_alone(
         rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
     for r in requests:  # the page labels cached: a label miss can tip the cost model to the
-        rt.answer(r)  # fallback for one answer and not for the next (tests/core)
-    alone = [rt.answer(r).token_ids for r in requests]
+        answering.answer(rt, r)  # fallback for one answer and not for the next (tests/core)
+    alone = [answering.answer(rt, r).token_ids for r in requests]
     engine = AnswerEngine(lambda: rt, max_active=8)
     try:
         before = _batch_steps()
@@ -195,7 +196,8 @@ def test_cancelled_and_gone_questions_leave_the_batch(
             engine.answer(requests[2], on_token=leaving, cancel=later)
         assert rt.pool.size == 0 and rt.pool.keys is None  # its decode slot given back
         # the engine goes on serving
-        assert engine.answer(requests[0])[0].token_ids == rt.answer(requests[0]).token_ids
+        assert engine.answer(requests[0])[0].token_ids == answering.answer(rt,
+            requests[0]).token_ids
         assert rt.pool.size == 0
     finally:
         engine.close()
@@ -270,7 +272,7 @@ def test_running_answers_decode_between_the_phases_of_a_prefill(
     finally:
         rt.prefill_steps = real  # type: ignore[method-assign]
         engine.close()
-    assert got.token_ids == rt.answer(c).token_ids
+    assert got.token_ids == answering.answer(rt, c).token_ids
     phases = [events.index(f"{name_c}:{p}") for p in ("assembled", "chosen", "state")]
     for before, after in zip(phases, phases[1:], strict=False):
         assert "A:token" in events[before:after], events  # A streamed during C's prefill
@@ -291,6 +293,7 @@ def test_questions_over_the_same_pages_leave_in_any_order(
     try:
         got = _concurrently(engine, same)
         assert all(not isinstance(g, BaseException) for g in got), got
-        assert engine.answer(requests[0])[0].token_ids == rt.answer(requests[0]).token_ids
+        assert engine.answer(requests[0])[0].token_ids == answering.answer(rt,
+            requests[0]).token_ids
     finally:
         engine.close()

@@ -87,7 +87,7 @@ def test_the_reader_budget_bounds_the_sum_of_reservations() -> None:
 def rt(tmp_path_factory: pytest.TempPathFactory) -> ReuseRuntime:
     runtime = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl",
                                         tmp_path_factory.mktemp("models")))
-    runtime._stop_ids = []  # every answer runs to its max_new_tokens
+    runtime.reuse.stop_ids = []  # every answer runs to its max_new_tokens
     return runtime
 
 

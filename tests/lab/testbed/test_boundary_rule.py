@@ -24,10 +24,10 @@ def _context() -> PolicyContext:
     s = next(iter(probe_samples(5, 3, "distractors")))
     runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS))
     kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
-    assembly = runtime.assemble(ANSWER_PREFIX, [
+    assembly = runtime.reuse.assemble(ANSWER_PREFIX, [
         PageInput(page_label(s.doc_name, p + 1), kv)
         for p, kv in zip(s.pages, kvs, strict=True)], s.text)
-    return runtime.policy_context(assembly, 0.1, 0)
+    return runtime.reuse.policy_context(assembly, 0.1, 0)
 
 
 def test_a_chosen_page_start_brings_the_end_of_the_page_before() -> None:

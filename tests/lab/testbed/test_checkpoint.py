@@ -9,6 +9,7 @@ from conduit_core import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.runtime import ReuseRuntime
+from lab import answering
 from lab.testbed.generate import RENDER_DPI, generate
 from worker.ingest.render import render_page
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -42,10 +43,10 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
                  for p in q["shown_pages"]]
         kvs = runtime.prefill_pages([image for _, image in pages])
         inputs = [PageInput(label, kv) for (label, _), kv in zip(pages, kvs, strict=True)]
-        answers = {"full_prefill": runtime.answer_full_prefill(
-            ANSWER_PREFIX, pages, str(q["question"]), max_new_tokens=4).text}
+        answers = {"full_prefill": answering.answer_full_prefill(
+            runtime, ANSWER_PREFIX, pages, str(q["question"]), max_new_tokens=4).text}
         for name in ("full_reuse", policy):
-            answers[name] = runtime.answer(AnswerRequest(
+            answers[name] = answering.answer(runtime, AnswerRequest(
                 ANSWER_PREFIX, inputs, str(q["question"]), policy=name, budget=0.1,
                 max_new_tokens=4)).text
         for name, text in answers.items():

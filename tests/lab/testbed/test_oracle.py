@@ -34,7 +34,7 @@ def test_the_source_cell_is_the_value_ending_the_page_before() -> None:
     assert key_page - 1 in split.pages  # the source page is evidence, always shown
     runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS))
     kvs = runtime.prefill_pages([page_image(split.doc.pages[p]) for p in split.pages])
-    assembly = runtime.assemble(ANSWER_PREFIX, [
+    assembly = runtime.reuse.assemble(ANSWER_PREFIX, [
         PageInput(page_label(split.doc_name, p + 1), kv)
         for p, kv in zip(split.pages, kvs, strict=True)], split.text)
     found = source_cell(assembly, split)
