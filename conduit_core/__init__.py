@@ -7,10 +7,8 @@ Public API (re-exported here):
   load_vlm(name_or_path, *, device="cpu", dtype="float32", cache_dir, max_image_tokens=None,
            attn_implementation="sdpa") -> LoadedVLM
   LoadedVLM       .model, .processor, .tokenizer, .adapter, .fingerprint, .device, .dtype
-  ReuseRuntime(vlm, *, page_batch_size=8)
-      .prefill_pages(images) -> list[PageKV]
-      .answer(request: AnswerRequest, on_token=None) -> AnswerResult
-      .answer_full_prefill(prefix, pages: list[tuple[str, Image]], question, ...) -> AnswerResult
+  ReuseRuntime    pages prefilled once; an answer's prefill in phases over cached pages,
+                  then batched decode steps (`conduit_core.runtime`)
   AnswerRequest, AnswerResult, PageInput       typed request/result (conduit_core.answer_types)
   PageKV, ModelFingerprint                     the seam to storage (conduit_core.page_kv)
   builtin_names() -> list[str]                 "builtin:tiny-qwen2-vl", ...

@@ -1,5 +1,5 @@
 """A question between its prefill and its last token: the prefill half of an answer hands
-this to the decode half (`ReuseRuntime.start_answer` / `.step` / `.result`).
+this to the decode half (`ReuseRuntime.prefill_steps` / `.step` / `.result`).
 
 Public API:
   AnswerState(decode, layout, image_grids, last_only, exact_rows, policy, refreshed,

@@ -18,7 +18,7 @@ Entries are keyed by the request's page namespace (a tenant, or the shared corpu
 head's and the label's token ids: labels carry file names, and whether one is cached must
 never tell one tenant what another uploaded. Entries live with the loaded model (a restarted
 process rebuilds them on first use) in a bounded LRU. An answer fills its label rows after
-the cost model has planned it (`ReuseRuntime.load_labels`): a miss is computed then and
+the cost model has planned it (`ReuseSteps.load_labels`): a miss is computed then and
 charged to that answer (`Assembly.fill_flops`; not computed = not charged) but never decides
 its path, and an answer that recomputes a label's page whole (a full prefill, the fallback)
 never computes the label here.

@@ -1,8 +1,8 @@
-"""The prefill half of `ReuseRuntime.answer`, exposing what a policy chose and the logits.
+"""The prefill half of an answer, exposing what a policy chose and the logits.
 
 Used by the policy tests and the fidelity evaluation: they compare logits, not only text.
-The steps are those of `ReuseRuntime.answer` (assemble, policy over a `PolicyContext`,
-refresh visual choice + all text rows); decoding is left out.
+The steps are those of `ReuseRuntime.prefill_steps` (`ReuseSteps`: assemble, policy over a
+`PolicyContext`, refresh visual choice + all text rows); decoding is left out.
 
 Only the logits a caller uses are formed: by default those of the last row (what predicts
 the first answer token); `logits="all"` gives every recomputed row's (the fidelity tests
@@ -13,7 +13,7 @@ Public API:
                refresh_flops)
   probe_refresh(runtime, request, last_only=False, logits="last") -> RefreshProbe
       last_only: as the answer path computes it (the last row's state only, the last
-      layer trimmed for the others: `ReuseRuntime.refresh`; implies logits="last")
+      layer trimmed for the others: `ReuseSteps.refresh`; implies logits="last")
       logits: "last" -> (1, vocab) of the last row; "all" -> (R, vocab) of every row
   probe_full_prefill(runtime, prefix, pages: list[tuple[label, image]], question,
                      logits="last") -> RefreshProbe

@@ -1,8 +1,9 @@
 """An assembled request: the layout, its KV cache and the passes' shared state.
 
-The runtime (`conduit_core.runtime`) builds it from cached pages (`assemble`) or from images
-(`assemble_fresh`); the scoring pass records itself on it (`stale`, `stale_writes`) so that
-the refresh can reuse what that pass computed while nothing has written to the cache since.
+The runtime's steps build it from cached pages (`conduit_core.reuse_steps`), the lab from
+images (`lab.answering.assemble_fresh`); the scoring pass records itself on it (`stale`,
+`stale_writes`) so that the refresh can reuse what that pass computed while nothing has
+written to the cache since.
 
 Public API:
   Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
@@ -43,7 +44,7 @@ class Assembly:
     text_from_one: bool = False  # the last refresh took its text rows' layer 0 from `stale`
     namespace: str = ""  # the pages' namespace: the key of every cache it reads or fills
     fill_flops: float = 0.0  # LM FLOPs of the head and page labels computed for it (misses)
-    labels_pending: bool = False  # stale label rows not filled yet (`ReuseRuntime.load_labels`)
+    labels_pending: bool = False  # stale label rows not filled yet (`ReuseSteps.load_labels`)
 
     @property
     def exact_rows(self) -> int:

@@ -11,7 +11,7 @@ Entries are keyed by the request's page namespace (a tenant, or the shared corpu
 head's token ids, so that whether a head is cached never tells one namespace what another
 asked; they live with the loaded model (a process that restarts rebuilds them on its first
 question). A small bound keeps memory flat when callers send many prefixes. A head computed
-for an answer is charged to it (`ReuseRuntime.assemble`).
+for an answer is charged to it (`ReuseSteps.assemble`).
 
 Public API:
   HeadKV(token_ids, keys, values, hidden)

@@ -3,7 +3,7 @@ the CPU in float32 (the reference) and on the device in its dtype.
 
 Each side prefills the same page images, then answers the same question under a new prefix
 (page keys re-rotated, labels from the label cache, the head cache) at budgets 0.1 and 0.99
-through `ReuseRuntime.start_answer`. The reference runs CONDUIT and records the visual rows it
+through `lab.answering.start_answer`. The reference runs CONDUIT and records the visual rows it
 chose; the device side replays them (a `PolicyChoice` of its own, not registered), so both
 refresh the same rows and the difference is the device's arithmetic alone. Each side also runs
 a full prefill of the same layout. Passed when, at every budget, the device's first-token

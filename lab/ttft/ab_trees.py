@@ -4,7 +4,7 @@ Each round runs a fresh process per tree (`PYTHONPATH` = the tree; one thread), 
 that alternates every round, so slow phases of a shared machine hit both alike. A process
 builds the "cpu" shape model (`lab.ttft.model`: the same in both trees), prefills the
 pages, warms the head and labels, and times the prefill half of each method over pages held
-in memory (`ReuseRuntime.answer` with one new token: assembly, scoring pass, refresh,
+in memory (`lab.answering.answer` with one new token: assembly, scoring pass, refresh,
 first-token logits), `per_process` times each after one warm-up. Reported per tree and
 method: the median over all rounds and runs, and B over A.
 
