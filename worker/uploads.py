@@ -1,8 +1,10 @@
-"""Accepting an upload: validate the PDF before anything is written, then store it atomically.
+"""Accepting an upload: validate it before anything is written, then store it atomically.
 
-The PDF is opened in a confined reader process (`worker.ingest.sandbox.inspect_pdf`), never
-in the calling (API) process. An encrypted PDF is stored decrypted (its password is used
-once, in that process, and never persisted).
+Every upload is stored as a PDF, the form the pipeline reads: a PDF as sent, any other
+accepted format (`worker.ingest.formats`) as the PDF it was made into while it was checked;
+the document keeps the original's name. The upload is opened in a confined reader process
+(`worker.ingest.sandbox.inspect_pdf`), never in the calling (API) process. An encrypted PDF
+is stored decrypted (its password is used once, in that process, and never persisted).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from storage.metadata import MetadataStore
 from storage.metadata.usage import Quota, Usage
 from storage.space import free_bytes
 from worker.ingest.errors import EmptyFileError, IngestError
+from worker.ingest.formats import sniff
+from worker.ingest.office import check_office, check_slides, office_to_pdf
 from worker.ingest.sandbox import ReaderLimits, inspect_pdf
 from worker.settings import Settings
 
@@ -35,7 +39,8 @@ class LowDiskSpaceError(IngestError):
 
 def tenant_quota(settings: Settings) -> Quota:
     """Each tenant's limits (`quota_bytes`, `quota_documents`, `quota_pages`; 0 = none)."""
-    return Quota(settings.quota_bytes, settings.quota_documents, settings.quota_pages)
+    s = settings.storage
+    return Quota(s.quota_bytes, s.quota_documents, s.quota_pages)
 
 
 def check_room(home: Path, size: int, reserve: int) -> None:
@@ -63,13 +68,34 @@ def upload_usage(checked: CheckedUpload) -> Usage:
 
 @dataclass(frozen=True)
 class CheckedUpload:
-    """A PDF that opened and has pages: the bytes to store, their digest, page count, and
-    the upload's size (before decryption)."""
+    """An upload that opened and has pages: the PDF to store (decrypted, or what another
+    format became), the digest of the upload as sent, page count, the upload's size, and
+    its format (`worker.ingest.formats` name)."""
 
     data: bytes
     sha256: str
     page_count: int
     size: int
+    format: str = "pdf"
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How uploads of other formats become a PDF: images are pages at `dpi` with at most
+    `max_pixels`; Office files are converted by LibreOffice (`office`: allowed at all)
+    within `office_timeout_s`."""
+
+    dpi: int = 100
+    max_pixels: int = 1654 * 2339
+    office: bool = True
+    office_timeout_s: float = 120.0
+
+
+def conversion(settings: Settings) -> Conversion:
+    """The deployment's `Conversion` (`render_dpi`, `max_page_pixels`, `office_conversion`,
+    `office_timeout_s`)."""
+    return Conversion(settings.worker.render_dpi, settings.worker.max_page_pixels,
+                      settings.worker.office_conversion, settings.worker.office_timeout_s)
 
 
 def upload_path(home: Path, document_id: str) -> Path:
@@ -78,11 +104,16 @@ def upload_path(home: Path, document_id: str) -> Path:
 
 
 def check_upload(data: bytes, *, password: str | None, max_bytes: int, max_pages: int,
-                 limits: ReaderLimits | None = None) -> CheckedUpload:
+                 limits: ReaderLimits | None = None, filename: str | None = None,
+                 convert: Conversion | None = None) -> CheckedUpload:
     """Validate an upload; raise an `IngestError` with a clear message if it is unusable.
 
-    The file is opened in a reader process under `limits` (its memory, CPU time): one whose
-    open exceeds them raises `OpenLimitError` naming the limit. Nothing is written.
+    Its format is sniffed from its content and checked against `filename`
+    (`worker.ingest.formats.sniff`: 415 for an unsupported one). A PDF is opened as it is;
+    an image, e-book, XPS or text file is made a PDF by the reader that opens it; an Office
+    file by LibreOffice first (`worker.ingest.office`; 415 when `convert.office` is off or
+    LibreOffice is missing). The reader runs under `limits` (its memory, CPU time): an
+    open that exceeds them raises `OpenLimitError` naming the limit. Nothing is written.
     """
     if not data:
         raise EmptyFileError()
@@ -90,12 +121,25 @@ def check_upload(data: bytes, *, password: str | None, max_bytes: int, max_pages
         raise UploadTooLargeError(
             f"the upload is {len(data)} bytes; the limit is {max_bytes} bytes"
         )
-    facts, decrypted = inspect_pdf(data, password=password, max_pages=max_pages,
-                                   decrypt_limit=2 * max_bytes + (1 << 20),
-                                   limits=limits or ReaderLimits())
-    return CheckedUpload(data=data if decrypted is None else decrypted,
-                         sha256=hashlib.sha256(data).hexdigest(), page_count=facts.page_count,
-                         size=len(data))
+    fmt = sniff(data, filename)
+    limits = limits or ReaderLimits()
+    convert = convert or Conversion()
+    pdf_limit = 2 * max_bytes + (1 << 20)
+    opened, options = data, None
+    if fmt.route == "office":
+        check_slides(data, fmt, max_pages)
+        soffice = check_office(fmt, enabled=convert.office)
+        opened = office_to_pdf(data, fmt, soffice=soffice, memory_mb=limits.memory_mb,
+                               seconds=convert.office_timeout_s, max_bytes=pdf_limit,
+                               budget_mb=limits.budget_mb)
+    elif fmt.route != "pdf":
+        options = {"filetype": fmt.name, "label": fmt.label, "dpi": convert.dpi,
+                   "max_pixels": convert.max_pixels}
+    facts, made = inspect_pdf(opened, password=password if fmt.route == "pdf" else None,
+                              max_pages=max_pages, decrypt_limit=pdf_limit, limits=limits,
+                              convert=options)
+    return CheckedUpload(data=made or opened, sha256=hashlib.sha256(data).hexdigest(),
+                         page_count=facts.page_count, size=len(data), format=fmt.name)
 
 
 def store_upload(home: Path, document_id: str, data: bytes) -> Path:

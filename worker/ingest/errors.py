@@ -65,12 +65,30 @@ class NoPagesError(IngestError):
 
 
 class TooManyPagesError(IngestError):
-    """The PDF has more pages than the configured limit."""
+    """The document (`what`: a PDF, or the pages an upload of another format became) has
+    more pages than the configured limit."""
 
-    def __init__(self, pages: int, max_pages: int) -> None:
-        super().__init__(f"The PDF has {pages} pages; at most {max_pages} are accepted.")
+    def __init__(self, pages: int, max_pages: int, what: str = "PDF") -> None:
+        super().__init__(f"The {what} has {pages} pages; at most {max_pages} are accepted.")
         self.pages = pages
         self.max_pages = max_pages
+
+
+class UnreadableFileError(IngestError):
+    """An upload of another format than PDF that its reader cannot read or convert."""
+
+    def __init__(self, what: str, detail: str = "") -> None:
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(f"The {what} is damaged or cannot be read{suffix}.")
+
+
+class ImageTooLargeError(IngestError):
+    """An image whose decoded pixels would not fit a reader's memory (a decompression
+    bomb), refused before it is decoded."""
+
+    def __init__(self, width: int, height: int, cap: int) -> None:
+        super().__init__(f"The image is {width} x {height} pixels; at most {cap} pixels are "
+                         "accepted (a quarter of CONDUIT_PAGE_MEMORY_MB at 4 bytes a pixel).")
 
 
 class IngestTimeoutError(IngestError):

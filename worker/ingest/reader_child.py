@@ -21,7 +21,8 @@ from typing import IO, Any
 import pymupdf
 
 from worker.ingest.confine import confine, cpu_limit
-from worker.ingest.errors import CorruptPdfError, IngestError
+from worker.ingest.convert import to_pdf
+from worker.ingest.errors import CorruptPdfError, IngestError, UnreadableFileError
 from worker.ingest.frames import ReaderGone, read_frame, write_frame
 from worker.ingest.pdf import looks_truncated, missing_content_pages, open_pdf
 from worker.ingest.render import render_page
@@ -43,18 +44,18 @@ def main(argv: list[str]) -> int:
     pymupdf.TOOLS.mupdf_display_warnings(True)
     confinement = confine(memory_bytes=memory, file_bytes=file_bytes)
     try:
-        _serve(requests, replies, seconds, confinement)
+        _serve(requests, replies, seconds, confinement, memory)
     except ReaderGone:  # the parent closed the pipe: done
         return 0
     return 0
 
 
 def _serve(requests: IO[bytes], replies: IO[bytes], seconds: float,
-           confinement: str) -> None:
+           confinement: str, memory: int) -> None:
     header, data = read_frame(requests)
     if seconds > 0:
         cpu_limit(seconds)
-    reply, blob, doc = _open(data, header)
+    reply, blob, doc = _open(data, header, memory)
     del data
     write_frame(replies, {**reply, "confinement": confinement, "log": _new_log()}, blob)
     if doc is None:
@@ -69,19 +70,30 @@ def _serve(requests: IO[bytes], replies: IO[bytes], seconds: float,
         write_frame(replies, {**reply, "log": _new_log()}, pixels)
 
 
-def _open(data: bytes, req: dict[str, Any]
+def _open(data: bytes, req: dict[str, Any], memory: int
           ) -> tuple[dict[str, Any], bytes, pymupdf.Document | None]:
-    """Open the document and describe it: (reply, decrypted bytes or b"", document)."""
+    """Open the document and describe it: (reply, decrypted or converted bytes or b"",
+    document). With `req["convert"]` the upload is first made a PDF
+    (`worker.ingest.convert.to_pdf`) and that PDF is what is opened and sent back."""
     password = req.get("password")
+    max_pages = req.get("max_pages") or 2**31 - 1
+    limit = int(req.get("decrypt") or 0)
     try:
-        doc = open_pdf(data, password=password, max_pages=req.get("max_pages") or 2**31 - 1)
+        convert = req.get("convert")
+        if convert:
+            data = to_pdf(data, max_pages=max_pages, memory_bytes=memory, **convert)
+            if len(data) > limit:
+                raise UnreadableFileError(convert["label"], f"as a PDF it would be "
+                                          f"{len(data)} bytes; the limit is {limit} bytes")
+        doc = open_pdf(data, password=password, max_pages=max_pages)
         reply: dict[str, Any] = {"ok": True, "pages": doc.page_count, "title": _title(doc),
                                  "truncated": looks_truncated(doc, data)}
         blob = b""
-        limit = int(req.get("decrypt") or 0)
-        # `needs_pass` read after authenticating makes every page read blank: ask for the
-        # password first (an unlocked file), then `is_encrypted` (owner-only files).
-        if limit > 0 and (password or doc.is_encrypted):
+        if convert:
+            blob, reply["converted"] = data, True
+        elif limit > 0 and (password or doc.is_encrypted):
+            # `needs_pass` read after authenticating makes every page read blank: ask for
+            # the password first (an unlocked file), then `is_encrypted` (owner-only files).
             blob = doc.tobytes(encryption=pymupdf.mupdf.PDF_ENCRYPT_NONE, garbage=1)
             if len(blob) > limit:
                 raise CorruptPdfError(f"decrypted, it would be {len(blob)} bytes; the limit "

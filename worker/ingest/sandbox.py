@@ -142,7 +142,10 @@ class PageReader:
     `max_pages` refuses a longer document at open (`TooManyPagesError`). With
     `decrypt_limit` > 0, the reader also returns the document decrypted (`decrypted`; None
     when it was not encrypted), refusing one whose decrypted form exceeds that many bytes.
-    `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`). The process
+    `ocr=False` keeps Tesseract's data out of the reader's reach (`inspect_pdf`). With
+    `convert` (`to_pdf`'s keywords: filetype, label, dpi, max_pixels) the upload is an image,
+    e-book, XPS or text that the reader first makes a PDF (`worker.ingest.convert`), at most
+    `decrypt_limit` bytes, and returns (`converted`). The process
     is forked from this process's fork server (`worker.ingest.fork_server`: milliseconds
     instead of a Python start) where one runs, else (or with `fork_server=False`) started.
     With `limits.budget_mb` set, the reader first reserves `limits.memory_mb` of the
@@ -153,7 +156,7 @@ class PageReader:
     def __init__(self, data: bytes, *, password: str | None, limits: ReaderLimits,
                  max_pages: int | None = None, decrypt_limit: int = 0,
                  ocr: bool = True, fork_server: bool = True,
-                 budget_wait_s: float = 0.0) -> None:
+                 budget_wait_s: float = 0.0, convert: dict[str, Any] | None = None) -> None:
         self.limits = limits
         self._closing = False
         self._reservation: Reservation | None = None
@@ -177,7 +180,7 @@ class PageReader:
             raise
         _widen_pipe(self._proc.stdout)
         request = {"op": "open", "password": password, "max_pages": max_pages,
-                   "decrypt": decrypt_limit}
+                   "decrypt": decrypt_limit, "convert": convert}
         try:
             reply, blob = self._call(request, data, _START_SECONDS, max_blob=decrypt_limit)
         except ReaderTimeout:
@@ -201,6 +204,7 @@ class PageReader:
         _warn_if_weak(self.facts.confinement)
         self.page_count = self.facts.page_count
         self.decrypted: bytes | None = blob if reply.get("decrypted") else None
+        self.converted: bytes | None = blob if reply.get("converted") else None
 
     @property
     def pid(self) -> int:
@@ -303,12 +307,14 @@ class PageReader:
 
 
 def inspect_pdf(data: bytes, *, password: str | None, max_pages: int, decrypt_limit: int,
-                limits: ReaderLimits) -> tuple[PdfFacts, bytes | None]:
+                limits: ReaderLimits, convert: dict[str, Any] | None = None
+                ) -> tuple[PdfFacts, bytes | None]:
     """Open the PDF in a confined reader process and return its facts and, when it was
-    encrypted, its decrypted bytes (at most `decrypt_limit`). Raises the `IngestError` of
+    encrypted, its decrypted bytes (at most `decrypt_limit`); with `convert`, the PDF the
+    reader made of the upload (`PageReader`) and that PDF's facts. Raises the `IngestError` of
     `open_pdf` (empty, not a PDF, damaged, password, page count) or `OpenLimitError`, and
     at once `ReaderBudgetError` when the process's reader budget is spent (an upload is
     refused rather than held waiting)."""
     with PageReader(data, password=password, limits=limits, max_pages=max_pages,
-                    decrypt_limit=decrypt_limit, ocr=False) as reader:
-        return reader.facts, reader.decrypted
+                    decrypt_limit=decrypt_limit, ocr=False, convert=convert) as reader:
+        return reader.facts, reader.converted or reader.decrypted

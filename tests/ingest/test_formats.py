@@ -1,0 +1,236 @@
+"""Uploads of every accepted format, checked as the service checks them (`check_upload`:
+sniffed, made a PDF in a confined reader or by LibreOffice), and the hostile ones refused.
+Every file is made here: Pillow writes the images, the OpenDocument files are written by
+hand and LibreOffice writes the Office ones from those."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pymupdf
+import pytest
+from PIL import Image
+
+from lab.ingest.builders import text_image
+from tests.office_files import office_open_xml, opendocument
+from tests.pdfs import text_pdf
+from worker.ingest.errors import IngestError
+from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
+from worker.ingest.sandbox import ReaderLimits
+from worker.uploads import CheckedUpload, Conversion, check_upload
+
+PAGES = ["Alpha page: the harbour opens at dawn.", "Bravo page: the valve is checked weekly.",
+         "Charlie page: the archive closes at noon."]
+needs_office = pytest.mark.skipif(shutil.which("soffice") is None,
+                                   reason="LibreOffice (soffice) is not installed")
+
+
+def _check(data: bytes, name: str | None, *, max_pages: int = 50,
+           convert: Conversion | None = None) -> CheckedUpload:
+    return check_upload(data, password=None, max_bytes=64 * 2**20, max_pages=max_pages,
+                        limits=ReaderLimits(memory_mb=1024, page_seconds=60),
+                        filename=name, convert=convert)
+
+
+def _texts(checked: CheckedUpload) -> list[str]:
+    with pymupdf.open(stream=checked.data, filetype="pdf") as doc:
+        return [page.get_text().strip() for page in doc]
+
+
+def _image(fmt: str, **save: object) -> bytes:
+    out = io.BytesIO()
+    Image.open(io.BytesIO(text_image(PAGES[:1], size=(800, 400), font_px=30))).save(
+        out, fmt, **save)
+    return out.getvalue()
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process's temporary folder for the test (the machine's is shared): the test
+    checks that nothing is left in it."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_sniffed_by_content_and_the_name_may_not_contradict_it() -> None:
+    assert sniff(_image("PNG"), "scan.png").name == "png"
+    assert sniff(_image("PNG"), None).name == "png"
+    assert sniff(_image("PNG"), "scan.unknownext").name == "png"  # says nothing: ignored
+    assert sniff(_image("JPEG"), "photo.JPG").name == "jpeg"
+    assert sniff(b"# Notes\n\nplain words\n", "notes.md").name == "txt"
+    assert sniff(opendocument("odt", PAGES), "a.odt").name == "odt"
+    with pytest.raises(IngestError) as lying:
+        sniff(_image("PNG"), "report.pdf")
+    assert lying.value.http_status == 422
+    assert "not a PDF document" in lying.value.message and "PNG image" in lying.value.message
+    with pytest.raises(IngestError) as unknown:
+        sniff(b"\x00\x01\x02binary\xff" * 10, "blob.bin")
+    assert unknown.value.http_status == 415
+    assert all(f.label in unknown.value.message for f in FORMATS)
+
+
+def test_zip_bomb_and_macro_enabled_files_are_refused_from_the_directory() -> None:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
+                         'vnd.openxmlformats-officedocument.wordprocessingml.document.main'
+                         '+xml"/></Types>')
+        with archive.open("word/document.xml", "w", force_zip64=True) as member:
+            zeros = bytes(1 << 24)
+            for _ in range(MAX_EXPANDED_BYTES // len(zeros) + 1):
+                member.write(zeros)
+    bomb = out.getvalue()
+    assert len(bomb) < 4 * 2**20
+    with pytest.raises(IngestError, match="expand to"):
+        _check(bomb, "bomb.docx")
+    macro = io.BytesIO()
+    with zipfile.ZipFile(macro, "w") as archive:
+        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
+                         'vnd.ms-word.document.macroEnabled.main+xml"/></Types>')
+    with pytest.raises(IngestError, match="macro-enabled") as refused:
+        _check(macro.getvalue(), "macros.docm")
+    assert refused.value.http_status == 415
+
+
+def test_images_become_upright_pages_one_a_frame() -> None:
+    wide = Image.new("RGB", (400, 200), "white")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to view
+    out = io.BytesIO()
+    wide.save(out, "JPEG", exif=exif)
+    checked = _check(out.getvalue(), "phone.jpg")
+    assert (checked.format, checked.page_count) == ("jpeg", 1)
+    with pymupdf.open(stream=checked.data, filetype="pdf") as doc:
+        rect = doc[0].rect
+    assert rect.height > rect.width  # turned upright: 200 x 400 pixels
+    assert (round(rect.width), round(rect.height)) == (144, 288)  # 100 dpi: 72 pt an inch
+    frames = [Image.new("L", (300, 200), shade) for shade in (0, 128, 255)]
+    tiff = io.BytesIO()
+    frames[0].save(tiff, "TIFF", save_all=True, append_images=frames[1:])
+    assert _check(tiff.getvalue(), "fax.tiff").page_count == 3
+
+
+def test_hostile_images_are_refused_within_the_readers_limits(private_tmp: Path) -> None:
+    with pytest.raises(IngestError, match="10000 pages; at most 50"):
+        _check(_many_frame_tiff(10_000), "fax.tif")
+    bomb = io.BytesIO()
+    Image.new("1", (30_000, 30_000)).save(bomb, "PNG")  # 900 megapixels, a few kB
+    with pytest.raises(IngestError, match="30000 x 30000 pixels") as refused:
+        _check(bomb.getvalue(), "bomb.png")
+    assert refused.value.http_status == 422
+    assert not any(private_tmp.iterdir())
+
+
+def test_text_markdown_and_epub_are_laid_out_on_pages() -> None:
+    text = _check("\n\n".join(PAGES).encode(), "notes.txt")
+    assert text.format == "txt" and "harbour" in _texts(text)[0]
+    long = _check(("A line of notes.\n" * 400).encode(), "long.md")
+    assert long.page_count > 3
+    with pymupdf.open(stream=long.data, filetype="pdf") as doc:
+        assert round(doc[0].rect.width) == 595  # A4
+    book = _check(_epub(PAGES), "book.epub")
+    assert book.format == "epub" and "valve" in " ".join(_texts(book))
+
+
+@needs_office
+@pytest.mark.parametrize("kind", ["odt", "ods", "odp", "docx", "xlsx", "pptx"])
+def test_office_files_keep_their_pages(kind: str, private_tmp: Path) -> None:
+    data = opendocument(kind, PAGES) if kind.startswith("od") else office_open_xml(kind, PAGES)
+    checked = _check(data, f"file.{kind}")
+    assert (checked.format, checked.page_count) == (kind, 3)
+    assert ["Bravo" in text for text in _texts(checked)] == [False, True, False]
+    assert not any(private_tmp.iterdir())
+
+
+def test_office_conversion_off_says_so_with_415() -> None:
+    with pytest.raises(IngestError, match="CONDUIT_OFFICE_CONVERSION") as refused:
+        _check(opendocument("odt", PAGES), "a.odt", convert=Conversion(office=False))
+    assert refused.value.http_status == 415
+
+
+@needs_office
+def test_hostile_office_files_are_cut_or_refused(private_tmp: Path) -> None:
+    slides = io.BytesIO()
+    with zipfile.ZipFile(slides, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
+                         'vnd.openxmlformats-officedocument.presentationml.presentation.main'
+                         '+xml"/></Types>')
+        for n in range(1, 2001):
+            archive.writestr(f"ppt/slides/slide{n}.xml", "<p:sld/>")
+    with pytest.raises(IngestError, match="2000 pages; at most 50"):
+        _check(slides.getvalue(), "deck.pptx")
+    with pytest.raises(IngestError, match="took longer than the 1 s limit"):
+        _check(_big_sheet(1000, 1000), "cells.ods",
+               convert=Conversion(office_timeout_s=1.0))
+    assert not any(private_tmp.iterdir())
+
+
+def test_a_pdf_is_still_stored_as_sent() -> None:
+    pdf = text_pdf(PAGES)
+    checked = _check(pdf, "plain.pdf")
+    assert (checked.format, checked.data) == ("pdf", pdf)
+
+
+def _epub(chapters: list[str]) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as book:
+        book.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
+        book.writestr("META-INF/container.xml", (
+            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:'
+            'opendocument:xmlns:container"><rootfiles><rootfile full-path="book.opf" '
+            'media-type="application/oebps-package+xml"/></rootfiles></container>'))
+        items = "".join(f'<item id="c{i}" href="c{i}.xhtml" media-type="application/'
+                        'xhtml+xml"/>' for i in range(len(chapters)))
+        spine = "".join(f'<itemref idref="c{i}"/>' for i in range(len(chapters)))
+        book.writestr("book.opf", (
+            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" '
+            'version="2.0"><metadata/><manifest>' + items + "</manifest><spine>" + spine +
+            "</spine></package>"))
+        for i, text in enumerate(chapters):
+            book.writestr(f"c{i}.xhtml", (
+                '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
+                f"{text}</p></body></html>"))
+    return out.getvalue()
+
+
+def _big_sheet(rows: int, cols: int) -> bytes:
+    row = "<table:table-row>" + "<table:table-cell office:value-type=\"float\" " \
+          "office:value=\"7\"/>" * cols + "</table:table-row>"
+    body = ('<office:body><office:spreadsheet><table:table table:name="S">' + row * rows +
+            "</table:table></office:spreadsheet></office:body>")
+    content = opendocument("ods", ["x"])
+    with zipfile.ZipFile(io.BytesIO(content)) as source:
+        members = {name: source.read(name) for name in source.namelist()}
+    xml = members["content.xml"].decode()
+    members["content.xml"] = (xml[:xml.index("<office:body>")] + body +
+                              "</office:document-content>").encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("mimetype", members.pop("mimetype"), compress_type=zipfile.ZIP_STORED)
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return out.getvalue()
+
+
+def _many_frame_tiff(frames: int) -> bytes:
+    """A TIFF of `frames` 1-pixel frames sharing one strip (Pillow takes minutes to write
+    10,000 frames): a header, the strip, then the frames' directories in a chain."""
+    ifd_size = 2 + 8 * 12 + 4
+    out = bytearray(b"II*\x00" + struct.pack("<I", 10) + b"\x00\x00")  # strip at 8
+    for n in range(frames):
+        at = 10 + n * ifd_size
+        nxt = at + ifd_size if n + 1 < frames else 0
+        entries = [(256, 3, 1), (257, 3, 1), (258, 3, 1), (259, 3, 1), (262, 3, 1),
+                   (273, 4, 8), (278, 3, 1), (279, 4, 1)]  # (tag, type, value)
+        out += struct.pack("<H", len(entries))
+        for tag, kind, value in entries:
+            out += struct.pack("<HHII", tag, kind, 1, value)
+        out += struct.pack("<I", nxt)
+    return bytes(out)

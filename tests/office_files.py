@@ -1,0 +1,77 @@
+"""Office and OpenDocument files made in the tests: OpenDocument written by hand (a zip of
+XML), Office Open XML converted from those by LibreOffice (run here, outside the service)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+_NS = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
+       'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
+       'xmlns:draw="urn:oasis:names:tc:opendocument:xmlns:drawing:1.0" '
+       'xmlns:svg="urn:oasis:names:tc:opendocument:xmlns:svg-compatible:1.0" '
+       'xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0" '
+       'xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0" '
+       'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
+       'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0"')
+_MIME = {"odt": "application/vnd.oasis.opendocument.text",
+         "ods": "application/vnd.oasis.opendocument.spreadsheet",
+         "odp": "application/vnd.oasis.opendocument.presentation"}
+
+
+def opendocument(kind: str, pages: list[str]) -> bytes:
+    """An ODT (one page a text, page breaks between), ODS (one sheet a text) or ODP (one
+    slide a text)."""
+    if kind == "odt":
+        styles = ('<office:automatic-styles><style:style style:name="B" '
+                  'style:family="paragraph"><style:paragraph-properties '
+                  'fo:break-before="page"/></style:style></office:automatic-styles>')
+        brk = ' text:style-name="B"'
+        body = "".join(f"<text:p{brk if i else ''}>{escape(t)}</text:p>"
+                       for i, t in enumerate(pages))
+        body = f"{styles}<office:body><office:text>{body}</office:text></office:body>"
+    elif kind == "ods":
+        body = "".join(f'<table:table table:name="Sheet{i + 1}"><table:table-row>'
+                       f'<table:table-cell><text:p>{escape(t)}</text:p></table:table-cell>'
+                       "</table:table-row></table:table>" for i, t in enumerate(pages))
+        body = f"<office:body><office:spreadsheet>{body}</office:spreadsheet></office:body>"
+    else:
+        body = "".join(f'<draw:page draw:name="s{i + 1}"><draw:frame svg:x="1cm" svg:y="2cm" '
+                       'svg:width="24cm" svg:height="6cm"><draw:text-box>'
+                       f"<text:p>{escape(t)}</text:p></draw:text-box></draw:frame></draw:page>"
+                       for i, t in enumerate(pages))
+        body = f"<office:body><office:presentation>{body}</office:presentation></office:body>"
+    content = (f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {_NS} '
+               f'office:version="1.2">{body}</office:document-content>')
+    members = {"content.xml": content.encode()}
+    entries = "".join(f'<manifest:file-entry manifest:full-path="{name}" '
+                      'manifest:media-type="text/xml"/>' for name in members)
+    manifest = (f'<?xml version="1.0" encoding="UTF-8"?><manifest:manifest {_NS} '
+                'manifest:version="1.2"><manifest:file-entry manifest:full-path="/" '
+                f'manifest:media-type="{_MIME[kind]}"/>{entries}</manifest:manifest>')
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("mimetype", _MIME[kind], compress_type=zipfile.ZIP_STORED)
+        archive.writestr("META-INF/manifest.xml", manifest, compress_type=zipfile.ZIP_DEFLATED)
+        for name, data in members.items():
+            archive.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+
+def office_open_xml(kind: str, pages: list[str]) -> bytes:
+    """A DOCX, XLSX or PPTX of `pages`, written by LibreOffice from the OpenDocument form."""
+    source = {"docx": "odt", "xlsx": "ods", "pptx": "odp"}[kind]
+    soffice = shutil.which("soffice")
+    assert soffice, "LibreOffice (soffice) is needed to write Office files"
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / f"doc.{source}"
+        path.write_bytes(opendocument(source, pages))
+        subprocess.run([soffice, f"-env:UserInstallation=file://{work}/profile", "--headless",
+                        "--norestore", "--convert-to", kind, "--outdir", work, str(path)],
+                       check=True, capture_output=True, timeout=120)
+        return (Path(work) / f"doc.{kind}").read_bytes()
