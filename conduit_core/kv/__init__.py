@@ -1,2 +1,2 @@
-"""Page KV: prefill in the canonical page context, staging on the host, the runtime's cache and
-the decode pool."""
+"""Page KV: prefill in the canonical page context, the pages crossing to the device in one
+batched copy, the runtime's cache and the decode pool."""

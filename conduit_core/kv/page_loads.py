@@ -1,18 +1,18 @@
 """Filling an assembled cache from cached pages, all pages at once.
 
-`load_pages`, on an accelerator: pages a store read into host buffers of their own (the disk
-tier reads each entry straight into one, pinned where CUDA is available) cross as they are, one
-non-blocking copy a page, and are joined into the span of the prompt from the first page to the
-last on the device (`staging.packed_to_device`: no host copy besides the read). Other pages
-(prefilled here, from Redis) are joined into one host buffer, pinned where CUDA is available,
-one `torch.cat` a tensor kind (all pages' keys and values at their places in the span, the
-embeddings and int8 scales after them; `conduit_core.kv.staging.HostStage`), and the buffer
-crosses to the device in one non-blocking copy. Int8 pages cross as int8 plus scales and are
-dequantised there. Then the keys of all pages turn into the cache in a few operations, each
-row by its own page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label
-rows between pages are written too, zeros: like every text row, they are computed before
-anything reads them), the values go in with one copy and the embeddings with one indexed copy.
-Besides a packed page's one copy, the operations issued do not depend on the number of pages.
+`load_pages`, on an accelerator: every page's tensors, on the host as the stores left them
+(page-locked where CUDA is available; a page the disk tier read is one buffer of its own),
+cross in one batched copy into one device buffer (`staging.pages_to_device`: no host
+concatenation, no host pass over the bytes besides the read), and are joined there into the
+span of the prompt from the first page to the last (one `torch.cat` a tensor kind: keys and
+values at their places in the span, zeros in the label rows between pages; the embeddings;
+for int8 pages, the scales). Int8 pages cross as int8 plus scales and are dequantised there.
+Then the keys of all pages turn into the cache in a few operations, each row by its own
+page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label rows between
+pages are written too, zeros: like every text row, they are computed before anything reads
+them), the values go in with one copy and the embeddings with one indexed copy. The
+operations issued do not depend on the number of pages; what the host computes for them
+(each page's shift, its rows) is numpy arithmetic on the layout, done before the copy.
 
 On the devices of `PAGE_BY_PAGE` (the CPU) the pages already are where the cache is, and
 memory passes cost more than operations: each page turns straight from its own tensors into its
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
-from conduit_core.kv.staging import HostStage, packed_to_device
+from conduit_core.kv.staging import pages_to_device
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.page_kv import PageKV, dequantize_int8
 from conduit_core.prompt.layout import Layout
@@ -58,8 +58,8 @@ def load_pages(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], cache: KV
     if not all(kv.quantized for kv in kvs):  # a mixed question: the float form throughout
         kvs = [kv.dequantized() for kv in kvs]
     rows = np.concatenate([np.arange(s.start, s.stop) for s in layout.segments])  # (T,)
-    deltas = span_deltas(torch.cat([kv.position_ids for kv in kvs], dim=1).cpu(),
-                         layout.position_ids.cpu()[:, torch.from_numpy(rows)],
+    old = np.concatenate([kv.position_ids.cpu().numpy() for kv in kvs], axis=1)  # (P, T)
+    deltas = span_deltas(torch.from_numpy(old), layout.position_ids.cpu()[:, rows],
                          [s.length for s in layout.segments])  # one shift a page
     if adapter.device.type in PAGE_BY_PAGE:
         _load_in_place(adapter, layout, kvs, deltas, cache, embeds)
@@ -84,17 +84,15 @@ def _load_in_place(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], delta
 
 def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas: list[int],
                  cache: KVCache, embeds: torch.Tensor, rows: np.ndarray) -> None:
-    """An accelerator: the pages cross in one copy each (packed, as a store read them) or
-    in one staged buffer, then a few operations for all pages (`rows` (T,): the page rows
-    of the layout, in order)."""
+    """An accelerator: the pages cross in one batched copy and are joined on the device,
+    then a few operations for all pages (`rows` (T,): the page rows of the layout, in
+    order)."""
     dev = adapter.device
     first, last = layout.segments[0].start, layout.segments[-1].stop
     n_layers, heads, _, hd = kvs[0].keys.shape
     span = last - first
     kv_dtype = kvs[0].kv_dtype  # int8 pages: the dtype they dequantise to
-    moved = _packed_spans(layout, kvs, dev)
-    keys, values, page_embeds, *scales = moved if moved is not None else _staged_spans(
-        layout, kvs, dev)
+    keys, values, page_embeds, *scales = _spans(layout, kvs, dev)
     deltas_at, lengths, at = [], [], first
     for seg, delta in zip(layout.segments, deltas, strict=True):
         deltas_at += [0, delta]  # the label rows before the page: any values, not turned
@@ -106,9 +104,8 @@ def _load_staged(adapter: VLMAdapter, layout: Layout, kvs: list[PageKV], deltas:
         rerotate_into(keys, cos, sin, dst_k)  # (L, kv, span, hd), a few operations
         dst_v.copy_(values)
     else:
-        page_of = torch.repeat_interleave(
-            torch.arange(len(kvs)).repeat_interleave(2),  # a gap and a page per page
-            torch.tensor(lengths)).to(dev)  # (span,) the page of each row
+        page_of = torch.from_numpy(np.repeat(np.arange(len(kvs)).repeat(2), lengths)).to(
+            dev)  # (span,) the page of each row, a gap and a page per page
         step = max(1, rotate_chunk_elements(dev) // (heads * span * hd))  # layers per step
         for lo in range(0, n_layers, step):
             hi = lo + step
@@ -132,41 +129,12 @@ def _gapped(layout: Layout, parts: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _staged_spans(layout: Layout, kvs: list[PageKV], dev: torch.device) -> list[torch.Tensor]:
+def _spans(layout: Layout, kvs: list[PageKV], dev: torch.device) -> list[torch.Tensor]:
     """Keys and values (L, kv, span, hd) at their places in the span, embeddings (T, hidden)
-    and, for int8 pages, key scales (L, kv, P, hd) and value scales (L, kv, span, 1), joined
-    into one host buffer (one `torch.cat` a tensor kind, whatever the number of pages) that
-    crosses in one copy (`HostStage`)."""
-    first, last = layout.segments[0].start, layout.segments[-1].stop
-    n_layers, heads, _, hd = kvs[0].keys.shape
-    span, tokens = last - first, sum(kv.num_tokens for kv in kvs)
-    specs = [((n_layers, heads, span, hd), kvs[0].keys.dtype),
-             ((n_layers, heads, span, hd), kvs[0].values.dtype),
-             ((tokens, kvs[0].embeds.shape[-1]), kvs[0].embeds.dtype)]
-    if kvs[0].kv_dtype is not None:  # key scales per page and channel, value scales per row
-        specs += [((n_layers, heads, len(kvs), hd), torch.float32),
-                  ((n_layers, heads, span, 1), torch.float32)]
-    staged = HostStage(specs, dev)
-    torch.cat(_gapped(layout, [kv.keys for kv in kvs]), dim=2, out=staged.host[0])
-    torch.cat(_gapped(layout, [kv.values for kv in kvs]), dim=2, out=staged.host[1])
-    torch.cat([kv.embeds for kv in kvs], out=staged.host[2])
-    if kvs[0].kv_dtype is not None:
-        key_scales = [kv.key_scale for kv in kvs if kv.key_scale is not None]
-        value_scales = [kv.value_scale for kv in kvs if kv.value_scale is not None]
-        torch.cat(key_scales, dim=2, out=staged.host[3])
-        torch.cat(_gapped(layout, value_scales), dim=2, out=staged.host[4])
-    return staged.to_device()  # the one copy
-
-
-def _packed_spans(layout: Layout, kvs: list[PageKV], dev: torch.device
-                  ) -> list[torch.Tensor] | None:
-    """`_staged_spans`' tensors from pages that each view one host buffer of their own (as
-    the disk tier reads them): each buffer crosses as it is (`packed_to_device`, no host
-    copy) and the spans are joined on the device, zeros in the label rows between pages;
-    None when a page is not packed."""
-    moved = packed_to_device([kv.tensors() for kv in kvs], dev)
-    if moved is None:
-        return None
+    and, for int8 pages, key scales (L, kv, P, hd) and value scales (L, kv, span, 1), on the
+    device: every page crosses in the one batched copy (`pages_to_device`), then one
+    `torch.cat` a tensor kind there, zeros in the label rows between pages."""
+    moved = pages_to_device([kv.tensors() for kv in kvs], dev)  # PageKV.tensors() order
     out = [torch.cat(_gapped(layout, [page[1] for page in moved]), dim=2),  # (L, kv, span, hd)
            torch.cat(_gapped(layout, [page[2] for page in moved]), dim=2),
            torch.cat([page[0] for page in moved])]  # (T, hidden)

@@ -1,36 +1,24 @@
-"""Staging of the page KV one question loads: one host buffer, one copy to the device.
+"""Page KV crossing to the device: every page of a question in one batched copy, no host pass.
 
-Cached pages live on the host (`PageKV.to_host`). Copying them to an accelerator tensor by
-tensor, from pageable memory, makes every copy a blocking one and costs a launch per tensor.
-Here every tensor a question needs is laid out in one host buffer (`HostStage`: the caller
-fills host views of the shapes it asked for, e.g. all pages' keys at their places in the
-prompt), page-locked where CUDA is available, and the buffer goes to the device in one
-`non_blocking` copy; the tensors come back as views of the device buffer, in the order asked
-for. The copy is ordered before any kernel that reads it on the same stream, and the caching
-host allocator keeps the pinned buffer alive until the copy has run, so nothing waits on the
-host.
-
-Pages read from a store arrive already staged: the disk tier reads each entry straight into a
-host buffer of its own (`host_buffer`, pinned where CUDA is available) and returns the page's
-tensors as views of it. `packed_to_device` moves such pages without filling a `HostStage`:
-each page's buffer crosses as it is, one non-blocking copy a page into one device buffer, and
-the tensors come back as views of it at the same offsets, so the only host pass over a page's
-bytes is the read itself.
+Cached pages live on the host (`PageKV.to_host`, page-locked where CUDA is available; the
+disk tier reads each entry straight into a host buffer of its own, `host_buffer`, and returns
+the page's tensors as views of it). `pages_to_device` gives them their places in one device
+buffer and moves them all in one batched copy (`torch._foreach_copy_`: one operation issued
+whatever the number of pages, non-blocking on CUDA): a page that views one buffer
+(`packed_buffer`) crosses as that buffer, any other page tensor by tensor. Nothing joins the
+pages on the host first, so the only host pass over a page's bytes is the read that brought
+it there. The tensors come back as views of the device buffer. A copy from page-locked memory
+is ordered before any kernel that reads it on the same stream, and the caching host
+allocator keeps the buffer alive until the copy has run, so nothing waits on the host.
 
 Public API:
-  ALIGN = 64                            byte alignment of each tensor in the buffer
-  HostStage(specs: [(shape, dtype)], device, pin=None)
-      .host: list[Tensor]               views of the host buffer to fill
-      .to_device() -> list[Tensor]      the same tensors on `device` (one copy; on the CPU
-                                        the host views themselves)
-  stage(tensors, device, pin=None) -> list[Tensor]   copies of `tensors` staged that way
+  ALIGN = 64                            byte alignment of each region of the device buffer
   host_buffer(nbytes, pin=None) -> Tensor   (nbytes,) uint8, uninitialised, pinned when `pin`
                                         (default: where CUDA is available)
   packed_buffer(tensors) -> Tensor | None   the one host buffer all `tensors` view, when they
                                         are the bulk of it (a page as a store read it)
-  packed_to_device(groups, device) -> list[list[Tensor]] | None
-      each group's tensors on `device`, one copy a group's buffer; None unless every group is
-      packed (then the caller stages)
+  pages_to_device(groups, device) -> list[list[Tensor]]
+      each group's tensors on `device`, views of one device buffer, in one batched copy
 """
 
 from __future__ import annotations
@@ -46,40 +34,8 @@ ALIGN = 64
 PACKED_SLACK = 1 << 20  # bytes of a packed buffer outside its tensors (an entry's header)
 
 
-class HostStage:
-    """One host buffer (pinned where CUDA is available) holding tensors of `specs`, moved to
-    `device` in one copy."""
-
-    def __init__(self, specs: Sequence[tuple[Sequence[int], torch.dtype]],
-                 device: torch.device | str, pin: bool | None = None):
-        self.device = torch.device(device)
-        on_cpu = self.device.type == "cpu"
-        self.pin = (pin_host_memory() if pin is None else pin) and not on_cpu
-        self._layout: list[tuple[int, torch.dtype, torch.Size]] = []
-        total = 0
-        for shape, dtype in specs:
-            size = torch.Size(shape)
-            self._layout.append((total, dtype, size))
-            nbytes = size.numel() * torch.empty(0, dtype=dtype).element_size()
-            total += -(-nbytes // ALIGN) * ALIGN
-        self._buf = torch.empty(total, dtype=torch.uint8, pin_memory=self.pin)  # (bytes,)
-        self.host = [_view(self._buf, *spec) for spec in self._layout]
-
-    def to_device(self) -> list[torch.Tensor]:
-        """The staged tensors on the device: one (non-blocking, when pinned) copy."""
-        if self.device.type == "cpu":
-            return list(self.host)
-        buf = self._buf.to(self.device, non_blocking=self.pin)
-        return [_view(buf, *spec) for spec in self._layout]
-
-
-def stage(tensors: Sequence[torch.Tensor], device: torch.device | str,
-          pin: bool | None = None) -> list[torch.Tensor]:
-    """Copies of `tensors` on `device`, views of one buffer that crossed in one copy."""
-    staged = HostStage([(t.shape, t.dtype) for t in tensors], device, pin)
-    for view, t in zip(staged.host, tensors, strict=True):
-        view.copy_(t)
-    return staged.to_device()
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _view(buf: torch.Tensor, offset: int, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
@@ -111,33 +67,41 @@ def packed_buffer(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
         if (t.device.type != "cpu" or not t.is_contiguous()
                 or t.untyped_storage().data_ptr() != storage.data_ptr()):
             return None
-    held = sum(t.numel() * t.element_size() for t in tensors)
-    if storage.nbytes() > held + PACKED_SLACK:
+    if storage.nbytes() > sum(_nbytes(t) for t in tensors) + PACKED_SLACK:
         return None
-    return torch.empty(0, dtype=torch.uint8).set_(storage)  # (storage bytes,)
+    whole = (storage.nbytes(),)  # a view of every byte of the storage, from its start
+    return tensors[0].reshape(-1).view(torch.uint8).as_strided(whole, (1,), 0)  # (bytes,)
 
 
-def packed_to_device(groups: Sequence[Sequence[torch.Tensor]], device: torch.device | str
-                     ) -> list[list[torch.Tensor]] | None:
-    """Each group's tensors on `device` as views of one device buffer that every group's
-    packed host buffer (`packed_buffer`) crossed into, one copy a group (non-blocking when
-    the buffer is pinned and the device is CUDA; a copy on the CPU too, where only tests
-    stage). None when any group is not packed."""
+def pages_to_device(groups: Sequence[Sequence[torch.Tensor]], device: torch.device | str
+                    ) -> list[list[torch.Tensor]]:
+    """Each group's tensors (a page's, on the host) on `device`: views of one device buffer
+    that every group crossed into in one batched copy (module docstring); a packed group
+    (`packed_buffer`) as its whole buffer, the tensors at the same offsets in it, any other
+    group tensor by tensor, each at an `ALIGN`ed offset of its own."""
     device = torch.device(device)
-    bufs: list[torch.Tensor] = []
+    sources: list[torch.Tensor] = []  # host tensors to copy, each to the region at `starts`
+    starts: list[int] = []
+    places: list[list[int]] = []  # byte offset of each group's tensors in the device buffer
+    at = 0
     for group in groups:
         buf = packed_buffer(group)
-        if buf is None:
-            return None
-        bufs.append(buf)
-    sizes = [-(-b.numel() // ALIGN) * ALIGN for b in bufs]
-    dev = torch.empty(sum(sizes), dtype=torch.uint8, device=device)  # (bytes,)
-    out: list[list[torch.Tensor]] = []
-    at = 0
-    for group, buf, size in zip(groups, bufs, sizes, strict=True):
-        pinned = device.type == "cuda" and buf.is_pinned()
-        dev[at:at + buf.numel()].copy_(buf, non_blocking=pinned)  # the page's one copy
-        out.append([_view(dev, at + int(t.storage_offset()) * t.element_size(), t.dtype, t.shape)
-                    for t in group])
-        at += size
-    return out
+        if buf is not None:
+            sources.append(buf)
+            starts.append(at)
+            places.append([at + int(t.storage_offset()) * t.element_size() for t in group])
+            at += -(-buf.numel() // ALIGN) * ALIGN
+            continue
+        places.append([])
+        for t in group:
+            sources.append(t)
+            starts.append(at)
+            places[-1].append(at)
+            at += -(-_nbytes(t) // ALIGN) * ALIGN
+    dev = torch.empty(at, dtype=torch.uint8, device=device)  # (bytes,)
+    targets = [_view(dev, start, src.dtype, src.shape) for src, start in zip(
+        sources, starts, strict=True)]
+    if sources:  # the one copy, non-blocking where the sources are page-locked
+        torch._foreach_copy_(targets, sources, non_blocking=device.type == "cuda")
+    return [[_view(dev, place, t.dtype, t.shape) for t, place in zip(group, offsets, strict=True)]
+            for group, offsets in zip(groups, places, strict=True)]

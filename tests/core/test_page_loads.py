@@ -1,23 +1,28 @@
-"""Page loads: the joined path (pages joined into one staged buffer, one copy, re-rotation of all
-pages in a few operations, int8 dequantised on the device) and the CPU's in-place path fill the
-cache exactly as a page-by-page load (`_per_page`, the reference here: a copy per page and
-tensor, `rerotate` per page and layer)."""
+"""Page loads: the joined path (every page in one batched copy, joined on the device,
+re-rotation of all pages in a few operations, int8 dequantised on the device) and the CPU's
+in-place path fill the cache exactly as a page-by-page load (`_per_page`, the reference here:
+a copy per page and tensor, `rerotate` per page and layer)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conduit_core import PageInput, PageKV, ReuseRuntime
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
-from conduit_core.kv.staging import packed_buffer, packed_to_device, stage
+from conduit_core.kv.staging import packed_buffer, pages_to_device
 from conduit_core.passes.assembly import Assembly
 from conduit_core.prompt.rotation import rerotate_into, shift_tables
-from lab.ttft.op_count import accelerator_path
+from lab.ttft.op_count import LAUNCH_FREE, OpCounter, accelerator_path, count_ops
 from storage.keys import PageHash
 from storage.kv.codec import quantize_roundtrip
 from storage.kv.disk import DiskKVStore
@@ -84,29 +89,73 @@ def test_int8_pages_load_as_int8_and_dequantise_on_the_device(runtime: ReuseRunt
 
 
 def test_staged_loads_equal_per_page_loads(runtime: ReuseRuntime) -> None:
-    """The path an accelerator takes (pages joined into one staged buffer, one copy, views of
-    it), run on the CPU too: the same cache as the per-page load, float, int8 and mixed pages
-    alike, in any order."""
+    """The path an accelerator takes (pages in one batched copy, joined on the device), run
+    on the CPU too: the same cache as the per-page load, float, int8 and mixed pages alike,
+    in any order."""
     floats = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
     # int8 pages of their own tensors (a decoded entry views one buffer: the packed path)
     int8 = [replace(q, keys=q.keys.clone()) for q in map(quantize_roundtrip, floats)]
-    assert all(packed_to_device([kv.tensors()], "cpu") is None for kv in floats + int8)
+    assert all(packed_buffer(kv.tensors()) is None for kv in floats + int8)
     for kvs in (floats, floats[::-1], int8, int8[::-1], [int8[0], floats[1], int8[2]]):
         _same(_staged(runtime, kvs), _per_page(runtime, kvs))
 
 
-def _staged(runtime: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
-    """The page rows of a cache filled by the accelerator's load path, run on any device."""
+def _staged(runtime: ReuseRuntime, kvs: list[PageKV],
+            mode: TorchDispatchMode | None = None) -> tuple[torch.Tensor, ...]:
+    """The page rows of a cache filled by the accelerator's load path, run on any device
+    (inside `mode`, where given)."""
     asm = runtime.reuse.assemble(
         PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
                            QUESTION)
     cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
     embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
-    with accelerator_path():  # pages joined, whole-span steps, as on an accelerator
+    with accelerator_path(), mode or nullcontext():  # as on an accelerator
         load_pages(runtime.adapter, asm.layout, kvs, cache, embeds)
     rows = torch.cat([torch.arange(s.start, s.stop) for s in asm.layout.segments])
     dev = cache.keys.device
     return cache.keys[:, 0, :, rows.to(dev)], cache.values[:, 0, :, rows.to(dev)], embeds
+
+
+class _PageReads(OpCounter):
+    """An `OpCounter` that also counts, by name, the operations that read one of `kvs`'
+    own (host) tensors, views aside."""
+
+    def __init__(self, kvs: list[PageKV]) -> None:
+        super().__init__()
+        self.storages = {t.untyped_storage().data_ptr() for kv in kvs for t in kv.tensors()}
+        self.reads: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__.rstrip("_")
+        if name not in LAUNCH_FREE and any(
+                t.untyped_storage().data_ptr() in self.storages
+                for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)):
+            self.reads[name] += 1
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_page_load_is_one_copy_and_no_host_pass(runtime: ReuseRuntime, tmp_path: Path,
+                                                    packed: bool) -> None:
+    """On the accelerator's path, at 2, 8 and 32 pages (of their own tensors, or packed as
+    the disk tier reads them), the pages' host tensors are read by one operation, the
+    batched copy (no host concatenation, no other host pass), and the load issues the same
+    operations whatever the number of pages."""
+    kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    if packed:
+        keys = [PageHash(f"{i:02x}" + "ab" * 31) for i in range(3)]
+        store = DiskKVStore(tmp_path, 1 << 30, quantize=False, fsync=False)
+        store.put_many(dict(zip(keys, kvs, strict=True)))
+        read = store.get_many(keys)
+        kvs = [read[k] for k in keys]
+    counts = []
+    for pages in (2, 8, 32):
+        mode = _PageReads(kvs)
+        _staged(runtime, [kvs[i % len(kvs)] for i in range(pages)], mode)
+        assert mode.reads == {"_foreach_copy": 1}, (pages, mode.reads)
+        counts.append(mode.by_name)
+    assert counts[0] == counts[1] == counts[2], counts
 
 
 @pytest.mark.parametrize("quantize", [False, True])
@@ -121,16 +170,17 @@ def test_pages_read_from_disk_cross_as_read(runtime: ReuseRuntime, tmp_path: Pat
     store.put_many(dict(zip(keys, floats, strict=True)))
     read = store.get_many(keys)
     kvs = [read[k] for k in keys]
-    assert packed_to_device([kv.tensors() for kv in kvs], "cpu") is not None
-    assert packed_to_device([kv.tensors() for kv in floats], "cpu") is None  # staged instead
+    assert all(packed_buffer(kv.tensors()) is not None for kv in kvs)
+    assert all(packed_buffer(kv.tensors()) is None for kv in floats)  # tensor by tensor
     for order in (kvs, kvs[::-1], [kvs[1], kvs[0]]):
         want = _per_page(runtime, [kv.dequantized() for kv in order])
         _same(_staged(runtime, order), want)
 
 
-def test_packed_to_device_returns_every_tensor_at_its_offset() -> None:
-    """Two packed buffers (header bytes before the tensors, as an entry has) cross into one
-    device buffer; each tensor comes back equal, at its own offset."""
+def test_pages_cross_in_one_batched_copy_each_tensor_at_its_offset() -> None:
+    """Two packed buffers (header bytes before the tensors, as an entry has) and a page of
+    separate tensors (one strided) cross into one device buffer in one operation; each
+    tensor comes back equal, in its dtype (int8 stays int8), at its own offset."""
     groups, want = [], []
     for seed, head in ((0, 128), (1, 64)):
         g = torch.Generator().manual_seed(seed)
@@ -149,34 +199,19 @@ def test_packed_to_device_returns_every_tensor_at_its_offset() -> None:
             at += n
         groups.append(views)
         want.append(parts)
-    assert packed_buffer(groups[0]) is not None
-    out = packed_to_device(groups, torch.device(TEST_DEVICE))
-    assert out is not None
+    loose = [torch.rand(2, 2, 1, 8), torch.randn(3, 2, 4, 8)[:, :, 1:],
+             torch.randint(-127, 128, (2, 2, 5, 8), dtype=torch.int8)]
+    groups.append(loose)
+    want.append(loose)
+    assert packed_buffer(groups[0]) is not None and packed_buffer(loose) is None
+    out, ops = count_ops(lambda: pages_to_device(groups, torch.device(TEST_DEVICE)))
+    assert ops.by_name == {"_foreach_copy": 1}, ops.by_name
     assert len({t.untyped_storage().data_ptr() for g in out for t in g}) == 1
     for got_g, want_g in zip(out, want, strict=True):
         for got, w in zip(got_g, want_g, strict=True):
+            assert got.device.type == torch.device(TEST_DEVICE).type
             assert got.dtype == w.dtype and torch.equal(got.cpu(), w)
     assert packed_buffer([groups[0][0], torch.arange(3)]) is None  # two buffers
-
-
-def test_int8_staging_copies_int8_bytes() -> None:
-    """What crosses to the device for an int8 page is int8 plus float32 scales."""
-    q = torch.randint(-127, 128, (2, 2, 5, 8), dtype=torch.int8)
-    scale = torch.rand(2, 2, 1, 8)
-    staged_q, staged_scale = stage([q, scale], torch.device(TEST_DEVICE))
-    assert staged_q.dtype == torch.int8 and torch.equal(staged_q.cpu(), q)
-    assert torch.equal(staged_scale.cpu(), scale)
-
-
-def test_stage_makes_one_buffer_of_every_tensor() -> None:
-    parts = [torch.randn(3, 2, 4, 8), torch.randn(5, 6).to(torch.bfloat16), torch.arange(5),
-             torch.randn(3, 2, 4, 8)[:, :, 1:]]  # a strided one too
-    out = stage(parts, torch.device(TEST_DEVICE))
-    for got, want in zip(out, parts, strict=True):
-        assert got.device.type == torch.device(TEST_DEVICE).type and got.dtype == want.dtype
-        assert torch.equal(got.cpu(), want)
-    storages = {t.untyped_storage().data_ptr() for t in out}
-    assert len(storages) == 1  # one buffer, so one host-to-device copy
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
