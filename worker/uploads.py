@@ -19,8 +19,8 @@ from storage.metadata import MetadataStore
 from storage.metadata.usage import Quota, Usage
 from storage.space import free_bytes
 from worker.ingest.errors import EmptyFileError, IngestError
-from worker.ingest.formats import sniff
-from worker.ingest.office import check_office, check_slides, office_to_pdf
+from worker.ingest.formats import FORMATS, sniff
+from worker.ingest.office import check_office, check_slides, office_to_pdf, soffice_path
 from worker.ingest.sandbox import ReaderLimits, inspect_pdf
 from worker.settings import Settings
 
@@ -101,6 +101,14 @@ def conversion(settings: Settings) -> Conversion:
 def upload_path(home: Path, document_id: str) -> Path:
     """Where a document's (decrypted) PDF is stored."""
     return home / "uploads" / f"{document_id}.pdf"
+
+
+def accepted_formats(convert: Conversion) -> list[dict[str, object]]:
+    """What a user may upload here, for `GET /v1/info`: each format's name, label and
+    extensions; Office formats only when conversion is on and LibreOffice is installed."""
+    office = convert.office and soffice_path() is not None
+    return [{"name": f.name, "label": f.label, "extensions": list(f.extensions)}
+            for f in FORMATS if f.route != "office" or office]
 
 
 def check_upload(data: bytes, *, password: str | None, max_bytes: int, max_pages: int,

@@ -49,7 +49,7 @@ FORMATS: tuple[Format, ...] = (
     Format("tiff", "TIFF image", (".tif", ".tiff"), "image"),
     Format("epub", "EPUB e-book", (".epub",), "pymupdf"),
     Format("xps", "XPS document", (".xps", ".oxps"), "pymupdf"),
-    Format("txt", "plain text", (".txt", ".text", ".md", ".markdown"), "pymupdf"),
+    Format("txt", "text or Markdown file", (".txt", ".text", ".md", ".markdown"), "pymupdf"),
     Format("docx", "Word document", (".docx",), "office"),
     Format("xlsx", "Excel workbook", (".xlsx",), "office"),
     Format("pptx", "PowerPoint presentation", (".pptx",), "office"),
