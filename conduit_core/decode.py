@@ -21,8 +21,8 @@ The first token is picked from the prefill logits; each further token is one row
 batched step, its K/V appended at the next cache index of its own cache (or its decode-pool
 slot: `conduit_core.kv.kv_pool`), its position one past the last. Row indices and positions of
 all steps are made on the device once, and the picked token stays there for its embedding: a
-step copies one scalar per sequence to the host (the token id, for stop tokens and text) and
-nothing to the device.
+step copies the token ids of all its sequences to the host in one read (for stop tokens and
+text) and nothing to the device.
 
 Text is detokenized incrementally by the tokenizers library's `DecodeStream` (constant work
 per token). A piece is emitted only once it holds complete characters: a multi-byte
@@ -174,17 +174,15 @@ class DecodeState:
         prompt and its answer."""
         return self.n_keys + self.max_new_tokens
 
-    def pick(self) -> torch.Tensor | None:
-        """Pick the next token from `logits` and report it; returns it (0-d, on the device)
-        when it needs a forward for the token after it, else None (and `done` is set)."""
-        picked = self.sampler.pick(self.logits)  # 0-d, on the device
-        tok = TokenId(int(picked.item()))  # the step's one device-to-host copy
+    def take(self, tok: TokenId) -> bool:
+        """Report token `tok`, picked from `logits` (its id read back with the batch's): True
+        when it needs a forward for the token after it, else False (and `done` is set)."""
         if self.picked == 0:
             self.ttft_s = time.perf_counter() - self.t0
         self.picked += 1
         if tok in self.stops:
             self.stop_reason, self.done = "stop", True
-            return None
+            return False
         self.tokens.append(tok)
         piece = self.detok.step(tok)
         self.pieces.append(piece)
@@ -193,14 +191,14 @@ class DecodeState:
                 self.on_token(tok, piece)
             except BaseException as exc:  # noqa: BLE001 - this answer ends; the batch goes on
                 self.error, self.done = exc, True
-                return None
+                return False
         if self.picked == self.max_new_tokens:
             self.done = True
-            return None
-        return picked
+            return False
+        return True
 
     def step_row(self) -> StepRow:
-        """This sequence's part of the next forward (after a `pick` that returned a token)."""
+        """This sequence's part of the next forward (after a `take` that returned True)."""
         i = self.picked - 1
         return StepRow(cache=self.cache, row=self.rows[i:i + 1],
                        position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked,
@@ -222,11 +220,11 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
     covers (every pooled answer, nothing else) runs in its prepared bucket."""
     going: list[DecodeState] = []
     picked: list[torch.Tensor] = []
-    for state in states:
-        if state.done:
-            continue
-        token = state.pick()
-        if token is not None:
+    live = [s for s in states if not s.done]
+    picks = [s.sampler.pick(s.logits) for s in live]  # 0-d each, on the device
+    ids = torch.stack(picks).tolist() if picks else []  # the step's one device-to-host copy
+    for state, token, tok in zip(live, picks, ids, strict=True):
+        if state.take(TokenId(tok)):
             going.append(state)
             picked.append(token)
     if pool is not None:

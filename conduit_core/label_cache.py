@@ -64,7 +64,7 @@ class LabelKV:
     key: LabelKey
     keys: torch.Tensor  # (L, kv_heads, t, hd), after RoPE at `position_ids`
     values: torch.Tensor  # (L, kv_heads, t, hd)
-    position_ids: torch.Tensor  # (P, t) the positions the keys were rotated to
+    position_ids: torch.Tensor  # (P, t) on the host: the positions the keys were rotated to
 
     @property
     def n(self) -> int:
@@ -105,7 +105,8 @@ def _compute(adapter: VLMAdapter, head: HeadKV, key: LabelKey,
     forward_rows(adapter, cache, embeds, rows.to(adapter.device), pos.unsqueeze(1),
                  n_keys=h + t, outputs=torch.tensor([t - 1]))  # only K/V are kept
     return LabelKV(key=key, keys=cache.keys[:, 0, :, h:].clone(),  # (L, kv, t, hd)
-                   values=cache.values[:, 0, :, h:].clone(), position_ids=pos.clone())
+                   values=cache.values[:, 0, :, h:].clone(),
+                   position_ids=pos.cpu())  # host: an answer reads them to turn the keys
 
 
 def _pending(assembly: Assembly, skip: torch.Tensor | None) -> list[tuple[Segment, torch.Tensor]]:

@@ -71,7 +71,7 @@ def quantile_rows(visual_rows: torch.Tensor, k: int, histogram: ArrayLike) -> to
     steps = np.arange(k)
     idx = np.maximum.accumulate(idx - steps) + steps  # strictly increasing
     idx = np.minimum(idx, n - k + steps)  # and within range: still strictly increasing
-    return visual_rows[torch.from_numpy(idx).to(visual_rows.device)]
+    return visual_rows[torch.from_numpy(idx)]  # host rows, a host index
 
 
 class ChoiceHistory:

@@ -24,8 +24,8 @@ Public API:
   RowSetup(rows, blocks, mask, cos, sin)   what every layer of a forward of one row set
       shares: its attention groups or mask and its rotary cos/sin, built once
   setup_rows(adapter, dtype, rows, position_ids, *, n_keys, plain_causal=False) -> RowSetup
-      .subset(adapter, keep, n_keys) -> RowSetup   the rows at boolean `keep` (R,), their
-      cos/sin taken from this one instead of computed again
+      .subset(adapter, places, n_keys) -> RowSetup   the rows at `places` (R',) int64 (on the
+      device: never read back), their cos/sin taken from this one instead of computed again
   forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
                observer=None, layers=None, outputs=None, setup=None)
       -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
@@ -115,12 +115,12 @@ class RowSetup:
     cos: torch.Tensor  # (B, R, hd) rotary cos of the rows' positions
     sin: torch.Tensor  # (B, R, hd)
 
-    def subset(self, adapter: VLMAdapter, keep: torch.Tensor, n_keys: int) -> RowSetup:
-        """The setup of rows `rows[keep]` (keep (R,) bool): cos/sin taken from this one (one
-        gather each instead of the rotary embedding), attention groups built for them."""
-        keep = keep.to(self.rows.device)
-        rows = self.rows[keep]  # (R',)
-        cos, sin = self.cos[:, keep], self.sin[:, keep]  # (B, R', hd) each
+    def subset(self, adapter: VLMAdapter, places: torch.Tensor, n_keys: int) -> RowSetup:
+        """The setup of rows `rows[places]` (places (R',) int64): cos/sin taken from this one
+        (one gather each instead of the rotary embedding), attention groups built for them."""
+        places = places.to(self.rows.device)
+        rows = self.rows[places]  # (R',)
+        cos, sin = self.cos[:, places], self.sin[:, places]  # (B, R', hd) each
         blocks, mask = _attention_setup(adapter, rows, n_keys, False, cos.dtype)
         return RowSetup(rows, blocks, mask, cos, sin)
 

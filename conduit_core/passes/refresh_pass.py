@@ -28,52 +28,107 @@ class Resume:
     hidden: torch.Tensor  # (N, hidden) input of `layer`, all rows in sequence order
 
 
+_NO_ROWS = torch.zeros(0, dtype=torch.long)
+
+
+def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
+                scored: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The rows of a refresh besides its visual rows, on the host: the text rows after the
+    head, less those skipped, and the stale labels it recomputes; and how many text rows
+    were skipped. After a scoring pass they are decided without reading `visual_rows` (on
+    an accelerator the device's own choice): the labels every refresh recomputes
+    (`Layout.refreshed_label_rows` of no row), and the text rows skipped are those before
+    the first page and before those labels, exact whatever was chosen. With label_refresh
+    "page" the labels follow the choice, which is read back, and the text rows skipped are
+    those before the first refreshed row."""
+    text = layout.text_rows()
+    text = text[text >= exact_rows]  # (T,)
+    if not scored:
+        return text, layout.refreshed_label_rows(visual_rows), 0
+    if layout.label_refresh == "page":  # the labels follow the choice: it is read back
+        chosen = visual_rows.to(torch.long).cpu()  # (V,)
+        labels = layout.refreshed_label_rows(chosen)  # (L,)
+        starts = [layout.n, *(int(r.min()) for r in (chosen, labels) if r.numel())]
+    else:
+        labels = layout.refreshed_label_rows(_NO_ROWS)  # (L,) whatever was chosen
+        starts = [layout.n, *(s.start for s in layout.segments[:1]),
+                  *(int(labels.min()) for _ in range(min(1, labels.numel())))]
+    first = min(starts)
+    skipped = int((text < first).sum())  # the text rows before it
+    return text[skipped:], labels, skipped
+
+
 def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
                  scored: bool) -> tuple[torch.Tensor, int]:
-    """Rows a refresh computes, ascending: text rows after the cached head plus `visual_rows`
-    (and the stale labels of the pages they cover whole, `Layout.refreshed_label_rows`);
-    after a scoring pass the text rows before the first refreshed cached row are exact
+    """Rows a refresh computes, ascending, on the host: text rows after the cached head plus
+    `visual_rows` and the stale labels the refresh recomputes (`_fixed_rows`); after a
+    scoring pass the text rows before the first page and before those labels are exact
     already and skipped. Returns (rows, how many text rows were skipped after the head)."""
-    visual_rows = visual_rows.to(torch.long).cpu()
-    stale = torch.cat([visual_rows, layout.refreshed_label_rows(visual_rows)])  # (V',)
-    rows = torch.cat([layout.text_rows(), stale]).unique(sorted=True)  # (R,)
-    rows = rows[rows >= exact_rows]
-    if not scored:
-        return rows, 0
-    first = int(stale.min()) if stale.numel() else layout.n
-    skipped = int((rows < first).sum())  # every row before `first` is a text row
-    return rows[skipped:], skipped
+    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored)
+    rows = torch.cat([text, labels, visual_rows.to(torch.long).cpu()]).unique(sorted=True)
+    return rows, skipped
+
+
+@dataclass(frozen=True)
+class _PassRows:
+    """The rows of one refresh on the device, and where each one's layer-1 input comes
+    from (`text_from_layer_one`)."""
+
+    rows: torch.Tensor  # (R,) ascending, on the device
+    text: torch.Tensor  # (T,) the text rows among them, on the host
+    text_places: torch.Tensor  # (T,) their places in `rows`, on the device
+    fresh: torch.Tensor  # (F,) the visual rows and stale labels, on the device
+    fresh_places: torch.Tensor  # (F,) their places in `rows`
+    skipped: int  # text rows skipped after the head
+
+
+def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, scored: bool,
+               device: torch.device) -> _PassRows:
+    """`refresh_rows` without reading `visual_rows` (distinct rows, on the device): the host
+    rows joined to them and sorted on the device, their count known on the host."""
+    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored)
+    fresh = torch.cat([labels.to(device), visual_rows.to(device, torch.long)])  # (F,)
+    every = torch.cat([text.to(device), fresh])  # (R,) text rows first
+    rows, order = torch.sort(every)  # (R,) ascending
+    places = torch.empty_like(order).scatter_(
+        0, order, torch.arange(every.numel(), device=device))  # (R,) entry i's place in rows
+    n_text = int(text.numel())
+    return _PassRows(rows, text, places[:n_text], fresh, places[n_text:], skipped)
 
 
 @torch.no_grad()
 def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Tensor,
                  resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Recompute `visual_rows` and all text rows after the head in sequence order, writing
-    their K/V; returns their last-layer hidden states in row order and the rows it actually
-    computed (R_c,).
+    """Recompute `visual_rows` (distinct, in any order; a choice on the device is never read
+    back) and all text rows after the head in sequence order, writing their K/V; returns
+    their last-layer hidden states in row order and the rows it actually computed (R_c,),
+    ascending, on the device.
 
     Head rows are exact from the head cache. Text row t's stale-pass result is exact when
     every key before t is as the refresh will leave it: text rows before t (by
     induction) and unselected visual rows (stale in both passes). So the text rows before
-    the first refreshed visual row are reused from the scoring pass, provided it ran on
-    this cache and nothing wrote since; the other text rows start at layer 1 from the
+    the first page (and before the labels every refresh recomputes) are reused from the
+    scoring pass, provided it ran on this cache and nothing wrote since: known on the
+    host, whatever the device chose; the other text rows start at layer 1 from the
     scoring pass's layer-0 output (exact: `conduit_core.passes.stale_pass.text_from_layer_one`),
-    the visual rows at layer 0. With `resume` (a policy already ran every token
+    the visual rows and stale labels at layer 0. With `resume` (a policy already ran every token
     through the first layers), the rows start from its hidden states at layer
     `resume.layer`. With `assembly.last_only` only the last row's state is returned."""
     layout = assembly.layout
     stale = assembly.stale
+    device = adapter.device
     scored = (stale is not None and stale.text_hidden is not None
               and assembly.stale_writes == assembly.cache.writes)
-    rows, skipped = refresh_rows(layout, assembly.exact_rows, visual_rows, scored)
-    everything = rows.numel() == layout.n
+    split = _pass_rows(layout, assembly.exact_rows, visual_rows, scored, device)
+    rows, skipped, n_rows = split.rows, split.skipped, int(split.rows.numel())
+    everything = n_rows == layout.n
     reused: list[torch.Tensor] = []  # last-layer states of the rows not computed
     if not assembly.last_only:
         if assembly.head is not None:
             reused.append(assembly.head.hidden)
         if scored and stale is not None and stale.text_hidden is not None:
             reused.append(stale.text_hidden[:skipped])
-    if rows.numel() == 0:
+    if n_rows == 0:
         if assembly.last_only:
             assert stale is not None and stale.text_hidden is not None
             return stale.text_hidden[-1:], rows  # the last row is a text row
@@ -81,20 +136,21 @@ def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Ten
     assembly.text_from_one = (scored and resume is None and assembly.layer0_exact
                               and stale is not None
                               and stale.after_first is not None)
-    pos = layout.position_ids[:, rows].unsqueeze(1)  # (P, 1, R)
+    positions = layout.position_ids.to(device)  # (P, N)
+    pos = positions[:, rows].unsqueeze(1)  # (P, 1, R)
     setup = setup_rows(adapter, assembly.embeds.dtype, rows, pos, n_keys=layout.n,
                        plain_causal=everything)
     if assembly.text_from_one:
         assert stale is not None
-        hidden = text_from_layer_one(adapter, assembly.cache, stale, assembly.embeds,
-                                     layout.position_ids, rows, layout.n,
-                                     setup)  # (1, R, hidden)
+        hidden = text_from_layer_one(adapter, assembly.cache, stale, assembly.embeds, positions,
+                                     n_rows, split.text, split.text_places, split.fresh,
+                                     split.fresh_places, layout.n, setup)  # (1, R, hidden)
     else:
         start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
         hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
     first = 1 if assembly.text_from_one else 0 if resume is None else resume.layer
     layers = range(first, len(adapter.layers))
-    outputs = torch.tensor([rows.numel() - 1]) if assembly.last_only else None
+    outputs = torch.tensor([n_rows - 1]) if assembly.last_only else None
     out = forward_rows(adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
                        plain_causal=everything, layers=layers, outputs=outputs,
                        setup=setup)[0]  # (R_c | 1, hidden)

@@ -9,7 +9,11 @@ call a group (GQA by the kernel, `enable_gqa`: K/V are never repeated):
     on an accelerator, where a call costs a launch whatever its size; four on the CPU, where
     the keys a row reads past its own cost time (the cut points are chosen to read the fewest
     keys in all: `group_bounds`);
-  * the groups (cut on the host) and their additive masks ((c, n), views of one (R, n); None
+  * one group reads every key under a mask built on the device from the rows, never reading
+    them back: on an accelerator the rows may be the device's own choice (the refresh's), and
+    a read would stall the launch queue and break a graph capture (issue 65); four groups are
+    cut on the host, where the CPU reads its rows for free;
+  * the groups and their additive masks ((c, n), views of one (R, n); None
     where every row sees every key of its group) are built once per forward and shared by
     all layers.
 The result equals `F.scaled_dot_product_attention` over the full mask up to float rounding
@@ -67,18 +71,20 @@ def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torc
 def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int, int, int]]:
     """At most `groups` runs of consecutive entries of `rows` (R,), as (start, stop, keys
     read = largest row of the run + 1, at most n_keys), cut where the keys read by all runs
-    together are fewest among cuts at `CUT_CANDIDATES` evenly spaced places. A pure
-    function of its arguments, computed on the host in numpy (the FLOPs accounting calls it
-    too, and it launches nothing on the device)."""
+    together are fewest among cuts at `CUT_CANDIDATES` evenly spaced places; one group
+    reads all `n_keys` (its rows are never read: on an accelerator they may be a choice the
+    device made, and reading them back would stall its queue). A pure function of its
+    arguments, computed on the host in numpy (the FLOPs accounting calls it too, and it
+    launches nothing on the device)."""
     if groups < 1:
         raise ValueError("groups must be >= 1")
+    if groups == 1:
+        return [(0, int(rows.numel()), n_keys)] if rows.numel() else []
     host = rows.detach().cpu().numpy().astype(np.int64)  # (R,)
     r = int(host.size)
     if r == 0:
         return []
     limit = np.minimum(np.maximum.accumulate(host) + 1, n_keys)  # (R,) keys up to entry i
-    if groups == 1:
-        return [(0, r, int(limit[-1]))]
     cuts = np.unique(np.rint(np.linspace(0, r, CUT_CANDIDATES + 1)).astype(np.int64))  # (C,)
     lim = limit[np.maximum(cuts - 1, 0)].astype(np.float64)  # (C,) keys of a run ending there
     span = cuts.reshape(1, -1) - cuts.reshape(-1, 1)  # (C, C) rows of run (i, j)
@@ -105,23 +111,30 @@ def row_blocks(rows: torch.Tensor, n_keys: int, groups: int, dtype: torch.dtype,
     operations for all runs."""
     device = rows.device if device is None else device
     bounds = group_bounds(rows, n_keys, groups)
-    host = rows.cpu()
     out: list[RowBlock] = []
     if not bounds:
         return out
+    if groups == 1:  # every key, under the mask (the rows stay where they are)
+        return [RowBlock(0, bounds[0][1], n_keys, _hidden_mask(rows, n_keys, dtype, device))]
+    host = rows.cpu()
     needs = [int(host[start:stop].min()) + 1 < limit  # some row misses a key of its group
              for start, stop, limit in bounds]
     mask = None
     if any(needs):
-        widest = max(limit for _, _, limit in bounds)
-        hidden = (torch.arange(widest, device=device).view(1, -1)
-                  > rows.to(device).view(-1, 1))  # (R, widest) keys a row does not see
-        mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
-            hidden, torch.finfo(dtype).min)  # (R, widest)
+        mask = _hidden_mask(rows, max(limit for _, _, limit in bounds), dtype, device)
     for (start, stop, limit), masked in zip(bounds, needs, strict=True):
         part = mask[start:stop, :limit] if masked and mask is not None else None
         out.append(RowBlock(start, stop, limit, part))
     return out
+
+
+def _hidden_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """Additive mask (R, n_keys) in `dtype`: dtype min where a key comes after its row."""
+    hidden = (torch.arange(n_keys, device=device).view(1, -1)
+              > rows.to(device).view(-1, 1))  # (R, n_keys) keys a row does not see
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
+        hidden, torch.finfo(dtype).min)  # (R, n_keys)
 
 
 def blocked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

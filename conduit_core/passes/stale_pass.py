@@ -41,15 +41,18 @@ Public API:
              config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
   fused_layers(scored_layers, n_layers, n_scored, n_text, last_only) -> list[int]
       the scored layers whose attention output the scoring's probabilities give
-  text_from_layer_one(adapter, cache, stale, embeds, position_ids, rows, n_keys)
-      -> (1, R, hidden) the refresh rows' inputs of layer 1: the visual rows run through
-      layer 0 now (reading the exact layer-0 cache), the text rows taken from `stale`
+  text_from_layer_one(adapter, cache, stale, embeds, positions, n_rows, text, text_places,
+                      fresh, fresh_places, n_keys, setup=None)
+      -> (1, R, hidden) the refresh rows' inputs of layer 1: the fresh rows (visual, stale
+      labels) run through layer 0 now (reading the exact layer-0 cache), the text rows taken
+      from `stale`
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
@@ -68,7 +71,7 @@ class StaleScores:
     attention: torch.Tensor  # (N,) float32
     config: ScoreConfig
     question_rows: torch.Tensor  # (n_question,) sequence indices
-    text_rows: torch.Tensor  # (N_t,) sequence indices that were computed
+    text_rows: torch.Tensor  # (N_t,) sequence indices that were computed, on the host
     text_hidden: torch.Tensor | None = None  # (N_t | 1, hidden) last-layer hidden states
     after_first: torch.Tensor | None = None  # (N_t, hidden) after layer 0 (exact)
     probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
@@ -103,6 +106,7 @@ def stale_pass(
     generation prompt) layer by layer."""
     config = config or ScoreConfig()
     device = adapter.device
+    host_text, host_question = text_rows, question_rows  # the layout's, on the host
     text_rows = text_rows.to(device)
     question_rows = question_rows.to(device)
     heads = adapter.text_config.num_attention_heads
@@ -110,8 +114,8 @@ def stale_pass(
     rep = heads // kv_heads
     acc = ScoreAccumulator(config, len(adapter.layers), question_rows.numel(), n_keys, device,
                            n_prompt)
-    host_scored = question_rows.cpu()[acc.rows]  # (Q',)
-    pick = torch.searchsorted(text_rows.cpu(), host_scored)  # (Q',) places inside text_rows
+    host_scored = host_question[acc.rows]  # (Q',)
+    pick = torch.searchsorted(host_text, host_scored)  # (Q',) places inside text_rows
     scored_rows = host_scored.to(device)  # (Q',)
     n_q = scored_rows.numel()
     # scored rows that are a run of text rows (the default: the tail) are a view of q
@@ -175,10 +179,10 @@ def stale_pass(
         return out.transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
-    pos = position_ids[:, text_rows.cpu()].unsqueeze(1)  # (P, 1, N_t)
+    pos = position_ids[:, host_text].unsqueeze(1)  # (P, 1, N_t)
     outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
     n_layers = len(adapter.layers)
-    setup = setup_rows(adapter, hidden.dtype, text_rows, pos, n_keys=n_keys)  # both calls'
+    setup = setup_rows(adapter, hidden.dtype, host_text, pos, n_keys=n_keys)  # both calls'
     after_first = None
     if n_layers > 1:  # layer 0 alone first, to keep its output (the same operations)
         hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
@@ -195,7 +199,7 @@ def stale_pass(
                                  out=acc.all_norms(heads, kv_heads))  # (L', G, N)
     weighted, attention = acc.result()
     return StaleScores(weighted=weighted, attention=attention, config=config,
-                       question_rows=question_rows, text_rows=text_rows, text_hidden=out[0],
+                       question_rows=question_rows, text_rows=host_text, text_hidden=out[0],
                        after_first=after_first, probs=torch.stack(kept) if kept else None)
 
 
@@ -210,26 +214,29 @@ def _chunk_mask(rows: torch.Tensor, first: int, n_keys: int, rep: int) -> torch.
 
 
 def text_from_layer_one(adapter: VLMAdapter, cache: KVCache, stale: StaleScores,
-                        embeds: torch.Tensor, position_ids: torch.Tensor, rows: torch.Tensor,
-                        n_keys: int, setup: RowSetup | None = None) -> torch.Tensor:
-    """The inputs of decoder layer 1 of a refresh's `rows` (R,) ascending, (1, R, hidden):
-    its visual rows (those not in `stale.text_rows`) run through layer 0 now, over a layer-0
-    cache that is exact; its text rows are `stale.after_first` (their layer 0 ran over the
-    same keys in the scoring pass). The caller runs every row from layer 1 on; `setup`: the
-    rows' `RowSetup` (the visual rows' is taken from it)."""
+                        embeds: torch.Tensor, positions: torch.Tensor, n_rows: int,
+                        text: torch.Tensor, text_places: torch.Tensor, fresh: torch.Tensor,
+                        fresh_places: torch.Tensor, n_keys: int,
+                        setup: RowSetup | None = None) -> torch.Tensor:
+    """The inputs of decoder layer 1 of a refresh's `n_rows` rows (1, R, hidden), in the
+    places given: rows `fresh` (F,) (visual rows and stale labels, on the device) run through
+    layer 0 now, over a layer-0 cache that is exact, into `fresh_places`; rows `text` (T,)
+    (on the host, among `stale.text_rows`) are `stale.after_first` (their layer 0 ran over
+    the same keys in the scoring pass), into `text_places`. Nothing is read back: the rows
+    the device chose stay there. The caller runs every row from layer 1 on; `positions`:
+    the layout's (P, N) on the device; `setup`: the rows' `RowSetup` (the fresh rows' is
+    taken from it)."""
     assert stale.after_first is not None
-    rows = rows.to(torch.long).cpu()
-    text_rows = stale.text_rows.cpu()
-    is_text = torch.isin(rows, text_rows)  # (R,)
-    visual = rows[~is_text]  # (V,)
-    out = torch.empty(1, rows.numel(), embeds.shape[-1], dtype=embeds.dtype,
+    out = torch.empty(1, n_rows, embeds.shape[-1], dtype=embeds.dtype,
                       device=embeds.device)  # (1, R, hidden)
-    if visual.numel():
-        pos = position_ids[:, visual].unsqueeze(1)  # (P, 1, V)
-        sub = None if setup is None else setup.subset(adapter, ~is_text, n_keys)
-        out[:, ~is_text.to(out.device)] = forward_rows(
-            adapter, cache, embeds[visual.to(embeds.device)].unsqueeze(0), visual, pos,
-            n_keys=n_keys, layers=range(1), setup=sub).to(out.dtype)  # (1, V, hidden)
-    place = torch.searchsorted(text_rows, rows[is_text])  # (R - V,) places in text_rows
-    out[:, is_text.to(out.device)] = stale.after_first[place.to(out.device)].to(out.dtype)
+    if fresh.numel():
+        pos = positions[:, fresh].unsqueeze(1)  # (P, 1, F)
+        sub = None if setup is None else setup.subset(adapter, fresh_places, n_keys)
+        out[:, fresh_places] = forward_rows(
+            adapter, cache, embeds[fresh].unsqueeze(0), fresh, pos, n_keys=n_keys,
+            layers=range(1), setup=sub).to(out.dtype)  # (1, F, hidden)
+    if text.numel():
+        place = np.searchsorted(stale.text_rows.numpy(), text.numpy())  # (T,) in text_rows
+        out[:, text_places] = stale.after_first[
+            torch.from_numpy(place).to(out.device)].to(out.dtype)  # (1, T, hidden)
     return out

@@ -72,7 +72,8 @@ class ConduitConfig:
 class ConduitChoice:
     """One CONDUIT decision with the quantities behind it."""
 
-    rows: torch.Tensor  # (k,) sequence indices of the refreshed visual tokens, ascending
+    rows: torch.Tensor  # (k,) sequence indices of the refreshed visual tokens, ascending, on
+    # the scores' device (the choice is never read back before the refresh)
     scores: torch.Tensor  # (N_v,) amplified scores s'_j in visual-token order
     amplification: torch.Tensor  # (M,) c_m per page
 
@@ -93,15 +94,16 @@ class ConduitPolicy:
     def explain(self, ctx: PolicyContext) -> ConduitChoice:
         """Score, amplify and select; runs the scoring pass through `ctx`."""
         cfg = self.config
-        rows = ctx.visual_rows  # (N_v,)
         k = self.budget_k(ctx)
-        s = ctx.scores(cfg.score).weighted.cpu()[rows]  # (N_v,)
-        page_of = ctx.page_of_visual  # (N_v,)
+        weighted = ctx.scores(cfg.score).weighted  # (N,) on the device, never read back
+        rows = ctx.visual_rows.to(weighted.device)  # (N_v,)
+        s = weighted[rows]  # (N_v,)
+        page_of = ctx.page_of_visual  # (N_v,) on the host
         c = page_amplification(s, page_of, ctx.num_pages, cfg.gamma)  # (M,)
-        amplified = s * c[page_of]  # (N_v,)
-        if cfg.mass is not None:
+        amplified = s * c[page_of.to(c.device)]  # (N_v,)
+        if cfg.mass is not None:  # a k the scores decide: read back (not the default)
             k = mass_k(amplified, cfg.mass, k)
-        if cfg.per_page:
+        if cfg.per_page:  # the quotas from the page sizes, on the host
             sizes = torch.bincount(page_of, minlength=ctx.num_pages)  # (M,)
             pos = per_page_topk(amplified, page_of, quota_split(sizes, k))
         else:

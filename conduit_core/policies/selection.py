@@ -64,11 +64,11 @@ def page_amplification(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
     ones = torch.ones(n_pages, dtype=torch.float32, device=scores.device)
-    totals = page_totals(scores, page_of, n_pages)  # (M,)
-    mean = totals.mean() if n_pages else torch.tensor(0.0)
-    if n_pages <= 1 or gamma == 0 or float(mean) <= 0:
+    if n_pages <= 1 or gamma == 0:
         return ones
-    return (totals / mean).clamp_min(0.0) ** gamma
+    totals = page_totals(scores, page_of, n_pages)  # (M,)
+    mean = totals.mean()  # decided on the device: never read back
+    return torch.where(mean > 0, (totals / mean).clamp_min(0.0) ** gamma, ones)
 
 
 def quota_split(sizes: torch.Tensor, k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -127,31 +127,39 @@ def _single_tokens(ratio: np.ndarray, active: np.ndarray, room: np.ndarray,
     return given[:steps].sum(0)  # (M,)
 
 
-def _rank_in_page(order: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> torch.Tensor:
-    """For positions `order` (N,) sorted by page (stably): each one's rank within its page."""
-    counts = torch.bincount(page_of, minlength=n_pages)  # (M,)
-    starts = counts.cumsum(0) - counts  # (M,) first index of each page in `order`
-    return torch.arange(order.numel()) - starts[page_of[order]]  # (N,)
+def _kept_in_page(order: torch.Tensor, page_of: np.ndarray, counts: np.ndarray,
+                  device: torch.device) -> torch.Tensor:
+    """Positions `order` (N,) sorted by page (stably), on `device`: the first `counts[m]`
+    of each page m kept (page_of (N,) and counts (M,) on the host), ascending. The kept
+    ones' number is known on the host, so nothing is read back: the others are pushed past
+    the end by one sort."""
+    n = int(order.numel())
+    sizes = np.bincount(page_of, minlength=counts.size)  # (M,)
+    starts = torch.from_numpy(sizes.cumsum() - sizes).to(device)  # (M,) each page's first
+    pages = torch.from_numpy(page_of).to(device)[order]  # (N,) page of each entry of order
+    rank = torch.arange(n, device=device) - starts[pages]  # (N,) rank within its page
+    keep = rank < torch.from_numpy(counts).to(device)[pages]  # (N,)
+    kept = int(np.minimum(counts, sizes).sum())
+    return torch.where(keep, order, n).sort().values[:kept]  # (kept,)
 
 
 def per_page_topk(scores: torch.Tensor, page_of: torch.Tensor,
                   quotas: torch.Tensor) -> torch.Tensor:
     """Positions of the top `quotas[m]` scores (quotas (M,) >= 0) within each page m (page_of
     (N,) in [0, M)), ascending; equal scores go to the lower position, as `topk_positions`.
-    One sort by score and one stable sort by page, whatever the number of pages."""
-    page_of = page_of.to(torch.long).cpu()
-    quotas = quotas.to(torch.long).cpu()
-    by_score = torch.sort(-scores.float().cpu(), stable=True).indices  # (N,) best first
-    order = by_score[torch.sort(page_of[by_score], stable=True).indices]  # (N,) page, best
-    keep = _rank_in_page(order, page_of, int(quotas.numel())) < quotas[page_of[order]]  # (N,)
-    return order[keep].sort().values
+    One sort by score and one stable sort by page, whatever the number of pages, on the
+    scores' device (`page_of` and `quotas`, the layout's, on the host)."""
+    device = scores.device
+    host_pages = page_of.to(torch.long).numpy()  # (N,)
+    by_score = torch.sort(-scores.float(), stable=True).indices  # (N,) best first
+    pages = torch.from_numpy(host_pages).to(device)  # (N,)
+    order = by_score[torch.sort(pages[by_score], stable=True).indices]  # (N,) page, best
+    return _kept_in_page(order, host_pages, quotas.to(torch.long).numpy(), device)
 
 
 def first_per_page(page_of: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Positions of the first `counts[m]` tokens (counts (M,) >= 0) of each page m (page_of
     (N,) in [0, M)), ascending. One stable sort, whatever the number of pages."""
-    page_of = page_of.to(torch.long).cpu()
-    counts = counts.to(torch.long).cpu()
-    order = torch.sort(page_of, stable=True).indices  # (N,) by page, then position
-    keep = _rank_in_page(order, page_of, int(counts.numel())) < counts[page_of[order]]  # (N,)
-    return order[keep].sort().values
+    host_pages = page_of.to(torch.long).numpy()  # (N,)
+    order = torch.from_numpy(np.argsort(host_pages, kind="stable"))  # (N,) page, position
+    return _kept_in_page(order, host_pages, counts.to(torch.long).numpy(), order.device)
