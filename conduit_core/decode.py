@@ -216,8 +216,9 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
     those that go on run one batched forward (`batch_forward.forward_step`) for their next
     logits. A batch of one is the single-answer path. With a `pool`, answers that ended
     (here or by their owner setting `done`) give their slots back before the forward, and
-    those going on that have none take one if the pool can hold them; a step `graphs`
-    covers (every pooled answer, nothing else) runs in its prepared bucket."""
+    those going on that have none take one if the pool can hold them; where `graphs` cover
+    the pooled answers (every one of them), they run in their prepared bucket, and an answer
+    the pool could not hold runs its part eagerly beside them."""
     going: list[DecodeState] = []
     picked: list[torch.Tensor] = []
     live = [s for s in states if not s.done]
@@ -236,12 +237,20 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
     if not going:
         return
     rows = [s.step_row() for s in going]
-    if graphs is not None and graphs.covers(rows):
-        logits = graphs.step(rows, picked)  # (B, V)
+    pooled = [i for i, r in enumerate(rows) if r.slot is not None]
+    if graphs is not None and graphs.covers([rows[i] for i in pooled]):
+        # the pooled answers in their bucket; one too long for a slot beside them, eagerly
+        own = [i for i, r in enumerate(rows) if r.slot is None]
+        parts = [graphs.step([rows[i] for i in pooled], [picked[i] for i in pooled])]
+        if own:
+            parts.append(forward_step(adapter, [rows[i] for i in own],
+                                      torch.stack([picked[i] for i in own])))
+        order, logits = pooled + own, torch.cat(parts)  # (B, V) in the order `order`
     else:
+        order = list(range(len(rows)))
         logits = forward_step(adapter, rows, torch.stack(picked), pool)  # (B, V)
-    for i, state in enumerate(going):
-        state.logits = logits[i]  # (V,)
+    for i, at in enumerate(order):
+        going[at].logits = logits[i]  # (V,)
 
 
 def decode(

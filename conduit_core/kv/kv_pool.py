@@ -19,7 +19,8 @@ A fixed pool (`fixed=True`, what a captured or compiled decode step needs:
 `conduit_core.passes.step_graphs`) is allocated once at its largest, `max_slots` slots of
 `max_positions // max_slots` positions (rounded down to `POSITION_STEP`), by `allocate()` or
 the first admit, and kept while the pool lives: its tensors never move, so a step captured
-over them stays valid; an answer longer than a slot decodes from its own cache.
+over them stays valid; an answer longer than a slot decodes from its own cache, its part of
+a step eager beside the pooled answers' captured one (`conduit_core.decode.decode_step`).
 
 Public API:
   POSITION_STEP = 64
@@ -27,6 +28,7 @@ Public API:
   DecodePool(adapter, max_slots=16, max_positions=65536, fixed=False)
     .size                      occupied slots (0..size-1)
     .keys, .values             (L, slots, kv_heads, capacity, hd), or None while empty
+    .fixed_capacity            positions a slot of the fixed pool holds
     .allocate()                a fixed pool's tensors now (a no-op once they exist)
     .admit(state) -> bool      move a decoding answer's cache into a slot (False: no room)
     .release(state)            free the slot of an answer that ended (no-op if it has none)
@@ -125,11 +127,15 @@ class DecodePool:
         if not self.owners and not self.fixed:
             self.keys = self.values = None
 
+    @property
+    def fixed_capacity(self) -> int:
+        """Positions a slot of the fixed pool holds (see the module docstring)."""
+        return self.max_positions // self.max_slots // POSITION_STEP * POSITION_STEP
+
     def allocate(self) -> None:
         """A fixed pool's tensors, at their one size (see the module docstring)."""
         if self.keys is None:
-            step = POSITION_STEP
-            self._grow(self.max_slots, self.max_positions // self.max_slots // step * step)
+            self._grow(self.max_slots, self.fixed_capacity)
 
     def _view(self, slot: int) -> KVCache:
         assert self.keys is not None and self.values is not None

@@ -12,8 +12,9 @@ to that key alone, so it never touches an answer's slot and never makes a NaN.
 
 Attention reads `span` positions of every slot under an additive mask hiding the keys past
 each row (masked keys add exact zeros): the step's work depends on `span`, not on how many
-positions the pool's answers hold. The captured step passes the pool's capacity (static);
-the model's own attention function runs it, as in `batch_forward.forward_step`.
+positions the pool's answers hold. The captured step passes its bucket's span (static: the
+longest answer's keys rounded up to a span bucket, `step_graphs.span_buckets`); the model's
+own attention function runs it, as in `batch_forward.forward_step`.
 
 Public API:
   pool_attention(attn, attend, q, k, v, keys, values, slots, rows, span, mask)

@@ -1,36 +1,46 @@
-"""The pooled decode step captured once per batch-size bucket (CUDA graphs) or compiled once
-per bucket (`torch.compile`, inductor, fullgraph), ahead of the first question.
+"""The pooled decode step captured once per bucket (CUDA graphs) or compiled once per bucket
+(`torch.compile`, inductor, fullgraph), ahead of the first question.
 
-A step of n pooled answers (slots 0..n-1, every occupied slot) runs in the smallest prepared
-bucket b >= n: its token ids, cache rows and positions are copied into the bucket's static
-device tensors (rows b - n.. pad, `pooled_step`), and the bucket's step runs over the pool's
-fixed tensors (`DecodePool(fixed=True)`), attending over the whole slot capacity under a mask
-(`pooled_step.pooled_forward`, span = capacity): one kernel sequence per bucket, whatever
-the answers' lengths. The host's part of a step is two copies (the token ids, device to
-device; rows and positions from a pinned host buffer, asynchronous) and one replay; nothing
-is read back, so the step's one host sync stays each answer's token id (`DecodeState.pick`).
-Steps no bucket covers (an answer on its own cache, a step that leaves a slot out, a bucket
-not prepared in time) run `batch_forward.forward_step` eagerly.
+A bucket is a batch size b and a span s: a step of n pooled answers (slots 0..n-1, every
+occupied slot) whose longest attends to m keys runs in the prepared bucket of the smallest
+b >= n and, among those, the smallest s >= m. Its token ids, cache rows and positions are
+copied into the bucket's static device tensors (rows b - n.. pad, `pooled_step`), and the
+bucket's step runs over the pool's fixed tensors (`DecodePool(fixed=True)`), attending over
+the first s positions of each slot under a mask (`pooled_step.pooled_forward`): attention
+reads the used length rounded up to a span bucket (`span_buckets`: the slot capacity and its
+halves), not the slot's capacity. The host's part of a step is two copies (the token ids,
+device to device; rows and positions from a pinned host buffer, asynchronous) and one replay;
+nothing is read back, so the step's one host sync stays the batch's token ids.
+
+An answer the pool cannot hold (longer than a slot) decodes from its own cache: it runs its
+own part of the step eagerly (`batch_forward.forward_step`) beside the pooled answers, which
+stay in their bucket (`covers` looks at the pooled rows only). Steps no bucket covers (a
+step that leaves an occupied slot out, a bucket not prepared in time) run eagerly in full.
 
 Kinds (`kind_for(mode, device)`): "graph" (CUDA: `torch.cuda.CUDAGraph`, captured by hand
 on a side stream after two warm-up runs, all buckets sharing one memory pool), "compile"
 (`torch.compile(fullgraph=True, dynamic=False)`: one graph per bucket, no graph break),
 "eager" (none: every step takes `forward_step`). Modes: "off" -> eager; "on" -> graph on
-CUDA, compile elsewhere; "auto" -> graph on CUDA, eager elsewhere (on the CPU the compiled
-step attends over the whole slot, which made it the slower one: lab/ttft/NOTES.md).
+CUDA, compile elsewhere; "auto" -> graph on CUDA, eager elsewhere (lab/ttft/NOTES.md).
 
 Public API:
   DECODE_COMPILE_MODES = ("auto", "off", "on")
+SPAN_BUCKETS = 4  # spans a batch size is prepared for: the slot capacity and its halves
   kind_for(mode, device) -> "graph" | "compile" | "eager"
   buckets(max_slots) -> [1, 2, 4, ..., max_slots]
-  StepGraphs(adapter, pool, mode, sizes=None)   `pool` must be fixed unless the kind is
-      eager; `sizes`: the buckets' batch sizes (default `buckets(pool.max_slots)`), each at
-      most `pool.max_slots`
-    .kind, .ready (prepared bucket sizes), .replays (steps run in a bucket so far)
-    .prepare(budget_s) -> str   allocate the pool and capture/compile the buckets in turn
-        until the budget is spent (a bucket started is finished); the pool must be empty
-        (the warm-up runs write row 0 of free slots); returns a line for the log
-    .covers(rows) -> bool       whether a step of these rows runs in a prepared bucket
+  span_buckets(capacity, count=SPAN_BUCKETS) -> [capacity / 2**(count-1), ..., capacity]
+      (halves of at least `POSITION_STEP` positions)
+  StepGraphs(adapter, pool, mode, sizes=None, spans=None)   `pool` must be fixed unless the
+      kind is eager; `sizes`: the buckets' batch sizes (default `buckets(pool.max_slots)`),
+      each at most `pool.max_slots`; `spans`: their spans (default `span_buckets` of the
+      pool's slot capacity), each at most that capacity
+    .kind, .ready ((batch size, span) of the prepared buckets), .replays (steps run in each
+        bucket so far, a Counter by (batch size, span))
+    .prepare(budget_s) -> str   allocate the pool and capture/compile the buckets in turn,
+        every batch size at the full span first, until the budget is spent (a bucket
+        started is finished); the pool must be empty (the warm-up runs write row 0 of free
+        slots); returns a line for the log
+    .covers(rows) -> bool       whether a step of these pooled rows runs in a prepared bucket
     .step(rows, tokens: n 0-d device tensors) -> logits (n, vocab) float32 in the rows'
         order (a copy: the next step may overwrite the bucket's output)
 """
@@ -38,18 +48,20 @@ Public API:
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from conduit_core.kv.kv_pool import DecodePool
+from conduit_core.kv.kv_pool import POSITION_STEP, DecodePool
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.batch_forward import StepRow
 from conduit_core.passes.pooled_step import pooled_forward
 
 DECODE_COMPILE_MODES = ("auto", "off", "on")
+SPAN_BUCKETS = 4  # spans a batch size is prepared for: the slot capacity and its halves
 
 
 def kind_for(mode: str, device: torch.device | str) -> str:
@@ -74,9 +86,18 @@ def buckets(max_slots: int) -> list[int]:
     return [*out, max_slots]
 
 
+def span_buckets(capacity: int, count: int = SPAN_BUCKETS) -> list[int]:
+    """Spans prepared, ascending: `capacity` and up to `count - 1` of its halves, each of at
+    least `POSITION_STEP` positions."""
+    out = [capacity]
+    while len(out) < count and out[-1] // 2 >= POSITION_STEP:
+        out.append(out[-1] // 2)
+    return out[::-1]
+
+
 @dataclass
 class _Bucket:
-    """One batch size's static inputs and its prepared step."""
+    """One bucket's static inputs and its prepared step."""
 
     tokens: torch.Tensor  # (b,) int64 on the device
     meta: torch.Tensor  # (2, b) int64 on the device: cache rows, positions
@@ -88,7 +109,7 @@ class StepGraphs:
     """The prepared decode step of one runtime's pool (see the module docstring)."""
 
     def __init__(self, adapter: VLMAdapter, pool: DecodePool, mode: str = "auto",
-                 sizes: list[int] | None = None):
+                 sizes: list[int] | None = None, spans: list[int] | None = None):
         self.adapter = adapter
         self.pool = pool
         self.kind = kind_for(mode, adapter.device)
@@ -97,13 +118,17 @@ class StepGraphs:
         self.sizes = sorted(sizes) if sizes is not None else buckets(pool.max_slots)
         if not self.sizes or self.sizes[0] < 1 or self.sizes[-1] > pool.max_slots:
             raise ValueError(f"bucket sizes must lie in 1..{pool.max_slots}")
-        self.replays = 0
-        self._buckets: dict[int, _Bucket] = {}
+        capacity = pool.fixed_capacity
+        self.spans = sorted(spans) if spans is not None else span_buckets(capacity)
+        if self.kind != "eager" and (self.spans[0] < 1 or self.spans[-1] > capacity):
+            raise ValueError(f"bucket spans must lie in 1..{capacity}")
+        self.replays: Counter[tuple[int, int]] = Counter()
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._graph_pool: Any = None
 
     @property
-    def ready(self) -> list[int]:
-        """Bucket sizes prepared so far."""
+    def ready(self) -> list[tuple[int, int]]:
+        """(batch size, span) of the buckets prepared so far."""
         return sorted(self._buckets)
 
     def prepare(self, budget_s: float) -> str:
@@ -114,22 +139,26 @@ class StepGraphs:
             raise RuntimeError("prepare the decode step before any answer takes a slot")
         self.pool.allocate()
         start = time.perf_counter()
-        for b in self.sizes:
-            if b in self._buckets:
-                continue
-            if time.perf_counter() - start > budget_s:
-                break
-            self._buckets[b] = self._build(b)
+        order = sorted(((b, s) for b in self.sizes for s in self.spans),
+                       key=lambda bs: (bs[1] != self.spans[-1], bs))  # full spans first
+        # one compiled entry a bucket, all of one function: allow them all
+        with torch._dynamo.config.patch(recompile_limit=max(8, len(order))):
+            for key in order:
+                if key in self._buckets:
+                    continue
+                if time.perf_counter() - start > budget_s:
+                    break
+                self._buckets[key] = self._build(*key)
         took = time.perf_counter() - start
-        left = [b for b in self.sizes if b not in self._buckets]
-        return (f"decode step: {self.kind} for batch sizes {self.ready} in {took:.1f} s"
-                f" (budget {budget_s:.0f} s)"
-                + (f"; batch sizes {left} run eager (budget spent)" if left else ""))
+        left = [key for key in order if key not in self._buckets]
+        return (f"decode step: {self.kind} for {len(self.ready)} buckets (batch sizes "
+                f"{self.sizes}, spans {self.spans}) in {took:.1f} s (budget {budget_s:.0f} s)"
+                + (f"; {left} run eager (budget spent)" if left else ""))
 
-    def _build(self, b: int) -> _Bucket:
+    def _build(self, b: int, span: int) -> _Bucket:
         pool = self.pool
         assert pool.keys is not None and pool.values is not None
-        keys, values, span = pool.keys, pool.values, int(pool.keys.shape[3])
+        keys, values = pool.keys, pool.values
         dev = self.adapter.device
         tokens = torch.zeros(b, dtype=torch.long, device=dev)  # (b,)
         meta = torch.zeros((2, b), dtype=torch.long, device=dev)  # (2, b)
@@ -167,26 +196,26 @@ class StepGraphs:
 
         return _Bucket(tokens, meta, host, replay)
 
-    def _bucket_for(self, n: int) -> _Bucket | None:
-        for b in self.ready:
-            if b >= n:
-                return self._buckets[b]
-        return None
+    def _bucket_for(self, n: int, keys: int) -> tuple[int, int] | None:
+        """The smallest prepared bucket of at least `n` rows and a span of `keys`."""
+        fits = [(b, s) for b, s in self._buckets if b >= n and s >= keys]
+        return min(fits) if fits else None
 
     def covers(self, rows: list[StepRow]) -> bool:
         """Whether `rows` are every occupied slot (in any order) and a bucket holds them."""
         n = len(rows)
-        return (bool(self._buckets) and n == self.pool.size
+        return (n > 0 and n == self.pool.size
                 and sorted(r.slot if r.slot is not None else -1 for r in rows) == list(range(n))
-                and self._bucket_for(n) is not None)
+                and self._bucket_for(n, max(r.n_keys for r in rows)) is not None)
 
     def step(self, rows: list[StepRow], tokens: list[torch.Tensor]) -> torch.Tensor:
         """Logits (n, vocab), in the order of `rows`, of one step of the pooled `rows`, whose
         token ids are `tokens` (n 0-d tensors on the device), in the smallest prepared bucket
         that holds them."""
         n = len(rows)
-        bucket = self._bucket_for(n)
-        assert bucket is not None, "covers() first"
+        key = self._bucket_for(n, max(r.n_keys for r in rows))
+        assert key is not None, "covers() first"
+        bucket = self._buckets[key]
         by_slot = sorted(range(n), key=lambda i: rows[i].slot or 0)
         pad = [0] * (int(bucket.tokens.shape[0]) - n)
         bucket.host.copy_(torch.tensor([[rows[i].n_keys - 1 for i in by_slot] + pad,
@@ -194,7 +223,7 @@ class StepGraphs:
         bucket.meta.copy_(bucket.host, non_blocking=True)  # (2, b)
         bucket.tokens[:n].copy_(torch.stack([tokens[i] for i in by_slot]))  # (n,)
         out = bucket.run()  # (b, vocab), row j = slot j
-        self.replays += 1
+        self.replays[key] += 1
         if by_slot == list(range(n)):
             return out[:n].clone()
         return torch.stack([out[r.slot or 0] for r in rows])  # (n, vocab)

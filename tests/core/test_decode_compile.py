@@ -1,12 +1,14 @@
 """The pooled decode step compiled on the CPU (`torch.compile`, inductor, fullgraph): one graph
-with no break per batch-size bucket, compiled ahead by `prepare`, then no recompilation over
-64 steps while answers join and leave (batch sizes 1 to 16), and the same tokens as the
-eager step. A one-layer tiny model and two buckets keep the compile cost down (about 25 s a
-bucket on two cores)."""
+with no break per bucket, compiled ahead by `prepare`, then no recompilation over 64 steps
+while answers join and leave (batch sizes 1 to 16), and the same tokens as the eager step;
+attention reads the answers' keys up to a span bucket, and an answer too long for a slot
+runs beside the pooled ones without sending them to eager (issue 65, point 5). A one-layer
+tiny model and few buckets keep the compile cost down (about 25 s a bucket on two cores)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from torch._dynamo.utils import counters
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime, decode
 from conduit_core.answer_state import AnswerState
 from conduit_core.model.loader import LoadedVLM
+from conduit_core.passes.batch_forward import StepRow, forward_step
 from conduit_core.passes.pooled_step import pooled_forward
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
 from lab import answering
@@ -59,9 +62,10 @@ def vlm(model_cache: Path) -> LoadedVLM:
                                   device="cpu"))
 
 
-def _runtime(vlm: LoadedVLM, mode: str) -> ReuseRuntime:
-    rt = ReuseRuntime(vlm, never_above_full=False, decode_slots=SLOTS,
-                      decode_positions=SLOTS * CAPACITY, decode_compile=mode)
+def _runtime(vlm: LoadedVLM, mode: str, slots: int = SLOTS,
+             positions: int = SLOTS * CAPACITY) -> ReuseRuntime:
+    rt = ReuseRuntime(vlm, never_above_full=False, decode_slots=slots,
+                      decode_positions=positions, decode_compile=mode)
     rt.reuse.stop_ids = []  # every answer runs to its own length
     return rt
 
@@ -87,10 +91,10 @@ def test_compiled_once_per_bucket_then_no_recompile_and_the_eager_tokens(
 
     torch._dynamo.reset()
     rt = _runtime(vlm, "on")
-    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=SIZES)
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=SIZES, spans=[CAPACITY])
     graphs_before = counters["stats"]["unique_graphs"]
     line = rt.prepare_decode(600)
-    assert rt.graphs.ready == SIZES, line
+    assert rt.graphs.ready == [(b, CAPACITY) for b in SIZES], line
     assert counters["stats"]["unique_graphs"] - graphs_before == len(SIZES)  # one a bucket
     def no_eager(*_args: object) -> None:
         raise AssertionError("a step left the compiled buckets")
@@ -101,5 +105,56 @@ def test_compiled_once_per_bucket_then_no_recompile_and_the_eager_tokens(
     assert counters["stats"]["unique_graphs"] - graphs_before == len(SIZES)  # none since
     assert sizes == want_sizes and max(sizes) == SLOTS and 1 in sizes
     assert len(set(sizes)) >= 8  # answers joined and left: many batch sizes
-    assert rt.graphs.replays >= STEPS // 2
+    assert sum(rt.graphs.replays.values()) >= STEPS // 2
     assert got == want
+
+
+def _together(rt: ReuseRuntime, kvs: list[PageInput], lengths: list[int]
+              ) -> tuple[list[list[int]], list[AnswerState]]:
+    """Answers of `lengths` new tokens started together and stepped to their ends."""
+    states = [answering.start_answer(rt, AnswerRequest(
+        "Be brief.", [kvs[i % len(kvs)]], f"Question {i}?", policy="full_reuse", budget=0.0,
+        max_new_tokens=n)) for i, n in enumerate(lengths)]
+    while not all(s.done for s in states):
+        rt.step([s for s in states if not s.done])
+    return [list(rt.result(s).token_ids) for s in states], states
+
+
+def test_an_answer_too_long_for_its_slot_leaves_the_others_compiled(
+        vlm: LoadedVLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four answers in a pool of four 128-position slots, one of them longer than a slot:
+    every step of the three others runs compiled, first at span 64 then at 128 as they grow
+    (the span follows their keys, not the slot), the long one eagerly beside them on its own
+    cache; the tokens are the eager path's."""
+    slots, capacity, spans = 4, 128, [64, 128]
+    eager = _runtime(vlm, "off", slots, slots * capacity)
+    kvs = [PageInput(f"Page {i + 1}:\n", kv) for i, kv in
+           enumerate(eager.prefill_pages([IMAGES["a"], IMAGES["b"]]))]
+    probe = answering.start_answer(eager, AnswerRequest(
+        "Be brief.", [kvs[0]], "Question 0?", policy="full_reuse", budget=0.0,
+        max_new_tokens=1))
+    eager.release(probe)
+    prompt = probe.decode.n_keys
+    assert prompt < 64, prompt  # the short answers start in the smaller span
+    lengths = [capacity - prompt - 20, 30, 40, capacity]  # the last outgrows its slot
+    want, _ = _together(eager, kvs, lengths)
+
+    torch._dynamo.reset()
+    rt = _runtime(vlm, "on", slots, slots * capacity)
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=[slots], spans=spans)
+    line = rt.prepare_decode(600)
+    assert rt.graphs.ready == [(slots, s) for s in spans], line
+    eager_rows: list[int] = []
+
+    def own_caches_only(adapter: Any, rows: list[StepRow], tokens: torch.Tensor,
+                        pool: Any = None) -> torch.Tensor:
+        assert all(r.slot is None for r in rows), "a pooled answer left its bucket"
+        eager_rows.append(len(rows))
+        return forward_step(adapter, rows, tokens, pool)
+
+    monkeypatch.setattr(decode, "forward_step", own_caches_only)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got, states = _together(rt, kvs, lengths)
+    assert got == want
+    assert states[-1].decode.slot is None and eager_rows and set(eager_rows) == {1}
+    assert set(rt.graphs.replays) == {(slots, s) for s in spans}, rt.graphs.replays
