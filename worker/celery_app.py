@@ -22,6 +22,7 @@ from kombu.exceptions import OperationalError
 from storage.errors import UnavailableError
 from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
+from worker.broker_holdings import held_task_ids
 from worker.context import WorkerContext, build_context
 from worker.errors import AnswerCancelledError, WorkerError
 from worker.heap import freeze_long_lived
@@ -166,12 +167,17 @@ class CeleryRunner:
         self._queue_wait = s.answer_queue_wait_s
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
-        """Queue the ingestion of an uploaded document on the broker."""
-        self._app.send_task(INGEST_TASK, args=[job_id, document_id])
+        """Queue the ingestion of an uploaded document on the broker (the job id is the task
+        id, so `held_jobs` can tell which jobs the broker still holds)."""
+        self._app.send_task(INGEST_TASK, args=[job_id, document_id], task_id=job_id)
 
-    def local_queue(self) -> set[JobId] | None:
-        """None: the broker holds the queue (and keeps unacknowledged messages)."""
-        return None
+    def held_jobs(self) -> set[JobId] | None:
+        """Jobs whose message waits in the ingest queue or is taken and not yet acknowledged;
+        None when the broker cannot be read (the reaper then requeues no queued job)."""
+        try:
+            return {JobId(i) for i in held_task_ids(self._bus, (INGEST_QUEUE,))}
+        except UnavailableError:
+            return None
 
     def queue_lengths(self) -> dict[str, int]:
         """Jobs waiting for a worker in each queue: the length of its Redis list (the one

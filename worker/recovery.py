@@ -4,7 +4,8 @@ An ingest job is *claimed* (`MetadataStore.claim_job`) before it runs and its le
 by a heartbeat thread while it runs. A process that dies (SIGKILL, OOM, power) stops beating;
 the reaper, which runs in the API process at startup and then every `reaper_interval_s`,
 requeues every ingest job whose lease expired, and every queued job that no queue holds any
-more (embedded form: the in-process queue died with the process). A job claimed more than
+more (embedded form: the in-process queue died with the process; distributed: its message was
+lost, e.g. taken by a worker that froze and was killed). A job claimed more than
 `max_ingest_attempts` times (a document that keeps killing its worker) fails its document with a
 message instead. Claims are atomic, so a requeue that races a redelivered Celery message or a
 live worker runs the job once.
@@ -150,15 +151,16 @@ def job_is_stale(job: Job, lease_s: float, now: float | None = None) -> bool:
     return job.status == "running" and now - job.updated_at >= lease_s
 
 
-def reap(ctx: WorkerContext, submit: Submit, local_queue: set[JobId] | None,
+def reap(ctx: WorkerContext, submit: Submit, held: set[JobId] | None,
          started_at: float = 0.0) -> ReapReport:
     """One pass: requeue dead ingest jobs, fail those out of attempts, close orphan records.
 
-    `local_queue` is the set of jobs this process's own queue holds (embedded form); a queued
-    job outside it is an orphan and is requeued if it was queued before this process started
+    `held` is the set of jobs whose queue entry exists: this process's own queue (embedded
+    form) or the broker's waiting and unacknowledged messages (distributed); a queued job
+    outside it is an orphan and is requeued if it was queued before this process started
     (`started_at`) or has waited a whole lease (an upload between its record and its submit
-    is not an orphan). `None` (distributed form) leaves queued jobs to the broker, which keeps
-    its messages until a worker acknowledges them.
+    is not an orphan). The requeued job is held again, so it is sent once per loss. `None`
+    (the broker could not be read) requeues no queued job this pass.
     """
     s = ctx.settings
     report = ReapReport()
@@ -166,8 +168,8 @@ def reap(ctx: WorkerContext, submit: Submit, local_queue: set[JobId] | None,
     for job in ctx.meta.list_active_jobs():
         if job.kind != "ingest" or job.document_id is None:
             continue
-        orphan = (job.status == "queued" and local_queue is not None
-                  and job.id not in local_queue
+        orphan = (job.status == "queued" and held is not None
+                  and job.id not in held
                   and (job.updated_at < started_at or now - job.updated_at >= s.job_lease_s))
         if not (orphan or job_is_stale(job, s.job_lease_s)):
             continue
@@ -197,10 +199,10 @@ class Reaper:
     """Runs `reap` at start and then every `interval_s` on a daemon thread until `stop`."""
 
     def __init__(self, ctx: WorkerContext, submit: Submit,
-                 local_queue: Callable[[], set[JobId] | None]) -> None:
+                 held_jobs: Callable[[], set[JobId] | None]) -> None:
         self._ctx = ctx
         self._submit = submit
-        self._local_queue = local_queue
+        self._held_jobs = held_jobs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="conduit-reaper", daemon=True)
         self._started_at = time.time()
@@ -212,7 +214,7 @@ class Reaper:
     def _run(self) -> None:
         while True:
             try:
-                report = reap(self._ctx, self._submit, self._local_queue(), self._started_at)
+                report = reap(self._ctx, self._submit, self._held_jobs(), self._started_at)
                 if report.requeued or report.failed:
                     log.warning("reaper: requeued %s, failed %s", report.requeued, report.failed)
             except Exception as exc:  # storage down: try again next interval

@@ -46,8 +46,9 @@ class JobRunner(Protocol):
         """Stop accepting jobs and wait for the running one."""
         ...
 
-    def local_queue(self) -> set[JobId] | None:
-        """Jobs this process's own queue holds (None: a broker holds the queue)."""
+    def held_jobs(self) -> set[JobId] | None:
+        """Jobs whose queue entry still exists (this process's queue, or the broker's messages
+        waiting or taken and unacknowledged); None when that cannot be known now."""
         ...
 
 
@@ -166,7 +167,7 @@ class InProcessRunner:
                 with self._cond:
                     self._queued.discard(job_id)
 
-    def local_queue(self) -> set[JobId] | None:
+    def held_jobs(self) -> set[JobId] | None:
         """Jobs queued or running on this process's job thread."""
         with self._cond:
             return set(self._queued)
