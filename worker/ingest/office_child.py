@@ -6,9 +6,9 @@ It limits itself, then replaces itself with LibreOffice headless converting INPU
 `out/<name>.pdf` with the export FILTER:
 - resource limits for it and every process it starts: address space, size of any file
   written, CPU time in all (SECONDS), no core files;
-- namespaces (as root; elsewhere only the network where the kernel allows a user
-  namespace): an empty network namespace, and a mount namespace with a private, size-capped
-  `/tmp`, so the sockets and files LibreOffice keeps under `/tmp` vanish with it;
+- namespaces (as root, or inside a new user namespace mapping only the caller's ids, where
+  the kernel allows one): an empty network namespace, and a mount namespace with a private,
+  size-capped `/tmp`, so the sockets and files LibreOffice keeps under `/tmp` vanish with it;
 - a profile made for this run only, whose settings disable macros outright (they never run,
   whatever the document holds) and block links to untrusted places.
 
@@ -67,10 +67,17 @@ def _isolate() -> bool:
     `/tmp` (the working directory, already open, stays reachable); True when `/tmp` is
     private."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if os.geteuid() != 0:
-        libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET)  # refused in many containers: no harm
-        return False
-    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET) != 0:
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0:
+        if libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET) != 0:
+            return False
+    elif libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWNET) == 0:
+        # the same user inside (files it writes stay the caller's), with the capabilities
+        # a new user namespace gives to mount its own /tmp
+        for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            Path(f"/proc/self/{name}").write_text(line)
+    else:  # refused in many containers: LibreOffice runs with the system's /tmp
         return False
     work = os.open(".", os.O_RDONLY | os.O_DIRECTORY)  # the folder, before /tmp hides it
     if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0 or \
