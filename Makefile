@@ -12,9 +12,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml lab/pyproject.toml constr
 .PHONY: run test lint install lock system-deps
 
 # Debian packages the tests use (Redis, Tesseract's English data, headless Chromium and its
-# driver for the browser tests). Installed only if missing, and only when running as root;
-# otherwise the missing ones are named and the target fails. Skipped where there is no dpkg.
-DEBIAN_PACKAGES := redis-server tesseract-ocr tesseract-ocr-eng chromium chromium-driver
+# driver for the browser tests, LibreOffice headless for Office uploads). Installed only if
+# missing, and only when running as root; otherwise the missing ones are named and the target
+# fails. Skipped where there is no dpkg. `make run` needs none of them.
+DEBIAN_PACKAGES := redis-server tesseract-ocr tesseract-ocr-eng chromium chromium-driver \
+	libreoffice-writer-nogui libreoffice-calc-nogui libreoffice-impress-nogui
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
