@@ -1,24 +1,9 @@
-"""Typed request/result dataclasses at the runtime seam (used by the worker layer).
+"""The runtime's seam to the worker: what a question over cached pages asks
+(`AnswerRequest`, its pages as `PageInput`) and what its answer reports (`AnswerResult`).
 
-Public API:
-  PageInput(label: str, kv: PageKV)             one retrieved page and the text placed before it
-  PolicyChoice(name, options, select)           a refresh policy resolved for one request
-  DEFAULT_POLICY = "conduit_per_page"
-  AnswerRequest(prefix, pages, question, policy=DEFAULT_POLICY, budget=0.1, max_new_tokens=64,
-                temperature=0.0, top_p=1.0, seed=None, options=PolicyOptions(),
-                namespace="")   validated: InvalidRequestError, UnknownPolicyError
-    .policy: a registered name, resolved with `options` on construction, or a
-        `PolicyChoice` resolved where the request entered; either way .choice after it
-  AnswerResult(text, token_ids, ttft_s, total_s, refreshed_visual_tokens, visual_tokens,
-               flops_full_lm, flops_vision, flops_used_lm, flops_used_vision, policy,
-               prompt_tokens, stop_reason, head_tokens, fallback, fill_flops_lm,
-               predicted_flops_lm, fallback_flops_lm, page_attention)
-    .flops_ratio_lm     language model only: flops_used_lm / flops_full_lm (the headline)
-    .flops_ratio_total  vision tower included: flops_used / flops_full
-    .flops_full, .flops_used   LM + vision sums
-    .own_flops_lm       flops_used_lm less fill_flops_lm (the path's own work, warm caches)
-  TokenId = NewType("TokenId", int)             a vocabulary id
-  TokenCallback = Callable[[TokenId, str], None]  called once per generated token (id, piece)
+A request is validated on construction (`InvalidRequestError`) and carries its refresh policy
+already chosen (`conduit_core.policies.choice.PolicyChoice`: the name, the options it runs
+with and the configured policy), so that nothing after it resolves a policy again.
 """
 
 from __future__ import annotations
@@ -28,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NewType
 
 from conduit_core.errors import InvalidRequestError
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyChoice
+from conduit_core.policies.registry import choose_policy
 
-if TYPE_CHECKING:  # torch stays unimported for the settings (DEFAULT_POLICY)
+if TYPE_CHECKING:
     from conduit_core.page_kv import PageKV
-    from conduit_core.policies.policy_context import RefreshPolicy
 
 TokenId = NewType("TokenId", int)
-DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
 TokenCallback = Callable[[TokenId, str], None]
 
 
@@ -47,70 +32,25 @@ class PageInput:
 
 
 @dataclass(frozen=True)
-class PolicyOptions:
-    """Per-request knobs of the CONDUIT family (`conduit`, `conduit_per_page`).
-
-    Every field None = the registered policy's own value. See
-    `conduit_core.passes.scoring.ScoreConfig` and `conduit_core.policies.conduit.ConduitConfig`
-    for meanings and bounds.
-    gamma:         amplification exponent >= 0 (0 = no image-level amplification).
-    score_layers:  "all" or a half-open (start, stop) range of decoder layers to score with.
-    query_window:  score with only the last w question tokens (None = all of them).
-    head_agg:      "mean" or "max" over query heads.
-    """
-
-    gamma: float | None = None
-    score_layers: str | tuple[int, int] | None = None
-    query_window: int | None = None
-    head_agg: str | None = None
-
-    def is_default(self) -> bool:
-        """True when no knob is set."""
-        return all(v is None for v in (self.gamma, self.score_layers, self.query_window,
-                                       self.head_agg))
-
-
-@dataclass(frozen=True)
-class PolicyChoice:
-    """A refresh policy resolved once for a request (`conduit_core.policies.registry.
-    choose_policy`): the registered name, the options it was configured with, and the
-    configured policy. Equal choices run the same selection."""
-
-    name: str
-    options: PolicyOptions
-    select: RefreshPolicy = field(compare=False, repr=False)
-
-
-@dataclass(frozen=True)
 class AnswerRequest:
-    """One question over cached pages. `policy` names a refresh policy in the registry
-    (`conduit_core.policies.registry`), configured by `options`, or is the `PolicyChoice`
-    resolved where the request entered (its options then are the request's); the request
-    is resolved once, here, and every later step reads `choice`."""
+    """One question over cached pages, with the refresh policy chosen for it (the default
+    policy, unconfigured, when none is given)."""
 
     prefix: str
     pages: list[PageInput]
     question: str
-    policy: str | PolicyChoice = DEFAULT_POLICY
+    policy: PolicyChoice = field(default_factory=lambda: choose_policy(DEFAULT_POLICY))
     budget: float = 0.1  # fraction of visual tokens the policy may refresh
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int | None = None
-    options: PolicyOptions = field(default_factory=PolicyOptions)
     # the pages' namespace (a tenant, or the shared corpus): every cache the answer reads or
     # fills across requests (prompt head, page labels, choice history) is keyed by it, so
     # that nothing an answer reports depends on another namespace's questions
     namespace: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.policy, str):
-            from conduit_core.policies.registry import choose_policy  # the registry imports this
-
-            object.__setattr__(self, "policy", choose_policy(self.policy, self.options))
-        elif not self.options.is_default() and self.options != self.choice.options:
-            raise InvalidRequestError("options are given with the policy's choice, not apart")
-        object.__setattr__(self, "options", self.choice.options)
         if not 0.0 <= self.budget <= 1.0:
             raise InvalidRequestError(f"budget must be in [0, 1], got {self.budget}")
         if self.max_new_tokens < 1:
@@ -119,12 +59,6 @@ class AnswerRequest:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def choice(self) -> PolicyChoice:
-        """The resolved policy (a name given is resolved on construction)."""
-        assert not isinstance(self.policy, str)
-        return self.policy
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ class ReuseRuntime:
                       t0: float | None = None) -> PrefillSteps:
         """An answer's prefill over its cached pages, in phases for a scheduler that runs
         other work between them: assemble the pages under the new prefix, let
-        `request.choice` choose the visual tokens to refresh, recompute them with all text
+        `request.policy` choose the visual tokens to refresh, recompute them with all text
         tokens after the head, take the first token's logits. Both passes compute the last
         layer in full only for the row whose logits are read. Where the policy is predicted
         to cost more than a full prefill from the cached page embeddings, that runs instead
@@ -106,7 +106,7 @@ class ReuseRuntime:
         re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState` that
         `step` decodes."""
         t0 = time.perf_counter() if t0 is None else t0
-        steps, choice = self.reuse, request.choice
+        steps, choice = self.reuse, request.policy
         assembly = steps.assemble(request.prefix, request.pages, request.question,
                                   extra_capacity=request.max_new_tokens, last_only=True,
                                   labels=False, namespace=request.namespace)

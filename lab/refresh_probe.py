@@ -62,7 +62,7 @@ def _logits(runtime: ReuseRuntime, hidden: torch.Tensor, rows: Rows) -> torch.Te
 def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
                   last_only: bool = False, logits: Rows = "last") -> RefreshProbe:
     """Assemble `request`, let its policy choose, refresh, and return the logits."""
-    policy = request.choice.select
+    policy = request.policy.select
     assembly = runtime.reuse.assemble(request.prefix, request.pages, request.question,
                                 last_only=last_only)
     ctx = runtime.reuse.policy_context(assembly, request.budget, request.seed)

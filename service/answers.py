@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 
-from conduit_core.answer_types import PolicyOptions
+from conduit_core.policies.choice import PolicyOptions
 from service.access import document_not_found, owned_collection
 from service.metrics import ANSWER_SECONDS, FALLBACKS, FLOPS_RATIO, QUERIES, TTFT
 from service.schemas import CacheOut, QueryIn, QueryOut

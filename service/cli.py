@@ -173,7 +173,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from conduit_core.answer_types import PolicyOptions
+    from conduit_core.policies.choice import PolicyOptions
     from service.hardening import private_home
     from worker.facade import Question, Worker, WorkerError, parse_layers
 

@@ -74,7 +74,9 @@ def _circle(edges: dict[str, set[str]]) -> list[str] | None:
     def visit(node: str, path: list[str]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1 and not node.startswith(nxt + "."):
+            if node.startswith(nxt + "."):  # its own package's face, whichever way it is met
+                continue
+            if state.get(nxt) == 1:
                 return path[path.index(nxt):] + [nxt]
             if nxt not in state:
                 loop = visit(nxt, [*path, nxt])
@@ -116,6 +118,55 @@ def test_no_import_circles_between_product_modules() -> None:
     """Module-level imports form no loop (a module's import of another runs at its import)."""
     edges = {name: {m for m in _imports(path, top_level_only=True) if m in PRODUCT} - {name}
              for name, path in PRODUCT.items()}
+    loop = _circle(edges)
+    assert loop is None, "import circle: " + " -> ".join(loop or [])
+
+
+# conduit_core's floors, bottom to top: a folder imports only from itself and the floors below
+# it. A floor holds one folder, or modules at conduit_core's top: those named on the ground
+# floor, and every other one on the top floor, beside the runtime.
+CORE_FLOORS: list[tuple[str, ...]] = [
+    ("errors", "page_kv"),  # the error tree; page KV, the seam to storage
+    ("model",),  # loading a VLM, its family adapters, the FLOPs of its shapes
+    ("prompt",),  # token layout and positions, re-rotation of cached keys
+    ("kv",),  # the runtime's caches, the decode pool, page KV loaded into a cache
+    ("passes",),  # forwards over rows: page prefill, head, scoring, refresh, decode step
+    ("policies",),  # which rows to refresh, and a policy as a request carries it
+    ("cost",),  # FLOPs predicted before a policy runs
+]
+
+
+def _core_unit(module: str) -> str:
+    """The folder (or top-level module) of conduit_core a module belongs to ("" = the face)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _core_floor(module: str) -> int:
+    unit = _core_unit(module)
+    floors = [i for i, units in enumerate(CORE_FLOORS) if unit in units]
+    return floors[0] if floors else len(CORE_FLOORS)
+
+
+CORE = {name: path for name, path in PRODUCT.items() if name.split(".")[0] == "conduit_core"}
+
+
+def test_conduit_core_folders_import_only_the_floors_below() -> None:
+    """Every import counts, inside functions and under TYPE_CHECKING too."""
+    assert {_core_unit(n) for n in CORE} >= {u for units in CORE_FLOORS for u in units}
+    for name, path in CORE.items():
+        for imported in _imports(path):
+            if imported not in CORE:
+                continue
+            assert _core_floor(imported) <= _core_floor(name), \
+                f"{name} imports {imported}: up a floor of conduit_core (tests/test_layering.py," \
+                " CORE_FLOORS)"
+
+
+def test_no_import_circles_between_conduit_core_modules() -> None:
+    """No loop among conduit_core's modules, imports inside functions included."""
+    edges = {name: {m for m in _imports(path) if m in CORE} - {name}
+             for name, path in CORE.items()}
     loop = _circle(edges)
     assert loop is None, "import circle: " + " -> ".join(loop or [])
 

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from conduit_core import AnswerRequest, PageInput
-from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies import PolicyChoice
+from conduit_core.policies.choice import PolicyOptions
 from storage.keys import PageHash, cache_namespace
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
@@ -215,7 +215,7 @@ def answer_question(
                             snippet=best_snippet(q.question, p.text),
                             attention=shares.get((p.document_id, p.number)))
                    for p, score in hits],
-        policy=request.choice.name,
+        policy=request.policy.name,
         budget=request.budget,
         flops_ratio_lm=result.flops_ratio_lm,
         flops_ratio_total=result.flops_ratio_total,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from conduit_core.answer_types import PolicyOptions
+from conduit_core.policies.choice import PolicyOptions
 from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Citation, Question
 from worker.page_cache import CacheReport

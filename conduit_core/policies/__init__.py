@@ -17,11 +17,9 @@ if TYPE_CHECKING:
         choose_policy,
         get_policy,
         register_policy,
-        resolve_policy,
     )
 
-__all__ = ["POLICIES", "PolicyChoice", "choose_policy", "get_policy", "register_policy",
-           "resolve_policy"]
+__all__ = ["POLICIES", "PolicyChoice", "choose_policy", "get_policy", "register_policy"]
 
 
 def __getattr__(name: str) -> Any:

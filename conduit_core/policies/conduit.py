@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from conduit_core.answer_types import PolicyOptions
 from conduit_core.errors import InvalidRequestError
 from conduit_core.passes.scoring import ScoreConfig
+from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import (
     budget_tokens,
@@ -114,7 +114,7 @@ class ConduitPolicy:
         """This policy with the request's knobs applied (unset knobs keep their values)."""
         cfg = self.config
         o = options
-        pinned = sorted(k for k in self.fixed if getattr(o, k) is not None)
+        pinned = sorted(o.set_knobs() & self.fixed)
         if pinned:
             raise InvalidRequestError(
                 f"{', '.join(pinned)} cannot be set for this policy: it is defined by it")

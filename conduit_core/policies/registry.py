@@ -7,21 +7,16 @@ default (`DEFAULT_POLICY`, CONDUIT with a per-page quota), the paper's `conduit`
 `epic`. Ablations and candidates register themselves from the lab (`register_policy`), like
 any configured variant (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`).
 
-Public API:
-  DEFAULT_POLICY = "conduit_per_page"     (`conduit_core.answer_types`)
-  PRODUCT_POLICIES: frozenset[str]       the names above
-  POLICIES: dict[str, RefreshPolicy]     the product's, plus any registered since
-  register_policy(name, policy) -> None
-  get_policy(name) -> RefreshPolicy      raises UnknownPolicyError listing the known names
-  resolve_policy(name, options) -> RefreshPolicy   the policy configured by `PolicyOptions`
-  choose_policy(name, options) -> PolicyChoice     the same, with the name and options it
-                                   was resolved from (`conduit_core.answer_types`): what a
-                                   request carries down
+A request's policy is chosen here once (`choose_policy`): the name looked up, the request's
+options laid over the deployment's (`PolicyOptions.over`), and the policy configured with
+them. Only the CONDUIT family (`ConduitPolicy`) takes options; a knob that defines a variant
+(`conduit_per_page`'s gamma) is never taken from the deployment and refused from a request.
 """
 
 from __future__ import annotations
 
-from conduit_core.answer_types import DEFAULT_POLICY, PolicyChoice, PolicyOptions
+from dataclasses import replace
+
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
@@ -32,6 +27,8 @@ from conduit_core.policies import (
     full_reuse,
     prefix_reuse,
 )
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyChoice, PolicyOptions
+from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.policies.policy_context import RefreshPolicy
 
 POLICIES: dict[str, RefreshPolicy] = {
@@ -51,25 +48,23 @@ def register_policy(name: str, policy: RefreshPolicy) -> None:
     POLICIES[name] = policy
 
 
-def resolve_policy(name: str, options: PolicyOptions) -> RefreshPolicy:
-    """The policy registered under `name`, configured with `options` when any is set.
-
-    Only policies with a `with_options(options)` method (the CONDUIT family) take options;
-    setting one for another policy raises `InvalidRequestError`.
-    """
+def choose_policy(name: str, requested: PolicyOptions | None = None,
+                  deployment: PolicyOptions | None = None) -> PolicyChoice:
+    """The policy registered under `name`, configured with the `requested` options over the
+    `deployment`'s, kept with the name and the options it runs with: what a request carries
+    down. The deployment's options apply to the CONDUIT family only, and never to a knob
+    that defines the variant; a requested knob for another policy, a defining knob or a bad
+    value raises `InvalidRequestError` (an unknown name `UnknownPolicyError`)."""
+    requested = PolicyOptions() if requested is None else requested
     policy = get_policy(name)
-    if options.is_default():
-        return policy
-    configure = getattr(policy, "with_options", None)
-    if configure is None:
-        raise InvalidRequestError(f"policy {name!r} takes no options")
-    configured: RefreshPolicy = configure(options)
-    return configured
-
-
-def choose_policy(name: str, options: PolicyOptions) -> PolicyChoice:
-    """`resolve_policy` kept with what it resolved (raises as it does)."""
-    return PolicyChoice(name, options, resolve_policy(name, options))
+    if not isinstance(policy, ConduitPolicy):
+        if not requested.is_default():
+            raise InvalidRequestError(f"policy {name!r} takes no options")
+        return PolicyChoice(name, requested, policy)
+    base = replace(deployment or PolicyOptions(), **dict.fromkeys(policy.fixed))
+    options = requested.over(base)
+    return PolicyChoice(name, options,
+                        policy if options.is_default() else policy.with_options(options))
 
 
 def get_policy(name: str) -> RefreshPolicy:

@@ -64,7 +64,9 @@ from tqdm import tqdm
 
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core import AnswerRequest, PageInput
-from conduit_core.answer_types import AnswerResult, PolicyOptions
+from conduit_core.answer_types import AnswerResult
+from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import PolicyOptions
 from lab import answering
 from lab.answers.config import (
     AnswerEvalConfig,
@@ -222,7 +224,8 @@ class _Run:
         rt = self.ctx.runtime
         images = [(lab, Image.open(self.ctx.page_image_path(p.image_path)).convert("RGB"))
                   for lab, p in zip(labels, pages, strict=True)]
-        request = AnswerRequest(ANSWER_PREFIX, inputs, question, policy="conduit", budget=1.0,
+        request = AnswerRequest(ANSWER_PREFIX, inputs, question,
+                                policy=choose_policy("conduit"), budget=1.0,
                                 max_new_tokens=1)
         with self.ctx.model_lock:
             ref = probe_full_prefill(rt, ANSWER_PREFIX, images, question).logits[-1]  # (V,)

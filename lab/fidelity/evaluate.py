@@ -42,7 +42,7 @@ import torch
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.fidelity.data import FidelityCase, make_cases
@@ -95,7 +95,8 @@ def _evaluate_case(rt: ReuseRuntime, case: FidelityCase, names: list[str],
     for name in names:
         for budget in budgets:
             req = AnswerRequest(prefix=case.prefix, pages=pages, question=case.question,
-                                policy=name, budget=budget, max_new_tokens=max_new_tokens,
+                                policy=choose_policy(name), budget=budget,
+                                max_new_tokens=max_new_tokens,
                                 seed=seed)
             probe = probe_refresh(rt, req)
             result = answering.answer(rt, req)

@@ -55,11 +55,12 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.answer_types import AnswerRequest, PageInput, PolicyChoice
+from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.assembly import Assembly
-from conduit_core.policies import get_policy
+from conduit_core.policies import choose_policy, get_policy
+from conduit_core.policies.choice import PolicyChoice
 from conduit_core.prompt.layout import page_context
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -289,7 +290,9 @@ def check_stale_quality(rt: ReuseRuntime, images: list[Image.Image], prefix: str
 
 def request(prefix: str, kvs: list[PageKV], question: str, policy: str | PolicyChoice,
             budget: float, max_new_tokens: int) -> AnswerRequest:
-    """An answer request over cached pages labelled Page 1..n."""
+    """An answer request over cached pages labelled Page 1..n (`policy`: a registered name
+    or a choice made here)."""
+    choice = choose_policy(policy) if isinstance(policy, str) else policy
     return AnswerRequest(prefix, [PageInput(lab, kv) for lab, kv in
                                   zip(page_labels(len(kvs)), kvs, strict=True)], question,
-                         policy=policy, budget=budget, max_new_tokens=max_new_tokens)
+                         policy=choice, budget=budget, max_new_tokens=max_new_tokens)

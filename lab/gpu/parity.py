@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from PIL import Image
 
-from conduit_core.answer_types import PolicyChoice, PolicyOptions
 from conduit_core.policies import get_policy
+from conduit_core.policies.choice import PolicyChoice, PolicyOptions
 from conduit_core.policies.policy_context import PolicyContext
 from conduit_core.runtime import ReuseRuntime
 from lab import answering

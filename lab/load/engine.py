@@ -33,6 +33,7 @@ from prometheus_client import REGISTRY
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.ttft.default_model import a4_page
@@ -70,7 +71,7 @@ def run_level(rt: ReuseRuntime, pages: list[PageInput], *, slots: int, clients: 
             chosen = [pages[(i + j) % len(pages)], pages[(i + j + 1) % len(pages)]]
             question = f"What is the total amount due on invoice {i}-{j}, and who signed it?"
             result, _ = engine.answer(AnswerRequest(ANSWER_PREFIX, chosen, question,
-                                                    policy=policy, budget=budget,
+                                                    policy=choose_policy(policy), budget=budget,
                                                     max_new_tokens=max_new_tokens))
             finished.append((time.perf_counter(), len(result.token_ids)))
             j += 1

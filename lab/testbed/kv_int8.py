@@ -39,6 +39,7 @@ from typing import Any
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
+from conduit_core.policies import choose_policy
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -89,7 +90,7 @@ def run(vlm: LoadedVLM, n: int, seed: int, budget: float, policies: list[str],
                                                                          strict=True)]
                 for policy in policies:
                     req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
-                                        policy=policy, budget=budget,
+                                        policy=choose_policy(policy), budget=budget,
                                         max_new_tokens=MAX_NEW_TOKENS, seed=0)
                     text = answering.answer(runtime, req).text.strip()
                     rows.append({"id": qid, "policy": policy, "form": form, "budget": budget,

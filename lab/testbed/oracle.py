@@ -64,7 +64,7 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.passes.assembly import Assembly
-from conduit_core.policies import POLICIES, get_policy, register_policy
+from conduit_core.policies import POLICIES, choose_policy, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -252,7 +252,8 @@ def _answer_splits(runtime: ReuseRuntime, base: RefreshPolicy, extra: list[int],
             extra[:] = rows
             res = answering.answer(runtime, AnswerRequest(
                 prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
-                policy=_ORACLE, budget=budget, max_new_tokens=MAX_NEW_TOKENS, seed=0))
+                policy=choose_policy(_ORACLE), budget=budget, max_new_tokens=MAX_NEW_TOKENS,
+                seed=0))
             right[arm] += res.text.strip() == s.question.answer
             applied[arm] += 1
         asked += 1

@@ -39,7 +39,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testbed
 from conduit_core.page_kv import ModelFingerprint
 from conduit_core.passes.assembly import Assembly
-from conduit_core.policies import get_policy
+from conduit_core.policies import choose_policy, get_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages
@@ -145,7 +145,8 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
         for policy in policies:
             for budget in budgets:
                 req = AnswerRequest(prefix=ANSWER_PREFIX, pages=inputs, question=s.text,
-                                    policy=policy, budget=budget, max_new_tokens=MAX_NEW_TOKENS,
+                                    policy=choose_policy(policy), budget=budget,
+                                    max_new_tokens=MAX_NEW_TOKENS,
                                     seed=0)
                 res = answering.answer(runtime, req)
                 hits[(fam, policy, budget)].append(res.text.strip() == want)
@@ -166,5 +167,5 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
 def _covers(runtime: ReuseRuntime, req: AnswerRequest, s: Sample) -> bool:
     """Whether the policy's refreshed set holds every asked record's result cell."""
     assembly = runtime.reuse.assemble(req.prefix, req.pages, req.question)
-    chosen = set(refreshed_cells(runtime, assembly, s, req.choice.name, req.budget, req.seed))
+    chosen = set(refreshed_cells(runtime, assembly, s, req.policy.name, req.budget, req.seed))
     return all(cell in chosen for cell in key_cells(s))

@@ -42,6 +42,7 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.pass_observer import Phase
 from conduit_core.passes import layer_forward
 from conduit_core.passes.assembly import Assembly
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
@@ -85,7 +86,8 @@ def run_ab(*, model_shape: str = "cpu", pages: int = 8, tokens_per_page: int = 2
         kvs = runtime.prefill_pages(images)
         request = AnswerRequest(work.prefix, [PageInput(lab, kv) for lab, kv in
                                               zip(work.labels, kvs, strict=True)],
-                                work.question, policy="conduit", budget=0.1, max_new_tokens=1)
+                                work.question,
+                                policy=choose_policy("conduit"), budget=0.1, max_new_tokens=1)
         answering.warm_labels(runtime, request.prefix, request.pages)  # once, with the pages
         fresh = list(zip(work.labels, images, strict=True))
         names = ["full_prefill", *VARIANTS]

@@ -34,6 +34,7 @@ _CHILD = """
 import json, sys, torch
 torch.set_num_threads(1)
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.model import bench_pages, build_bench_vlm, make_workload
 try:
@@ -49,7 +50,8 @@ inputs = [PageInput(label, kv) for label, kv in zip(work.labels, kvs)]
 warm_labels(rt, work.prefix, inputs)
 out = {}
 for name, policy, budget in methods:
-    req = AnswerRequest(work.prefix, inputs, work.question, policy=policy, budget=budget,
+    req = AnswerRequest(work.prefix, inputs, work.question,
+                        policy=choose_policy(policy), budget=budget,
                         max_new_tokens=1)
     answer(rt, req)
     out[name] = [1e3 * answer(rt, req).ttft_s for _ in range(runs)]

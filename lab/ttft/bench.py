@@ -71,6 +71,7 @@ from PIL import Image
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import DTYPES
 from conduit_core.page_kv import PageKV
+from conduit_core.policies import choose_policy
 from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -203,7 +204,8 @@ class _Runner:
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
                 runtime = self.variants.get(_variant(method), rt)
                 res = answering.answer(runtime, AnswerRequest(w.prefix, pages, w.question,
-                                                   policy=method.policy, budget=method.budget,
+                                                   policy=choose_policy(method.policy),
+                                                              budget=method.budget,
                                                    max_new_tokens=1))
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s,
                       flops_ratio_lm=res.flops_ratio_lm, flops_ratio_total=res.flops_ratio_total,
@@ -270,7 +272,8 @@ def check_budget_one(rt: ReuseRuntime, work: Workload, images: list[Image.Image]
     fresh = list(zip(work.labels, images, strict=True))
     ref = probe_full_prefill(rt, work.prefix, fresh, work.question).logits[-1]  # (V,)
     pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
-    got = probe_refresh(rt, AnswerRequest(work.prefix, pages, work.question, policy="conduit",
+    got = probe_refresh(rt, AnswerRequest(work.prefix, pages, work.question,
+                                          policy=choose_policy("conduit"),
                                           budget=1.0, max_new_tokens=1)).logits[-1]  # (V,)
     dtype = str(rt.adapter.dtype).removeprefix("torch.")
     rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12))

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.ttft.bench import PeakMemory
@@ -68,7 +69,8 @@ def _decode_ms(rt: ReuseRuntime, pages: list[PageInput], prefix: str, question: 
     try:
         times = []
         for _ in range(repeats):
-            res = answering.answer(rt, AnswerRequest(prefix, pages, question, policy="full_reuse",
+            res = answering.answer(rt, AnswerRequest(prefix, pages, question,
+                                                     policy=choose_policy("full_reuse"),
                                           max_new_tokens=tokens))
             times.append((res.total_s - res.ttft_s) / max(1, len(res.token_ids) - 1))
     finally:

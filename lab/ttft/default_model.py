@@ -30,6 +30,7 @@ from PIL import Image, ImageDraw
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -58,7 +59,8 @@ def _once(rt: ReuseRuntime, method: str, pages: list[PageInput],
                                       QUESTION, max_new_tokens=max_new_tokens)
     policy = {"conduit": "conduit", "full_reuse": "full_reuse",
               "full_prefill_cached_vision": "full_prefill"}[method]
-    return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=policy,
+    return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION,
+                                              policy=choose_policy(policy),
                                    max_new_tokens=max_new_tokens))
 
 

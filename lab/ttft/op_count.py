@@ -61,6 +61,7 @@ from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.row_attention import ROW_GROUPS
+from conduit_core.policies import choose_policy
 from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -162,7 +163,8 @@ def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float
     """The TTFT workload's request over cached pages `kvs` (one token to generate)."""
     work = make_workload(vlm, len(kvs), question_tokens)
     pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
-    return AnswerRequest(work.prefix, pages, work.question, policy=policy, budget=budget,
+    return AnswerRequest(work.prefix, pages, work.question,
+                         policy=choose_policy(policy), budget=budget,
                          max_new_tokens=1)
 
 

@@ -19,7 +19,7 @@ from conduit_core.answer_state import AnswerState
 from conduit_core.decode import Sampler
 from conduit_core.passes import batch_forward
 from conduit_core.passes.layer_forward import forward_rows, logits_of
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, choose_policy
 from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
@@ -39,7 +39,8 @@ def _requests(rt: ReuseRuntime, policy: str, seed: int | None = None,
               temperature: float = 0.0) -> list[AnswerRequest]:
     kvs = dict(zip("abc", rt.prefill_pages([IMAGES[k] for k in "abc"]), strict=True))
     return [AnswerRequest("Be brief.", [PageInput(f"Page {i + 1}:\n", kvs[k])
-                                        for i, k in enumerate(keys)], question, policy=policy,
+                                        for i, k in enumerate(keys)], question,
+                          policy=choose_policy(policy),
                           budget=0.3, max_new_tokens=n, temperature=temperature, seed=seed)
             for keys, question, n in QUESTIONS]
 

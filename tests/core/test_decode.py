@@ -11,6 +11,7 @@ import torch
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.decode import Detokenizer, Sampler
 from conduit_core.errors import UnknownPolicyError
+from conduit_core.policies import choose_policy
 from lab import answering
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
@@ -24,7 +25,7 @@ def qwen(model_cache: Path) -> ReuseRuntime:
 def _request(rt: ReuseRuntime, **kw: object) -> AnswerRequest:
     pages = rt.prefill_pages([IMAGES["a"]])
     return AnswerRequest("Be brief.", [PageInput("Page 1:\n", pages[0])], "What is it?",
-                         policy="full_prefill", **kw)  # type: ignore[arg-type]
+                         policy=choose_policy("full_prefill"), **kw)  # type: ignore[arg-type]
 
 
 def test_streaming_callback_sees_every_token(qwen: ReuseRuntime) -> None:
@@ -79,7 +80,7 @@ def test_unknown_policy_is_a_clear_error(qwen: ReuseRuntime) -> None:
     request = _request(qwen, max_new_tokens=2)
     with pytest.raises(UnknownPolicyError, match="full_reuse"):
         answering.answer(qwen, AnswerRequest(request.prefix, request.pages, request.question,
-                                  policy="no-such-policy"))
+                                  policy=choose_policy("no-such-policy")))
 
 
 def test_request_parameters_are_validated() -> None:
@@ -95,12 +96,14 @@ def test_bfloat16_answers_with_the_same_code(model_cache: Path) -> None:
     pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
     assert pages[0].keys.dtype == torch.bfloat16
     inputs = [PageInput("Page 1:\n", pages[0]), PageInput("Page 2:\n", pages[1])]
-    full = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?", policy="full_prefill",
+    full = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?",
+                                              policy=choose_policy("full_prefill"),
                                    max_new_tokens=4))
     fresh = answering.answer_full_prefill(rt, "Be brief.", [("Page 1:\n", IMAGES["a"]),
                                                  ("Page 2:\n", IMAGES["b"])], "What?",
                                    max_new_tokens=4)
-    reuse = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?", policy="full_reuse",
+    reuse = answering.answer(rt, AnswerRequest("Be brief.", inputs, "What?",
+                                               policy=choose_policy("full_reuse"),
                                     max_new_tokens=4))
     assert full.token_ids == fresh.token_ids and len(reuse.token_ids) > 0
 

@@ -20,6 +20,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.passes.batch_forward import StepRow, forward_step
 from conduit_core.passes.pooled_step import pooled_forward
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
+from conduit_core.policies import choose_policy
 from lab import answering
 from lab.gpu.check_parts import one_layer
 from tests.core.conftest import load_builtin
@@ -47,7 +48,8 @@ def _run(rt: ReuseRuntime, kvs: list[PageInput]) -> tuple[list[list[int]], list[
             live = sum(1 for s in states if s is not None and not s.done)
             if states[i] is None and join <= step and live < SLOTS:
                 request = AnswerRequest("Be brief.", [kvs[i % len(kvs)]], f"Question {i}?",
-                                        policy="full_reuse", budget=0.0, max_new_tokens=n)
+                                        policy=choose_policy("full_reuse"), budget=0.0,
+                                        max_new_tokens=n)
                 states[i] = answering.start_answer(rt, request)
         live_states = [s for s in states if s is not None and not s.done]
         sizes.append(len(live_states))

@@ -14,6 +14,7 @@ import torch
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_state import AnswerState
 from conduit_core.kv.kv_pool import POSITION_STEP
+from conduit_core.policies import choose_policy
 from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
@@ -35,7 +36,8 @@ def _runtime(family: str, cache: Path, dtype: str | None = None, **pool: int) ->
 def _requests(rt: ReuseRuntime) -> list[AnswerRequest]:
     kvs = dict(zip("abc", rt.prefill_pages([IMAGES[k] for k in "abc"]), strict=True))
     return [AnswerRequest("Be brief.", [PageInput(f"Page {i + 1}:\n", kvs[k])
-                                        for i, k in enumerate(keys)], q, policy="conduit",
+                                        for i, k in enumerate(keys)], q,
+                          policy=choose_policy("conduit"),
                           budget=0.3, max_new_tokens=n) for keys, q, n in SHAPES]
 
 

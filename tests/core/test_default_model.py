@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -60,6 +61,7 @@ def test_reuse_pays_off_on_the_default_model(tmp_path: Path) -> None:
                                     max_new_tokens=2))
     assert again.fill_flops_lm == 0.0  # the head and labels are cached now
     assert again.predicted_flops_lm == pytest.approx(again.flops_used_lm, rel=0.05)
-    reuse = answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, question, policy="full_reuse",
+    reuse = answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, question,
+                                               policy=choose_policy("full_reuse"),
                                     max_new_tokens=2))
     assert reuse.flops_ratio_lm < conduit.flops_ratio_lm

@@ -9,6 +9,7 @@ import pytest
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.errors import FingerprintMismatch
+from conduit_core.policies import choose_policy
 from lab import answering
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
@@ -18,7 +19,8 @@ def test_page_from_another_model_is_refused(model_cache: Path) -> None:
     qwen2 = ReuseRuntime(load_builtin("builtin:tiny-qwen2-vl", model_cache))
     qwen25 = ReuseRuntime(load_builtin("builtin:tiny-qwen2.5-vl", model_cache))
     (foreign,) = qwen25.prefill_pages([IMAGES["a"]])
-    request = AnswerRequest("", [PageInput("", foreign)], "What?", policy="full_reuse",
+    request = AnswerRequest("", [PageInput("", foreign)], "What?",
+                            policy=choose_policy("full_reuse"),
                             max_new_tokens=2)
     with pytest.raises(FingerprintMismatch, match="tiny-qwen2.5-vl"):
         answering.answer(qwen2, request)

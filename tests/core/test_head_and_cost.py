@@ -21,7 +21,7 @@ from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest
 from conduit_core.model.loader import load_vlm
 from conduit_core.passes.prompt_head import HeadCache
-from conduit_core.policies import POLICIES, register_policy
+from conduit_core.policies import POLICIES, choose_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from lab import answering
 from lab.refresh_probe import probe_refresh
@@ -57,7 +57,7 @@ def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> Non
     with_head = ReuseRuntime(runtime.vlm, label_cache=False, never_above_full=False)
     inputs = _inputs(runtime, [IMAGES["a"], IMAGES["b"], IMAGES["c"]])
     for policy in ("conduit", "full_prefill", "random", "cacheblend"):
-        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.3,
+        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=choose_policy(policy), budget=0.3,
                             max_new_tokens=6)
         a, b = answering.answer(with_head, req), answering.answer(no_head, req)
         assert same_answer(a.token_ids, b.token_ids), policy
@@ -94,7 +94,7 @@ def test_last_row_only_matches_all_rows(runtime: ReuseRuntime) -> None:
     rt = ReuseRuntime(runtime.vlm, never_above_full=False)
     inputs = _inputs(rt, [IMAGES["a"], IMAGES["c"]])
     for policy in ("conduit", "random", "full_reuse", "full_prefill", "cacheblend"):
-        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=policy, budget=0.2)
+        req = AnswerRequest(PREFIX, inputs, QUESTION, policy=choose_policy(policy), budget=0.2)
         full = probe_refresh(rt, req, logits="all")
         last = probe_refresh(rt, req, last_only=True)
         assert last.logits.shape[0] == 1 and full.logits.shape[0] == full.rows.numel()
@@ -126,7 +126,8 @@ def test_prediction_matches_measured(paged: tuple[ReuseRuntime, list[PageInput]]
     rt, inputs = paged
     assert inputs[0].kv.num_tokens >= 200
     for budget in (0.05, 0.1, 0.2):
-        result = answering.answer(rt, AnswerRequest(PREFIX, inputs, QUESTION, policy=policy,
+        result = answering.answer(rt, AnswerRequest(PREFIX, inputs, QUESTION,
+                                                    policy=choose_policy(policy),
                                          budget=budget, max_new_tokens=1))
         predicted = result.fallback_flops_lm if result.fallback else result.predicted_flops_lm
         if policy in CAPPED and not result.fallback:  # the estimate of its cap: from above
@@ -147,7 +148,8 @@ def test_a_budget_per_question_is_predicted_from_earlier_answers(
     rt, inputs = paged
     register_policy("test_mass_10", ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.1)))
     try:
-        request = AnswerRequest(PREFIX, inputs, QUESTION, policy="test_mass_10", budget=0.3,
+        request = AnswerRequest(PREFIX, inputs, QUESTION,
+                                policy=choose_policy("test_mass_10"), budget=0.3,
                                 max_new_tokens=1)
         first = answering.answer(rt, request)
         assert not first.fallback
@@ -165,14 +167,15 @@ def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None
     rt = ReuseRuntime(runtime.vlm)
     inputs = _inputs(rt, [IMAGES["a"]])
     long_question = " ".join([QUESTION] * 6)
-    req = AnswerRequest(PREFIX, inputs, long_question, policy="conduit", budget=0.5,
+    req = AnswerRequest(PREFIX, inputs, long_question, policy=choose_policy("conduit"), budget=0.5,
                         max_new_tokens=4)
     got = answering.answer(rt, req)
     assert got.fallback and got.predicted_flops_lm > 0.8 * got.fallback_flops_lm
     assert got.refreshed_visual_tokens == got.visual_tokens
     assert got.own_flops_lm == pytest.approx(got.fallback_flops_lm)
     assert got.own_flops_lm < got.flops_full_lm
-    full = answering.answer(rt, AnswerRequest(PREFIX, inputs, long_question, policy="full_prefill",
+    full = answering.answer(rt, AnswerRequest(PREFIX, inputs, long_question,
+                                              policy=choose_policy("full_prefill"),
                                    max_new_tokens=4))
     assert got.token_ids == full.token_ids and not full.fallback
     own = answering.answer(ReuseRuntime(runtime.vlm, never_above_full=False), req)

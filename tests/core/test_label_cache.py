@@ -24,7 +24,7 @@ from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest, AnswerResult
 from conduit_core.label_cache import LabelCache
 from conduit_core.passes.refresh_pass import refresh_rows
-from conduit_core.policies import POLICIES, get_policy, register_policy
+from conduit_core.policies import POLICIES, choose_policy, get_policy, register_policy
 from conduit_core.policies.policy_context import PolicyContext
 from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
@@ -72,7 +72,7 @@ def test_every_page_refreshed_equals_full_prefill(labelled: ReuseRuntime) -> Non
     pages = _pages(rt)
     ref = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
     for policy in ("conduit", "full_prefill"):
-        req = AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=1.0)
+        req = AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy(policy), budget=1.0)
         got = probe_refresh(rt, req, last_only=True)
         torch.testing.assert_close(got.logits[-1], ref.logits[-1], **tol("logits"))
         labels = torch.cat([torch.arange(s.start, s.stop) for s in
@@ -84,7 +84,7 @@ def test_partial_budget_keeps_labels_stale(runtime: ReuseRuntime,
                                            labelled: ReuseRuntime) -> None:
     plain = ReuseRuntime(runtime.vlm, label_cache=False, never_above_full=False)
     pages = _pages(labelled)
-    req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.1)
+    req = AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy("conduit"), budget=0.1)
     answering.answer(labelled, req)  # the labels are in the cache from here on
     with_labels = probe_refresh(labelled, req, last_only=True)
     as_text = probe_refresh(plain, req, last_only=True)
@@ -127,7 +127,7 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
     assert torch.equal(layout.refreshed_label_rows(torch.zeros(0, dtype=torch.long)),
                        label_rows)
     for policy in ("conduit", "full_reuse"):
-        req = AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=0.1,
+        req = AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy(policy), budget=0.1,
                             max_new_tokens=2)
         answering.answer(rt, req)  # the labels are in the cache from here on
         answering.answer(page_only, req)
@@ -142,7 +142,8 @@ def test_fresh_labels_are_recomputed_by_every_refresh(runtime: ReuseRuntime) -> 
         assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
     with pytest.raises(ValueError, match="label_refresh"):
         ReuseRuntime(runtime.vlm, label_refresh="sometimes")
-    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION,
+                                            policy=choose_policy("conduit"),
                                             budget=1.0), last_only=True)
     images = [IMAGES["a"], IMAGES["b"], IMAGES["c"]]
     full = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
@@ -162,7 +163,7 @@ def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
     assert layout.budget_label_rows() == n_labels > 0
     assert always.reuse.assemble(PREFIX, pages, QUESTION).layout.budget_label_rows() == 0
     label_rows = torch.cat([torch.arange(s.start, s.stop) for s in layout.labels[1:]])
-    req = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.5,
+    req = AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy("conduit"), budget=0.5,
                         max_new_tokens=2)
     answering.answer(rt, req)  # the labels are in the cache from here on
     got, full_share = probe_refresh(rt, req, last_only=True), probe_refresh(always, req,
@@ -173,9 +174,10 @@ def test_labels_in_the_budget_take_its_rows(runtime: ReuseRuntime) -> None:
     assert got.refresh_flops < full_share.refresh_flops
     result = answering.answer(rt, req)
     assert result.predicted_flops_lm == pytest.approx(result.flops_used_lm, rel=0.05)
-    small = AnswerRequest(PREFIX, pages, QUESTION, policy="conduit", budget=0.01)
+    small = AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy("conduit"), budget=0.01)
     assert probe_refresh(rt, small, last_only=True).visual_rows.numel() == 0  # not below 0
-    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+    whole = probe_refresh(rt, AnswerRequest(PREFIX, pages, QUESTION,
+                                            policy=choose_policy("conduit"),
                                             budget=1.0), last_only=True)
     images = [IMAGES["a"], IMAGES["b"], IMAGES["c"]]
     full = probe_full_prefill(rt, PREFIX, list(zip(LABELS, images, strict=True)), QUESTION)
@@ -191,7 +193,7 @@ def test_labels_charged_once_and_predicted(runtime: ReuseRuntime) -> None:
 
     def ask(policy: str, budget: float = 0.1) -> AnswerResult:
         return answering.answer(rt,
-            AnswerRequest(PREFIX, pages, QUESTION, policy=policy, budget=budget,
+            AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy(policy), budget=budget,
                                        max_new_tokens=2))
 
     whole = ask("full_prefill")  # every page recomputed whole: no label is computed for it
@@ -231,7 +233,8 @@ def test_warmed_labels_are_charged_to_no_answer(runtime: ReuseRuntime) -> None:
     assert answering.warm_labels(rt, PREFIX, pages) > 0  # three labels computed, nothing assembled
     assert rt.reuse.labels is not None and len(rt.reuse.labels) == 3
     assert answering.warm_labels(rt, PREFIX, pages) == 0.0
-    req = AnswerRequest(PREFIX, pages, QUESTION, policy="random", budget=0.1, max_new_tokens=2)
+    req = AnswerRequest(PREFIX, pages, QUESTION,
+                        policy=choose_policy("random"), budget=0.1, max_new_tokens=2)
     first, second = answering.answer(rt, req), answering.answer(rt, req)
     assert first.flops_used_lm == second.flops_used_lm  # the first paid for no label
 
@@ -255,7 +258,7 @@ def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime)
     register_policy("profileless", profileless)
     try:
         got, again = (answering.answer(rt,
-            AnswerRequest(PREFIX, pages, QUESTION, policy="profileless",
+            AnswerRequest(PREFIX, pages, QUESTION, policy=choose_policy("profileless"),
                                               budget=0.1, max_new_tokens=4)) for _ in range(2))
     finally:
         POLICIES.pop("profileless")
@@ -265,6 +268,7 @@ def test_a_policy_without_a_cost_profile_reads_the_labels(runtime: ReuseRuntime)
     assert got.own_flops_lm == again.flops_used_lm
     for result in (got, again):
         assert result.predicted_flops_lm == pytest.approx(result.own_flops_lm, rel=1e-9)
-    plain = answering.answer(rt, AnswerRequest(PREFIX, pages, QUESTION, policy="conduit",
+    plain = answering.answer(rt, AnswerRequest(PREFIX, pages, QUESTION,
+                                               policy=choose_policy("conduit"),
                                                budget=0.1, max_new_tokens=4))
     assert got.token_ids == plain.token_ids

@@ -26,6 +26,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
+from conduit_core.policies import choose_policy
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -60,7 +61,7 @@ def _request(pages: dict[str, PageKV], scope: tuple[str, ...], policy: str,
              budget: float) -> AnswerRequest:
     return AnswerRequest(prefix="Answer from the pages.",
                          pages=[PageInput(f"[{k}.pdf p.1]", pages[k]) for k in scope],
-                         question=QUESTIONS[scope], policy=policy, budget=budget,
+                         question=QUESTIONS[scope], policy=choose_policy(policy), budget=budget,
                          max_new_tokens=3, namespace="tenant-a")
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
-from conduit_core.policies import get_policy
+from conduit_core.policies import choose_policy, get_policy
 from lab import answering
 from lab.diagnostics import kv_error, reuse_kv_error
 from tests.core.helpers import IMAGES, full_logits
@@ -83,14 +83,16 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     pages_kv = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     inputs = [PageInput("Page 1:\n", pages_kv[0]), PageInput("Page 2:\n", pages_kv[1])]
     full = answering.answer(runtime, AnswerRequest("Be brief.", inputs, QUESTION,
-                                                   policy="full_prefill", max_new_tokens=5))
+                                                   policy=choose_policy("full_prefill"),
+                                                   max_new_tokens=5))
     fresh = answering.answer_full_prefill(runtime, "Be brief.", [("Page 1:\n", IMAGES["a"]),
                                                                  ("Page 2:\n", IMAGES["b"])],
                                           QUESTION, max_new_tokens=5)
     assert same_answer(full.token_ids, fresh.token_ids)
     assert full.refreshed_visual_tokens == full.visual_tokens > 0
     reuse = answering.answer(runtime, AnswerRequest("Be brief.", inputs, QUESTION,
-                                                    policy="full_reuse", max_new_tokens=5))
+                                                    policy=choose_policy("full_reuse"),
+                                                    max_new_tokens=5))
     assert reuse.refreshed_visual_tokens == 0 and reuse.visual_tokens == full.visual_tokens
     assert reuse.flops_used < full.flops_used < full.flops_full  # neither runs the tower
     # the head (template opening + prefix) comes from the head cache: computed and charged
@@ -101,7 +103,8 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     assert 0 < reuse.flops_ratio_lm < 1
     no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False)
     plain = answering.answer(no_head, AnswerRequest("Be brief.", inputs, QUESTION,
-                                                    policy="full_prefill", max_new_tokens=5))
+                                                    policy=choose_policy("full_prefill"),
+                                                    max_new_tokens=5))
     assert same_answer(plain.token_ids, fresh.token_ids) and plain.head_tokens == 0
     assert plain.flops_ratio_lm == pytest.approx(1.0)
 

@@ -17,6 +17,7 @@ from conduit_core.passes.row_attention import (
     row_blocks,
     row_groups,
 )
+from conduit_core.policies import choose_policy
 from lab.refresh_probe import probe_refresh
 from tests.core.helpers import IMAGES
 from tests.device import tol
@@ -75,7 +76,8 @@ def test_runtime_blocked_and_reference_paths_agree(runtime: ReuseRuntime,
     kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     request = AnswerRequest("Answer from the pages.", [PageInput("Page 1:", kvs[0]),
                                                        PageInput("Page 2:", kvs[1])],
-                            "What is the total amount?", policy="conduit", budget=0.3)
+                            "What is the total amount?",
+                            policy=choose_policy("conduit"), budget=0.3)
     calls: list[int] = []
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.passes import layer_forward
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.gpu.ttft import main as gpu_main
@@ -76,7 +77,8 @@ def test_the_default_spends_at_most_0_15_of_a_full_prefill_at_the_cpu_shape() ->
     work = make_workload(vlm, 8, 32)
     kvs = rt.prefill_pages(bench_pages(8, 256))
     pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
-    request = AnswerRequest(work.prefix, pages, work.question, policy="conduit", budget=0.1,
+    request = AnswerRequest(work.prefix, pages, work.question,
+                            policy=choose_policy("conduit"), budget=0.1,
                             max_new_tokens=1)
     first = answering.answer(rt, request)  # computes and caches the labels (charged to it)
     again = answering.answer(rt, request)

@@ -10,7 +10,7 @@ from conduit_core.answer_types import AnswerRequest
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores
-from conduit_core.policies import get_policy
+from conduit_core.policies import choose_policy, get_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext
 from lab import answering
@@ -139,7 +139,7 @@ def test_knobs_change_the_choice_and_are_validated(cached: CachedPages) -> None:
 def test_answer_reports_its_budget(cached: CachedPages) -> None:
     result = answering.answer(cached.runtime, AnswerRequest(
         prefix=PREFIX, pages=cached.inputs(["A", "B", "C"]), question=QUESTION,
-        policy="conduit", budget=0.1, max_new_tokens=3))
+        policy=choose_policy("conduit"), budget=0.1, max_new_tokens=3))
     assert result.refreshed_visual_tokens == round(0.1 * result.visual_tokens)
     assert 0.0 < result.flops_ratio_total < result.flops_ratio_lm
 
@@ -169,7 +169,7 @@ def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> 
     pages = cached.inputs(["A", "B", "C"])
     scored = answering.answer(cached.runtime,
         AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                                 policy="conduit", budget=0.1,
+                                                 policy=choose_policy("conduit"), budget=0.1,
                                                  max_new_tokens=1))
     assert len(scored.page_attention) == 3 and not scored.fallback
     assert sum(scored.page_attention) == pytest.approx(1.0)
@@ -181,5 +181,5 @@ def test_an_answer_says_how_much_it_looked_at_each_page(cached: CachedPages) -> 
     assert torch.allclose(shares, peaks / peaks.sum(), atol=1e-5)
     reuse = answering.answer(cached.runtime,
         AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                                policy="full_reuse", max_new_tokens=1))
+                      policy=choose_policy("full_reuse"), max_new_tokens=1))
     assert reuse.page_attention == ()

@@ -12,7 +12,7 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.builtin import builtin_names
 from conduit_core.model.flops import LMShape, full_prefill_flops, trimmed_rows_flops
 from conduit_core.model.loader import load_vlm
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.refresh_probe import probe_full_prefill, probe_refresh
@@ -39,12 +39,13 @@ def test_all_policies_on_family(name: str, tmp_path_factory: pytest.TempPathFact
     for policy in POLICIES:
         if policy != "full_reuse":
             got = probe_refresh(rt, AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                                  policy=policy, budget=1.0), logits="all")
+                                                  policy=choose_policy(policy), budget=1.0),
+                                                  logits="all")
             assert got.logits.shape == ref.logits.shape, policy
             torch.testing.assert_close(got.logits, ref.logits, **tol("logits"), msg=policy)
         if policy in ("conduit", "cacheblend", "random", "epic"):
             req = AnswerRequest(prefix=PREFIX, pages=pages, question=QUESTION,
-                                policy=policy, budget=0.25, max_new_tokens=2)
+                                policy=choose_policy(policy), budget=0.25, max_new_tokens=2)
             result = answering.answer(rt, req)
             probe = probe_refresh(rt, req, last_only=True)
             assert result.refreshed_visual_tokens == round(0.25 * n_v), policy

@@ -15,7 +15,7 @@ from conduit_core.model.flops import (
     vision_flops,
 )
 from conduit_core.passes.row_attention import group_bounds, row_groups
-from conduit_core.policies import POLICIES
+from conduit_core.policies import POLICIES, choose_policy
 from conduit_core.policies.cacheblend import CacheBlendPolicy
 from conduit_core.policies.selection import budget_tokens
 from conduit_core.runtime import ReuseRuntime
@@ -46,7 +46,8 @@ def request(cached: CachedPages, policy: str, budget: float, **kw: object) -> An
     prefix = str(kw.pop("prefix", PREFIX))
     labels = list(kw.pop("labels", LABELS))  # type: ignore[call-overload]
     return AnswerRequest(prefix=prefix, pages=cached.inputs(labels), question=QUESTION,
-                         policy=policy, budget=budget, max_new_tokens=2, seed=7, **kw)  # type: ignore[arg-type]
+                         policy=choose_policy(policy), budget=budget, max_new_tokens=2, seed=7,
+                         **kw)  # type: ignore[arg-type]
 
 
 def test_registry_names() -> None:
@@ -123,7 +124,8 @@ def test_random_is_seeded(cached: CachedPages) -> None:
     a = probe_refresh(cached.runtime, request(cached, "random", 0.2))
     b = probe_refresh(cached.runtime, request(cached, "random", 0.2))
     c = probe_refresh(cached.runtime, AnswerRequest(
-        prefix=PREFIX, pages=cached.inputs(LABELS), question=QUESTION, policy="random",
+        prefix=PREFIX, pages=cached.inputs(LABELS), question=QUESTION,
+        policy=choose_policy("random"),
         budget=0.2, seed=8))
     assert torch.equal(a.visual_rows, b.visual_rows)
     assert not torch.equal(a.visual_rows, c.visual_rows)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from conduit_core.answer_types import DEFAULT_POLICY
+from conduit_core.policies.choice import DEFAULT_POLICY
 
 _UNLIMITED = " 0 = unlimited."
 _PER_TENANT = (" Unset: {keyed} when API keys are configured, unlimited without (one tenant)."

@@ -8,6 +8,7 @@ import pymupdf
 from conduit_core import AnswerRequest, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.model.testbed_model import WEIGHTS
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.testbed.generate import RENDER_DPI, generate
@@ -47,7 +48,7 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
             runtime, ANSWER_PREFIX, pages, str(q["question"]), max_new_tokens=4).text}
         for name in ("full_reuse", policy):
             answers[name] = answering.answer(runtime, AnswerRequest(
-                ANSWER_PREFIX, inputs, str(q["question"]), policy=name, budget=0.1,
+                ANSWER_PREFIX, inputs, str(q["question"]), policy=choose_policy(name), budget=0.1,
                 max_new_tokens=4)).text
         for name, text in answers.items():
             hits.setdefault((str(q["family"]), name), []).append(text.strip() == q["answer"])
