@@ -126,6 +126,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from service.hardening import private_home
     from service.views import skipped_pages_warning
     from storage.metadata import Document, DocumentId, Job, JobId, new_id
+    from storage.text_safety import printable_name
     from worker.facade import IngestError, Worker
 
     settings = Settings()
@@ -135,11 +136,12 @@ def _ingest(args: argparse.Namespace) -> int:
         worker.meta.create_collection(args.collection, "default")
     failures = 0
     for path in args.paths:
+        shown = printable_name(str(path))  # a file name prints no control character
         try:
             data = path.read_bytes()
             checked = worker.check_upload(data, args.password, path.name)
         except (OSError, IngestError) as exc:
-            print(f"{path}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+            print(f"{shown}: {getattr(exc, 'message', exc)}", file=sys.stderr)
             failures += 1
             continue
         doc_id, job_id = DocumentId(new_id("doc")), JobId(new_id("job"))
@@ -150,7 +152,7 @@ def _ingest(args: argparse.Namespace) -> int:
                                        pages_total=checked.page_count, job_id=job_id))
         job = threading.Thread(target=worker.ingest_here, args=(job_id, doc_id))
         job.start()
-        with tqdm(total=checked.page_count, desc=path.name, unit="page") as bar:
+        with tqdm(total=checked.page_count, desc=printable_name(path.name), unit="page") as bar:
             while job.is_alive():
                 job.join(0.2)
                 doc = worker.meta.get_document(doc_id)
@@ -160,14 +162,14 @@ def _ingest(args: argparse.Namespace) -> int:
                 bar.refresh()
         doc = worker.meta.get_document(doc_id)
         if doc.status != "ready":
-            print(f"{path}: {doc.error}", file=sys.stderr)
+            print(f"{shown}: {doc.error}", file=sys.stderr)
             failures += 1
         else:
-            print(f"{path}: {doc.pages_total} page(s) -> document {doc_id}")
+            print(f"{shown}: {doc.pages_total} page(s) -> document {doc_id}")
             warning = skipped_pages_warning(doc)
             if warning:
                 reasons = "; ".join(f"page {p.number}: {p.reason}" for p in doc.skipped_pages)
-                print(f"{path}: warning: {warning} ({reasons})", file=sys.stderr)
+                print(f"{shown}: warning: {warning} ({reasons})", file=sys.stderr)
     worker.close()
     return 1 if failures else 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 # conduit's ids are `col_`, `doc_` or `job_` and 20 hex digits (`storage.metadata.new_id`)
 ApiId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
@@ -81,17 +81,28 @@ class JobOut(BaseModel):
     error: str | None
 
 
+def _has_words(question: str) -> str:
+    """A question must hold a letter or a digit (whitespace or punctuation alone asks nothing)."""
+    if not any(ch.isalnum() for ch in question):
+        raise ValueError("the question has no letter or digit")
+    return question
+
+
+Question = Annotated[str, Field(min_length=1, max_length=4000), AfterValidator(_has_words)]
+
+
 class QueryIn(BaseModel):
     """A question over a collection, or over some of its documents.
 
     `question` is also capped in model tokens (`CONDUIT_MAX_QUESTION_TOKENS`, 422 naming the
-    limit); NaN and Infinity are refused in every number (422, not a 500 at encoding time).
+    limit) and must hold a letter or a digit (422 otherwise); NaN and Infinity are refused in
+    every number (422, not a 500 at encoding time).
     """
 
     model_config = ConfigDict(allow_inf_nan=False)
 
     collection_id: ApiId
-    question: str = Field(..., min_length=1, max_length=4000)
+    question: Question
     top_k: int = Field(3, ge=1, le=32)
     max_new_tokens: int = Field(64, ge=1, le=2048)
     document_ids: list[ApiId] | None = Field(

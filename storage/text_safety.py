@@ -8,7 +8,8 @@ message made every read of its document, and of its collection's listing, a 500.
 
 `safe_text` writes an escaped byte (U+DCC6, from byte 0xC6) as the text `\\xc6` and any other
 lone surrogate as `\\udXXX`: readable, and valid UTF-8. Valid text comes back unchanged (the
-same object), so callers can apply it everywhere at little cost.
+same object), so callers can apply it everywhere at little cost. `printable_name` also
+escapes the characters that are valid but not printable, for names that are shown.
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ def safe_text(text: str) -> str:
     except UnicodeEncodeError:
         return _SURROGATE.sub(_escape, text)
     return text
+
+
+def _visible(ch: str) -> str:
+    """`ch`, or its escape when it is not printable (a control, format or separator)."""
+    if ch.isprintable():
+        return ch
+    code = ord(ch)
+    return f"\\x{code:02x}" if code < 0x100 else (
+        f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+
+
+def printable_name(name: str) -> str:
+    """`name` with printable characters only: every control, format or separator character
+    (ESC, U+202E, a newline) written as its escape, so a stored file name shows what it was
+    and cannot move a terminal's cursor or reorder what is printed around it."""
+    name = safe_text(name)
+    return name if name.isprintable() else "".join(map(_visible, name))
 
 
 def safe_value(value: Any) -> Any:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, NewType
 
-from storage.text_safety import safe_value
+from storage.text_safety import printable_name, safe_value
 
 CollectionId = NewType("CollectionId", str)
 DocumentId = NewType("DocumentId", str)
@@ -70,6 +70,8 @@ class Document:
     skipped_pages: list[SkippedPage] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # a file name is shown (API, web page, CLI): control and format characters escaped
+        self.filename = printable_name(self.filename)
         # the stores hand back JSON text (SQLite) or decoded JSON (Redis)
         raw: Any = self.skipped_pages
         if isinstance(raw, str):
