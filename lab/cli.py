@@ -335,10 +335,11 @@ def _eval_retrieval(args: argparse.Namespace) -> int:
 
     summary = run_retrieval_eval(args.pdfs, args.questions, args.out, ks=args.k,
                                  within_doc=args.within_doc, ocr=not args.no_ocr,
-                                 bm25_weight=pick(args.bm25_weight, s.bm25_weight),
-                                 dense_weight=pick(args.dense_weight, s.dense_weight),
-                                 rrf_k=pick(args.rrf_k, s.rrf_k), ref_weight=s.ref_weight,
-                                 clean_query=s.clean_queries)
+                                 bm25_weight=pick(args.bm25_weight, s.worker.bm25_weight),
+                                 dense_weight=pick(args.dense_weight, s.worker.dense_weight),
+                                 rrf_k=pick(args.rrf_k, s.worker.rrf_k),
+                                 ref_weight=s.worker.ref_weight,
+                                 clean_query=s.worker.clean_queries)
     print(json.dumps(summary, indent=2))
     return 0
 

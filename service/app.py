@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; stores open at startup and close at shutdown."""
     settings = settings or Settings()
     keyring = KeyRing.from_settings(settings)  # a malformed keys file stops the start here
-    private_home(settings.home.resolve())  # umask 077: everything under it is the service's
+    private_home(settings.storage.home.resolve())  # umask 077: everything under it is the service's
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,7 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         collectors: list[Collector] = [register_kv_collector(worker.kv)]
         if not settings.embedded:  # jobs wait in the broker's queues: export their lengths
             collectors.append(register_queue_collector(worker.queue_lengths))
-        log.info("conduit up: home=%s model=%s embedded=%s", worker.home, settings.model,
+        log.info("conduit up: home=%s model=%s embedded=%s", worker.home, settings.core.model,
                  settings.embedded)
         try:
             yield
@@ -84,9 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keyring = keyring
     app.state.thumbnails = ThumbnailCache()
     app.add_middleware(GuardMiddleware, keyring=keyring,
-                       max_upload_bytes=settings.max_upload_bytes)
+                       max_upload_bytes=settings.worker.max_upload_bytes)
     if not keyring.enabled:  # the open mode: loopback Host names only (DNS rebinding)
-        app.add_middleware(LoopbackHostMiddleware, allowed=settings.allowed_hosts)
+        app.add_middleware(LoopbackHostMiddleware, allowed=settings.service.allowed_hosts)
     app.add_middleware(SecurityHeadersMiddleware)  # outside the guard: on its 401s too
     # outermost: every response is counted, refusals included, by the route it was for
     app.add_middleware(HTTPMetricsMiddleware, routes=lambda: app.router.routes)

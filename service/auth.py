@@ -51,10 +51,11 @@ class KeyRing:
     def from_settings(cls, settings: Settings) -> KeyRing:
         """Keys from `api_keys` and `api_keys_file` (the file wins for a key in both)."""
         tenants = {k.get_secret_value(): tenant_of_key(k.get_secret_value())
-                   for k in settings.api_keys}
-        if settings.api_keys_file is not None:
-            tenants.update(read_keys_file(settings.api_keys_file))
-        metrics = settings.metrics_key.get_secret_value() if settings.metrics_key else None
+                   for k in settings.service.api_keys}
+        if settings.service.api_keys_file is not None:
+            tenants.update(read_keys_file(settings.service.api_keys_file))
+        key = settings.service.metrics_key
+        metrics = key.get_secret_value() if key else None
         return cls(tenants=tenants, metrics_key=metrics or None)
 
     @property

@@ -98,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = Settings()
     refusal = check_bind(args.host, keys=KeyRing.from_settings(settings).enabled,
-                         allow_open=args.allow_open or settings.allow_open_network)
+                         allow_open=args.allow_open or settings.service.allow_open_network)
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
@@ -114,7 +114,8 @@ def _worker(args: argparse.Namespace) -> int:
     from worker.facade import run_celery_worker
 
     settings = Settings()
-    private_home(settings.home.resolve())  # uploads, page images, KV: the service's user's only
+    # uploads, page images, KV: the service's user's only
+    private_home(settings.storage.home.resolve())
     run_celery_worker(settings, concurrency=args.concurrency,
                       queues=tuple(q for q in args.queues.split(",") if q))
     return 0
@@ -130,7 +131,7 @@ def _ingest(args: argparse.Namespace) -> int:
     from worker.facade import IngestError, Worker
 
     settings = Settings()
-    private_home(settings.home.resolve())
+    private_home(settings.storage.home.resolve())
     worker = Worker.local(settings)
     col = worker.meta.find_collection(args.collection, "default") or \
         worker.meta.create_collection(args.collection, "default")
@@ -180,15 +181,15 @@ def _ask(args: argparse.Namespace) -> int:
     from worker.facade import Question, Worker, WorkerError, parse_layers
 
     settings = Settings()
-    private_home(settings.home.resolve())  # a prefill writes page KV under it
+    private_home(settings.storage.home.resolve())  # a prefill writes page KV under it
     worker = Worker.local(settings)
     col = worker.meta.find_collection(args.collection, "default")
     if col is None:
         print(f"no collection named {args.collection!r}", file=sys.stderr)
         return 2
     question = Question(
-        collection_id=col.id, question=args.question, top_k=args.top_k or settings.top_k,
-        max_new_tokens=args.max_new_tokens or settings.max_new_tokens,
+        collection_id=col.id, question=args.question, top_k=args.top_k or settings.worker.top_k,
+        max_new_tokens=args.max_new_tokens or settings.worker.max_new_tokens,
         policy=args.policy, budget=args.budget,
         options=PolicyOptions(gamma=args.gamma, score_layers=parse_layers(args.score_layers),
                               query_window=args.query_window, head_agg=args.head_agg),

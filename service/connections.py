@@ -71,11 +71,11 @@ class ConnectionLimits:
     @classmethod
     def from_settings(cls, settings: Settings) -> ConnectionLimits:
         """The limits the `http_*` settings name."""
-        return cls(header_timeout_s=settings.http_header_timeout_s,
-                   body_timeout_s=settings.http_body_timeout_s,
-                   body_min_rate=settings.http_body_min_rate,
-                   max_header_bytes=settings.http_max_header_bytes,
-                   max_connections=settings.http_max_connections)
+        return cls(header_timeout_s=settings.service.http_header_timeout_s,
+                   body_timeout_s=settings.service.http_body_timeout_s,
+                   body_min_rate=settings.service.http_body_min_rate,
+                   max_header_bytes=settings.service.http_max_header_bytes,
+                   max_connections=settings.service.http_max_connections)
 
 
 class BoundedProtocol(HttpToolsProtocol):
@@ -290,5 +290,5 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     cap = fit_open_files(limits.max_connections)
     limits = dataclasses.replace(limits, max_connections=cap)
     return {"http": bounded_protocol(limits), "ws": "none",
-            "timeout_keep_alive": settings.http_keep_alive_s,
-            "h11_max_incomplete_event_size": settings.http_max_header_bytes}
+            "timeout_keep_alive": settings.service.http_keep_alive_s,
+            "h11_max_incomplete_event_size": settings.service.http_max_header_bytes}

@@ -123,13 +123,13 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
     collection's persistent index when it has one (only the top-k pages are read from the
     store), else by scanning every page of the scope."""
     s = ctx.settings
-    dense_weight = s.dense_weight if q.dense_weight is None else q.dense_weight
-    bm25_weight = s.bm25_weight if q.bm25_weight is None else q.bm25_weight
+    dense_weight = s.worker.dense_weight if q.dense_weight is None else q.dense_weight
+    bm25_weight = s.worker.bm25_weight if q.bm25_weight is None else q.bm25_weight
     # the index ranks as `search` with page references off (not in the index yet): with them
     # on, scan. Both read the question less its answer-format instructions (`query_clean`)
     # when `clean_queries` is on.
-    query = retrieval_query(q.question) if s.clean_queries else q.question
-    found = None if s.ref_weight else index_hits(
+    query = retrieval_query(q.question) if s.worker.clean_queries else q.question
+    found = None if s.worker.ref_weight else index_hits(
         ctx, q.collection_id, query, top_k=q.top_k, document_ids=q.document_ids,
         bm25_weight=bm25_weight, dense_weight=dense_weight if ctx.embedder is not None else 0.0)
     if found:
@@ -149,8 +149,8 @@ def retrieve(ctx: WorkerContext, q: Question) -> list[tuple[Page, float]]:
         for k, p in by_key.items()
     ]
     hits = search(query, candidates, top_k=q.top_k, bm25_weight=bm25_weight,
-                  dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.rrf_k,
-                  ref_weight=s.ref_weight, clean_query=False)
+                  dense_weight=dense_weight, embedder=ctx.embedder, rrf_k=s.worker.rrf_k,
+                  ref_weight=s.worker.ref_weight, clean_query=False)
     return [(by_key[h.key], h.score) for h in hits]
 
 
@@ -192,7 +192,7 @@ def answer_question(
                              kv=kvs[PageHash(p.page_hash)]) for p in pages],
             question=q.question,
             policy=q.choice,
-            budget=ctx.settings.budget if q.budget is None else q.budget,
+            budget=ctx.settings.core.budget if q.budget is None else q.budget,
             max_new_tokens=q.max_new_tokens,
             temperature=q.temperature,
             namespace=cache_namespace(collection.page_namespace),

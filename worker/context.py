@@ -46,29 +46,30 @@ class WorkerContext:
     @property
     def render(self) -> RenderSettings:
         """Render settings that go into every page hash."""
-        return RenderSettings(dpi=self.settings.render_dpi,
-                              max_pixels=self.settings.max_page_pixels)
+        return RenderSettings(dpi=self.settings.worker.render_dpi,
+                              max_pixels=self.settings.worker.max_page_pixels)
 
     @property
     def runtime(self) -> ReuseRuntime:
         """The reuse runtime over the configured model (loaded once, on first use, its decode
-        step captured or compiled then: `Settings.decode_compile`, the time logged)."""
+        step captured or compiled then: `CoreSettings.decode_compile`, the time logged)."""
         with self._load_lock:
             if self._runtime is None:
                 s = self.settings
-                log.info("loading model %s on %s (%s)", s.model, s.device, s.torch_dtype)
+                log.info("loading model %s on %s (%s)", s.core.model, s.core.device,
+                         s.core.torch_dtype)
                 self._vlm = load_vlm(
-                    s.model, device=s.device, dtype=s.torch_dtype,
-                    cache_dir=s.model_cache_dir, max_image_tokens=s.max_page_tokens,
+                    s.core.model, device=s.core.device, dtype=s.core.torch_dtype,
+                    cache_dir=s.model_cache_dir, max_image_tokens=s.core.max_page_tokens,
                 )
-                self._runtime = ReuseRuntime(self._vlm, head_cache=s.head_cache,
-                                             label_cache=s.label_cache and s.head_cache,
-                                             label_entries=s.label_cache_entries,
-                                             label_refresh=s.label_refresh,
-                                             never_above_full=s.never_above_full,
-                                             decode_slots=s.max_active_answers,
-                                             decode_positions=s.max_kv_tokens_in_flight,
-                                             decode_compile=s.decode_compile)
+                self._runtime = ReuseRuntime(self._vlm, head_cache=s.core.head_cache,
+                                             label_cache=s.core.label_cache and s.core.head_cache,
+                                             label_entries=s.core.label_cache_entries,
+                                             label_refresh=s.core.label_refresh,
+                                             never_above_full=s.core.never_above_full,
+                                             decode_slots=s.worker.max_active_answers,
+                                             decode_positions=s.worker.max_kv_tokens_in_flight,
+                                             decode_compile=s.core.decode_compile)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
             return self._runtime
 
@@ -95,9 +96,9 @@ class WorkerContext:
             if self._engine is None:
                 s = self.settings
                 self._engine = AnswerEngine(
-                    lambda: self.runtime, max_active=s.max_active_answers,
-                    max_kv_tokens=s.max_kv_tokens_in_flight,
-                    queue_wait_s=s.answer_queue_wait_s, model_lock=self.model_lock)
+                    lambda: self.runtime, max_active=s.worker.max_active_answers,
+                    max_kv_tokens=s.worker.max_kv_tokens_in_flight,
+                    queue_wait_s=s.worker.answer_queue_wait_s, model_lock=self.model_lock)
             return self._engine
 
     @property
@@ -120,22 +121,22 @@ class WorkerContext:
 def build_context(settings: Settings) -> WorkerContext:
     """Open the metadata and KV stores the settings describe (embedded or distributed),
     and set this process's torch CPU threads (`Settings.cpu_threads`)."""
-    torch.set_num_threads(settings.cpu_threads)
-    home = settings.home.resolve()
+    torch.set_num_threads(settings.worker.cpu_threads)
+    home = settings.storage.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     meta: MetadataStore
-    if settings.redis_url:
+    if settings.storage.redis_url:
         from storage.metadata import RedisMetadataStore
 
-        meta = RedisMetadataStore(settings.redis_url)
+        meta = RedisMetadataStore(settings.storage.redis_url)
     else:
         meta = SQLiteMetadataStore(home / "metadata.sqlite3")
     kv = build_kv_store(
         home,
-        memory_bytes=settings.memory_kv_bytes,
-        disk_bytes=settings.disk_kv_bytes,
-        redis_url=settings.redis_url,
-        redis_ttl_s=settings.redis_kv_ttl_s,
-        quantize=settings.kv_int8,
+        memory_bytes=settings.storage.memory_kv_bytes,
+        disk_bytes=settings.storage.disk_kv_bytes,
+        redis_url=settings.storage.redis_url,
+        redis_ttl_s=settings.storage.redis_kv_ttl_s,
+        quantize=settings.storage.kv_int8,
     )
     return WorkerContext(settings=settings, meta=meta, kv=kv, home=home, embedder=Embedder())

@@ -106,7 +106,7 @@ class Worker:
         else:
             from worker.celery_app import CeleryRunner
 
-            runner = CeleryRunner(settings.redis_url or "", settings)
+            runner = CeleryRunner(settings.storage.redis_url or "", settings)
         worker = cls(ctx, runner, keyed=keyed)
         worker._reaper = Reaper(ctx, runner.submit_ingest, runner.held_jobs)
         worker._reaper.start()
@@ -200,17 +200,17 @@ class Worker:
         an `IngestError` (4xx, 503 when the readers' memory budget is spent) if it is
         unusable. Nothing is written."""
         s = self.settings
-        return check_upload(data, password=password, max_bytes=s.max_upload_bytes,
-                            max_pages=s.max_pages,
-                            limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s,
-                                                budget_mb=s.reader_memory_mb),
+        return check_upload(data, password=password, max_bytes=s.worker.max_upload_bytes,
+                            max_pages=s.worker.max_pages,
+                            limits=ReaderLimits(s.worker.page_memory_mb, s.worker.page_timeout_s,
+                                                budget_mb=s.worker.reader_memory_mb),
                             filename=filename, convert=conversion(s))
 
     def check_room(self, tenant: str, checked: CheckedUpload) -> None:
         """Raise unless the upload fits the tenant's quota (413) and leaves the disk reserve
         free (507)."""
         check_quota(self.meta, tenant, self.quota, checked)
-        check_room(self.home, len(checked.data), self.settings.disk_reserve_bytes)
+        check_room(self.home, len(checked.data), self.settings.storage.disk_reserve_bytes)
 
     def store_upload(self, document_id: DocumentId, data: bytes) -> None:
         """Write a checked upload's bytes atomically."""
@@ -240,7 +240,7 @@ class Worker:
             job = self.meta.get_job(doc.job_id)
         except NotFoundError:
             return False
-        return job.status == "running" and not job_is_stale(job, self.settings.job_lease_s)
+        return job.status == "running" and not job_is_stale(job, self.settings.worker.job_lease_s)
 
     def delete_document_files(self, doc: Document) -> int:
         """Remove a document's upload, page images, the cached pages no other document uses

@@ -78,16 +78,16 @@ class TenantSlots:
 def answer_cap(settings: Settings, keyed: bool) -> int:
     """Answers one tenant may have active or queued (0: unlimited): the setting, or unset,
     half of the engine's slots when API keys are configured (`keyed`), unlimited without."""
-    if settings.max_answers_per_tenant is not None:
-        return settings.max_answers_per_tenant
-    return max(1, settings.max_active_answers // 2) if keyed else 0
+    if settings.worker.max_answers_per_tenant is not None:
+        return settings.worker.max_answers_per_tenant
+    return max(1, settings.worker.max_active_answers // 2) if keyed else 0
 
 
 def queued_documents_cap(settings: Settings, keyed: bool) -> int:
     """Documents one tenant may have queued or in ingestion (0: unlimited): the setting, or
     unset, 16 when API keys are configured (`keyed`), unlimited without."""
-    if settings.max_queued_documents_per_tenant is not None:
-        return settings.max_queued_documents_per_tenant
+    if settings.worker.max_queued_documents_per_tenant is not None:
+        return settings.worker.max_queued_documents_per_tenant
     return 16 if keyed else 0
 
 

@@ -114,7 +114,7 @@ def _fail(ctx: WorkerContext, doc: Document, progress: _Progress, message: str) 
 
 def _ingest(ctx: WorkerContext, doc: Document,
             progress: _Progress) -> tuple[list[Page], list[SkippedPage]]:
-    s = ctx.settings
+    s = ctx.settings.worker
     deadline = Deadline(s.ingest_timeout_s)
     collection = ctx.meta.get_collection(doc.collection_id)
     namespace = collection.page_namespace

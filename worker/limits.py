@@ -31,7 +31,7 @@ def check_question_length(ctx: WorkerContext, question: str, *, with_model: bool
     tokenizer is checked: a byte-level tokenizer makes at most one token per UTF-8 byte, so a
     question of at most `limit` bytes always passes; longer ones are counted by the worker.
     """
-    limit = ctx.settings.max_question_tokens
+    limit = ctx.settings.worker.max_question_tokens
     if len(question.encode()) <= limit or not with_model:
         return
     n = question_tokens(ctx, question)

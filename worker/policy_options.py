@@ -23,12 +23,14 @@ def parse_layers(text: str | None) -> str | tuple[int, int] | None:
 
 def deployment_options(settings: Settings) -> PolicyOptions:
     """The deployment's CONDUIT knobs from settings (`CONDUIT_GAMMA`, ...)."""
-    return PolicyOptions(gamma=settings.gamma, score_layers=parse_layers(settings.score_layers),
-                         query_window=settings.query_window, head_agg=settings.head_agg)
+    s = settings.core
+    return PolicyOptions(gamma=s.gamma, score_layers=parse_layers(s.score_layers),
+                         query_window=s.query_window, head_agg=s.head_agg)
 
 
 def settle_policy(settings: Settings, name: str | None, requested: PolicyOptions
                   ) -> PolicyChoice:
     """The policy a request runs (`name`, else the deployment's) with the request's knobs
     over the deployment's, chosen once (raises `UnknownPolicyError`, `InvalidRequestError`)."""
-    return choose_policy(name or settings.policy, requested, deployment_options(settings))
+    return choose_policy(name or settings.core.policy, requested,
+                         deployment_options(settings))

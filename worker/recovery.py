@@ -170,8 +170,8 @@ def reap(ctx: WorkerContext, submit: Submit, held: set[JobId] | None,
             continue
         orphan = (job.status == "queued" and held is not None
                   and job.id not in held
-                  and (job.updated_at < started_at or now - job.updated_at >= s.job_lease_s))
-        if not (orphan or job_is_stale(job, s.job_lease_s)):
+                  and (job.updated_at < started_at or now - job.updated_at >= s.worker.job_lease_s))
+        if not (orphan or job_is_stale(job, s.worker.job_lease_s)):
             continue
         try:
             doc = ctx.meta.get_document(job.document_id)
@@ -183,7 +183,7 @@ def reap(ctx: WorkerContext, submit: Submit, held: set[JobId] | None,
         if outcome is not None:  # finished, but its job record was not updated
             ctx.meta.update_job(job.id, status=outcome, error=doc.error)
             report.closed.append(job.id)
-        elif job.attempts >= s.max_ingest_attempts:
+        elif job.attempts >= s.worker.max_ingest_attempts:
             if mark_failed(ctx, doc.id, job.id, gave_up_message(job.attempts),
                            pages_total=doc.pages_total):
                 report.failed.append(job.id)
@@ -219,7 +219,7 @@ class Reaper:
                     log.warning("reaper: requeued %s, failed %s", report.requeued, report.failed)
             except Exception as exc:  # storage down: try again next interval
                 log.warning("reaper pass failed: %s: %s", type(exc).__name__, exc)
-            if self._stop.wait(self._ctx.settings.reaper_interval_s):
+            if self._stop.wait(self._ctx.settings.worker.reaper_interval_s):
                 return
 
     def stop(self) -> None:

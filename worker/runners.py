@@ -61,7 +61,7 @@ def execute_ingest_job(ctx: WorkerContext, job_id: JobId, document_id: DocumentI
     `max_ingest_attempts` times fails its document with a message instead of running again.
     """
     s = ctx.settings
-    job = ctx.meta.claim_job(job_id, s.job_lease_s)
+    job = ctx.meta.claim_job(job_id, s.worker.job_lease_s)
     if job is None:
         log.info("ingest %s is finished or held by a live worker; skipped", job_id)
         return
@@ -76,13 +76,13 @@ def execute_ingest_job(ctx: WorkerContext, job_id: JobId, document_id: DocumentI
         # back to "processing" (questions over it refused meanwhile) for nothing
         ctx.meta.update_job(job_id, status=outcome, error=doc.error)
         return
-    if job.attempts > s.max_ingest_attempts:
+    if job.attempts > s.worker.max_ingest_attempts:
         log.error("ingest %s of %s: attempt %d; giving up", job_id, document_id, job.attempts)
         mark_failed(ctx, document_id, job_id, gave_up_message(job.attempts - 1),
                     pages_total=doc.pages_total)
         return
     try:
-        with heartbeat(ctx.meta, job_id, s.job_lease_s / 6):
+        with heartbeat(ctx.meta, job_id, s.worker.job_lease_s / 6):
             run_ingest(ctx, document_id)
         doc = ctx.meta.get_document(document_id)
     except NotFoundError:  # deleted while it ran: drop what it wrote

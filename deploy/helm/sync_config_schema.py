@@ -1,7 +1,8 @@
 """Keep the `config` section of the chart's values.schema.json equal to `worker.settings.Settings`.
 
 `config.<field>` in the chart's values becomes `CONDUIT_<FIELD>` for the api and the workers, so
-the schema of `config` is generated from the Settings model: Helm then rejects a misspelt key, an
+the schema of `config` is generated from the Settings groups' fields (flat, as their environment
+names are: `config.api_keys` sets `settings.service.api_keys`): Helm then rejects a misspelt key, an
 out-of-range budget or an unknown dtype at install time, with the same constraints pydantic
 applies at startup. Every key may also be null (= the Settings default). Fields the chart sets
 itself (`MANAGED`) are not in `config`.
@@ -58,9 +59,10 @@ def _nullable(prop: dict[str, Any]) -> dict[str, Any]:
 
 def config_schema() -> dict[str, Any]:
     """The JSON schema of the chart's `config` values, derived from `Settings`."""
-    from worker.settings import Settings
+    from worker.settings import GROUPS
 
-    props = Settings.model_json_schema()["properties"]
+    props = {name: prop for group in GROUPS.values()
+             for name, prop in group.model_json_schema()["properties"].items()}
     return {
         "type": "object",
         "description": "Fields of worker.settings.Settings, rendered as CONDUIT_<FIELD>; "

@@ -87,7 +87,7 @@ def _eval_across(args: argparse.Namespace) -> int:
                                choice["runner_up"], choice["budget"])
                 choice["discordant"].append({"run": path.stem, **d})
     args.out.write_text(json.dumps(doc, indent=1))
-    write_markdown(doc, args.out.with_suffix(".md"), Settings().policy)
+    write_markdown(doc, args.out.with_suffix(".md"), Settings().core.policy)
     write_plot(doc, args.out.with_suffix(".png"))
     print(args.out.with_suffix(".md").read_text())
     return 0
@@ -101,11 +101,11 @@ def _eval_answers(args: argparse.Namespace) -> int:
     s = Settings()
     cfg = AnswerEvalConfig(
         pdfs=args.pdfs, questions=args.questions, out=args.out,
-        model=args.model or s.model, device=args.device or s.device,
-        dtype=args.dtype or s.dtype, policies=args.policies, budgets=args.budgets,
-        pages=args.pages, top_k=args.top_k or s.top_k, max_pages=args.max_pages,
+        model=args.model or s.core.model, device=args.device or s.core.device,
+        dtype=args.dtype or s.core.dtype, policies=args.policies, budgets=args.budgets,
+        pages=args.pages, top_k=args.top_k or s.worker.top_k, max_pages=args.max_pages,
         limit=args.limit, docs=args.docs, max_new_tokens=args.max_new_tokens,
-        max_page_tokens=args.max_page_tokens or s.max_page_tokens, work_dir=args.work_dir,
+        max_page_tokens=args.max_page_tokens or s.core.max_page_tokens, work_dir=args.work_dir,
         check_budget_one=args.check_budget_one, progress=not args.no_progress,
         command=command_line())
     try:

@@ -55,8 +55,8 @@ def ingest_documents(ctx: WorkerContext, pdfs_dir: Path, names: Sequence[str],
             continue
         try:
             data = (pdfs_dir / name).read_bytes()
-            checked = check_upload(data, password=None, max_bytes=s.max_upload_bytes,
-                                   max_pages=s.max_pages)
+            checked = check_upload(data, password=None, max_bytes=s.worker.max_upload_bytes,
+                                   max_pages=s.worker.max_pages)
         except OSError as exc:
             corpus.failed[name] = f"cannot read: {exc.strerror or exc}"
             continue

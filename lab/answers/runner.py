@@ -259,7 +259,7 @@ class _Run:
 
 
 def _config_key(cfg: AnswerEvalConfig, settings: Settings) -> dict[str, Any]:
-    return {"model": cfg.model, "dtype": settings.torch_dtype, "pages": cfg.pages,
+    return {"model": cfg.model, "dtype": settings.core.torch_dtype, "pages": cfg.pages,
             "top_k": cfg.top_k, "max_pages": cfg.max_pages,
             "max_new_tokens": cfg.max_new_tokens, "max_page_tokens": cfg.max_page_tokens,
             "prefix": ANSWER_PREFIX, "seed": cfg.seed}
@@ -284,13 +284,13 @@ def _meta(run: _Run, items: list[EvalItem], selected: list[EvalItem], skipped: d
     cfg, s = run.cfg, run.ctx.settings
     return {
         "command": cfg.command, "model": cfg.model, "device": cfg.device,
-        "dtype": s.torch_dtype, "random_weights": cfg.model.startswith("builtin:tiny-"),
+        "dtype": s.core.torch_dtype, "random_weights": cfg.model.startswith("builtin:tiny-"),
         "pages_mode": cfg.pages, "top_k": cfg.top_k, "max_pages": cfg.max_pages,
         "max_new_tokens": cfg.max_new_tokens, "policies": run.policies,
         "policy_options": {p: _knobs(s, p) for p in run.policies},
-        "head_cache": s.head_cache, "label_cache": s.label_cache,
-        "label_refresh": s.label_refresh,
-        "never_above_full": s.never_above_full,
+        "head_cache": s.core.head_cache, "label_cache": s.core.label_cache,
+        "label_refresh": s.core.label_refresh,
+        "never_above_full": s.core.never_above_full,
         "budgets": [float(b) for b in cfg.budgets], "prefix": ANSWER_PREFIX,
         "questions_in_files": len(items), "questions_selected": len(selected),
         "limit": cfg.limit, "docs": cfg.docs,

@@ -28,10 +28,10 @@ def read(path: Path, workers: int, settings: Settings) -> tuple[float, list[str]
     """Seconds to read every page of `path`, and the pages' texts."""
     started = time.perf_counter()
     data = path.read_bytes()
-    with open_pdf(data, max_pages=settings.max_pages):
+    with open_pdf(data, max_pages=settings.worker.max_pages):
         pass  # the same check the service makes before reading pages
-    texts = [p.text.text for p in iter_pages(data, dpi=settings.render_dpi,
-                                             max_pixels=settings.max_page_pixels,
+    texts = [p.text.text for p in iter_pages(data, dpi=settings.worker.render_dpi,
+                                             max_pixels=settings.worker.max_page_pixels,
                                              ocr=True, ocr_workers=workers)]
     return time.perf_counter() - started, texts
 
@@ -60,7 +60,7 @@ def main() -> None:
     base = statistics.median(seconds[counts[0]])
     result = {
         "pdf": args.pdf.name, "pages": len(reference or []), "cpus": os.cpu_count(),
-        "machine": platform.machine(), "render_dpi": settings.render_dpi,
+        "machine": platform.machine(), "render_dpi": settings.worker.render_dpi,
         "median_s": {str(w): round(statistics.median(s), 2) for w, s in seconds.items()},
         "speedup_vs_first": {str(w): round(base / statistics.median(s), 2)
                              for w, s in seconds.items()},

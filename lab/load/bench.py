@@ -351,11 +351,13 @@ def main(*, url: str | None, clients: list[int], duration_s: float, pids: list[i
             with spawned(form, engine=engine, model=model, keep_logs=keep_logs) as svc:
                 def bound(baseline: dict[str, float], svc: Service = svc) -> dict[str, float]:
                     # after prepare: the service has materialised a builtin model
-                    kv = kv_bytes_per_token(settings.model, settings.torch_dtype, svc.home)
-                    return rss_bounds(baseline, svc.engines, settings.max_kv_tokens_in_flight,
-                                      kv, settings.memory_kv_bytes)
+                    core = settings.core
+                    kv = kv_bytes_per_token(core.model, core.torch_dtype, svc.home)
+                    return rss_bounds(baseline, svc.engines,
+                                      settings.worker.max_kv_tokens_in_flight, kv,
+                                      settings.storage.memory_kv_bytes)
 
                 levels(svc.url, svc.pids,
-                       {"form": FORM_LABELS[form], "engine": engine, "model": settings.model},
+                       {"form": FORM_LABELS[form], "engine": engine, "model": settings.core.model},
                        bound)
     return results

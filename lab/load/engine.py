@@ -108,18 +108,18 @@ def run(*, model: str, slots: list[int], clients: int, duration_s: float,
     torch.set_num_threads(threads)
     settings = Settings(device=device)
     with tempfile.TemporaryDirectory() as tmp:
-        rt = ReuseRuntime(load_vlm(model, device=device, dtype=settings.torch_dtype,
+        rt = ReuseRuntime(load_vlm(model, device=device, dtype=settings.core.torch_dtype,
                                    cache_dir=Path(tmp)))
         rt.reuse.stop_ids = []  # every answer decodes max_new_tokens tokens
         kvs = rt.prefill_pages([a4_page(i) for i in range(4)])
         pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
         answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages[:2], "warm-up", max_new_tokens=4))
         levels = [run_level(rt, pages, slots=s, clients=clients, duration_s=duration_s,
-                            max_new_tokens=max_new_tokens, policy=settings.policy,
-                            budget=settings.budget) for s in slots]
-    return {"model": model, "device": device, "dtype": settings.torch_dtype,
+                            max_new_tokens=max_new_tokens, policy=settings.core.policy,
+                            budget=settings.core.budget) for s in slots]
+    return {"model": model, "device": device, "dtype": settings.core.torch_dtype,
             "pages": [kv.num_tokens for kv in kvs], "threads": threads,
-            "policy": settings.policy, "budget": settings.budget,
+            "policy": settings.core.policy, "budget": settings.core.budget,
             "max_new_tokens": max_new_tokens, "command": command,
             "date": time.strftime("%Y-%m-%d"), "levels": levels}
 

@@ -222,7 +222,7 @@ def _paired(args: argparse.Namespace) -> int:
     from lab.testbed.paired import paired_table
     from worker.settings import Settings
 
-    policy = args.policy or Settings().policy
+    policy = args.policy or Settings().core.policy
     try:
         runs = {p.name.removesuffix(".jsonl").removesuffix(".records"): read_scores(p)
                 for p in args.records}
@@ -245,7 +245,7 @@ def _criteria(args: argparse.Namespace) -> int:
     from lab.testbed.intervals import read_scores, records_beside
     from worker.settings import Settings
 
-    policy = args.policy or Settings().policy
+    policy = args.policy or Settings().core.policy
     try:
         runs = {p.stem: json.loads(p.read_text()) for p in args.runs}
         scores = ({p.stem: read_scores(records_beside(p)) for p in args.runs}

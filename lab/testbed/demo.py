@@ -36,10 +36,10 @@ import httpx
 import lab.ablations  # noqa: F401 (registers the lab's policies by name)
 from lab.testbed.generate import generate
 from lab.testbed.task import FAMILIES
-from worker.settings import Settings
+from worker.settings import CoreSettings
 
 MODEL = "builtin:testbed-qwen2-vl"
-DEFAULT_POLICY = str(Settings.model_fields["policy"].default)  # the service's default
+DEFAULT_POLICY = str(CoreSettings.model_fields["policy"].default)  # the service's default
 POLICIES = (DEFAULT_POLICY, "full_reuse", "full_prefill")
 TOP_K = 6  # pages per question: a training question showed 4-6 (`Shape.shown`)
 

@@ -107,7 +107,7 @@ def upload_document(
     (`worker.ingest.budget`).
     """
     col = owned_collection(worker, tenant, collection_id)
-    data = _read_capped(file.file, worker.settings.max_upload_bytes)
+    data = _read_capped(file.file, worker.settings.worker.max_upload_bytes)
     checked = worker.check_upload(data, password or None, file.filename)
     worker.check_room(tenant, checked)
     doc_id = DocumentId(new_id("doc"))
@@ -152,8 +152,9 @@ def delete_document(document_id: DocumentIdPath, worker: WorkerDep, tenant: Tena
     doc = owned_document(worker, tenant, document_id)
     if worker.held_by_live_worker(doc):
         raise HTTPException(409, "the document is being ingested; retry when it is done (a "
-                            f"stalled ingest can be deleted {worker.settings.job_lease_s:.0f} s "
-                            "after its worker stops)")
+        lease_s = worker.settings.worker.job_lease_s
+                            f"stalled ingest can be deleted {lease_s:.0f} s after its worker "
+                            "stops)")
     thumbnails.drop_document(doc.id)
     released = worker.delete_document_files(doc)
     log.info("deleted %s, released %d cached page(s)", doc.id, released)

@@ -52,5 +52,6 @@ def info(worker: WorkerDep, _tenant: TenantDep) -> dict[str, object]:
     """The serving configuration: model, form, policy, budget, whether this process loaded the
     model."""
     s = worker.settings
-    return {"model": s.model, "embedded": s.embedded, "policy": s.policy, "budget": s.budget,
-            "max_question_tokens": s.max_question_tokens, "model_loaded": worker.model_loaded}
+    return {"model": s.core.model, "embedded": s.embedded, "policy": s.core.policy,
+            "budget": s.core.budget, "max_question_tokens": s.worker.max_question_tokens,
+            "model_loaded": worker.model_loaded}

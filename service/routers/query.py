@@ -57,7 +57,7 @@ async def query_stream(body: QueryIn, worker: WorkerDep,
             out = to_query_out(worker.answer(question, on_token=on_token, cancel=gone))
             event = ("done", out.model_dump_json())
         except Exception as exc:  # reported to the client as an event, never a dropped stream
-            QUERIES.labels(question.policy or worker.settings.policy, "error").inc()
+            QUERIES.labels(question.policy or worker.settings.core.policy, "error").inc()
             event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
         loop.call_soon_threadsafe(events.put_nowait, event)
 

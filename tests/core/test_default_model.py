@@ -35,7 +35,7 @@ def _a4_page(seed: int) -> Image.Image:
 
 def test_the_default_is_the_small_builtin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CONDUIT_MODEL", raising=False)
-    assert Settings().model == "builtin:small-qwen2-vl"
+    assert Settings().core.model == "builtin:small-qwen2-vl"
 
 
 def test_reuse_pays_off_on_the_default_model(tmp_path: Path) -> None:

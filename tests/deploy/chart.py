@@ -14,7 +14,7 @@ import helm_python as helm
 import yaml
 from kubernetes_validate import utils as kv
 
-from worker.settings import Settings
+from worker.settings import GROUPS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "conduit"
@@ -138,5 +138,14 @@ def settings_field(env_name: str) -> str:
     """The Settings field an env name sets; fails unless it is a real field."""
     assert env_name.startswith("CONDUIT_"), env_name
     field = env_name.removeprefix("CONDUIT_").lower()
-    assert field in Settings.model_fields, f"{env_name} is not a field of Settings"
+    assert field in FIELDS, f"{env_name} is not a field of Settings"
     return field
+
+
+# every Settings field under its flat name (its environment name less `CONDUIT_`) -> its group
+FIELDS = {name: group for group, model in GROUPS.items() for name in model.model_fields}
+
+
+def setting(settings: Settings, name: str) -> Any:
+    """The value of the field a flat name names, read from its group."""
+    return getattr(getattr(settings, FIELDS[name]), name)

@@ -124,8 +124,8 @@ def test_an_api_key_and_a_metrics_key_are_generated_into_the_secret(out: Rendere
     # generated once: a second install draws other keys (upgrades read them back via lookup)
     assert json.loads(render().secret_data(full())["CONDUIT_API_KEYS"]) != [key]
     s = settings_of(container_env(out, container(out.one("Deployment", full("api")))))
-    assert [k.get_secret_value() for k in s.api_keys] == [key]
-    assert s.metrics_key is not None and s.metrics_key.get_secret_value() == \
+    assert [k.get_secret_value() for k in s.service.api_keys] == [key]
+    assert s.service.metrics_key is not None and s.service.metrics_key.get_secret_value() == \
         secret["CONDUIT_METRICS_KEY"]
 
 
@@ -162,10 +162,10 @@ def test_env_names_are_settings_fields_and_parse(out: Rendered) -> None:
     for name, device in (("api", "cpu"), ("worker", "cuda")):
         env = container_env(out, container(out.one("Deployment", full(name))))
         s = settings_of(env)
-        assert str(s.home) == "/data" and s.redis_url == secret["CONDUIT_REDIS_URL"]
-        assert s.device == device and not s.embedded
-        assert s.model == "builtin:small-qwen2-vl" and s.redis_kv_ttl_s == 604800
-        assert bool(s.api_keys) == (name == "api")
+        assert str(s.storage.home) == "/data" and s.storage.redis_url == secret["CONDUIT_REDIS_URL"]
+        assert s.core.device == device and not s.embedded
+        assert s.core.model == "builtin:small-qwen2-vl" and s.storage.redis_kv_ttl_s == 604800
+        assert bool(s.service.api_keys) == (name == "api")
 
 
 def test_the_worker_gets_a_gpu_and_the_api_does_not_by_default(out: Rendered) -> None:

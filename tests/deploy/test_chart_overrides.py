@@ -39,7 +39,7 @@ def test_external_redis_url_replaces_the_bundled_redis() -> None:
     assert secret["CONDUIT_REDIS_URL"] == EXTERNAL and "REDIS_PASSWORD" not in secret
     for name in ("api", "worker"):
         env = container_env(out, container(out.one("Deployment", full(name))))
-        assert settings_of(env).redis_url == EXTERNAL
+        assert settings_of(env).storage.redis_url == EXTERNAL
 
 
 def test_external_redis_from_an_existing_secret_is_referenced() -> None:
@@ -67,7 +67,7 @@ def test_worker_replicas_gpus_and_concurrency() -> None:
     assert container(api)["resources"]["limits"]["nvidia.com/gpu"] == 1
     for name in ("api", "worker"):
         assert settings_of(container_env(out, container(out.one("Deployment", full(name))))) \
-            .device == "cuda"
+            .core.device == "cuda"
 
 
 def test_a_cpu_worker_requests_no_gpu() -> None:
@@ -76,7 +76,7 @@ def test_a_cpu_worker_requests_no_gpu() -> None:
     worker = out.one("Deployment", full("worker"))
     assert "nvidia.com/gpu" not in container(worker)["resources"]["limits"]
     assert "tolerations" not in pod_spec(worker)
-    assert settings_of(container_env(out, container(worker))).device == "cpu"
+    assert settings_of(container_env(out, container(worker))).core.device == "cpu"
 
 
 def test_api_keys_land_in_the_secret_only() -> None:
@@ -89,7 +89,7 @@ def test_api_keys_land_in_the_secret_only() -> None:
     assert "GENERATED_API_KEY" not in out.notes
     assert "GENERATED_API_KEY" not in out.secret_data(full())
     env = container_env(out, container(out.one("Deployment", full("api"))))
-    assert [k.get_secret_value() for k in settings_of(env).api_keys] == keys
+    assert [k.get_secret_value() for k in settings_of(env).service.api_keys] == keys
 
 
 def test_api_keys_from_an_existing_secret() -> None:
@@ -119,7 +119,7 @@ def test_an_existing_claim_is_mounted_by_api_and_worker() -> None:
         volumes = {v["name"]: v for v in pod_spec(workload)["volumes"]}
         assert volumes["home"]["persistentVolumeClaim"]["claimName"] == "shared-nfs"
         env = container_env(out, container(workload))
-        assert str(settings_of(env).home) == "/srv/conduit"
+        assert str(settings_of(env).storage.home) == "/srv/conduit"
         assert env["HF_HOME"] == "/srv/conduit/huggingface"
         assert {"name": "home", "mountPath": "/srv/conduit"} in container(workload)["volumeMounts"]
 
@@ -130,10 +130,11 @@ def test_a_real_model_configuration_reaches_settings_exactly() -> None:
                            "kv_int8": True, "head_agg": "max"},
                 "worker": {"terminationGracePeriodSeconds": 960}}, "worker")
     s = settings_of(env)
-    assert (s.model, s.dtype, s.budget, s.kv_int8, s.head_agg) == \
+    assert (s.core.model, s.core.dtype, s.core.budget, s.storage.kv_int8, s.core.head_agg) == \
         ("Qwen/Qwen2.5-VL-7B-Instruct", "bfloat16", 0.15, True, "max")
-    assert s.disk_kv_bytes == 200 * 2**30 and env["CONDUIT_DISK_KV_BYTES"] == str(200 * 2**30)
-    assert s.ingest_timeout_s == 900.0
+    assert s.storage.disk_kv_bytes == 200 * 2**30
+    assert env["CONDUIT_DISK_KV_BYTES"] == str(200 * 2**30)
+    assert s.worker.ingest_timeout_s == 900.0
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -106,10 +106,10 @@ def test_ingress_fits_an_upload_streams_and_terminates_tls() -> None:
     notes = ing["metadata"]["annotations"]
     body_mib = int(notes["nginx.ingress.kubernetes.io/proxy-body-size"].removesuffix("m"))
     # the service accepts uploads of max_upload_bytes plus the multipart overhead
-    assert body_mib >= math.ceil((Settings().max_upload_bytes + FORM_OVERHEAD) / 2**20)
+    assert body_mib >= math.ceil((Settings().worker.max_upload_bytes + FORM_OVERHEAD) / 2**20)
     assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # SSE
     assert int(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) > \
-        Settings().answer_timeout_s
+        Settings().worker.answer_timeout_s
     assert ing["spec"]["tls"] == [{"hosts": ["qa.example.com"], "secretName": "qa-tls"}]
     backend = ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend == {"name": full("api"), "port": {"name": "http"}}

@@ -58,13 +58,13 @@ def test_env_names_are_settings_fields_and_parse() -> None:
         for name in ("api", "worker"):
             environment = {k: str(v) for k, v in services[name]["environment"].items()}
             s = settings_of(image_env() | environment)
-            assert s.model == "builtin:small-qwen2-vl" and str(s.home) == "/data"
+            assert s.core.model == "builtin:small-qwen2-vl" and str(s.storage.home) == "/data"
     # embedded by default; with the env file the api and the worker share one Redis
     api = settings_of(_compose()["services"]["api"]["environment"])
     assert api.embedded
-    assert [k.get_secret_value() for k in api.api_keys] == ["compose-test-key-0123456789"]
+    assert [k.get_secret_value() for k in api.service.api_keys] == ["compose-test-key-0123456789"]
     services = _compose(dist)["services"]
-    urls = {settings_of(services[n]["environment"]).redis_url for n in ("api", "worker")}
+    urls = {settings_of(services[n]["environment"]).storage.redis_url for n in ("api", "worker")}
     assert urls == {dist["CONDUIT_REDIS_URL"]}
 
 
@@ -89,7 +89,7 @@ def _bind_refusal(command: list[str], env: dict[str, str]) -> str | None:
     args = _parser().parse_args(command[1:])
     s = settings_of(env)
     return check_bind(args.host, keys=KeyRing.from_settings(s).enabled,
-                      allow_open=args.allow_open or s.allow_open_network)
+                      allow_open=args.allow_open or s.service.allow_open_network)
 
 
 def test_compose_serves_the_network_only_with_keys_or_the_explicit_opt_in() -> None:
@@ -98,7 +98,8 @@ def test_compose_serves_the_network_only_with_keys_or_the_explicit_opt_in() -> N
             api = compose(shell | profile)["services"]["api"]
             env = image_env() | {k: str(v) for k, v in api["environment"].items()}
             s = settings_of(env)
-            assert s.api_keys or s.allow_open_network, shell  # keys, or the opt-in said
+            # keys, or the opt-in said
+            assert s.service.api_keys or s.service.allow_open_network, shell
             args = _parser().parse_args(api["command"][1:])
             assert not is_loopback_address(args.host)  # the container network: it must
             assert _bind_refusal(api["command"], env) is None, shell

@@ -19,7 +19,7 @@ from conduit_core.prompt.layout import LABEL_REFRESH
 from lab.refresh_probe import probe_refresh
 from tests.policies.conftest import CachedPages
 from worker.policy_options import settle_policy
-from worker.settings import Settings
+from worker.settings import CoreSettings, Settings
 
 LABELS = ["[a p.1]", "[a p.2]", "[b p.1]"]
 
@@ -100,9 +100,9 @@ def test_the_runtime_defaults_are_the_services() -> None:
     defaults = {name: p.default for name, p in
                 inspect.signature(ReuseRuntime.__init__).parameters.items()}
     s = Settings()
-    assert defaults["head_cache"] == s.head_cache
-    assert defaults["label_cache"] == s.label_cache
-    assert defaults["label_entries"] == s.label_cache_entries
-    assert defaults["label_refresh"] == s.label_refresh
-    assert get_args(Settings.model_fields["label_refresh"].annotation) == LABEL_REFRESH
-    assert defaults["never_above_full"] == s.never_above_full
+    assert defaults["head_cache"] == s.core.head_cache
+    assert defaults["label_cache"] == s.core.label_cache
+    assert defaults["label_entries"] == s.core.label_cache_entries
+    assert defaults["label_refresh"] == s.core.label_refresh
+    assert get_args(CoreSettings.model_fields["label_refresh"].annotation) == LABEL_REFRESH
+    assert defaults["never_above_full"] == s.core.never_above_full

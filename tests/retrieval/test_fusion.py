@@ -7,7 +7,7 @@ import pytest
 
 from worker.retrieval import Candidate, Ranking, reciprocal_rank_fusion, search
 from worker.retrieval.fusion import DEFAULT_RRF_K, ranks_from_scores
-from worker.settings import Settings
+from worker.settings import WorkerSettings
 
 
 def test_rrf_sums_weighted_reciprocal_ranks() -> None:
@@ -67,4 +67,4 @@ def test_search_edge_cases() -> None:
 
 
 def test_the_deployment_default_rrf_constant_is_the_library_default() -> None:
-    assert Settings.model_fields["rrf_k"].default == DEFAULT_RRF_K
+    assert WorkerSettings.model_fields["rrf_k"].default == DEFAULT_RRF_K

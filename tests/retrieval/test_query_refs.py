@@ -55,7 +55,7 @@ def test_the_reference_weight_is_a_bounded_setting(monkeypatch) -> None:  # type
 
     monkeypatch.setenv("CONDUIT_REF_WEIGHT", "1.5")
     s = Settings()
-    assert s.ref_weight == 1.5
+    assert s.worker.ref_weight == 1.5
     with pytest.raises(ValidationError):
         Settings(ref_weight=-1.0)
     with pytest.raises(ValidationError):

@@ -15,8 +15,8 @@ from worker.settings import Settings
 
 def test_the_default_leaves_a_core_and_a_setting_overrides_it(tmp_path: Path) -> None:
     cores = len(os.sched_getaffinity(0))
-    assert Settings(home=tmp_path).cpu_threads == max(1, cores - 1)
-    assert Settings(home=tmp_path, torch_threads=3).cpu_threads == 3
+    assert Settings(home=tmp_path).worker.cpu_threads == max(1, cores - 1)
+    assert Settings(home=tmp_path, torch_threads=3).worker.cpu_threads == 3
     with pytest.raises(ValueError):
         Settings(home=tmp_path, torch_threads=0)
 

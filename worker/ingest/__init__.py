@@ -2,14 +2,14 @@
 
 Typical use by the pipeline::
 
-    facts, decrypted = inspect_pdf(data, password=pw, max_pages=settings.max_pages,
+    s = settings.worker
+    facts, decrypted = inspect_pdf(data, password=pw, max_pages=s.max_pages,
                                    decrypt_limit=..., limits=ReaderLimits(...))
     ...  # page count, title: checks that need no page drawn (`worker.uploads.check_upload`)
-    for page in iter_pages(data, password=pw, dpi=..., max_pixels=..., ocr=settings.ocr,
-                           deadline=Deadline(settings.ingest_timeout_s),
-                           limits=ReaderLimits(settings.page_memory_mb,
-                                               settings.page_timeout_s),
-                           max_pages=settings.max_pages, on_open=remember_facts,
+    for page in iter_pages(data, password=pw, dpi=..., max_pixels=..., ocr=s.ocr,
+                           deadline=Deadline(s.ingest_timeout_s),
+                           limits=ReaderLimits(s.page_memory_mb, s.page_timeout_s),
+                           max_pages=s.max_pages, on_open=remember_facts,
                            on_progress=report):
         ...  # page.error set: unreadable; else store page.image, page.text
 

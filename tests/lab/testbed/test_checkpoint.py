@@ -34,7 +34,7 @@ def test_full_prefill_answers_and_stale_kv_loses_the_cross_page_answers(tmp_path
     vlm = load_vlm("builtin:testbed-qwen2-vl", cache_dir=tmp_path / "models")
     assert vlm.adapter.max_image_tokens == 256
     runtime = ReuseRuntime(vlm)
-    policy = Settings().policy
+    policy = Settings().core.policy
     questions = generate(tmp_path / "set", 200, seed=127)
     hits: dict[tuple[str, str], list[bool]] = {}
     for q in questions:

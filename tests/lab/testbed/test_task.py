@@ -328,7 +328,7 @@ def test_generated_pdfs_render_to_the_training_pixels(tmp_path, parts):
             assert len(shown) == min(SHOWN, len(doc.pages))
     pair = next(r for r in rows if r["family"] == "pair")
     assert str(pair["question"]).startswith("What are ") and " " in str(pair["answer"])
-    assert Settings().render_dpi == RENDER_DPI
+    assert Settings().worker.render_dpi == RENDER_DPI
     pdf = pymupdf.open(tmp_path / "pdfs" / "t000.pdf")
     assert pdf.page_count == len(doc.pages)
     for i, page_rows in enumerate(doc.pages):

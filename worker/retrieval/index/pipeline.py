@@ -30,8 +30,8 @@ def retrieval_indexes(ctx: WorkerContext) -> RetrievalIndexes:
     with _handles_lock:
         handle = _handles.get(root)
         if handle is None:
-            handle = RetrievalIndexes(root, lock_timeout_s=ctx.settings.index_lock_timeout_s,
-                                      ivf_min_rows=ctx.settings.index_ivf_min_rows)
+            handle = RetrievalIndexes(root, lock_timeout_s=ctx.settings.worker.index_lock_timeout_s,
+                                      ivf_min_rows=ctx.settings.worker.index_ivf_min_rows)
             _handles[root] = handle
         return handle
 
@@ -39,7 +39,7 @@ def retrieval_indexes(ctx: WorkerContext) -> RetrievalIndexes:
 def on_document_ready(ctx: WorkerContext, collection_id: str, document_id: str,
                       pages: Sequence[Page]) -> None:
     """Add a document that just became ready to its collection's index (best effort)."""
-    if not ctx.settings.retrieval_index:
+    if not ctx.settings.worker.retrieval_index:
         return
     try:
         retrieval_indexes(ctx).document_ready(ctx.meta, collection_id, document_id, pages)
@@ -50,7 +50,7 @@ def on_document_ready(ctx: WorkerContext, collection_id: str, document_id: str,
 
 def on_document_deleted(ctx: WorkerContext, collection_id: str, document_id: str) -> None:
     """Drop a deleted document from its collection's index (best effort)."""
-    if not ctx.settings.retrieval_index:
+    if not ctx.settings.worker.retrieval_index:
         return
     try:
         retrieval_indexes(ctx).document_deleted(ctx.meta, collection_id, document_id)
@@ -70,7 +70,7 @@ def index_hits(ctx: WorkerContext, collection_id: str, question: str, *, top_k: 
     """The question's hits from the collection's index; None when the scan path must answer
     (index off, missing or being rebuilt: a missing one is then built in the background)."""
     s = ctx.settings
-    if not s.retrieval_index:
+    if not s.worker.retrieval_index:
         return None
     indexes = retrieval_indexes(ctx)
     reader = indexes.reader(collection_id)
@@ -78,8 +78,8 @@ def index_hits(ctx: WorkerContext, collection_id: str, question: str, *, top_k: 
         return None
     hits = search_index(reader, question, top_k=top_k, document_ids=document_ids,
                         bm25_weight=bm25_weight, dense_weight=dense_weight,
-                        embedder=ctx.embedder, rrf_k=s.rrf_k, depth=s.index_depth,
-                        scan_rows=s.index_scan_rows)
+                        embedder=ctx.embedder, rrf_k=s.worker.rrf_k, depth=s.worker.index_depth,
+                        scan_rows=s.worker.index_scan_rows)
     if hits is None:
         indexes.rebuild_in_background(ctx.meta, collection_id)
     return hits
@@ -88,7 +88,7 @@ def index_hits(ctx: WorkerContext, collection_id: str, question: str, *, top_k: 
 def start_index_check(ctx: WorkerContext) -> threading.Thread | None:
     """Check every indexed collection against the store in a background thread, rebuilding
     stale ones (questions scan meanwhile). None when the index is off."""
-    if not ctx.settings.retrieval_index:
+    if not ctx.settings.worker.retrieval_index:
         return None
 
     def run() -> None:

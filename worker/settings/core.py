@@ -1,0 +1,96 @@
+"""The settings of `conduit_core`: which model loads where, and how the reuse runtime refreshes
+and decodes. Entry points pass these values to the core as plain arguments."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from conduit_core.policies.choice import DEFAULT_POLICY
+from worker.settings.fields import FLAT_ENV
+
+
+class CoreSettings(BaseSettings):
+    """The model and the reuse runtime."""
+
+    model_config = FLAT_ENV
+
+    # the model
+    model: str = Field(
+        "builtin:small-qwen2-vl",
+        description="Local path or hub id of a supported VLM, or a builtin model: "
+        "builtin:small-qwen2-vl (the default: random weights, pages of up to 512 visual "
+        "tokens, sized so that reuse pays off on a CPU), builtin:tiny-* (test sizes), "
+        "builtin:testbed-qwen2-vl (the trained testbed).",
+    )
+    device: str = Field("cpu", description="torch device, e.g. cpu or cuda:0.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = float32 on CPU, bfloat16 on CUDA."
+    )
+    max_page_tokens: int | None = Field(
+        None, ge=4, le=16384,
+        description="Cap on visual tokens per page (bounds KV size); unset = the model's "
+        "default (256 for real checkpoints, 512 for builtin:small-qwen2-vl, 16 for the "
+        "builtin tiny models, 256 for the testbed).",
+    )
+
+    # the reuse runtime: refresh policy, caches, decode
+    policy: str = Field(DEFAULT_POLICY, description="Refresh policy of a question that names "
+                        "none (one of `GET /v1/info`'s policies).")
+    budget: float = Field(0.10, ge=0.0, le=1.0, description="Fraction of visual tokens refreshed.")
+    head_cache: bool = Field(
+        True, description="Compute the prompt head (chat template opening and answer "
+        "instructions, identical for every question) once per model and reuse it exactly.")
+    label_cache: bool = Field(
+        True, description="Compute each page label once after the prompt head and reuse it "
+        "stale like its page (recomputed with its whole page); off = labels are text rows, "
+        "computed in both passes. Off whenever head_cache is off.")
+    label_refresh: Literal["page", "always", "budget"] = Field(
+        "always", description="With the label cache, the labels a refresh recomputes: "
+        "'always' every stale one (the scoring pass reads them stale; the first, right after "
+        "the head, is exact as cached), 'page' only those of the pages it refreshes whole "
+        "(fewer rows computed; a model that reads the labels answers worse: measured, "
+        "lab/testbed/NOTES.md), 'budget' the same labels as 'always' with their rows counted "
+        "against the refresh budget (fewer visual tokens refreshed, the same share of rows).")
+    label_cache_entries: int = Field(
+        1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
+        "process (least recently used dropped first). A label's K/V take layers x 2 x "
+        "kv_heads x head_dim x dtype bytes a token: about 0.75 MB for a 13-token label on a "
+        "7B model in bfloat16, so the default holds about 0.75 GB there.")
+    never_above_full: bool = Field(
+        True, description="Predict each answer's prefill FLOPs before it runs; where the "
+        "policy would cost more than a full prefill from the cached page embeddings, run that "
+        "instead (the answer says so: `fallback`). Off = always the policy's own path.")
+    gamma: float | None = Field(
+        None, ge=0.0, description="CONDUIT amplification exponent; unset = 1 (0 = off)."
+    )
+    score_layers: str | None = Field(
+        None, pattern=r"^(all|-?\d+:-?\d+)$",
+        description="Layers CONDUIT scores with: 'all' or 'start:stop'; unset = all.",
+    )
+    query_window: int | None = Field(
+        None, ge=1, description="Score with the last w question tokens; unset = all of them "
+        "(at most max_question_tokens).",
+    )
+    head_agg: Literal["mean", "max"] | None = Field(
+        None, description="Aggregation over query heads; unset = mean."
+    )
+    decode_compile: Literal["auto", "off", "on"] = Field(
+        "auto", description="How one decode step of the pooled answers runs: auto = one CUDA "
+        "graph per batch-size bucket (1, 2, 4, ... max_active_answers) on a GPU, eager on "
+        "the CPU; on = the same on a GPU, torch.compile (inductor) on the CPU; off = eager "
+        "everywhere. Other than eager, the decode pool is allocated once at its largest "
+        "(max_kv_tokens_in_flight positions) when the model loads and kept, and an answer "
+        "longer than one slot (max_kv_tokens_in_flight / max_active_answers) decodes eagerly "
+        "from its own cache. The steps give the same tokens up to float rounding.",
+    )
+
+    @cached_property
+    def torch_dtype(self) -> str:
+        """The dtype name the model runs in."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.device.startswith("cuda") else "float32"
