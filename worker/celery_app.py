@@ -54,7 +54,7 @@ def visibility_timeout_s(settings: Settings) -> int:
     """How long the broker waits for an unacknowledged task before redelivering it: the
     ingest deadline plus two leases (a live ingest is never redelivered; a dead worker's is
     within this, and usually sooner by the reaper's requeue after one lease)."""
-    return int(settings.ingest_timeout_s + 2 * settings.job_lease_s)
+    return int(settings.worker.ingest_timeout_s + 2 * settings.worker.job_lease_s)
 
 
 INGEST_RETRIES = 5  # retries of an ingest that met unreachable storage, with backoff
@@ -114,8 +114,8 @@ LAST_MESSAGE_WAIT_S = 10.0  # how long a task waits for its last message to be p
 
 def _answer_task(question: dict[str, Any], channel: str) -> None:
     ctx = _context()
-    assert ctx.settings.redis_url
-    bus = token_bus(ctx.settings.redis_url)  # publishes off the engine's thread
+    assert ctx.settings.storage.redis_url
+    bus = token_bus(ctx.settings.storage.redis_url)  # publishes off the engine's thread
 
     def token(tid: int, text: str) -> None:  # nobody listening: the client went away
         if not bus.listening(channel):
@@ -163,8 +163,8 @@ class CeleryRunner:
         s = settings or Settings()
         self._app = make_celery(broker_url, s)
         self._bus = redis.Redis.from_url(broker_url)  # one pool; each answer subscribes on it
-        self._timeout = s.answer_timeout_s
-        self._queue_wait = s.answer_queue_wait_s
+        self._timeout = s.worker.answer_timeout_s
+        self._queue_wait = s.worker.answer_queue_wait_s
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document on the broker (the job id is the task
@@ -253,7 +253,7 @@ def worker_threads(settings: Settings, concurrency: int) -> int:
     """Task threads of a worker process: one per answer slot of its engine (a question
     waits on its thread while the engine batches it), plus `concurrency - 1` so that ingests
     (whose page batches the same engine interleaves) can run beside a full batch."""
-    return settings.max_active_answers + max(0, concurrency - 1)
+    return settings.worker.max_active_answers + max(0, concurrency - 1)
 
 
 def run_worker(settings: Settings, concurrency: int = 2,
@@ -264,14 +264,14 @@ def run_worker(settings: Settings, concurrency: int = 2,
     pool; prefetch multiplier 1, acknowledged late, so a crash leaves at most that many
     messages to the broker's redelivery), and its answers are decoded together.
     """
-    if not settings.redis_url:
+    if not settings.storage.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
-    app = make_celery(settings.redis_url, settings)
+    app = make_celery(settings.storage.redis_url, settings)
     _context().preload_model()  # the model loads (and is fingerprinted) before any task
-    if settings.worker_metrics_port:
+    if settings.worker.worker_metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.worker_metrics_port)  # the engine's series
+        start_http_server(settings.worker.worker_metrics_port)  # the engine's series
     threads = worker_threads(settings, concurrency)
     freeze_long_lived()  # the imports' objects: full collections skip them from now on
     app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={threads}",

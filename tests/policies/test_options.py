@@ -75,7 +75,7 @@ def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
     assert (conduit.gamma, conduit.head_agg, conduit.query_window) == (2.0, "max", 4)
     with pytest.raises(InvalidRequestError):  # the request itself set a knob it cannot take
         settle_policy(settings, "random", PolicyOptions(gamma=3.0))
-    assert settle_policy(settings, None, PolicyOptions()).name == settings.policy
+    assert settle_policy(settings, None, PolicyOptions()).name == settings.core.policy
 
 
 def test_ablations_keep_their_defining_knobs() -> None:
