@@ -18,6 +18,7 @@ EVERY_KEY: dict[str, Any] = {
     "memory_kv_bytes": 3 * 2**30, "disk_kv_bytes": 500 * 2**30, "redis_kv_ttl_s": 86400,
     "kv_int8": True, "max_upload_bytes": 128 * 2**20, "max_pages": 900, "render_dpi": 144,
     "max_page_pixels": 4_000_000, "ingest_timeout_s": 1234.5, "ocr": False,
+    "office_conversion": False, "office_timeout_s": 45.5,
     "prefill_on_ingest": False, "policy": "cacheblend", "budget": 0.25, "gamma": 2.0,
     "head_cache": False, "label_cache": False, "label_refresh": "page",
     "label_cache_entries": 64,
