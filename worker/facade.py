@@ -81,11 +81,11 @@ class Worker:
         self._reaper: Reaper | None = None
         s = ctx.settings
         # what one tenant may hold at once (`worker.fairness`): answers, queued uploads
-        self.answer_slots = TenantSlots(answer_cap(s, keyed), "answers in flight",
-                                        "CONDUIT_MAX_ANSWERS_PER_TENANT")
-        self.upload_slots = TenantSlots(queued_documents_cap(s, keyed),
-                                        "documents queued for ingestion",
-                                        "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
+        self._answer_slots = TenantSlots(answer_cap(s, keyed), "answers in flight",
+                                         "CONDUIT_MAX_ANSWERS_PER_TENANT")
+        self._upload_slots = TenantSlots(queued_documents_cap(s, keyed),
+                                         "documents queued for ingestion",
+                                         "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
 
     @classmethod
     def local(cls, settings: Settings) -> Worker:
@@ -172,7 +172,7 @@ class Worker:
     @contextmanager
     def answer_slot(self, tenant: str) -> Iterator[None]:
         """Hold one of `tenant`'s answers in flight; `TenantBusyError` (429) at its cap."""
-        with self.answer_slots.hold(tenant):
+        with self._answer_slots.hold(tenant):
             yield
 
     # uploads and ingestion
@@ -180,8 +180,8 @@ class Worker:
     def upload_slot(self, tenant: str) -> Iterator[None]:
         """Hold one of `tenant`'s uploads, counted with its documents queued or in ingestion;
         `TenantBusyError` (429, nothing stored) beyond the cap."""
-        queued = queued_documents(self.meta, tenant) if self.upload_slots.cap else 0
-        with self.upload_slots.hold(tenant, already=queued):
+        queued = queued_documents(self.meta, tenant) if self._upload_slots.cap else 0
+        with self._upload_slots.hold(tenant, already=queued):
             yield
 
     @property
