@@ -106,39 +106,39 @@ class ReuseRuntime:
         re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState` that
         `step` decodes."""
         t0 = time.perf_counter() if t0 is None else t0
-        steps, choice = self.reuse, request.policy
-        assembly = steps.assemble(request.prefix, request.pages, request.question,
-                                  extra_capacity=request.max_new_tokens, last_only=True,
-                                  labels=False, namespace=request.namespace)
+        choice = request.policy
+        assembly = self.reuse.assemble(request.prefix, request.pages, request.question,
+                                       extra_capacity=request.max_new_tokens, last_only=True,
+                                       labels=False, namespace=request.namespace)
         yield "assembled"
-        ctx = steps.policy_context(assembly, request.budget, request.seed)
+        ctx = self.reuse.policy_context(assembly, request.budget, request.seed)
         key = (request.namespace, choice, round(request.budget, 4))
-        plan = steps.plan(assembly, ctx, choice.select, key)
+        plan = self.reuse.plan(assembly, ctx, choice.select, key)
         fallback = self.never_above_full and plan.fallback
         if fallback:  # a forward pass the policy ran while planning is spent: charged
             visual, resume, extra = assembly.layout.visual_rows(), None, ctx.extra_flops
             if plan.fallback_whole:  # cheaper on the plain causal path: the head is rewritten
                 assembly.head = None  # with the same values
         else:  # the labels the refresh will not recompute (computed now if missing)
-            steps.load_labels(assembly, self._whole_labels(assembly, plan))
+            self.reuse.load_labels(assembly, self._whole_labels(assembly, plan))
             # distinct rows; a forward pass's choice stays on the device until the first token
             visual = plan.visual if plan.visual is not None else choice.select(ctx)
             visual = visual.to(torch.long)
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
-        hidden, computed = steps.refresh(assembly, visual, resume)
-        state = steps.start_decode(assembly, hidden, t0=t0, policy=choice.name,
-                                  refreshed=int(visual.numel()),
-                                  flops_used_lm=extra + assembly.fill_flops,
-                                  fill_flops_lm=assembly.fill_flops,
-                                  vision_ran=False, max_new_tokens=request.max_new_tokens,
-                                  temperature=request.temperature, top_p=request.top_p,
-                                  seed=request.seed, on_token=on_token, plan=plan,
-                                  fallback=fallback)
+        hidden, computed = self.reuse.refresh(assembly, visual, resume)
+        state = self.reuse.start_decode(assembly, hidden, t0=t0, policy=choice.name,
+                                        refreshed=int(visual.numel()),
+                                        flops_used_lm=extra + assembly.fill_flops,
+                                        fill_flops_lm=assembly.fill_flops,
+                                        vision_ran=False, max_new_tokens=request.max_new_tokens,
+                                        temperature=request.temperature, top_p=request.top_p,
+                                        seed=request.seed, on_token=on_token, plan=plan,
+                                        fallback=fallback)
         # after the first token's logits: the device's choice read back for the accounting
-        state.flops_used_lm += steps.refresh_flops(assembly, computed.cpu(), resume)
+        state.flops_used_lm += self.reuse.refresh_flops(assembly, computed.cpu(), resume)
         if not fallback and plan.visual is None:  # a forward pass's choice: where it fell
-            steps.choices.record(key, assembly.layout.visual_rows(), visual.cpu(), plan.cap)
+            self.reuse.choices.record(key, assembly.layout.visual_rows(), visual.cpu(), plan.cap)
         return state
 
     @staticmethod

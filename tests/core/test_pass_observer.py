@@ -13,6 +13,7 @@ import pytest
 from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
+from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from tests.core.conftest import load_builtin
@@ -44,7 +45,7 @@ def runtime(model_cache: Path) -> ReuseRuntime:
 def _request(runtime: ReuseRuntime, policy: str) -> AnswerRequest:
     kvs = runtime.prefill_pages([IMAGES["a"], IMAGES["b"]])
     pages = [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs, 1)]
-    return AnswerRequest("Be brief.", pages, QUESTION, policy=policy, budget=0.1,
+    return AnswerRequest("Be brief.", pages, QUESTION, policy=choose_policy(policy), budget=0.1,
                          max_new_tokens=4)
 
 
