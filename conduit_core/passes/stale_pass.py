@@ -150,13 +150,15 @@ def stale_pass(
             rows = scored_rows[start:start + chunk]  # (c,)
             c = rows.numel()
             qq = (q[0, :, run + start:run + start + c] if run is not None
-                  else q[0, :, pick[start:start + chunk]]).float()  # (H, c, hd)
+                  else q[0, :, pick[start:start + chunk]])  # (H, c, hd)
+            # float32 and folded for GQA in one copy: query head h = g * rep + j
+            folded = torch.empty(kv_heads, rep * c, qq.shape[-1], device=device)
+            folded.view(heads, c, -1).copy_(qq)  # (G, rep*c, hd)
             if once:  # scaled QK^T plus the mask, in one call
-                scores = torch.baddbmm(masks[i], qq.reshape(kv_heads, rep * c, -1), k,
-                                       alpha=scaling)  # (G, rep*c, N)
+                scores = torch.baddbmm(masks[i], folded, k, alpha=scaling)  # (G, rep*c, N)
             else:
                 scores = torch.baddbmm(torch.empty(kv_heads, rep * c, n_keys, device=device),
-                                       qq.reshape(kv_heads, rep * c, -1), k, beta=0.0,
+                                       folded, k, beta=0.0,
                                        alpha=scaling)  # (G, rep*c, N) scaled QK^T
                 scores[:, :, first:].add_(_chunk_mask(rows, first, n_keys, rep))
             probs = torch.softmax(scores, dim=-1).view(heads, c, n_keys)  # (H, c, N)
@@ -176,7 +178,12 @@ def stale_pass(
         if v is None:
             return None
         out = mixed[0] if len(mixed) == 1 else torch.cat(mixed, dim=1)  # (H, R, hd)
-        return out.transpose(0, 1).unsqueeze(0).to(q.dtype)  # (1, R, H, hd)
+        # in the layer's dtype and in the (rows, heads) order its output projection reads,
+        # in one copy (a transposed view would be copied again by the layer's reshape)
+        attended = torch.empty(1, out.shape[1], heads, out.shape[2], dtype=q.dtype,
+                               device=device)  # (1, R, H, hd)
+        attended[0].copy_(out.transpose(0, 1))
+        return attended
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, host_text].unsqueeze(1)  # (P, 1, N_t)
