@@ -1,5 +1,6 @@
-"""Office and OpenDocument files made in the tests: OpenDocument written by hand (a zip of
-XML), Office Open XML converted from those by LibreOffice (run here, outside the service)."""
+"""Office, OpenDocument and EPUB files made in the tests: OpenDocument and EPUB written by
+hand (zips of XML), Office Open XML converted from those by LibreOffice (run here, outside the
+service)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ _MIME = {"odt": "application/vnd.oasis.opendocument.text",
 
 
 def opendocument(kind: str, pages: list[str]) -> bytes:
-    """An ODT (one page a text, page breaks between), ODS (one sheet a text) or ODP (one
-    slide a text)."""
+    """An ODT (one page a text, page breaks between), ODS (one sheet a text, a word a
+    cell) or ODP (one slide a text)."""
     if kind == "odt":
         styles = ('<office:automatic-styles><style:style style:name="B" '
                   'style:family="paragraph"><style:paragraph-properties '
@@ -36,9 +37,10 @@ def opendocument(kind: str, pages: list[str]) -> bytes:
                        for i, t in enumerate(pages))
         body = f"{styles}<office:body><office:text>{body}</office:text></office:body>"
     elif kind == "ods":
-        body = "".join(f'<table:table table:name="Sheet{i + 1}"><table:table-row>'
-                       f'<table:table-cell><text:p>{escape(t)}</text:p></table:table-cell>'
-                       "</table:table-row></table:table>" for i, t in enumerate(pages))
+        body = "".join(f'<table:table table:name="Sheet{i + 1}"><table:table-row>' + "".join(
+            f"<table:table-cell><text:p>{escape(word)}</text:p></table:table-cell>"
+            for word in t.split()) + "</table:table-row></table:table>"
+            for i, t in enumerate(pages))
         body = f"<office:body><office:spreadsheet>{body}</office:spreadsheet></office:body>"
     else:
         body = "".join(f'<draw:page draw:name="s{i + 1}"><draw:frame svg:x="1cm" svg:y="2cm" '
@@ -75,3 +77,26 @@ def office_open_xml(kind: str, pages: list[str]) -> bytes:
                         "--norestore", "--convert-to", kind, "--outdir", work, str(path)],
                        check=True, capture_output=True, timeout=120)
         return (Path(work) / f"doc.{kind}").read_bytes()
+
+
+def epub(chapters: list[str]) -> bytes:
+    """An EPUB of one XHTML chapter a text (PyMuPDF starts each on a new page)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as book:
+        book.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
+        book.writestr("META-INF/container.xml", (
+            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:'
+            'opendocument:xmlns:container"><rootfiles><rootfile full-path="book.opf" '
+            'media-type="application/oebps-package+xml"/></rootfiles></container>'))
+        items = "".join(f'<item id="c{i}" href="c{i}.xhtml" media-type="application/'
+                        'xhtml+xml"/>' for i in range(len(chapters)))
+        spine = "".join(f'<itemref idref="c{i}"/>' for i in range(len(chapters)))
+        book.writestr("book.opf", (
+            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" '
+            'version="2.0"><metadata/><manifest>' + items + "</manifest><spine>" + spine +
+            "</spine></package>"))
+        for i, text in enumerate(chapters):
+            book.writestr(f"c{i}.xhtml", (
+                '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
+                f"{text}</p></body></html>"))
+    return out.getvalue()

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import office_open_xml, opendocument
+from tests.office_files import epub, office_open_xml, opendocument
 from tests.pdfs import text_pdf
 from worker.ingest.errors import IngestError
 from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
@@ -135,7 +135,7 @@ def test_text_markdown_and_epub_are_laid_out_on_pages() -> None:
     assert long.page_count > 3
     with pymupdf.open(stream=long.data, filetype="pdf") as doc:
         assert round(doc[0].rect.width) == 595  # A4
-    book = _check(_epub(PAGES), "book.epub")
+    book = _check(epub(PAGES), "book.epub")
     assert book.format == "epub" and "valve" in " ".join(_texts(book))
 
 
@@ -176,28 +176,6 @@ def test_a_pdf_is_still_stored_as_sent() -> None:
     pdf = text_pdf(PAGES)
     checked = _check(pdf, "plain.pdf")
     assert (checked.format, checked.data) == ("pdf", pdf)
-
-
-def _epub(chapters: list[str]) -> bytes:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as book:
-        book.writestr("mimetype", "application/epub+zip", compress_type=zipfile.ZIP_STORED)
-        book.writestr("META-INF/container.xml", (
-            '<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:'
-            'opendocument:xmlns:container"><rootfiles><rootfile full-path="book.opf" '
-            'media-type="application/oebps-package+xml"/></rootfiles></container>'))
-        items = "".join(f'<item id="c{i}" href="c{i}.xhtml" media-type="application/'
-                        'xhtml+xml"/>' for i in range(len(chapters)))
-        spine = "".join(f'<itemref idref="c{i}"/>' for i in range(len(chapters)))
-        book.writestr("book.opf", (
-            '<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" '
-            'version="2.0"><metadata/><manifest>' + items + "</manifest><spine>" + spine +
-            "</spine></package>"))
-        for i, text in enumerate(chapters):
-            book.writestr(f"c{i}.xhtml", (
-                '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
-                f"{text}</p></body></html>"))
-    return out.getvalue()
 
 
 def _big_sheet(rows: int, cols: int) -> bytes:

@@ -1,7 +1,7 @@
-"""Over real HTTP: a scan, a multi-page TIFF, a text file and Office files each become pages
-that a question's citation points into; misnamed and unsupported uploads are refused and
-leave nothing behind. Every file is made here (Pillow, hand-written OpenDocument, LibreOffice
-writing Office files from those)."""
+"""Over real HTTP: photos, a multi-page TIFF scan, a text file, an EPUB and Office files each
+become pages that a question's citation points into; misnamed and unsupported uploads are
+refused and leave nothing behind. Every file is made here (Pillow, hand-written OpenDocument
+and EPUB, LibreOffice writing Office files from those)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import office_open_xml, opendocument
+from tests.office_files import epub, office_open_xml, opendocument
 from tests.service.conftest import wait_ready
 from worker.ingest import ocr_available
 from worker.ingest.convert import A4_POINTS
@@ -47,21 +47,21 @@ def _upload(client: httpx.Client, collection: str, data: bytes, name: str) -> ht
                        files={"file": (name, data, "application/octet-stream")})
 
 
-def _asked_cites_page_2(client: httpx.Client, collection: str, data: bytes,
-                        name: str, pages: int = 3) -> None:
+def _asked_cites(client: httpx.Client, collection: str, data: bytes, name: str,
+                 pages: int = 3, page: int = 2) -> None:
     r = _upload(client, collection, data, name)
     assert r.status_code == 202, r.text
     doc = wait_ready(client, r.json()["document_id"])
     assert doc["status"] == "ready" and doc["pages_total"] == pages, doc
     assert doc["filename"] == name  # the original is what the document names
-    image = client.get(f"/v1/documents/{doc['document_id']}/pages/2/image")
+    image = client.get(f"/v1/documents/{doc['document_id']}/pages/{page}/image")
     assert image.status_code == 200 and image.content[:4] == b"\x89PNG"
     r = client.post("/v1/query", json={"collection_id": collection, "question": QUESTION,
                                        "document_ids": [doc["document_id"]], "top_k": 1,
                                        "max_new_tokens": 2})
     assert r.status_code == 200, r.text
     cited = r.json()["citations"][0]
-    assert (cited["filename"], cited["page"]) == (name, 2)
+    assert (cited["filename"], cited["page"]) == (name, page)
     assert "inspected" in cited["snippet"]["text"].lower()
 
 
@@ -90,21 +90,35 @@ def test_a_text_file_is_laid_out_and_cited_by_page(client: httpx.Client,
         where = [n for n, page in enumerate(laid, 1) if "fourteen" in page.get_text()]
         pages = laid.page_count
     assert where == [2] and pages >= 3
-    _asked_cites_page_2(client, collection, text, "notes.md", pages)
+    _asked_cites(client, collection, text, "notes.md", pages)
 
 
 @needs_ocr
 def test_a_multi_page_tiff_scan_is_ocred_and_cited_by_page(client: httpx.Client,
                                                            collection: str) -> None:
-    _asked_cites_page_2(client, collection, _frames("TIFF"), "scan.tiff")
+    _asked_cites(client, collection, _frames("TIFF"), "scan.tiff")
+
+
+@needs_ocr
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_a_photographed_page_is_ocred_and_cited(client: httpx.Client, collection: str,
+                                                fmt: str) -> None:
+    photo = io.BytesIO()
+    Image.open(io.BytesIO(text_image(PAGES[1:2], size=(1654, 400), font_px=36))).save(
+        photo, fmt)
+    _asked_cites(client, collection, photo.getvalue(), f"photo.{fmt.lower()}", 1, 1)
+
+
+def test_an_epub_is_cited_by_chapter_page(client: httpx.Client, collection: str) -> None:
+    _asked_cites(client, collection, epub(PAGES), "guide.epub")
 
 
 @needs_office
-@pytest.mark.parametrize("kind", ["docx", "pptx", "odt"])
+@pytest.mark.parametrize("kind", ["docx", "xlsx", "pptx", "odt", "ods", "odp"])
 def test_office_files_are_cited_by_page(client: httpx.Client, collection: str,
                                         kind: str) -> None:
     data = opendocument(kind, PAGES) if kind.startswith("od") else office_open_xml(kind, PAGES)
-    _asked_cites_page_2(client, collection, data, f"handbook.{kind}")
+    _asked_cites(client, collection, data, f"handbook.{kind}")
 
 
 def test_misnamed_and_unsupported_uploads_leave_nothing(client: httpx.Client,
