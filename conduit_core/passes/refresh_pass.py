@@ -77,7 +77,7 @@ class _PassRows:
     rows: torch.Tensor  # (R,) ascending, on the device
     text: torch.Tensor  # (T,) the text rows among them, on the host
     text_places: torch.Tensor  # (T,) their places in `rows`, on the device
-    fresh: torch.Tensor  # (F,) the visual rows and stale labels, on the device
+    fresh: torch.Tensor  # (F,) the visual rows and stale labels, ascending, on the device
     fresh_places: torch.Tensor  # (F,) their places in `rows`
     skipped: int  # text rows skipped after the head
 
@@ -87,7 +87,8 @@ def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, score
     """`refresh_rows` without reading `visual_rows` (distinct rows, on the device): the host
     rows joined to them and sorted on the device, their count known on the host."""
     text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored)
-    fresh = torch.cat([labels.to(device), visual_rows.to(device, torch.long)])  # (F,)
+    fresh = torch.sort(torch.cat([labels.to(device),
+                                  visual_rows.to(device, torch.long)])).values  # (F,)
     every = torch.cat([text.to(device), fresh])  # (R,) text rows first
     rows, order = torch.sort(every)  # (R,) ascending
     places = torch.empty_like(order).scatter_(

@@ -11,6 +11,7 @@
 #   ttft         the TTFT bench at Qwen2.5-VL-7B shapes (lab/gpu/ttft.sh's, shortened)
 #   decode       decode tokens/s at 1 and 16 streams, eager against captured (CUDA graphs)
 #                (lab/gpu/decode_rate.py; the CPU dry run: eager only, tiny shape)
+# paths.txt in the results says which path (eager, captured) each step's figures used.
 #   load         the load bench (lab/load): an embedded service on the device
 #                (CONDUIT_DEVICE), serial vs batched engine, 1/8/32 clients, 10 s each,
 #                questions only, 64-token answers; rows, table and plot under load/
@@ -57,6 +58,13 @@ step() {  # step NAME LIMIT_S COMMAND...: run under min(LIMIT_S, time left), log
 }
 
 "$PY" -c "import lab.gpu as g; print(g.environment('$DEVICE'))" | tee "$OUT/environment.txt"
+# which path each figure uses (issue 65): the prefill's passes have no compiled path yet
+tee "$OUT/paths.txt" <<'PATHS'
+prefill (scoring pass, refresh, first-token logits): eager in every step
+check_bf16, check_fp32, ttft, answers: decode eager (ReuseRuntime's decode_compile="off")
+decode: each row names its mode: off = eager, on = captured (CUDA graphs)
+load: decode as the service runs it (CONDUIT_DECODE_COMPILE=auto: captured on CUDA)
+PATHS
 SHAPE=(--model-shape 7b)
 if [[ "$DEVICE" == cpu ]]; then SHAPE=(--model-shape tiny --pages 2 --tokens-per-page 16); fi
 DECODE=(--modes off,on)
