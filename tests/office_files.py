@@ -1,6 +1,6 @@
-"""Office, OpenDocument and EPUB files made in the tests: OpenDocument and EPUB written by
-hand (zips of XML), Office Open XML converted from those by LibreOffice (run here, outside the
-service)."""
+"""Office, OpenDocument, EPUB and XPS files made in the tests: OpenDocument, EPUB and XPS
+written by hand (zips of XML), Office Open XML converted from those by LibreOffice (run here,
+outside the service)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 from xml.sax.saxutils import escape
+
+import pymupdf
 
 _NS = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
        'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0" '
@@ -99,4 +101,38 @@ def epub(chapters: list[str]) -> bytes:
             book.writestr(f"c{i}.xhtml", (
                 '<?xml version="1.0"?><html xmlns="http://www.w3.org/1999/xhtml"><body><p>'
                 f"{text}</p></body></html>"))
+    return out.getvalue()
+
+
+_XPS_TYPES = (
+    '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/'
+    'package/2006/content-types"><Default Extension="rels" ContentType="application/'
+    'vnd.openxmlformats-package.relationships+xml"/><Default Extension="fdseq" ContentType='
+    '"application/vnd.ms-package.xps-fixeddocumentsequence+xml"/><Default Extension="fdoc" '
+    'ContentType="application/vnd.ms-package.xps-fixeddocument+xml"/><Default Extension='
+    '"fpage" ContentType="application/vnd.ms-package.xps-fixedpage+xml"/><Default '
+    'Extension="otf" ContentType="application/vnd.ms-opentype"/></Types>')
+_XPS = "http://schemas.microsoft.com/xps/2005/06"
+
+
+def xps(pages: list[str]) -> bytes:
+    """An XPS document of one fixed page a text, drawn with PyMuPDF's Helvetica."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as doc:
+        doc.writestr("[Content_Types].xml", _XPS_TYPES)
+        doc.writestr("_rels/.rels", (
+            '<?xml version="1.0" encoding="UTF-8"?><Relationships xmlns="http://schemas.'
+            'openxmlformats.org/package/2006/relationships"><Relationship Type="http://schemas.'
+            'microsoft.com/xps/2005/06/fixedrepresentation" Target="/Seq.fdseq" Id="R0"/>'
+            "</Relationships>"))
+        doc.writestr("Seq.fdseq", f'<FixedDocumentSequence xmlns="{_XPS}"><DocumentReference '
+                     'Source="/Doc.fdoc"/></FixedDocumentSequence>')
+        refs = "".join(f'<PageContent Source="/Pages/{i + 1}.fpage"/>' for i in range(len(pages)))
+        doc.writestr("Doc.fdoc", f'<FixedDocument xmlns="{_XPS}">{refs}</FixedDocument>')
+        doc.writestr("Resources/font.otf", pymupdf.Font("helv").buffer)
+        for i, text in enumerate(pages):
+            doc.writestr(f"Pages/{i + 1}.fpage", (
+                f'<FixedPage xmlns="{_XPS}" Width="816" Height="1056" xml:lang="en-US"><Glyphs '
+                'FontUri="/Resources/font.otf" FontRenderingEmSize="16" OriginX="60" '
+                f'OriginY="120" UnicodeString="{escape(text)}" Fill="#FF000000"/></FixedPage>'))
     return out.getvalue()

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import epub, office_open_xml, opendocument
+from tests.office_files import epub, office_open_xml, opendocument, xps
 from tests.pdfs import text_pdf
 from worker.ingest.errors import IngestError
 from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
@@ -153,6 +153,21 @@ def test_office_conversion_off_says_so_with_415() -> None:
     with pytest.raises(IngestError, match="CONDUIT_OFFICE_CONVERSION") as refused:
         _check(opendocument("odt", PAGES), "a.odt", convert=Conversion(office=False))
     assert refused.value.http_status == 415
+
+
+def test_without_libreoffice_office_files_get_415_naming_the_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # a server where soffice is not installed
+    with pytest.raises(IngestError, match="apt-get install libreoffice-writer-nogui") as refused:
+        _check(opendocument("odt", PAGES), "a.odt")
+    assert refused.value.http_status == 415
+    assert _check(text_pdf(PAGES), "a.pdf").page_count == 3  # PDFs need no LibreOffice
+
+
+def test_xps_pages_are_read() -> None:
+    checked = _check(xps(PAGES), "print.xps")
+    assert checked.format == "xps" and ["Bravo" in t for t in _texts(checked)] == [
+        False, True, False]
 
 
 @needs_office

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import epub, office_open_xml, opendocument
+from tests.office_files import epub, office_open_xml, opendocument, xps
 from tests.service.conftest import wait_ready
 from worker.ingest import ocr_available
 from worker.ingest.convert import A4_POINTS
@@ -109,8 +109,10 @@ def test_a_photographed_page_is_ocred_and_cited(client: httpx.Client, collection
     _asked_cites(client, collection, photo.getvalue(), f"photo.{fmt.lower()}", 1, 1)
 
 
-def test_an_epub_is_cited_by_chapter_page(client: httpx.Client, collection: str) -> None:
-    _asked_cites(client, collection, epub(PAGES), "guide.epub")
+@pytest.mark.parametrize("kind", ["epub", "xps"])
+def test_an_ebook_or_xps_is_cited_by_page(client: httpx.Client, collection: str,
+                                          kind: str) -> None:
+    _asked_cites(client, collection, (epub if kind == "epub" else xps)(PAGES), f"guide.{kind}")
 
 
 @needs_office
