@@ -98,13 +98,6 @@ class AnswerResult:
     page_attention: tuple[float, ...] = ()
 
     @property
-    def own_flops_lm(self) -> float:
-        """The LM FLOPs of the answer's own path (`flops_used_lm` less its cache fills): what
-        the cost model predicts and the fallback guard bounds; the same on cold and warm
-        caches."""
-        return self.flops_used_lm - self.fill_flops_lm
-
-    @property
     def flops_full(self) -> float:
         """FLOPs of a full prefill, vision tower included."""
         return self.flops_full_lm + self.flops_vision

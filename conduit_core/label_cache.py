@@ -23,18 +23,8 @@ charged to that answer (`Assembly.fill_flops`; not computed = not charged) but n
 its path, and an answer that recomputes a label's page whole (a full prefill, the fallback)
 never computes the label here.
 
-Public API:
-  LabelKV(key, keys, values, position_ids)   .n
-  LabelCache(max_entries=1024)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
-    .get(adapter, namespace, head, label_ids) -> (LabelKV, computed: bool)
-    LabelCache.key(namespace, head, label_ids) -> LabelKey;  key in cache;  .clear();
-    len(cache)
-  load_labels(cache, adapter, costs, assembly, skip=None)   fill an assembly's pending label
-      rows (but those in rows `skip`), computing misses into `assembly.fill_flops`
-  write_labels(adapter, cache, spans, labels, position_ids)   labels' K/V into their spans,
-      turned to their places, all at once
-  fetch(cache, adapter, costs, namespace, head, label_ids) -> (LabelKV, FLOPs spent
-      computing it)
+An answer fills its pending label rows through `load_labels`; `fetch` gives one label's K/V,
+computing it on a miss, with the FLOPs that cost.
 """
 
 from __future__ import annotations

@@ -12,20 +12,10 @@ chosen tokens' places among the visual tokens (the fraction of visual tokens bef
 `BINS` bins, an exponential moving average over answers) and places the next prediction's k
 rows at its quantiles. With no history for a key the placement is even (measured:
 docs/DECISIONS.md, "The cost estimate learns where a policy's choices fall"). A policy that
-chooses its own k under the budget's cap (a budget per question: `ConduitConfig.mass`) is also
-predicted at the share of the cap it refreshed in earlier answers (an average like the
-histogram's; the cap itself with no history). Bounded: at most `capacity` keys, least
+chooses its own k under the budget's cap (a budget per question) is also predicted at the
+share of the cap it refreshed in earlier answers (an average like the histogram's; the cap
+itself with no history). Bounded: at most `capacity` keys, least
 recently used dropped.
-
-Public API:
-  BINS = 64
-  even_rows(visual_rows, k) -> (k,)                     k rows spread evenly
-  quantile_rows(visual_rows, k, histogram) -> (k,)      k distinct rows at its quantiles
-  ChoiceHistory(capacity=64, weight=0.5)
-    .rows(key, visual_rows, k) -> (k',)                 the placement a prediction uses:
-                                                        k' = k times the key's share of its cap
-    .record(key, visual_rows, chosen, cap=None)         an answer's choice, after it ran (cap:
-                                                        the most it could have refreshed)
 """
 
 from __future__ import annotations

@@ -5,9 +5,6 @@ segment) with the positions that context gives, pages of a batch right-padded an
 together on the plain causal path; each comes back on the host (`PageKV.to_host`: pinned
 where CUDA is available), with its layer-0 embeddings (the vision tower's output) for the
 refresh.
-
-Public API:
-  prefill_pages(vlm, images, batch_size=8) -> list[PageKV]
 """
 
 from __future__ import annotations

@@ -2,17 +2,9 @@
 
 Positions here index the visual tokens in layout order (0 .. N_v - 1); `page_of` (N_v,) gives
 each one's page number. Policies map positions to sequence indices with `visual_rows[pos]`.
-
-Public API:
-  budget_tokens(budget, n) -> int                 round(budget * n) clamped to [0, n]
-  topk_positions(scores, k) -> (k,)               highest scores, ties to the lower position
-  page_totals(scores, page_of, n_pages) -> (M,)   R_m = sum of scores on page m
-  page_amplification(scores, page_of, n_pages, gamma) -> (M,)
-                                    c_m = (R_m / mean R)^gamma
-  mass_k(scores, mass, k_max) -> int   fewest top tokens holding `mass` of the score mass
-  quota_split(sizes, k, weights=None) -> (M,)     k split over pages in proportion to weights
-  per_page_topk(scores, page_of, quotas) -> positions   top quotas[m] of each page
-  first_per_page(page_of, counts) -> positions    the first counts[m] tokens of each page
+What they decide for every policy: a budget rounds to tokens one way (`budget_tokens`), equal
+scores go to the lower position (a choice is deterministic), and a page's quota is its share
+of k, by size unless weighted (`quota_split`).
 """
 
 from __future__ import annotations
@@ -33,19 +25,6 @@ def topk_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
     position (a stable sort), so the choice is deterministic."""
     order = torch.sort(-scores.float(), stable=True).indices  # (N,) best first
     return order[:k].sort().values
-
-
-def mass_k(scores: torch.Tensor, mass: float, k_max: int) -> int:
-    """The fewest highest-scoring tokens whose scores (N,), non-negative, sum to at least
-    `mass` of the total, at most `k_max` (and `k_max` when every score is 0)."""
-    if not 0.0 < mass <= 1.0:
-        raise ValueError(f"mass must be in (0, 1], got {mass}")
-    total = float(scores.sum())
-    if total <= 0 or k_max <= 0:
-        return max(0, k_max)
-    top = torch.sort(scores.float(), descending=True).values[:k_max]  # (k_max,)
-    reached = torch.nonzero(top.cumsum(0) >= mass * total)  # (r, 1)
-    return int(reached[0, 0]) + 1 if reached.numel() else min(k_max, int(scores.numel()))
 
 
 def page_totals(scores: torch.Tensor, page_of: torch.Tensor, n_pages: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """`conduit_adaptive`: CONDUIT with a budget chosen per question.
 
 The paper's scores and amplification, then the fewest top tokens whose amplified scores hold
-half of the score mass (`ConduitConfig.mass` = 0.5), never more than the request's budget:
+half of the score mass (`AdaptiveConduitPolicy.mass` = 0.5), never more than the request's budget:
 the budget is the cap on the refresh and on its FLOPs. Where the question's attention is
 concentrated (the trained testbed: the asked record's key cell alone holds much of it) it
 refreshes a few percent of the page tokens; where it is spread (random weights, diffuse
@@ -14,7 +14,46 @@ its answers on the final one, at 0.13 of its LM FLOPs.
 
 from __future__ import annotations
 
-from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.policies.conduit import ConduitChoice, ConduitPolicy
+from conduit_core.policies.policy_context import PolicyContext
 
 MASS = 0.5
-select = ConduitPolicy(ConduitConfig(mass=MASS), fixed=frozenset())
+
+
+def mass_k(scores: torch.Tensor, mass: float, k_max: int) -> int:
+    """The fewest highest-scoring tokens whose scores (N,), non-negative, sum to at least
+    `mass` of the total, at most `k_max` (and `k_max` when every score is 0)."""
+    if not 0.0 < mass <= 1.0:
+        raise ValueError(f"mass must be in (0, 1], got {mass}")
+    total = float(scores.sum())
+    if total <= 0 or k_max <= 0:
+        return max(0, k_max)
+    top = torch.sort(scores.float(), descending=True).values[:k_max]  # (k_max,)
+    reached = torch.nonzero(top.cumsum(0) >= mass * total)  # (r, 1)
+    return int(reached[0, 0]) + 1 if reached.numel() else min(k_max, int(scores.numel()))
+
+
+@dataclass(frozen=True)
+class AdaptiveConduitPolicy(ConduitPolicy):
+    """CONDUIT refreshing the fewest top tokens that hold `mass` of the amplified score mass,
+    at most the request's k (the cap). The k is read back from the scores: a host sync the
+    product's CONDUIT never makes."""
+
+    mass: float = MASS
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mass <= 1.0:
+            raise ValueError(f"mass must be in (0, 1], got {self.mass}")
+
+    def explain(self, ctx: PolicyContext) -> ConduitChoice:
+        """Score and amplify as CONDUIT, then take the mass's k (at most the request's)."""
+        rows, amplified, c = self.amplified(ctx)
+        pos = self.positions(ctx, amplified, mass_k(amplified, self.mass, ctx.k))
+        return ConduitChoice(rows=rows[pos], scores=amplified, amplification=c)
+
+
+select = AdaptiveConduitPolicy()

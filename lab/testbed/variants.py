@@ -63,6 +63,7 @@ from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.policies.selection import topk_positions
+from lab.ablations.conduit_adaptive import AdaptiveConduitPolicy
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
@@ -198,11 +199,11 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_layers_0_3": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 3)))),
     "cv_layers_0_4": ConduitPolicy(ConduitConfig(score=ScoreConfig(layers=(0, 4)))),
     # a budget per question: run at a cap (e.g. 0.2) and compare at equal mean FLOPs
-    "cv_mass_30": ConduitPolicy(ConduitConfig(mass=0.3)),
-    "cv_mass_50": ConduitPolicy(ConduitConfig(mass=0.5)),
-    "cv_mass_70": ConduitPolicy(ConduitConfig(mass=0.7)),
-    "cv_mass_90": ConduitPolicy(ConduitConfig(mass=0.9)),
-    "cv_question_mass_50": ConduitPolicy(ConduitConfig(score=_Q, mass=0.5)),
+    "cv_mass_30": AdaptiveConduitPolicy(mass=0.3),
+    "cv_mass_50": AdaptiveConduitPolicy(mass=0.5),
+    "cv_mass_70": AdaptiveConduitPolicy(mass=0.7),
+    "cv_mass_90": AdaptiveConduitPolicy(mass=0.9),
+    "cv_question_mass_50": AdaptiveConduitPolicy(ConduitConfig(score=_Q), mass=0.5),
     # the page boundary inside the budget: the last 2 or 4 rows of a 16-cell testbed page
     "cv_boundary_32": BoundaryRule(get_policy("conduit_per_page"), 32),
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),

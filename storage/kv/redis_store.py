@@ -242,17 +242,13 @@ class RedisKVStore:
     def stats(self) -> TierStats:
         """Counters and the server's `used_memory` (0 if Redis is unreachable), in O(1): no
         scan, so a metrics scrape costs the same whatever Redis holds. `entries` is -1 (not
-        counted); `count_entries` counts with a SCAN for tools and tests."""
+        counted)."""
         try:
             used = int(self._client.info("memory")["used_memory"])
         except redis.RedisError as exc:
             log.warning("Redis KV stats unavailable: %s", exc)
             used = 0
         return self._counters.snapshot(bytes_=used, entries=-1)
-
-    def count_entries(self) -> int:
-        """Entries under the prefix (a SCAN over the keyspace: not for hot paths)."""
-        return sum(1 for _ in self._client.scan_iter(match=f"{self.prefix}:*:h", count=1000))
 
     def close(self) -> None:
         """Release connections."""

@@ -27,13 +27,6 @@ class TieredKVStore:
         self.tiers: list[tuple[str, KVStore]] = list(tiers)
         self._counters = Counters()
 
-    def tier(self, name: str) -> KVStore:
-        """The tier called `name` (`KeyError` if none)."""
-        for tier_name, store in self.tiers:
-            if tier_name == name:
-                return store
-        raise KeyError(name)
-
     def get_many(self, keys: Sequence[PageHash]) -> dict[PageHash, PageKV]:
         """Read through the tiers, promoting hits into the faster tiers."""
         return self.get_many_traced(keys)[0]

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from PIL import Image
 
+from conduit_core.answer_types import AnswerResult
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
@@ -30,6 +31,13 @@ def page_image(seed: int, size: tuple[int, int] = (224, 280)) -> Image.Image:
 
 
 IMAGES = {"a": page_image(1), "b": page_image(2, (300, 200)), "c": page_image(3, (180, 360))}
+
+
+def own_flops(result: AnswerResult) -> float:
+    """The LM FLOPs of an answer's own path (`flops_used_lm` less what it computed for the
+    head and label caches): what the cost model predicts and the fallback guard bounds, the
+    same on cold and warm caches."""
+    return result.flops_used_lm - result.fill_flops_lm
 
 
 def reference_logits(vlm: LoadedVLM, asm: Assembly, images: list[Image.Image]) -> torch.Tensor:

@@ -115,7 +115,8 @@ def _together(rt: ReuseRuntime, kvs: list[PageInput], lengths: list[int]
               ) -> tuple[list[list[int]], list[AnswerState]]:
     """Answers of `lengths` new tokens started together and stepped to their ends."""
     states = [answering.start_answer(rt, AnswerRequest(
-        "Be brief.", [kvs[i % len(kvs)]], f"Question {i}?", policy="full_reuse", budget=0.0,
+        "Be brief.", [kvs[i % len(kvs)]], f"Question {i}?", policy=choose_policy("full_reuse"),
+        budget=0.0,
         max_new_tokens=n)) for i, n in enumerate(lengths)]
     while not all(s.done for s in states):
         rt.step([s for s in states if not s.done])
@@ -133,7 +134,7 @@ def test_an_answer_too_long_for_its_slot_leaves_the_others_compiled(
     kvs = [PageInput(f"Page {i + 1}:\n", kv) for i, kv in
            enumerate(eager.prefill_pages([IMAGES["a"], IMAGES["b"]]))]
     probe = answering.start_answer(eager, AnswerRequest(
-        "Be brief.", [kvs[0]], "Question 0?", policy="full_reuse", budget=0.0,
+        "Be brief.", [kvs[0]], "Question 0?", policy=choose_policy("full_reuse"), budget=0.0,
         max_new_tokens=1))
     eager.release(probe)
     prompt = probe.decode.n_keys

@@ -22,10 +22,11 @@ from conduit_core.answer_types import AnswerRequest
 from conduit_core.model.loader import load_vlm
 from conduit_core.passes.prompt_head import HeadCache
 from conduit_core.policies import POLICIES, choose_policy, register_policy
-from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from conduit_core.policies.conduit import ConduitConfig
 from lab import answering
+from lab.ablations.conduit_adaptive import AdaptiveConduitPolicy
 from lab.refresh_probe import probe_refresh
-from tests.core.helpers import IMAGES, page_image
+from tests.core.helpers import IMAGES, own_flops, page_image
 from tests.device import TEST_DEVICE, TEST_DTYPE, same_answer, tol
 
 PREFIX = "You answer questions about the document pages shown. Cite pages by their labels."
@@ -62,8 +63,8 @@ def test_answers_agree_with_and_without_head_cache(runtime: ReuseRuntime) -> Non
         a, b = answering.answer(with_head, req), answering.answer(no_head, req)
         assert same_answer(a.token_ids, b.token_ids), policy
         assert a.head_tokens > 0 and b.head_tokens == 0
-        assert a.fill_flops_lm > 0 or a.own_flops_lm == a.flops_used_lm, policy
-        assert a.own_flops_lm < b.flops_used_lm, policy  # a cached head is not run again
+        assert a.fill_flops_lm > 0 or own_flops(a) == a.flops_used_lm, policy
+        assert own_flops(a) < b.flops_used_lm, policy  # a cached head is not run again
         pa = probe_refresh(with_head, req, last_only=True).logits[-1]
         pb = probe_refresh(no_head, req, last_only=True).logits[-1]
         torch.testing.assert_close(pa, pb, **tol("logits"))
@@ -131,9 +132,9 @@ def test_prediction_matches_measured(paged: tuple[ReuseRuntime, list[PageInput]]
                                          budget=budget, max_new_tokens=1))
         predicted = result.fallback_flops_lm if result.fallback else result.predicted_flops_lm
         if policy in CAPPED and not result.fallback:  # the estimate of its cap: from above
-            assert result.own_flops_lm <= predicted * 1.05, (policy, budget)
+            assert own_flops(result) <= predicted * 1.05, (policy, budget)
             continue
-        own = result.own_flops_lm  # the first answer also computed the head and labels
+        own = own_flops(result)  # the first answer also computed the head and labels
         assert predicted == pytest.approx(own, rel=0.05), (policy, budget)
         if not POLICY_SCORES.get(policy, False):  # chosen before it ran: exact
             assert predicted == pytest.approx(own, rel=1e-9), policy
@@ -146,7 +147,8 @@ def test_a_budget_per_question_is_predicted_from_earlier_answers(
     answer, then at the share of it the same policy refreshed before. (Random weights
     spread the attention, so a small mass keeps it under the cap here.)"""
     rt, inputs = paged
-    register_policy("test_mass_10", ConduitPolicy(ConduitConfig(gamma=0.0, mass=0.1)))
+    register_policy("test_mass_10",
+                    AdaptiveConduitPolicy(ConduitConfig(gamma=0.0), mass=0.1))
     try:
         request = AnswerRequest(PREFIX, inputs, QUESTION,
                                 policy=choose_policy("test_mass_10"), budget=0.3,
@@ -172,8 +174,8 @@ def test_reuse_never_costs_more_than_full_prefill(runtime: ReuseRuntime) -> None
     got = answering.answer(rt, req)
     assert got.fallback and got.predicted_flops_lm > 0.8 * got.fallback_flops_lm
     assert got.refreshed_visual_tokens == got.visual_tokens
-    assert got.own_flops_lm == pytest.approx(got.fallback_flops_lm)
-    assert got.own_flops_lm < got.flops_full_lm
+    assert own_flops(got) == pytest.approx(got.fallback_flops_lm)
+    assert own_flops(got) < got.flops_full_lm
     full = answering.answer(rt, AnswerRequest(PREFIX, inputs, long_question,
                                               policy=choose_policy("full_prefill"),
                                    max_new_tokens=4))

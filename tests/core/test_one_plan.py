@@ -3,7 +3,7 @@ and the model only, never on which caches are warm, and every FLOP it computes i
 
 The grid asks every product policy at several budgets over 1-3 pages (float and int8 page
 KV), in two orders on fresh runtimes and once more warm: the tokens, the path (fallback or
-not) and the path's own charged FLOPs (`AnswerResult.own_flops_lm`) are the same each time;
+not) and the path's own charged FLOPs (`tests.core.helpers.own_flops`) are the same each time;
 what the caches cost is charged once, to whichever answer filled them (the sum over the grid
 is the same in both orders). A FLOP counter (`torch.utils.flop_counter`) around the prefill
 half of each answer agrees with its charged LM FLOPs within 1%, on cold and warm runtimes.
@@ -32,7 +32,7 @@ from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from storage.kv.codec import decode_page, encode_page
 from tests.core.conftest import load_builtin
-from tests.core.helpers import IMAGES
+from tests.core.helpers import IMAGES, own_flops
 
 MODEL = "builtin:tiny-qwen2-vl"
 BUDGETS = (0.05, 0.1, 0.3, 1.0)
@@ -82,7 +82,7 @@ def test_answers_and_charges_do_not_depend_on_what_ran_before(
         assert len({tuple(r.token_ids) for r in runs}) == 1, cell
         assert len({r.fallback for r in runs}) == 1, cell
         assert len({r.refreshed_visual_tokens for r in runs}) == 1, cell
-        assert cold[cell].own_flops_lm == warm[cell].own_flops_lm == reverse[cell].own_flops_lm
+        assert own_flops(cold[cell]) == own_flops(warm[cell]) == own_flops(reverse[cell])
         assert warm[cell].fill_flops_lm == 0.0, cell
     fills = [sum(r.fill_flops_lm for r in run.values()) for run in (cold, reverse)]
     assert fills[0] > 0 and fills[0] == pytest.approx(fills[1], rel=1e-12)

@@ -17,7 +17,7 @@ from conduit_core.policies import choose_policy
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from tests.core.conftest import load_builtin
-from tests.core.helpers import IMAGES
+from tests.core.helpers import IMAGES, own_flops
 
 QUESTION = "What does the second page show?"
 
@@ -62,5 +62,5 @@ def test_an_observer_sees_each_phase_in_order(runtime: ReuseRuntime, policy: str
         observed = answering.answer(runtime, request)
     assert recorder.seen == [(edge, p) for p in phases for edge in ("enter", "exit")]
     assert observed.token_ids == unobserved.token_ids
-    assert observed.own_flops_lm == unobserved.own_flops_lm  # the second runs on warm caches
+    assert own_flops(observed) == own_flops(unobserved)  # the second runs on warm caches
     assert runtime.reuse.observer is None  # given back after the block

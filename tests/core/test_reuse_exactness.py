@@ -10,7 +10,7 @@ from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.policies import choose_policy, get_policy
 from lab import answering
 from lab.diagnostics import kv_error, reuse_kv_error
-from tests.core.helpers import IMAGES, full_logits
+from tests.core.helpers import IMAGES, full_logits, own_flops
 from tests.device import atol, same_answer
 
 QUESTION = "What is the total amount?"
@@ -99,7 +99,7 @@ def test_answer_full_reuse_and_full_prefill_policies(runtime: ReuseRuntime) -> N
     # once (here, the first answer), then reused; without the head cache every row is
     # computed and the ratio is 1
     assert full.head_tokens > 0 and full.fill_flops_lm > 0 and full.flops_used_vision == 0.0
-    assert full.own_flops_lm < full.flops_full_lm
+    assert own_flops(full) < full.flops_full_lm
     assert 0 < reuse.flops_ratio_lm < 1
     no_head = ReuseRuntime(runtime.vlm, head_cache=False, label_cache=False)
     plain = answering.answer(no_head, AnswerRequest("Be brief.", inputs, QUESTION,

@@ -16,10 +16,10 @@ import httpx
 import redis
 
 from lab.processes import start_redis, stop_processes
-from storage.kv.redis_store import RedisKVStore
 from storage.metadata import JobId, RedisMetadataStore
 from tests.faults.conftest import FAST, settled, start_serve, start_worker, wait_for
 from tests.pdfs import text_pdf
+from tests.storage.kv_testkit import redis_entries
 
 LEASE_S = float(FAST["CONDUIT_JOB_LEASE_S"])
 REAPER_S = float(FAST["CONDUIT_REAPER_INTERVAL_S"])
@@ -65,7 +65,7 @@ def test_a_message_lost_with_a_frozen_worker_is_sent_again(tmp_path: Path) -> No
         # ingested once: one claim of the job, one KV entry per page, one listing entry
         meta = RedisMetadataStore(redis_url)
         assert meta.get_job(JobId(up["job_id"])).attempts == 1
-        assert RedisKVStore(redis_url).count_entries() == 3
+        assert redis_entries(redis_url) == 3
         listed = client.get(f"/v1/collections/{col}/documents").json()
         assert [d["document_id"] for d in listed] == [up["document_id"]]
     finally:

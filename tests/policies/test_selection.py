@@ -9,12 +9,12 @@ from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.selection import (
     budget_tokens,
     first_per_page,
-    mass_k,
     page_amplification,
     per_page_topk,
     quota_split,
     topk_positions,
 )
+from lab.ablations.conduit_adaptive import mass_k
 from tests.core.helpers import token_scores
 
 

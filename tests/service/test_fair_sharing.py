@@ -65,9 +65,10 @@ def test_slots_refuse_beyond_the_cap_counting_what_is_held_elsewhere() -> None:
 
 def test_the_reader_budget_bounds_the_sum_of_reservations() -> None:
     budget = ReaderBudget(2048)
-    first, second = budget.reserve(1024, 0), budget.try_reserve(1024)
-    assert second is not None and budget.in_use_mb == 2048
-    assert budget.try_reserve(1024) is None
+    first, second = budget.reserve(1024, 0), budget.reserve(1024, 0)
+    assert budget.in_use_mb == 2048
+    with pytest.raises(ReaderBudgetError):  # no wait: refused at once
+        budget.reserve(1024, 0)
     with pytest.raises(ReaderBudgetError) as refused:
         budget.reserve(1024, 0.05)
     assert refused.value.http_status == 503 and "CONDUIT_READER_MEMORY_MB" in refused.value.message
@@ -78,7 +79,9 @@ def test_the_reader_budget_bounds_the_sum_of_reservations() -> None:
     second.release()
     third.release()
     whole = budget.reserve(4096, 0)  # a reader above the whole budget runs alone
-    assert budget.in_use_mb == 2048 and budget.try_reserve(1) is None
+    assert budget.in_use_mb == 2048
+    with pytest.raises(ReaderBudgetError):
+        budget.reserve(1, 0)
     whole.release()
     assert budget.in_use_mb == 0
 

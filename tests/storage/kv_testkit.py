@@ -1,12 +1,16 @@
-"""Shared helpers of the storage tests: realistic random `PageKV`s and process workers."""
+"""Shared helpers of the storage tests: realistic random `PageKV`s, process workers, and what
+the tests read of a store that the product never asks (a tier by name, a SCAN of Redis)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import redis
 import torch
 
 from conduit_core.page_kv import ModelFingerprint, PageKV
+from storage.kv.base import KVStore
+from storage.kv.tiered import TieredKVStore
 
 FINGERPRINT = ModelFingerprint(name="Qwen/Qwen2-VL-2B-Instruct", revision="abc123",
                                dtype="bfloat16", config_hash="f" * 64, template_version="page-v1")
@@ -64,3 +68,18 @@ def disk_writer(root: str, key: str, page: PageKV, barrier: object, rounds: int)
         store = DiskKVStore(Path(root), 1 << 34, stale_tmp_s=3600)
         store.delete([key])  # type: ignore[list-item]
         store.put_many({key: page})  # type: ignore[dict-item]
+
+
+def tier(stack: TieredKVStore, name: str) -> KVStore:
+    """The tier of `stack` called `name` (`KeyError` if none)."""
+    return dict(stack.tiers)[name]
+
+
+def redis_entries(url: str, prefix: str = "conduit:kv") -> int:
+    """Entries a Redis KV tier holds under `prefix`, counted by a SCAN (the store's own stats
+    never scan)."""
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(1 for _ in client.scan_iter(match=f"{prefix}:*:h", count=1000))
+    finally:
+        client.close()

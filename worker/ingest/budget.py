@@ -15,7 +15,7 @@ has rather than wait.
 Public API:
   READER_BUDGET                                   the process's budget (unbounded until sized)
   ReaderBudget(total_mb)                          0 = unbounded
-    .resize(total_mb); .reserve(mb, wait_s) -> Reservation; .try_reserve(mb) -> Reservation | None
+    .resize(total_mb); .reserve(mb, wait_s) -> Reservation
     .in_use_mb; .peak_mb
   Reservation.release()                           idempotent
 """
@@ -73,12 +73,6 @@ class ReaderBudget:
 
     def _need(self, mb: int) -> int:
         return min(mb, self.total_mb) if self.total_mb else mb
-
-    def try_reserve(self, mb: int) -> Reservation | None:
-        """Reserve `mb` now, or None when it does not fit."""
-        with self._cond:
-            need = self._need(mb)
-            return self._take(need) if self._fits(need) else None
 
     def reserve(self, mb: int, wait_s: float) -> Reservation:
         """Reserve `mb`, waiting up to `wait_s` seconds for readers to give theirs back;
