@@ -28,30 +28,9 @@ per hidden unit per row, under 0.1% of `c` at d >= 1,000. Decode is excluded. Th
 tower is counted separately (`vision_flops`): a full prefill pays it, reuse does not (page
 embeddings are cached).
 
-Public API:
-  LMShape(layers, hidden, heads, kv_heads, head_dim, intermediate)   .from_config(text_config)
-  SCORE_PAIR_FLOPS = 8
-  linear_cost(shape) -> float                        c, per token per layer
-  rows_flops(shape, rows, n_layers=None, key_counts=None) -> float
-                                                     rows at sequence indices `rows`, each
-                                                     computing key_counts keys (default r + 1)
-  projection_cost(shape) -> float                    q/k/v projections per token per layer
-  trimmed_rows_flops(shape, rows, n_layers, key_counts, output_key_counts) -> float
-                                                     rows whose last layer runs in full only
-                                                     for the output rows
-  scoring_flops(shape, n_question, n_keys, n_layers) -> float   the scoring pass's extras
-  value_mix_flops(shape, key_count, n_layers) -> float   probabilities times values
-  full_prefill_flops(shape, n) -> float
-  VisionShape(...)  .from_config(config)             Qwen2/2.5-VL: a ViT over a patch grid
-  TiledVisionShape(...)  .from_config(config)        LLaVA-OneVision / InternVL: fixed tiles
-  vision_shape(config) -> VisionShape | TiledVisionShape
-  vision_tower_flops(shape, grids) -> float          tower FLOPs of pages with these grids
-  FlopsModel(lm, vision_shape)  .from_adapter(adapter)   the runtime's accounting object:
-      .rows(rows, n_layers=None, key_counts=None), .trimmed(rows, n_layers, key_counts,
-      output_key_counts), .full(n), .vision(grids),
-      .scoring(n_question, n_keys, n_layers)
-  vision_flops(adapter, grids) -> float              the same for an adapter's model; raises
-                                                     UnsupportedModelError for unknown towers
+The runtime charges through one `FlopsModel` per loaded model (`FlopsModel.from_adapter`);
+the shapes (`LMShape`, `VisionShape`, `TiledVisionShape`) are read from the model's config,
+and a vision tower of a family not known here raises `UnsupportedModelError`.
 """
 
 from __future__ import annotations

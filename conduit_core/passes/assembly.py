@@ -5,14 +5,9 @@ images (`lab.answering.assemble_fresh`); the scoring pass records itself on it (
 `stale_writes`) so that the refresh can reuse what that pass computed while nothing has
 written to the cache since.
 
-Public API:
-  Assembly(layout, cache, embeds, image_grids, stale=None, stale_writes=-1, head=None,
-           last_only=False, layer0_exact=True, text_from_one=False, namespace="",
-           fill_flops=0.0, labels_pending=False)
-    .exact_rows        rows exact before any pass (the cached head)
-    .fresh_text_rows() text rows a pass computes (after the head), ascending
-    .page_attention()  how much the question looked at each page in the scoring pass (its
-                       peak attention, normalised over the pages; empty when none ran)
+The rows exact before any pass are the cached head's (`exact_rows`); every pass computes
+the text rows after it (`fresh_text_rows`). What an answer reports of how much the question
+looked at each page is decided here (`page_attention`).
 """
 
 from __future__ import annotations

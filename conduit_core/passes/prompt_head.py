@@ -12,14 +12,6 @@ head's token ids, so that whether a head is cached never tells one namespace wha
 asked; they live with the loaded model (a process that restarts rebuilds them on its first
 question). A small bound keeps memory flat when callers send many prefixes. A head computed
 for an answer is charged to it (`ReuseSteps.assemble`).
-
-Public API:
-  HeadKV(token_ids, keys, values, hidden)
-  HeadCache(max_entries=8)   a `conduit_core.prompt.bounded_lru.BoundedLRU`
-    .get(adapter, namespace, token_ids, position_ids) -> (HeadKV, computed now: bool)
-        computed on first use (plain causal)
-    .clear()
-    len(cache)
 """
 
 from __future__ import annotations

@@ -21,16 +21,8 @@ the rows) it takes one layer and chunk of rows at a time into two (N,) running s
 tests hold the same reduction over all layers at once (`tests/core/helpers.token_scores`), the
 reference the accumulator is tested against.
 
-Public API:
-  ScoreConfig(layers="all", query_window=None, head_agg="mean", query_rows="tail",
-              value_norm="raw")   knobs, validated
-      .layer_slice(n_layers) -> slice
-      .scored_rows(n_question, n_prompt=0) -> (Q',) indices of the scored question rows
-  ScoreAccumulator(config, n_layers, n_question, n_keys, device, n_prompt=0)
-      .layers -> range of scored layers; .rows -> (Q',) scored question rows
-      .slots(layer, heads, kv_heads) -> (row sums (H, N), value norms (G, N))  to write into
-      .add(probs (H, c, N), value_norms (G, N))   head_agg "max": one layer's chunk of rows
-      .result() -> (weighted (N,), attention (N,)) float32 means
+`ScoreConfig` holds the knobs a policy scores with (which layers, which question rows, how
+heads and value norms are aggregated), validated on construction.
 """
 
 from __future__ import annotations
