@@ -38,9 +38,10 @@ class LowDiskSpaceError(IngestError):
 
 
 def tenant_quota(settings: Settings) -> Quota:
-    """Each tenant's limits (`quota_bytes`, `quota_documents`, `quota_pages`; 0 = none)."""
+    """Each tenant's limits (`quota_bytes`, `quota_documents`, `quota_pages`,
+    `quota_collections`; 0 = none)."""
     s = settings.storage
-    return Quota(s.quota_bytes, s.quota_documents, s.quota_pages)
+    return Quota(s.quota_bytes, s.quota_documents, s.quota_pages, s.quota_collections)
 
 
 def check_room(home: Path, size: int, reserve: int) -> None:

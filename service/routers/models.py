@@ -2,8 +2,9 @@
 
 OpenAI clients and chat front-ends list models before they chat; each of the caller's
 collections is a model named `conduit:<collection_id>`, the name `POST /v1/chat/completions`
-takes. Tenant-scoped like every listing: another tenant's collection is not listed, and asking
-for it by name gets exactly the 404 a made-up name gets.
+takes. The list is paged like every list (`service.pagination`), keeping OpenAI's list object
+with `has_more` and `next_cursor` added. Tenant-scoped like every listing: another tenant's
+collection is not listed, and asking for it by name gets exactly the 404 a made-up name gets.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path
 
 from service.deps import TenantDep, WorkerDep
+from service.pagination import PAGE_DEFAULT, After, Limit, page_after
 from storage.errors import NotFoundError
 from storage.metadata import Collection, CollectionId
 
@@ -29,9 +31,13 @@ def model_card(col: Collection) -> dict[str, object]:
 
 
 @router.get("/v1/models")
-def list_models(worker: WorkerDep, tenant: TenantDep) -> dict[str, object]:
-    """The caller's collections, oldest first, in OpenAI's list format."""
-    return {"object": "list", "data": [model_card(c) for c in worker.meta.list_collections(tenant)]}
+def list_models(worker: WorkerDep, tenant: TenantDep, after: After = None,
+                limit: Limit = PAGE_DEFAULT) -> dict[str, object]:
+    """The caller's collections, oldest first, in OpenAI's list format, a page at a time."""
+    page, cursor = page_after(worker.meta.list_collections(tenant),
+                              lambda c: (c.created_at, c.id), after, limit)
+    return {"object": "list", "data": [model_card(c) for c in page],
+            "has_more": cursor is not None, "next_cursor": cursor}
 
 
 @router.get("/v1/models/{model}")

@@ -28,12 +28,15 @@ class UsageOut(BaseModel):
     bytes: Measure = Field(description="Summed upload sizes (CONDUIT_QUOTA_BYTES).")
     documents: Measure = Field(description="Documents (CONDUIT_QUOTA_DOCUMENTS).")
     pages: Measure = Field(description="Summed page counts (CONDUIT_QUOTA_PAGES).")
+    collections: Measure = Field(description="Collections (CONDUIT_QUOTA_COLLECTIONS).")
 
 
 @router.get("/v1/usage", response_model=UsageOut)
 def get_usage(worker: WorkerDep, tenant: TenantDep) -> UsageOut:
-    """The caller's bytes, documents and pages with their limits."""
+    """The caller's bytes, documents, pages and collections with their limits."""
     used = worker.usage(tenant)
     quota = worker.quota
     return UsageOut(**{name: Measure(used=getattr(used, name), limit=getattr(quota, name) or None)
-                       for name in ("bytes", "documents", "pages")})
+                       for name in ("bytes", "documents", "pages")},
+                    collections=Measure(used=len(worker.meta.list_collections(tenant)),
+                                        limit=quota.collections or None))

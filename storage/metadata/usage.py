@@ -28,6 +28,12 @@ class Quota:
     bytes: int = 0
     documents: int = 0
     pages: int = 0
+    collections: int = 0
+
+    def check_collections(self, used: int) -> None:
+        """Raise `QuotaExceededError` if one more collection passes the collections limit."""
+        if self.collections and used + 1 > self.collections:
+            raise QuotaExceededError("collections", self.collections, used, 1)
 
     def check(self, used: Usage, adding: Usage) -> None:
         """Raise `QuotaExceededError` naming the first limit that `used + adding` passes."""

@@ -42,6 +42,7 @@ class StorageSettings(BaseSettings):
         100_000, "Per-tenant cap on the summed pages of its documents, each counted at upload "
         "(413 past it); bounds the page KV, images and index a tenant makes.",
     )
+    quota_collections: int = cap(300, "Per-tenant cap on its collections (413 past it).")
     disk_reserve_bytes: int = Field(
         1 * 2**30, ge=0, description="Free space kept on the home's filesystem: an upload that "
         "would leave less gets 507 (deletes, status and metadata writes still run). 0 = none.",
