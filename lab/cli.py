@@ -1,7 +1,7 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
     conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
-    conduit-lab bench store|disk-load|ttft|load|load-paired|engine|retrieval-scale
+    conduit-lab bench store|disk-load|ttft|load|load-paired|engine|gaps|retrieval-scale
     conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab report results                        docs/RESULTS.md from the committed results
@@ -165,6 +165,26 @@ def _parser() -> argparse.ArgumentParser:
     eng.add_argument("--out", type=Path, default=results("load") / "engine_alone.json")
     eng.set_defaults(func=_bench_engine)
 
+    gaps = bench.add_parser("gaps", help="running answers' token gaps while new questions "
+                            "arrive, and throughput: this engine beside a baseline's, one process")
+    gaps.add_argument("--model", default="builtin:small-qwen2-vl")
+    gaps.add_argument("--baseline", default="0b5f6df~1",
+                      help="git commit whose worker/engine.py is the baseline engine")
+    gaps.add_argument("--repeats", type=int, default=3, help="arrival trials an engine")
+    gaps.add_argument("--running", type=int, default=8, help="answers decoding")
+    gaps.add_argument("--arriving", type=int, default=8, help="questions arriving at once")
+    gaps.add_argument("--running-tokens", type=int, default=160)
+    gaps.add_argument("--arriving-tokens", type=int, default=32)
+    gaps.add_argument("--slots", type=int, default=16, help="answer slots")
+    gaps.add_argument("--pairs", type=int, default=2, help="throughput runs an engine")
+    gaps.add_argument("--clients", type=int, default=32)
+    gaps.add_argument("--warmup", type=float, default=8.0,
+                      help="seconds of load before a throughput run's window")
+    gaps.add_argument("--duration", type=float, default=15.0, help="seconds a throughput run")
+    gaps.add_argument("--max-new-tokens", type=int, default=64)
+    gaps.add_argument("--out", type=Path, default=results("load") / "gaps.json")
+    gaps.set_defaults(func=_bench_gaps)
+
     scale = bench.add_parser("retrieval-scale", help="question latency, RSS and disk of the "
                              "retrieval index vs the scan path over synthetic collections")
     scale.add_argument("--pages", type=ints, default=[1000, 10000, 100000])
@@ -277,6 +297,21 @@ def _bench_engine(args: argparse.Namespace) -> int:
                 duration_s=args.duration, max_new_tokens=args.max_new_tokens,
                 threads=args.threads, out=args.out, command=command_line(),
                 device=args.device)
+    return 0
+
+
+def _bench_gaps(args: argparse.Namespace) -> int:
+    from lab.load.gaps import main as gaps_main
+
+    if min(args.repeats, args.pairs, args.running, args.arriving, args.slots,
+           args.clients) < 1 or args.duration <= 0 or args.warmup < 0:
+        raise SystemExit("counts must be >= 1 and --duration > 0")
+    gaps_main(model=args.model, baseline=args.baseline, repeats=args.repeats,
+              pairs=args.pairs, running=args.running, arriving=args.arriving,
+              slots=args.slots, running_tokens=args.running_tokens,
+              arriving_tokens=args.arriving_tokens, clients=args.clients,
+              warmup_s=args.warmup, duration_s=args.duration,
+              max_new_tokens=args.max_new_tokens, out=args.out, command=command_line())
     return 0
 
 

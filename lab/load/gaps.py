@@ -1,0 +1,310 @@
+"""`conduit-lab bench gaps`: do running answers keep streaming while newcomers are prefilled,
+and does the engine still batch? Two answer engines side by side in one process on one
+loaded model: the product's (`worker.engine`) and the one at `--baseline` (its
+`worker/engine.py` read from git and imported beside it), so both run the same runtime,
+pages and questions.
+
+Arrivals (`--repeats` trials an engine, the engines alternating): `running` answers decode
+long answers over two of eight A4 pages at the service's 100 dpi; once every one of them has
+streamed `STEADY_TOKENS` tokens, `arriving` new questions are submitted at once. From the
+running answers' token times: the steady gap (median gap between consecutive tokens before
+the arrivals, all running answers decoding) and the gaps during the arrivals (those ending
+after the newcomers were submitted and starting before the last newcomer's first token):
+their p50, p99 and max, pooled over the running answers and trials. The criterion is p99
+over steady at most 2. The newcomers' median time to first token is reported beside it, so
+that streams kept flowing by delaying the newcomers would show.
+
+Throughput (`--pairs` runs an engine, alternating): `clients` threads ask two-page questions
+against `--slots` answer slots for `--warmup` seconds, then `--duration` seconds more: the
+answers that ended and the tokens decoded in the second span, a second. The machine's load
+drifts between runs, so the comparison is the ratio within each pair (run back to back, the
+order alternating) and its median.
+
+Every answer runs to its `max_new_tokens` (stop tokens off). Default model, service policy
+and budget; one torch thread; both engines warmed with the same questions first.
+
+    conduit-lab bench gaps --repeats 3 --pairs 2 --warmup 8 --duration 15 \\
+        --out lab/load/results/gaps.json
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import torch
+
+from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
+from conduit_core.model.loader import load_vlm
+from conduit_core.policies import PolicyChoice
+from conduit_core.policies.choice import PolicyOptions
+from conduit_core.runtime import ReuseRuntime
+from lab.load.bench import percentiles
+from lab.ttft.default_model import a4_page
+from worker import engine as product_engine
+from worker.policy_options import settle_policy
+from worker.prompt import ANSWER_PREFIX, page_label
+from worker.settings import Settings
+
+STEADY_TOKENS = 12  # tokens every running answer has streamed before the newcomers arrive
+PAGES = 8
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Engine(Protocol):
+    """What both engines offer the bench."""
+
+    def answer(self, request: AnswerRequest, on_token: Any = None, cancel: Any = None,
+               tenant: str = "") -> tuple[AnswerResult, float]: ...
+
+    def close(self) -> None: ...
+
+
+EngineFactory = Callable[[ReuseRuntime, int], Engine]
+
+
+def baseline_module(commit: str) -> ModuleType:
+    """`worker/engine.py` as it was at `commit`, imported as its own module (it imports the
+    rest of the product from this tree)."""
+    source = subprocess.run(["git", "show", f"{commit}:worker/engine.py"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "baseline_engine.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("baseline_engine", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _factory(module: ModuleType) -> EngineFactory:
+    def make(rt: ReuseRuntime, slots: int) -> Engine:
+        engine: Engine = module.AnswerEngine(lambda: rt, max_active=slots,
+                                             max_kv_tokens=1 << 20, queue_wait_s=3600.0)
+        return engine
+    return make
+
+
+class Workload:
+    """The pages, and questions over two of them."""
+
+    def __init__(self, rt: ReuseRuntime, policy: PolicyChoice, budget: float) -> None:
+        kvs = rt.prefill_pages([a4_page(i) for i in range(PAGES)])
+        self.pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
+        self.policy, self.budget = policy, budget
+
+    def request(self, i: int, j: int, max_new_tokens: int) -> AnswerRequest:
+        chosen = [self.pages[(i + j) % PAGES], self.pages[(i + j + 1) % PAGES]]
+        return AnswerRequest(ANSWER_PREFIX, chosen,
+                             f"What is the total amount due on invoice {i}-{j}, and who signed it?",
+                             policy=self.policy, budget=self.budget,
+                             max_new_tokens=max_new_tokens)
+
+
+def _ask_all(engine: Engine, requests: list[AnswerRequest],
+             on_token: Sequence[Callable[[int, str], None] | None]) -> list[threading.Thread]:
+    threads = [threading.Thread(target=engine.answer, args=(r, cb))
+               for r, cb in zip(requests, on_token, strict=True)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def arrivals(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, running: int,
+             arriving: int, slots: int, running_tokens: int, arriving_tokens: int
+             ) -> dict[str, Any]:
+    """One trial: the running answers' token gaps before and during the arrivals."""
+    engine = make(rt, slots)
+    times: list[list[float]] = [[] for _ in range(running)]
+    firsts: list[float] = []  # each newcomer's first token (token callbacks run on the
+    got = [False] * arriving  # engine's one thread)
+
+    def stamp(i: int) -> Callable[[int, str], None]:
+        return lambda _tok, _piece: times[i].append(time.perf_counter())
+
+    def first_of(k: int) -> Callable[[int, str], None]:
+        def cb(_tok: int, _piece: str) -> None:
+            if not got[k]:
+                got[k] = True
+                firsts.append(time.perf_counter())
+        return cb
+
+    try:
+        runners = _ask_all(engine, [work.request(i, 0, running_tokens) for i in range(running)],
+                           [stamp(i) for i in range(running)])
+        while min(len(t) for t in times) < STEADY_TOKENS:
+            if not all(t.is_alive() for t in runners):
+                raise RuntimeError("a running answer ended before the newcomers came")
+            time.sleep(0.002)
+        steady_from = max(t[0] for t in times)  # every running answer decoding from here
+        submitted = time.perf_counter()
+        newcomers = [work.request(running + i, 1, arriving_tokens) for i in range(arriving)]
+        late = _ask_all(engine, newcomers, [first_of(k) for k in range(arriving)])
+        for t in [*late, *runners]:
+            t.join()
+    finally:
+        engine.close()
+    if min(ts[-1] for ts in times) < max(firsts):
+        raise RuntimeError("a running answer ended before the last newcomer's first token: "
+                           "raise --running-tokens")
+    steady, during = split_gaps(times, steady_from, submitted, max(firsts))
+    return {"steady": steady, "during": during,
+            "ttft": [f - submitted for f in sorted(firsts)]}
+
+
+def split_gaps(times: list[list[float]], steady_from: float, submitted: float,
+               last_first: float) -> tuple[list[float], list[float]]:
+    """The gaps between consecutive tokens of each running answer (`times`), split into the
+    steady ones (within [steady_from, submitted]) and those during the arrivals (ending
+    after `submitted`, starting before `last_first`); the others are neither."""
+    steady, during = [], []
+    for ts in times:
+        for a, b in zip(ts, ts[1:], strict=False):
+            if a >= steady_from and b <= submitted:
+                steady.append(b - a)
+            elif b > submitted and a < last_first:
+                during.append(b - a)
+    return steady, during
+
+
+def throughput(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, slots: int,
+               clients: int, warmup_s: float, duration_s: float, max_new_tokens: int
+               ) -> dict[str, float]:
+    """Closed-loop clients for `warmup_s` then `duration_s`: the answers that ended and the
+    tokens decoded within the second span, a second."""
+    engine = make(rt, slots)
+    ended: list[float] = []
+    tokens: list[float] = []  # token callbacks run on the engine's one thread
+    start = time.perf_counter() + warmup_s
+    stop = start + duration_s
+
+    def client(i: int) -> None:
+        j = 0
+        while time.perf_counter() < stop:
+            engine.answer(work.request(i, j, max_new_tokens),
+                          lambda _t, _p: tokens.append(time.perf_counter()))
+            ended.append(time.perf_counter())
+            j += 1
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.close()
+    return {"answers_per_s": sum(start <= e <= stop for e in ended) / duration_s,
+            "tokens_per_s": sum(start <= e <= stop for e in tokens) / duration_s}
+
+
+def _ms(values: list[float]) -> dict[str, Any]:
+    return {k: (round(1e3 * v, 1) if isinstance(v, float) else v)
+            for k, v in percentiles(values).items()}
+
+
+def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, arriving: int,
+        slots: int, running_tokens: int, arriving_tokens: int, clients: int,
+        warmup_s: float, duration_s: float, max_new_tokens: int, command: str
+        ) -> dict[str, Any]:
+    """Both engines through both measurements (module docstring)."""
+    torch.set_num_threads(1)
+    settings = Settings()
+    engines = {"before": _factory(baseline_module(baseline)), "after": _factory(product_engine)}
+    with tempfile.TemporaryDirectory() as tmp:
+        rt = ReuseRuntime(load_vlm(model, device="cpu", dtype=settings.core.torch_dtype,
+                                   cache_dir=Path(tmp)))
+        rt.reuse.stop_ids = []  # every answer decodes its max_new_tokens tokens
+        work = Workload(rt, settle_policy(settings, None, PolicyOptions()),
+                        settings.core.budget)
+        for make in engines.values():  # labels cached, decode buckets seen, by both
+            warm = make(rt, slots)
+            for t in _ask_all(warm, [work.request(i, j, 4) for i in range(running + arriving)
+                                     for j in range(2)], [None] * 2 * (running + arriving)):
+                t.join()
+            warm.close()
+        gaps: dict[str, dict[str, list[float]]] = {
+            name: {"steady": [], "during": [], "ttft": []} for name in engines}
+        for r in range(repeats):
+            for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                trial = arrivals(engines[name], rt, work, running=running, arriving=arriving,
+                                 slots=slots, running_tokens=running_tokens,
+                                 arriving_tokens=arriving_tokens)
+                for k, v in trial.items():
+                    gaps[name][k].extend(v)
+        rates: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+        for p in range(pairs):
+            for name in (list(engines) if p % 2 == 0 else list(engines)[::-1]):
+                rates[name].append(throughput(engines[name], rt, work, slots=slots,
+                                              clients=clients, warmup_s=warmup_s,
+                                              duration_s=duration_s,
+                                              max_new_tokens=max_new_tokens))
+    rows = {}
+    for name in engines:
+        g = gaps[name]
+        steady = statistics.median(g["steady"])
+        p99 = percentiles(g["during"])["p99"]
+        rows[name] = {"steady_gap_ms": round(1e3 * steady, 1), "during_ms": _ms(g["during"]),
+                      "p99_over_steady": round(float(p99 or 0.0) / steady, 2),
+                      "newcomer_ttft_ms": _ms(g["ttft"]),
+                      "answers_per_s": [round(x["answers_per_s"], 3) for x in rates[name]],
+                      "tokens_per_s": [round(x["tokens_per_s"], 1) for x in rates[name]]}
+    ratios = [a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9)  # each pair ran back to back
+              for a, b in zip(rates["after"], rates["before"], strict=True)]
+    return {"model": model, "baseline": baseline, "policy": settings.core.policy,
+            "budget": settings.core.budget, "threads": 1, "repeats": repeats, "pairs": pairs,
+            "running": running, "arriving": arriving, "slots": slots,
+            "running_tokens": running_tokens, "arriving_tokens": arriving_tokens,
+            "clients": clients, "warmup_s": warmup_s, "duration_s": duration_s,
+            "max_new_tokens": max_new_tokens,
+            "command": command, "date": time.strftime("%Y-%m-%d"), "engines": rows,
+            "tokens_per_s_after_over_before": [round(r, 3) for r in ratios],
+            "throughput_after_over_before": round(statistics.median(ratios), 3)}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The two tables: gaps under arrivals, throughput."""
+    lines = [f"# Streams under arrivals, and throughput: two engines side by side ({doc['date']})",
+             "", f"Command: `{doc['command']}`", "",
+             f"`{doc['model']}`, two pages a question, `{doc['policy']}` at {doc['budget']}, "
+             f"one torch thread, on the CPU of a 2-core machine shared with other work. "
+             f"`before`: `worker/engine.py` at {doc['baseline']}; `after`: this tree's.", "",
+             f"{doc['running']} answers decoding ({doc['running_tokens']} tokens each), "
+             f"{doc['arriving']} questions arriving at once ({doc['arriving_tokens']} tokens), "
+             f"{doc['slots']} slots, {doc['repeats']} trials an engine:", "",
+             "| engine | steady gap ms | gaps during arrivals: p50 | p99 | max | p99 / steady "
+             "| newcomers' TTFT ms: p50 | max |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in doc["engines"].items():
+        d, t = row["during_ms"], row["newcomer_ttft_ms"]
+        lines.append(f"| {name} | {row['steady_gap_ms']} | {d['p50']} | {d['p99']} | "
+                     f"{d['max']} | {row['p99_over_steady']}x | {t['p50']} | {t['max']} |")
+    lines += ["", f"{doc['clients']} clients, {doc['slots']} slots, {doc['duration_s']} s a run "
+              f"after {doc['warmup_s']} s of the same load, "
+              f"{doc['max_new_tokens']}-token answers, {doc['pairs']} runs an engine "
+              "(alternating):", "", "| engine | answers/s | tokens/s |", "|---|---:|---:|"]
+    for name, row in doc["engines"].items():
+        lines.append(f"| {name} | {', '.join(map(str, row['answers_per_s']))} | "
+                     f"{', '.join(map(str, row['tokens_per_s']))} |")
+    lines += ["", "Tokens a second, after over before, each pair run back to back: "
+              f"{', '.join(f'{r}x' for r in doc['tokens_per_s_after_over_before'])}; "
+              f"median {doc['throughput_after_over_before']}x."]
+    return "\n".join(lines) + "\n"
+
+
+def main(*, out: Path, **kwargs: Any) -> dict[str, Any]:
+    """Run, write JSON at `out` and markdown beside it, print the tables."""
+    doc = run(**kwargs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    table = markdown(doc)
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    return doc
