@@ -43,6 +43,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 import torch
+from prometheus_client import REGISTRY
 
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
@@ -52,6 +53,7 @@ from conduit_core.runtime import ReuseRuntime
 from lab.load.bench import percentiles
 from lab.ttft.default_model import a4_page
 from worker import engine as product_engine
+from worker.engine_metrics import PREFILL_PHASES
 from worker.policy_options import settle_policy
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
@@ -121,6 +123,19 @@ def _ask_all(engine: Engine, requests: list[AnswerRequest],
     return threads
 
 
+def _engine_seconds() -> dict[str, tuple[float, float]]:
+    """(sum of seconds, count) of the engine's decode steps and of each prefill phase so far
+    (both engines export into `worker.engine_metrics`)."""
+    get = REGISTRY.get_sample_value
+    out = {"decode step": (get("conduit_engine_step_seconds_sum") or 0.0,
+                           get("conduit_engine_step_seconds_count") or 0.0)}
+    for phase in PREFILL_PHASES:
+        labels = {"phase": phase}
+        out[phase] = (get("conduit_engine_prefill_phase_seconds_sum", labels) or 0.0,
+                      get("conduit_engine_prefill_phase_seconds_count", labels) or 0.0)
+    return out
+
+
 def arrivals(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, running: int,
              arriving: int, slots: int, running_tokens: int, arriving_tokens: int
              ) -> dict[str, Any]:
@@ -141,6 +156,7 @@ def arrivals(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, running: 
         return cb
 
     try:
+        before = _engine_seconds()
         runners = _ask_all(engine, [work.request(i, 0, running_tokens) for i in range(running)],
                            [stamp(i) for i in range(running)])
         while min(len(t) for t in times) < STEADY_TOKENS:
@@ -155,12 +171,13 @@ def arrivals(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, running: 
             t.join()
     finally:
         engine.close()
+    spent = {k: (v[0] - before[k][0], v[1] - before[k][1]) for k, v in _engine_seconds().items()}
     if min(ts[-1] for ts in times) < max(firsts):
         raise RuntimeError("a running answer ended before the last newcomer's first token: "
                            "raise --running-tokens")
     steady, during = split_gaps(times, steady_from, submitted, max(firsts))
     return {"steady": steady, "during": during,
-            "ttft": [f - submitted for f in sorted(firsts)]}
+            "ttft": [f - submitted for f in sorted(firsts)], "seconds": spent}
 
 
 def split_gaps(times: list[list[float]], steady_from: float, submitted: float,
@@ -233,13 +250,18 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
             warm.close()
         gaps: dict[str, dict[str, list[float]]] = {
             name: {"steady": [], "during": [], "ttft": []} for name in engines}
+        spent: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
         for r in range(repeats):
             for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
                 trial = arrivals(engines[name], rt, work, running=running, arriving=arriving,
                                  slots=slots, running_tokens=running_tokens,
                                  arriving_tokens=arriving_tokens)
-                for k, v in trial.items():
-                    gaps[name][k].extend(v)
+                for k in gaps[name]:
+                    gaps[name][k].extend(trial[k])
+                for k, (total, count) in trial["seconds"].items():
+                    spent[name].setdefault(k, [0.0, 0.0])
+                    spent[name][k][0] += total
+                    spent[name][k][1] += count
         rates: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
         for p in range(pairs):
             for name in (list(engines) if p % 2 == 0 else list(engines)[::-1]):
@@ -255,6 +277,8 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
         rows[name] = {"steady_gap_ms": round(1e3 * steady, 1), "during_ms": _ms(g["during"]),
                       "p99_over_steady": round(float(p99 or 0.0) / steady, 2),
                       "newcomer_ttft_ms": _ms(g["ttft"]),
+                      "mean_ms": {k: round(1e3 * total / max(count, 1.0), 1)
+                                  for k, (total, count) in spent[name].items()},
                       "answers_per_s": [round(x["answers_per_s"], 3) for x in rates[name]],
                       "tokens_per_s": [round(x["tokens_per_s"], 1) for x in rates[name]]}
     ratios = [a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9)  # each pair ran back to back
@@ -286,6 +310,12 @@ def markdown(doc: dict[str, Any]) -> str:
         d, t = row["during_ms"], row["newcomer_ttft_ms"]
         lines.append(f"| {name} | {row['steady_gap_ms']} | {d['p50']} | {d['p99']} | "
                      f"{d['max']} | {row['p99_over_steady']}x | {t['p50']} | {t['max']} |")
+    kinds = list(next(iter(doc["engines"].values()))["mean_ms"])
+    lines += ["", "Mean wall time of the engine's units in those trials (ms): a running answer's "
+              "gap is a decode step plus the unit of prefill work run before it.", "",
+              "| engine | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+    for name, row in doc["engines"].items():
+        lines.append(f"| {name} | " + " | ".join(str(row["mean_ms"][k]) for k in kinds) + " |")
     lines += ["", f"{doc['clients']} clients, {doc['slots']} slots, {doc['duration_s']} s a run "
               f"after {doc['warmup_s']} s of the same load, "
               f"{doc['max_new_tokens']}-token answers, {doc['pairs']} runs an engine "

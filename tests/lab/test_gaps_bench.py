@@ -46,6 +46,8 @@ def test_arrivals_split_the_running_answers_gaps(bench: tuple[ReuseRuntime, Work
     assert len(trial["during"]) >= 3
     assert len(trial["steady"]) + len(trial["during"]) <= 3 * (60 - 1)
     assert min(trial["steady"] + trial["during"]) > 0
+    assert trial["seconds"]["refreshed"][1] == 3 + 2  # each answer's prefill, timed
+    assert trial["seconds"]["decode step"][1] >= 60 - 1
 
 
 def test_gaps_are_split_at_the_arrivals() -> None:
@@ -67,6 +69,7 @@ def test_a_throughput_run_counts_its_window(bench: tuple[ReuseRuntime, Workload]
 def test_markdown_names_both_engines() -> None:
     row = {"steady_gap_ms": 10.0, "during_ms": {"p50": 12.0, "p99": 15.0, "max": 16.0},
            "p99_over_steady": 1.5, "newcomer_ttft_ms": {"p50": 30.0, "max": 40.0},
+           "mean_ms": {"decode step": 9.0, "refreshed": 20.0},
            "answers_per_s": [1.0], "tokens_per_s": [64.0]}
     doc = {"date": "2026-12-07", "command": "conduit-lab bench gaps", "model": "m",
            "policy": "conduit_per_page", "budget": 0.1, "baseline": "abc", "running": 8,
@@ -76,3 +79,4 @@ def test_markdown_names_both_engines() -> None:
            "tokens_per_s_after_over_before": [1.0], "throughput_after_over_before": 1.0}
     text = markdown(doc)
     assert "| before | 10.0 | 12.0 | 15.0 | 16.0 | 1.5x |" in text and "| after |" in text
+    assert "| engine | decode step | refreshed |" in text and "| before | 9.0 | 20.0 |" in text
