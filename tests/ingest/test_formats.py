@@ -19,8 +19,10 @@ from PIL import Image
 from lab.ingest.builders import text_image
 from tests.office_files import epub, office_open_xml, opendocument, xps
 from tests.pdfs import text_pdf
+from worker.ingest.budget import READER_BUDGET
 from worker.ingest.errors import IngestError
-from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
+from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, by_name, sniff
+from worker.ingest.office import office_to_pdf, soffice_path
 from worker.ingest.sandbox import ReaderLimits
 from worker.uploads import CheckedUpload, Conversion, check_upload
 
@@ -162,6 +164,27 @@ def test_without_libreoffice_office_files_get_415_naming_the_packages(
         _check(opendocument("odt", PAGES), "a.odt")
     assert refused.value.http_status == 415
     assert _check(text_pdf(PAGES), "a.pdf").page_count == 3  # PDFs need no LibreOffice
+
+
+@needs_office
+def test_libreoffice_takes_its_memory_from_the_reader_budget() -> None:
+    """A conversion reserves its address-space limit from the process's reader budget: with
+    the budget held, it is refused at once (503) before LibreOffice starts; freed, it runs."""
+    data = opendocument("odt", PAGES)
+    fmt, soffice = by_name("odt"), soffice_path()
+    assert soffice is not None
+    READER_BUDGET.resize(1024)
+    held = READER_BUDGET.reserve(1024, 0.0)
+    try:
+        with pytest.raises(IngestError, match="readers are busy") as busy:
+            office_to_pdf(data, fmt, soffice=soffice, memory_mb=1024, seconds=60,
+                          max_bytes=2**24, budget_mb=1024)
+        assert busy.value.http_status == 503
+    finally:
+        held.release()
+    pdf = office_to_pdf(data, fmt, soffice=soffice, memory_mb=1024, seconds=60,
+                        max_bytes=2**24, budget_mb=1024)
+    assert pdf.startswith(b"%PDF-")
 
 
 def test_xps_pages_are_read() -> None:

@@ -10,13 +10,16 @@ test's output folder (`tmp_path/shots`)."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.chrome.service import Service
@@ -26,6 +29,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from lab.ingest.builders import text_image
+from tests.office_files import office_open_xml
 from tests.pdfs import encrypted_pdf, text_pdf
 from tests.service.conftest import start_server, stop_server
 
@@ -480,3 +485,43 @@ def test_page_walkthrough_with_api_keys(browser: WebDriver, keyed_server: str,
     browser.get("about:blank")
     _walk(Walk(browser, tmp_path / "shots"), keyed_server, tmp_path, key="ui-secret-key",
           password="s3cret")
+
+
+DROP_FILES = """
+    const [files] = arguments;
+    const dt = new DataTransfer();
+    for (const [b64, name, type] of files) {
+      const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+      dt.items.add(new File([bytes], name, {type}));
+    }
+    const zone = document.querySelector("#dropzone");
+    for (const type of ["dragenter", "dragover", "drop"]) {
+      zone.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }"""
+
+
+@pytest.mark.skipif(shutil.which("soffice") is None, reason="LibreOffice is not installed")
+def test_a_dropped_png_and_docx_become_documents(browser: WebDriver, open_server: str,
+                                                 tmp_path: Path) -> None:
+    """A scan (PNG) and a Word file dropped together on the drop zone are both accepted,
+    ingested and asked over; the picker offers them too."""
+    w = Walk(browser, tmp_path / "shots")
+    _new_collection(w, open_server, "scans and files")
+    accepted = w.css("#file-input").get_attribute("accept")
+    assert ".png" in accepted and ".docx" in accepted
+    scan = io.BytesIO()
+    Image.open(io.BytesIO(text_image(PAGES[1:2], size=(1654, 400), font_px=36))).save(
+        scan, "PNG")
+    files = [(base64.b64encode(scan.getvalue()).decode(), "scan.png", "image/png"),
+             (base64.b64encode(office_open_xml("docx", PAGES)).decode(), "handbook.docx",
+              "application/vnd.openxmlformats-officedocument.wordprocessingml.document")]
+    w.d.execute_script(DROP_FILES, files)
+    w.wait("the documents to be done",
+           lambda: len(w.all(".doc .badge.ready, .doc .badge.failed")) == 2)
+    assert len(w.all(".doc .badge.ready")) == 2, [e.text for e in w.all(".doc-error")]
+    names = {e.get_attribute("title") for e in w.all(".status-ready .doc-name")}
+    assert names == {"scan.png", "handbook.docx"}
+    w.shot("png-and-docx")
+    card = _ask(w, QUESTION)
+    cited = {e.text for e in card.find_elements(By.CSS_SELECTOR, ".cite-name strong")}
+    assert cited and cited <= names, cited
