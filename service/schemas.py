@@ -49,7 +49,9 @@ class DocumentOut(BaseModel):
     collection_id: str
     filename: str
     sha256: str
-    size_bytes: int
+    size_bytes: int = Field(description="What the document takes on disk and is charged to "
+                            "the byte quota: its upload until it is ready, then with its page "
+                            "images, page KV and text.")
     status: str
     stage: str
     pages_done: int

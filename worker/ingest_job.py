@@ -24,11 +24,12 @@ from storage.keys import PageHash, page_hash
 from storage.metadata import Document, DocumentId, Page, SkippedPage
 from storage.metadata.records import IngestStage
 from worker.context import WorkerContext
+from worker.disk_cost import check_room_for, document_bytes
 from worker.ingest.deadline import Deadline
 from worker.ingest.errors import IngestError
 from worker.ingest.pages import IngestedPage, check_readable, iter_pages
 from worker.ingest.sandbox import PdfFacts, ReaderLimits
-from worker.recovery import mark_failed
+from worker.recovery import mark_failed, release_unreferenced
 from worker.retrieval.document_context import document_context
 from worker.retrieval.embedder import embedding_to_bytes
 from worker.retrieval.index.pipeline import on_document_ready
@@ -79,13 +80,19 @@ def run_ingest(ctx: WorkerContext, document_id: DocumentId) -> None:
     progress = _Progress(ctx, document_id)
     try:
         pages, skipped = _ingest(ctx, doc, progress)
+        cost = document_bytes(ctx, document_id, pages)  # charged: upload, images, KV, text
+        try:
+            check_room_for(ctx, doc, cost)
+        except IngestError:  # the KV just computed goes too (unless another document has it)
+            release_unreferenced(ctx, [p.page_hash for p in pages])
+            raise
         ctx.meta.put_pages(document_id, pages)
         if skipped:
             log.warning("ingest of %s: %d of %d pages could not be read and were skipped",
                         document_id, len(skipped), progress.total)
         ctx.meta.update_progress(document_id, status="ready", stage="done",
                                  pages_done=progress.total, pages_total=progress.total,
-                                 skipped_pages=skipped)
+                                 skipped_pages=skipped, size_bytes=cost)
         on_document_ready(ctx, doc.collection_id, document_id, pages)
         INGEST_PAGES.labels("ingested").inc(len(pages))
         INGEST_PAGES.labels("skipped").inc(len(skipped))
@@ -149,6 +156,7 @@ def _ingest(ctx: WorkerContext, doc: Document,
                           text=item.text.text, text_source=item.text.source,
                           image_path=rel, width=item.width, height=item.height))
     check_readable(progress.total, unreadable, opened[0].truncated)
+    check_room_for(ctx, doc, document_bytes(ctx, doc.id, pages))  # the images, before prefill
     progress("index", 0)
     context = document_context(doc.filename, opened[0].title, pages[0].text if pages else "")
     for start in range(0, len(pages), EMBED_BATCH):

@@ -1,7 +1,8 @@
 """`GET /v1/usage`: what the caller's tenant stores against its quotas.
 
 Usage is counted from the metadata store (`MetadataStore.usage`): the tenant's documents in
-all its collections, whatever their status, until deleted. A limit of `null` is unlimited
+all its collections, whatever their status, until deleted; a document's bytes are its upload,
+and once it is ready what it takes on disk (`worker/disk_cost.py`). A limit of `null` is unlimited
 (the setting is 0). An upload that would pass a limit gets 413 naming it.
 """
 
@@ -25,7 +26,8 @@ class Measure(BaseModel):
 class UsageOut(BaseModel):
     """The caller's tenant's usage and quotas."""
 
-    bytes: Measure = Field(description="Summed upload sizes (CONDUIT_QUOTA_BYTES).")
+    bytes: Measure = Field(description="What the documents take on disk: uploads, and once "
+                           "ingested their page images, page KV and text (CONDUIT_QUOTA_BYTES).")
     documents: Measure = Field(description="Documents (CONDUIT_QUOTA_DOCUMENTS).")
     pages: Measure = Field(description="Summed page counts (CONDUIT_QUOTA_PAGES).")
     collections: Measure = Field(description="Collections (CONDUIT_QUOTA_COLLECTIONS).")

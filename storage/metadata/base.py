@@ -75,9 +75,11 @@ class MetadataStore(Protocol):
         pages_total: int,
         error: str | None = None,
         skipped_pages: Sequence[SkippedPage] | None = None,
+        size_bytes: int | None = None,
     ) -> None:
         """Record ingestion progress of a document (`skipped_pages`: its unreadable pages,
-        replacing those recorded before; None leaves them as they are)."""
+        replacing those recorded before; `size_bytes`: what it takes on disk, charged to its
+        tenant's byte quota; None leaves either as it is)."""
         ...
 
     def put_pages(self, document_id: DocumentId, pages: Sequence[Page]) -> None:

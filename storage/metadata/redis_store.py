@@ -225,6 +225,7 @@ class RedisMetadataStore:
         pages_total: int,
         error: str | None = None,
         skipped_pages: Sequence[SkippedPage] | None = None,
+        size_bytes: int | None = None,
     ) -> None:
         """Record ingestion progress of a document."""
         values: dict[str, Any] = {
@@ -232,6 +233,8 @@ class RedisMetadataStore:
             "pages_total": pages_total, "error": error, "updated_at": time.time()}
         if skipped_pages is not None:
             values["skipped_pages"] = [asdict(p) for p in skipped_pages]
+        if size_bytes is not None:
+            values["size_bytes"] = int(size_bytes)
         args = [x for k, v in values.items() for x in (k, json.dumps(safe_value(v)))]
         if not self._script("update", [self._k("doc", document_id)], args):
             raise NotFoundError(f"document {document_id} not found")

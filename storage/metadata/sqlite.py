@@ -275,6 +275,7 @@ class SQLiteMetadataStore:
         pages_total: int,
         error: str | None = None,
         skipped_pages: Sequence[SkippedPage] | None = None,
+        size_bytes: int | None = None,
     ) -> None:
         """Record ingestion progress of a document."""
         sets = "status=?, stage=?, pages_done=?, pages_total=?, error=?, updated_at=?"
@@ -283,6 +284,9 @@ class SQLiteMetadataStore:
         if skipped_pages is not None:
             sets += ", skipped_pages=?"
             args.append(json.dumps(safe_value([asdict(p) for p in skipped_pages])))
+        if size_bytes is not None:
+            sets += ", size_bytes=?"
+            args.append(int(size_bytes))
         with self._tx() as c:
             n = c.execute(f"UPDATE documents SET {sets} WHERE id=?",
                           (*args, document_id)).rowcount
