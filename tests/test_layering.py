@@ -229,6 +229,8 @@ ENTRY_POINTS = {
 LOADED_BY_NAME = {
     "worker.ingest.reader_child": ("worker.ingest.sandbox", "the PDF reader process runs as "
                                    "`python -c 'from worker.ingest.reader_child import main'`"),
+    "worker.ingest.office_child": ("worker.ingest.office", "the LibreOffice process starts as "
+                                   "`python -c 'from worker.ingest.office_child import main'`"),
 }
 # Public functions and classes no product code names, kept on purpose: name -> why
 UNNAMED_BY_DESIGN = {

@@ -21,7 +21,7 @@ from tests.office_files import epub, office_open_xml, opendocument, xps
 from tests.pdfs import text_pdf
 from worker.ingest.budget import READER_BUDGET
 from worker.ingest.errors import IngestError
-from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, by_name, sniff
+from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
 from worker.ingest.office import office_to_pdf, soffice_path
 from worker.ingest.sandbox import ReaderLimits
 from worker.uploads import CheckedUpload, Conversion, check_upload
@@ -171,7 +171,7 @@ def test_libreoffice_takes_its_memory_from_the_reader_budget() -> None:
     """A conversion reserves its address-space limit from the process's reader budget: with
     the budget held, it is refused at once (503) before LibreOffice starts; freed, it runs."""
     data = opendocument("odt", PAGES)
-    fmt, soffice = by_name("odt"), soffice_path()
+    fmt, soffice = sniff(data, "a.odt"), soffice_path()
     assert soffice is not None
     READER_BUDGET.resize(1024)
     held = READER_BUDGET.reserve(1024, 0.0)

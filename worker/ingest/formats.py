@@ -114,11 +114,6 @@ def accepted_summary() -> str:
     return ", ".join(f"{f.label} ({', '.join(f.extensions)})" for f in FORMATS)
 
 
-def by_name(name: str) -> Format:
-    """The format called `name` (`KeyError` for none)."""
-    return _BY_NAME[name]
-
-
 def sniff(data: bytes, filename: str | None = None) -> Format:
     """The format of `data`, checked against `filename`'s extension. Raises
     `EmptyFileError`, `UnsupportedFormatError` (415), `MisnamedFileError` or `ZipBombError`."""
