@@ -51,7 +51,8 @@ def list_pages(document_id: DocumentIdPath, worker: WorkerDep, tenant: TenantDep
 
 @router.get("/v1/documents/{document_id}/pages/{number}/image",
             response_class=Response,
-            responses={200: {"content": {"image/png": {}}}, 304: {"description": "unchanged"}})
+            responses={200: {"content": {"image/webp": {}, "image/png": {}}},
+                       304: {"description": "unchanged"}})
 def page_image(
     document_id: DocumentIdPath,
     number: PageNumberPath,
@@ -63,7 +64,8 @@ def page_image(
         f"to the next of {', '.join(map(str, WIDTHS))} (never wider than the page).")] = None,
     if_none_match: Annotated[str | None, Header(max_length=4096)] = None,
 ) -> Response:
-    """The page as rendered for the model, PNG; `?width=` scales it down for thumbnails (a
+    """The page as rendered for the model, as stored (lossless WebP; PNG for documents
+    ingested before); `?width=` scales it down for thumbnails (PNG; a
     fixed set of widths, kept in a bounded in-memory cache). Answers carry an ETag and
     `Cache-Control`; a matching `If-None-Match` gets a 304."""
     page = next((p for p in _ready_pages(worker, tenant, document_id) if p.number == number), None)
@@ -80,7 +82,8 @@ def page_image(
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers=headers)
     if not scaled:
-        return FileResponse(path, media_type="image/png", headers=headers)
+        media = "image/webp" if path.suffix == ".webp" else "image/png"
+        return FileResponse(path, media_type=media, headers=headers)
     assert width is not None
     return Response(thumbnails.get(page.document_id, path, width), media_type="image/png",
                     headers=headers)

@@ -65,7 +65,7 @@ def test_page_image_full_thumbnail_etag_and_errors(client: httpx.Client,
     _, doc = document
     page = client.get(f"/v1/documents/{doc}/pages").json()[1]
     full = client.get(f"/v1/documents/{doc}/pages/2/image")
-    assert full.status_code == 200 and full.headers["content-type"] == "image/png"
+    assert full.status_code == 200 and full.headers["content-type"] == "image/webp"
     assert Image.open(io.BytesIO(full.content)).size == (page["width"], page["height"])
     assert "max-age" in full.headers["cache-control"]
     assert "private" in full.headers["cache-control"]
