@@ -45,8 +45,8 @@ export class Answers {
     button.disabled = !collectionId || chosen.length === 0;
     const n = ready.length;
     this.root.querySelector("#ask-hint").textContent = !collectionId
-      ? "Create or pick a collection, then upload a PDF."
-      : n === 0 ? "Upload a PDF; you can ask once it is ready."
+      ? "Create or pick a collection, then upload a document."
+      : n === 0 ? "Upload a document; you can ask once it is ready."
         : chosen.length === 0 ? "Tick a document to ask over."
           : chosen.length === n ? `Asking over ${n === 1 ? "1 ready document" :
             `all ${n} ready documents`}.`

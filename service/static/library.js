@@ -1,5 +1,5 @@
-// Collections (pick or create), PDF upload (drag and drop or file picker, optional password),
-// and the document list with per-document progress, page facts and delete. Ready documents
+// Collections (pick or create), document upload (PDFs, images, Office files, e-books, text:
+// drag and drop or file picker, optional password), and the document list with per-document progress, page facts and delete. Ready documents
 // carry a tick box choosing the ones a question is asked over (all of them by default).
 
 import { api } from "./api.js";
