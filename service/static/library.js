@@ -1,6 +1,7 @@
 // Collections (pick or create), document upload (PDFs, images, Office files, e-books, text:
-// drag and drop or file picker, optional password), and the document list with per-document progress, page facts and delete. Ready documents
-// carry a tick box choosing the ones a question is asked over (all of them by default).
+// drag and drop or file picker, optional password), and the document list with per-document
+// progress, page facts and delete. Ready documents carry a tick box choosing the ones a
+// question is asked over (all of them by default).
 
 import { api } from "./api.js";
 import { el, say } from "./dom.js";
