@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.answer_types import AnswerResult
+from conduit_core.conversation import KeptTurn
 from conduit_core.cost.cost_model import RefreshPlan, RowCosts
 from conduit_core.decode import DecodeState
 from conduit_core.model.adapters.base import VLMAdapter
@@ -41,6 +42,8 @@ class AnswerState:
     fallback: bool = False
     prefill_s: float = 0.0  # start of the prefill to its first logits
     page_attention: tuple[float, ...] = ()  # `Assembly.page_attention` of its scoring pass
+    conversation: str = ""  # a follow-up's prefix: "hit" or "rebuilt" (`AnswerResult`)
+    kept: KeptTurn | None = None  # the turn to keep as a prefix once its answer is known
 
     @property
     def done(self) -> bool:
@@ -77,4 +80,4 @@ def answer_result(state: AnswerState, costs: RowCosts, adapter: VLMAdapter) -> A
         fill_flops_lm=state.fill_flops_lm,
         predicted_flops_lm=plan.predicted_lm if plan else used,
         fallback_flops_lm=plan.fallback_lm if plan else used,
-        page_attention=state.page_attention)
+        page_attention=state.page_attention, conversation=state.conversation)

@@ -1,5 +1,6 @@
 """The runtime's seam to the worker: what a question over cached pages asks
-(`AnswerRequest`, its pages as `PageInput`) and what its answer reports (`AnswerResult`).
+(`AnswerRequest`, its pages as `PageInput`, the earlier turns of its conversation as `Turn`)
+and what its answer reports (`AnswerResult`).
 
 A request is validated on construction (`InvalidRequestError`) and carries its refresh policy
 already chosen (`conduit_core.policies.choice.PolicyChoice`: the name, the options it runs
@@ -29,6 +30,18 @@ class PageInput:
 
     label: str
     kv: PageKV
+    page_id: str = ""  # the page's identity in a conversation's key (its storage hash);
+    # empty: a digest of its embeddings stands for it
+
+
+@dataclass(frozen=True)
+class Turn:
+    """An answered turn of a conversation: the pages it added (after the pages of the turns
+    before it), its question and its answer's text."""
+
+    pages: tuple[PageInput, ...]
+    question: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,11 @@ class AnswerRequest:
     # fills across requests (prompt head, page labels, choice history) is keyed by it, so
     # that nothing an answer reports depends on another namespace's questions
     namespace: str = ""
+    # the conversation's answered turns, oldest first: `pages` are the pages this turn adds
+    # and the layout is the conversation's (`conduit_core.prompt.conversation`); its prefix
+    # comes from the conversation cache, or is rebuilt (`conduit_core.conversation`)
+    history: tuple[Turn, ...] = ()
+    keep: bool = False  # keep this turn, with its answer, as a prefix for a follow-up
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.budget <= 1.0:
@@ -96,6 +114,11 @@ class AnswerResult:
     # peak attention, normalised to sum to 1: `Assembly.page_attention`); empty when no
     # scoring pass ran (a policy without one, or a fallback)
     page_attention: tuple[float, ...] = ()
+    # a follow-up's prefix: "hit" (from the conversation cache), "rebuilt" (its earlier turns
+    # recomputed from their text and pages, charged in fill_flops_lm), "" (not a follow-up)
+    conversation: str = ""
+    kept_flops_lm: float = 0.0  # with `keep`: the answer's rows computed after it to keep
+    # the turn as a prefix (decode-time work, outside flops_used_lm)
 
     @property
     def flops_full(self) -> float:

@@ -33,18 +33,32 @@ What the runtime decides (its options):
   decode_compile: "off", "auto" or "on": how a step of the pooled answers runs
       (`conduit_core.passes.step_graphs`: CUDA graphs, compiled, or eager); other than eager,
       the pool is fixed at its largest (`DecodePool(fixed=True)`).
+  conversation_prefixes, conversation_namespaces: conversation prefixes kept
+      (`.conversations`, `conduit_core.conversation.ConversationCache`): at most this many
+      per namespace (tenant), and this many namespaces.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
+from dataclasses import dataclass, replace
 
 import torch
 from PIL import Image
 
 from conduit_core.answer_state import AnswerState, answer_result
 from conduit_core.answer_types import AnswerRequest, AnswerResult, TokenCallback
+from conduit_core.conversation import (
+    ConversationCache,
+    KeptTurn,
+    assemble_turn,
+    extend_prefix,
+    history_texts,
+    page_ids,
+    prefix_key,
+    turn_texts,
+)
 from conduit_core.cost.cost_model import RefreshPlan
 from conduit_core.decode import decode_step
 from conduit_core.kv.kv_pool import DecodePool
@@ -52,7 +66,10 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.page_prefill import prefill_pages
+from conduit_core.passes.prompt_head import HeadKV
+from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
+from conduit_core.prompt.conversation import history_ids, turn_layout
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh
 from conduit_core.reuse_steps import ReuseSteps
 
@@ -67,7 +84,8 @@ class ReuseRuntime:
                  label_refresh: LabelRefresh = "always",
                  never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
-                 decode_compile: str = "off"):
+                 decode_compile: str = "off", conversation_prefixes: int = 8,
+                 conversation_namespaces: int = 256):
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
                              f"got {label_refresh!r}")
@@ -83,6 +101,7 @@ class ReuseRuntime:
         self.pool = DecodePool(self.adapter, decode_slots, decode_positions,
                                fixed=kind != "eager")
         self.graphs = StepGraphs(self.adapter, self.pool, decode_compile)
+        self.conversations = ConversationCache(conversation_prefixes, conversation_namespaces)
 
     @torch.no_grad()
     def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:
@@ -102,15 +121,62 @@ class ReuseRuntime:
         to cost more than a full prefill from the cached page embeddings, that runs instead
         (`AnswerResult.fallback`).
 
+        A follow-up (`request.history`) is laid out as its conversation
+        (`conduit_core.prompt.conversation`): its prefix, the earlier turns with their
+        answers, comes from the conversation cache or is rebuilt turn by turn from their
+        text and pages with the request's policy (`AnswerResult.conversation`), and only the
+        rows after it are computed: the pages it adds refreshed by the policy with the whole
+        conversation before them. With `request.keep` the turn is kept as a prefix when its
+        result is taken (`conduit_core.conversation`).
+
         It yields the name of each phase done ("assembled": the pages' K/V loaded and
         re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState` that
         `step` decodes."""
         t0 = time.perf_counter() if t0 is None else t0
-        choice = request.policy
-        assembly = self.reuse.assemble(request.prefix, request.pages, request.question,
-                                       extra_capacity=request.max_new_tokens, last_only=True,
-                                       labels=False, namespace=request.namespace)
+        assembly, how = self._assemble(request)
         yield "assembled"
+        done = yield from self._refresh_steps(assembly, request)
+        state = self.reuse.start_decode(assembly, done.hidden, t0=t0, policy=request.policy.name,
+                                        refreshed=int(done.visual.numel()),
+                                        flops_used_lm=done.extra + assembly.fill_flops,
+                                        fill_flops_lm=assembly.fill_flops,
+                                        vision_ran=False, max_new_tokens=request.max_new_tokens,
+                                        temperature=request.temperature, top_p=request.top_p,
+                                        seed=request.seed, on_token=on_token, plan=done.plan,
+                                        fallback=done.fallback)
+        # after the first token's logits: the device's choice read back for the accounting
+        self._account(assembly, done)
+        state.flops_used_lm += done.refresh_lm
+        state.conversation = how
+        if request.keep:
+            state.kept = self._kept(request, assembly)
+        return state
+
+    def _assemble(self, request: AnswerRequest) -> tuple[Assembly, str]:
+        """The request's assembly; for a follow-up, whether its prefix was a hit or rebuilt
+        (what a rebuild spent charged in `fill_flops`)."""
+        if not request.history:
+            return self.reuse.assemble(request.prefix, request.pages, request.question,
+                                       extra_capacity=request.max_new_tokens, last_only=True,
+                                       labels=False, namespace=request.namespace), ""
+        prefix, how, spent = self._prefix(request)
+        assembly = self._assemble_after(request, prefix)
+        assembly.fill_flops += spent
+        return assembly, how
+
+    def _assemble_after(self, request: AnswerRequest, prefix: HeadKV) -> Assembly:
+        """A follow-up's assembly after its conversation's `prefix`."""
+        for p in request.pages:
+            p.kv.check_fingerprint(self.vlm.fingerprint)
+        layout = turn_layout(self.adapter, request.prefix,
+                             turn_texts(request.history, request.pages, request.question))
+        return assemble_turn(self.adapter, layout, request.pages, prefix,
+                             request.max_new_tokens, request.namespace)
+
+    def _refresh_steps(self, assembly: Assembly,
+                       request: AnswerRequest) -> Generator[str, None, _Refreshed]:
+        """Plan, choose (yielding "chosen") and refresh an assembly by the request's policy."""
+        choice = request.policy
         ctx = self.reuse.policy_context(assembly, request.budget, request.seed)
         key = (request.namespace, choice, round(request.budget, 4))
         plan = self.reuse.plan(assembly, ctx, choice.select, key)
@@ -127,19 +193,65 @@ class ReuseRuntime:
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
         hidden, computed = self.reuse.refresh(assembly, visual, resume)
-        state = self.reuse.start_decode(assembly, hidden, t0=t0, policy=choice.name,
-                                        refreshed=int(visual.numel()),
-                                        flops_used_lm=extra + assembly.fill_flops,
-                                        fill_flops_lm=assembly.fill_flops,
-                                        vision_ran=False, max_new_tokens=request.max_new_tokens,
-                                        temperature=request.temperature, top_p=request.top_p,
-                                        seed=request.seed, on_token=on_token, plan=plan,
-                                        fallback=fallback)
-        # after the first token's logits: the device's choice read back for the accounting
-        state.flops_used_lm += self.reuse.refresh_flops(assembly, computed.cpu(), resume)
-        if not fallback and plan.visual is None:  # a forward pass's choice: where it fell
-            self.reuse.choices.record(key, assembly.layout.visual_rows(), visual.cpu(), plan.cap)
-        return state
+        return _Refreshed(hidden, visual, computed, plan, fallback, resume, extra, key)
+
+    def _account(self, assembly: Assembly, done: _Refreshed) -> None:
+        """A refresh's LM FLOPs, and where a forward pass's choice fell (read back now)."""
+        done.refresh_lm = self.reuse.refresh_flops(assembly, done.computed.cpu(), done.resume)
+        if not done.fallback and done.plan.visual is None:
+            self.reuse.choices.record(done.key, assembly.layout.visual_rows(),
+                                      done.visual.cpu(), done.plan.cap)
+
+    def _choice_key(self, request: AnswerRequest) -> str:
+        """The policy as chosen and its budget, as a conversation prefix's key spells it."""
+        return f"{request.policy.name}|{request.policy.options!r}|{round(request.budget, 4)}"
+
+    def _kept(self, request: AnswerRequest, assembly: Assembly) -> KeptTurn:
+        """What keeping this turn needs once its answer is known."""
+        pages = [p for t in request.history for p in t.pages] + list(request.pages)
+        return KeptTurn(namespace=request.namespace, choice=self._choice_key(request),
+                        cache=assembly.cache, token_ids=assembly.layout.token_ids,
+                        page_ids=tuple(page_ids(pages)),
+                        next_position=assembly.layout.next_position())
+
+    def _history_key(self, request: AnswerRequest, turns: int) -> str:
+        """The key of the prefix made of the request's first `turns` answered turns."""
+        history = request.history[:turns]
+        ids = history_ids(self.adapter, request.prefix, history_texts(history))  # (P,)
+        pages = page_ids([p for t in history for p in t.pages])
+        return prefix_key(self.vlm.fingerprint.digest(), request.namespace,
+                          self._choice_key(request), ids, pages)
+
+    def _prefix(self, request: AnswerRequest) -> tuple[HeadKV, str, float]:
+        """A follow-up's prefix: kept ("hit"), or rebuilt from the longest kept prefix of its
+        history (or from nothing) turn by turn with the request's policy, each turn's answer
+        from its text ("rebuilt", with the LM FLOPs that spent); every rebuilt turn is kept."""
+        turns = len(request.history)
+        keys = [self._history_key(request, k) for k in range(1, turns + 1)]
+        start, prefix = 0, None
+        for k in range(turns, 0, -1):
+            prefix = self.conversations.get(request.namespace, keys[k - 1])
+            if prefix is not None:
+                start = k
+                break
+        if prefix is not None and start == turns:
+            return prefix, "hit", 0.0
+        spent = 0.0
+        for k in range(start, turns):
+            turn = request.history[k]
+            sub = replace(request, history=request.history[:k], pages=list(turn.pages),
+                          question=turn.question, keep=True)
+            assembly = (self._assemble(sub)[0] if prefix is None
+                        else self._assemble_after(sub, prefix))
+            done = _drain(self._refresh_steps(assembly, sub))
+            self._account(assembly, done)
+            spent += done.extra + assembly.fill_flops + done.refresh_lm
+            prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
+                                             self._kept(sub, assembly), turn.answer)
+            spent += extended
+            self.conversations.put(request.namespace, keys[k], prefix)
+        assert prefix is not None
+        return prefix, "rebuilt", spent
 
     @staticmethod
     def _whole_labels(assembly: Assembly, plan: RefreshPlan) -> torch.Tensor | None:
@@ -165,6 +277,41 @@ class ReuseRuntime:
         self.pool.release(state.decode)
 
     def result(self, state: AnswerState) -> AnswerResult:
-        """The result of a finished (or abandoned) answer; its decode slot is given back."""
+        """The result of a finished (or abandoned) answer; its decode slot is given back. A
+        turn to keep (`AnswerRequest.keep`) is kept now, with its answer's rows
+        (`conduit_core.conversation.extend_prefix`, in `kept_flops_lm`)."""
         self.release(state)
-        return answer_result(state, self.reuse.costs, self.adapter)
+        result = answer_result(state, self.reuse.costs, self.adapter)
+        if state.kept is None:
+            return result
+        kept, state.kept = state.kept, None  # its cache is released with it
+        prefix, spent = extend_prefix(self.adapter, self.reuse.costs, kept, result.text)
+        key = prefix_key(self.vlm.fingerprint.digest(), kept.namespace, kept.choice,
+                         torch.tensor(prefix.token_ids), kept.page_ids)
+        self.conversations.put(kept.namespace, key, prefix)
+        return replace(result, kept_flops_lm=spent)
+
+
+@dataclass
+class _Refreshed:
+    """A refresh done: its states, rows and plan, and the LM FLOPs `_account` charges it."""
+
+    hidden: torch.Tensor  # (1, hidden) the last row's last-layer state
+    visual: torch.Tensor  # (k,) the visual rows refreshed
+    computed: torch.Tensor  # (R_c,) the rows computed
+    plan: RefreshPlan
+    fallback: bool
+    resume: Resume | None
+    extra: float  # a forward pass the policy ran
+    key: Hashable  # the choice history's key
+    refresh_lm: float = 0.0
+
+
+def _drain(steps: Generator[str, None, _Refreshed]) -> _Refreshed:
+    """Run `steps` to their end, ignoring the phases they yield."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            done: _Refreshed = stop.value
+            return done

@@ -254,6 +254,11 @@ class VLMAdapter(ABC):
         return (self._ids(question, user=True) + self._ids("<|im_end|>\n")
                 + self._ids("<|im_start|>assistant\n"))
 
+    def answer_ids(self, answer: str) -> list[int]:
+        """An answer as a conversation holds it: its text as user text (a special token's
+        spelling stays text) and the end of the assistant's turn."""
+        return self._ids(answer, user=True) + self._ids("<|im_end|>\n")
+
     def stop_token_ids(self) -> list[int]:
         """Token ids that end generation."""
         ids = {self.tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}

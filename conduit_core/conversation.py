@@ -1,0 +1,181 @@
+"""A conversation's KV kept as a prefix: after a turn, its assembled and refreshed cache with
+its answer's rows, under a key; a follow-up that finds it computes only its own rows.
+
+What it decides:
+  The key of a prefix (`prefix_key`) is the model's fingerprint, the namespace (tenant), the
+  refresh policy as chosen with its budget, the token ids so far and the identity of every
+  page in it, in order: a prefix is reused only where the same policy would have built it
+  from the same text and pages, so that a rebuilt prefix and a kept one are the same tensors.
+  The keeping is bounded per namespace (least recently used dropped) and across namespaces
+  (`ConversationCache`); a process that restarts rebuilds on the first follow-up.
+  A kept turn (`KeptTurn`) holds its refreshed cache until its answer is known; the answer's
+  rows (`VLMAdapter.answer_ids` of its text) are then computed in one pass over that cache
+  (`extend_prefix`), the same pass a rebuild runs, so a hit and a rebuild agree.
+  A follow-up's own rows (`assemble_turn`): the prefix's exact K/V copied in as the layout's
+  head, the pages the turn adds loaded and re-rotated to their places; the runtime's passes
+  then compute its text rows and refresh its pages by the request's policy with the whole
+  conversation before them.
+
+Public API:
+  history_texts(history), turn_texts(history, pages, question) -> list[TurnText]
+  page_ids(pages) -> list[str]
+  prefix_key(fingerprint, namespace, choice, token_ids, page_ids) -> str
+  ConversationCache(per_namespace=8, namespaces=256)   .get, .put, .clear, len()
+  KeptTurn(namespace, choice, cache, token_ids, page_ids, next_position)
+  extend_prefix(adapter, kept, answer) -> (HeadKV, LM FLOPs)
+  assemble_turn(adapter, layout, pages, prefix, extra_capacity, namespace) -> Assembly
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from conduit_core.answer_types import PageInput, Turn
+from conduit_core.cost.cost_model import RowCosts
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.kv.page_loads import load_pages
+from conduit_core.model.adapters.base import VLMAdapter
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.prompt_head import HeadKV
+from conduit_core.prompt.conversation import TurnText
+from conduit_core.prompt.layout import Layout
+
+
+def _text(pages: Sequence[PageInput], question: str, answer: str | None) -> TurnText:
+    return TurnText([p.label for p in pages], [p.kv.token_ids for p in pages],
+                    [p.kv.image_grid for p in pages], question, answer)
+
+
+def history_texts(history: Sequence[Turn]) -> list[TurnText]:
+    """The answered `history` as the layout's turns."""
+    return [_text(t.pages, t.question, t.answer) for t in history]
+
+
+def turn_texts(history: Sequence[Turn], pages: Sequence[PageInput],
+               question: str) -> list[TurnText]:
+    """The answered `history` and the turn asked now as the layout's turns."""
+    return [*history_texts(history), _text(pages, question, None)]
+
+
+def page_ids(pages: Sequence[PageInput]) -> list[str]:
+    """Each page's identity: its `page_id`, or a digest of its layer-0 embeddings."""
+    return [p.page_id or hashlib.sha256(
+        p.kv.embeds.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    ).hexdigest() for p in pages]
+
+
+def prefix_key(fingerprint: str, namespace: str, choice: str, token_ids: torch.Tensor,
+               pages: Sequence[str]) -> str:
+    """The key of a conversation prefix (module docstring): a sha256 hex digest."""
+    digest = hashlib.sha256()
+    for part in (fingerprint, namespace, choice, *pages):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    digest.update(token_ids.to(torch.int64).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class ConversationCache:
+    """Kept prefixes, at most `per_namespace` for each namespace and `namespaces` namespaces,
+    the least recently used dropped first. Thread-safe."""
+
+    def __init__(self, per_namespace: int = 8, namespaces: int = 256):
+        if per_namespace < 1 or namespaces < 1:
+            raise ValueError("a conversation cache keeps at least one prefix")
+        self.per_namespace, self.namespaces = per_namespace, namespaces
+        self._entries: OrderedDict[str, OrderedDict[str, HeadKV]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(kept) for kept in self._entries.values())
+
+    def get(self, namespace: str, key: str) -> HeadKV | None:
+        """The prefix under `key` in `namespace`, or None."""
+        with self._lock:
+            kept = self._entries.get(namespace)
+            if kept is None or key not in kept:
+                return None
+            self._entries.move_to_end(namespace)
+            kept.move_to_end(key)
+            return kept[key]
+
+    def put(self, namespace: str, key: str, prefix: HeadKV) -> None:
+        """Keep `prefix` under `key` in `namespace`, dropping the oldest past the bounds."""
+        with self._lock:
+            kept = self._entries.setdefault(namespace, OrderedDict())
+            self._entries.move_to_end(namespace)
+            kept[key] = prefix
+            kept.move_to_end(key)
+            while len(kept) > self.per_namespace:
+                kept.popitem(last=False)
+            while len(self._entries) > self.namespaces:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        """Drop every kept prefix (a restart's state)."""
+        with self._lock:
+            self._entries.clear()
+
+
+@dataclass(frozen=True)
+class KeptTurn:
+    """A turn to keep once its answer is known: its refreshed cache (rows [0, len(token_ids))
+    hold the turn's K/V) and what its key is made of."""
+
+    namespace: str
+    choice: str  # the policy as chosen, with its budget (`ReuseRuntime` spells it)
+    cache: KVCache
+    token_ids: torch.Tensor  # (n,) the turn's layout
+    page_ids: tuple[str, ...]  # every page of the conversation so far, in order
+    next_position: int  # position of the answer's first token
+
+
+@torch.no_grad()
+def extend_prefix(adapter: VLMAdapter, costs: RowCosts, kept: KeptTurn,
+                  answer: str) -> tuple[HeadKV, float]:
+    """The prefix a follow-up of `kept` starts from: its K/V and the answer's rows
+    (`answer_ids`, at the positions decoding gave them) computed in one pass over it; and the
+    LM FLOPs of that pass."""
+    n = int(kept.token_ids.shape[0])
+    ids = torch.tensor(adapter.answer_ids(answer), dtype=torch.long)  # (m,)
+    m = int(ids.shape[0])
+    cache = KVCache.allocate(adapter, 1, n + m)
+    cache.keys[:, :, :, :n] = kept.cache.keys[:, :1, :, :n]
+    cache.values[:, :, :, :n] = kept.cache.values[:, :1, :, :n]
+    rows = torch.arange(n, n + m)  # (m,)
+    positions = (kept.next_position + torch.arange(m)).expand(adapter.rope_axes, m)  # (P, m)
+    embeds = adapter.embed_tokens(ids.to(adapter.device)).unsqueeze(0)  # (1, m, hidden)
+    forward_rows(adapter, cache, embeds, rows.to(adapter.device),
+                 positions.unsqueeze(1).to(adapter.device), n_keys=n + m,
+                 outputs=torch.tensor([m - 1]))
+    token_ids = torch.cat([kept.token_ids.cpu(), ids])  # (n + m,)
+    hidden = torch.zeros(0, adapter.text_config.hidden_size, dtype=adapter.dtype)
+    prefix = HeadKV(token_ids=tuple(int(t) for t in token_ids.tolist()),
+                    keys=cache.keys[:, 0].clone(), values=cache.values[:, 0].clone(),
+                    hidden=hidden)
+    return prefix, costs.rows(rows, n + m, last_only=True)
+
+
+def assemble_turn(adapter: VLMAdapter, layout: Layout, pages: Sequence[PageInput],
+                  prefix: HeadKV, extra_capacity: int, namespace: str) -> Assembly:
+    """A follow-up's assembly: `prefix`'s exact K/V in rows [0, layout.head) as the head,
+    the pages it adds loaded and re-rotated into their segments (module docstring)."""
+    if prefix.n != layout.head:
+        raise ValueError(f"a prefix of {prefix.n} rows under a head of {layout.head}")
+    cache = KVCache.allocate(adapter, 1, layout.n + extra_capacity)
+    embeds = adapter.embed_tokens(layout.token_ids)  # (N, hidden)
+    assembly = Assembly(layout=layout, cache=cache, embeds=embeds,
+                        image_grids=[p.kv.image_grid for p in pages], last_only=True,
+                        layer0_exact=not any(p.kv.quantized for p in pages),
+                        namespace=namespace)
+    load_pages(adapter, layout, [p.kv for p in pages], cache, embeds)
+    prefix.copy_into(cache)
+    assembly.head = prefix
+    return assembly
