@@ -55,7 +55,7 @@ def _asked_cites(client: httpx.Client, collection: str, data: bytes, name: str,
     assert doc["status"] == "ready" and doc["pages_total"] == pages, doc
     assert doc["filename"] == name  # the original is what the document names
     image = client.get(f"/v1/documents/{doc['document_id']}/pages/{page}/image")
-    assert image.status_code == 200 and image.content[:4] == b"\x89PNG"
+    assert image.status_code == 200 and image.headers["content-type"].startswith("image/")
     r = client.post("/v1/query", json={"collection_id": collection, "question": QUESTION,
                                        "document_ids": [doc["document_id"]], "top_k": 1,
                                        "max_new_tokens": 2})
