@@ -58,7 +58,7 @@ from worker.policy_options import settle_policy
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
 
-STEADY_TOKENS = 12  # tokens every running answer has streamed before the newcomers arrive
+STEADY_TOKENS = 32  # tokens every running answer has streamed before the newcomers arrive
 PAGES = 8
 ROOT = Path(__file__).resolve().parents[2]
 
