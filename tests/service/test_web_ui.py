@@ -507,7 +507,7 @@ def test_a_dropped_png_and_docx_become_documents(browser: WebDriver, open_server
     ingested and asked over; the picker offers them too."""
     w = Walk(browser, tmp_path / "shots")
     _new_collection(w, open_server, "scans and files")
-    accepted = w.css("#file-input").get_attribute("accept")
+    accepted = w.css("#file-input").get_attribute("accept") or ""
     assert ".png" in accepted and ".docx" in accepted
     scan = io.BytesIO()
     Image.open(io.BytesIO(text_image(PAGES[1:2], size=(1654, 400), font_px=36))).save(
