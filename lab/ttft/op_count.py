@@ -24,7 +24,7 @@ Public API:
   OpCounter()                   a TorchDispatchMode: .total, .by_name (Counter), .reset()
   count_ops(fn) -> (fn's result, OpCounter)
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
-  narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS) -> LoadedVLM
+  narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS, dtype=float32) -> LoadedVLM
   answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
   PhaseCounting()   a `PassObserver` (`conduit_core.pass_observer`): the ops of the runtime's
       passes alone (`.passes`: scoring pass, refresh, first-token logits) and of its page
@@ -33,9 +33,9 @@ Public API:
       scoring pass, refresh, first-token logits: `lab.answering.start_answer`), decode
       excluded
   ops_per_layer(counter, layers) -> float
-  narrow_runtime(pages, tokens_per_page=256) -> (ReuseRuntime, list[PageKV])   the narrow
-      model's runtime and `pages` cached bench pages (the one setup of the bench and the
-      tests)
+  narrow_runtime(pages, tokens_per_page=256, dtype=float32) -> (ReuseRuntime, list[PageKV])
+      the narrow model's runtime and `pages` cached bench pages (the one setup of the bench
+      and the tests)
   accelerator_path()   a context: the CPU takes an accelerator's path (module docstring)
   count_prefill(runtime, kvs, policy, budget=0.1) -> PrefillCount   the prefill half over
       cached pages `kvs`, head and labels warm, counted on its second run (the choice
@@ -151,11 +151,13 @@ def ops_per_layer(counter: OpCounter, layers: int) -> float:
     return counter.total / layers
 
 
-def narrow_vlm(tokens_per_page: int = 256, layers: int = NARROW_LAYERS) -> LoadedVLM:
-    """The narrow random-weight Qwen2.5-VL (float32, CPU, sdpa), pages of `tokens_per_page`
-    merged visual tokens."""
+def narrow_vlm(tokens_per_page: int = 256, layers: int = NARROW_LAYERS,
+               dtype: torch.dtype = torch.float32) -> LoadedVLM:
+    """The narrow random-weight Qwen2.5-VL (CPU, sdpa) in `dtype`, pages of
+    `tokens_per_page` merged visual tokens."""
     spec = replace(NARROW_SHAPE, text={**NARROW_SHAPE.text, "num_hidden_layers": layers})
-    return build_bench_vlm(f"narrow{layers}", tokens_per_page=tokens_per_page, spec=spec)
+    return build_bench_vlm(f"narrow{layers}", tokens_per_page=tokens_per_page, spec=spec,
+                           dtype=dtype)
 
 
 def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float = 0.1,
@@ -180,10 +182,11 @@ def prefill_ops(runtime: ReuseRuntime, request: AnswerRequest) -> OpCounter:
     return counter
 
 
-def narrow_runtime(pages: int, tokens_per_page: int = 256) -> tuple[ReuseRuntime, list[PageKV]]:
-    """A runtime over `narrow_vlm(tokens_per_page)` and `pages` bench pages prefilled on it
-    (`lab.ttft.model.bench_pages`); the caller pins the threads."""
-    runtime = ReuseRuntime(narrow_vlm(tokens_per_page))
+def narrow_runtime(pages: int, tokens_per_page: int = 256,
+                   dtype: torch.dtype = torch.float32) -> tuple[ReuseRuntime, list[PageKV]]:
+    """A runtime over `narrow_vlm(tokens_per_page, dtype=dtype)` and `pages` bench pages
+    prefilled on it (`lab.ttft.model.bench_pages`); the caller pins the threads."""
+    runtime = ReuseRuntime(narrow_vlm(tokens_per_page, dtype=dtype))
     return runtime, runtime.prefill_pages(bench_pages(pages, tokens_per_page))
 
 

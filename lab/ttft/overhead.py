@@ -14,6 +14,14 @@ caches, counting off). A decode step of one answer over the largest page count i
 the same way. The page load alone is timed on both paths side by side (`page_load`: the
 CPU's in place against an accelerator's joined path run on the CPU).
 
+Beside the float32 counts, each row gives the prefill half's launching ops a layer with the
+model in bfloat16 (the dtype a GPU runs; a second narrow runtime) and its host reads from
+the first page copy to the first token's logits (`lab.ttft.host_syncs.count_prefill_syncs`,
+on the accelerator's path: 0 is the aim, issue 65); the decode step gives its bf16 ops and
+the host reads of a batched step of 1 and 16 streams (`count_step_syncs`: 1 is the aim).
+Every figure is of the eager path: the scoring pass and the refresh have no compiled path
+yet (issue 65, point 2), so no graph break or compilation is reported for them.
+
 Public API:
   run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict
       JSON at `out` (default lab/ttft/results/overhead.json) and markdown beside it
@@ -36,6 +44,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
+from lab.ttft.host_syncs import count_prefill_syncs, count_step_syncs
 from lab.ttft.op_count import (
     NARROW_LAYERS,
     accelerator_path,
@@ -48,6 +57,7 @@ from lab.ttft.op_count import (
 RESULTS = Path(__file__).parent / "results"
 POLICIES = ("full_prefill", "conduit_per_page", "conduit", "full_reuse")
 DECODE_STEPS = 8  # tokens decoded before the measured step
+SYNC_STREAMS = (1, 16)  # batched decode steps whose host reads are counted
 
 
 def _median_ms(fn: Any, repeats: int) -> float:
@@ -67,20 +77,30 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
     torch.set_num_threads(1)
     try:
         rt, kvs = narrow_runtime(max(pages))
+        half, half_kvs = narrow_runtime(max(pages), dtype=torch.bfloat16)
         rows = []
         for policy in POLICIES:
             for p in pages:
                 count = count_prefill(rt, kvs[:p], policy)
+                bf16 = count_prefill(half, half_kvs[:p], policy)
+                with accelerator_path():
+                    syncs = count_prefill_syncs(rt, kvs[:p], policy)
                 ms = _median_ms(lambda r=count.request: rt.release(
                     answering.start_answer(rt, r)), repeats)
                 rows.append({"method": policy, "pages": p,
                              "ops_per_layer": count.ops.total / NARROW_LAYERS,
+                             "bf16_ops_per_layer": bf16.ops.total / NARROW_LAYERS,
+                             "host_syncs": syncs.total, "sync_sites": dict(syncs.sites),
                              "pass_ops_per_layer": count.passes / NARROW_LAYERS,
                              "load_ops_per_layer": count.load / NARROW_LAYERS,
                              "cpu_load_ops_per_layer": count.cpu_load / NARROW_LAYERS,
                              "host_ms": ms,
                              "top_ops": dict(count.ops.by_name.most_common(8))})
         decode = _decode_step(rt, kvs, repeats)
+        decode["bf16_ops_per_layer"] = _decode_step(half, half_kvs, 1)["ops_per_layer"]
+        with accelerator_path():
+            decode["host_syncs"] = {str(n): count_step_syncs(rt, kvs[:2], n).total
+                                    for n in SYNC_STREAMS}
         loads = [_page_load(rt, kvs[:p], repeats) for p in pages]
     finally:
         torch.set_num_threads(saved)
@@ -146,17 +166,25 @@ def _markdown(doc: dict[str, Any]) -> str:
              "(`lab.ttft.op_count`), on an accelerator's path (`accelerator_path`); passes: "
              "scoring pass, refresh and logits alone; page load: `load_pages`; CPU page "
              "load: the same on the CPU's own path (each page turned in place); host ms: the "
-             "CPU's path.", "",
-             "| method | pages | ops a layer | of which passes | of which page load | "
-             "CPU page load | host ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "CPU's path; bf16: the same ops with the model in bfloat16; host syncs: reads "
+             "of device values from the first page copy to the first token's logits "
+             "(`lab.ttft.host_syncs`, accelerator's path). All eager: the passes have no "
+             "compiled path yet.", "",
+             "| method | pages | ops a layer | bf16 ops a layer | of which passes | of which "
+             "page load | CPU page load | host syncs | host ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in doc["rows"]:
         lines.append(f"| {r['method']} | {r['pages']} | {r['ops_per_layer']:.1f} | "
+                     f"{r['bf16_ops_per_layer']:.1f} | "
                      f"{r['pass_ops_per_layer']:.1f} | {r['load_ops_per_layer']:.1f} | "
-                     f"{r['cpu_load_ops_per_layer']:.1f} | {r['host_ms']:.1f} |")
+                     f"{r['cpu_load_ops_per_layer']:.1f} | {r['host_syncs']} | "
+                     f"{r['host_ms']:.1f} |")
     d = doc["decode_step"]
-    lines += ["", f"Decode step (one answer, {d['pages']} pages): {d['ops_per_layer']:.1f} "
-              f"ops a layer, {d['host_ms']:.2f} ms.", "",
+    syncs = ", ".join(f"{n} at {s} stream{'s' if int(s) > 1 else ''}"
+                      for s, n in d["host_syncs"].items())
+    lines += ["", f"Decode step (one answer, {d['pages']} pages, eager): {d['ops_per_layer']:.1f} "
+              f"ops a layer ({d['bf16_ops_per_layer']:.1f} in bf16), {d['host_ms']:.2f} ms; "
+              f"host syncs of a batched step: {syncs}.", "",
               "Page load alone on the CPU (median ms, alternating runs): each page turned in "
               "place (the CPU's path) against the pages joined first (an accelerator's path).",
               "", "| pages | in place ms | joined ms | joined / in place |",
