@@ -1,0 +1,167 @@
+"""A conversation's follow-ups over kept and rebuilt prefixes (`conduit_core.conversation`).
+
+A follow-up whose prefix is kept computes only its own rows, charged by the FLOPs formula,
+and its first-token logits are those of one pass over the same layout after the same
+refreshed rows; one that brings a page refreshes only that page's rows and the turn's; a
+prefix rebuilt from text and pages gives the same tokens as a kept one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit_core.answer_types import AnswerRequest, PageInput, Turn
+from conduit_core.conversation import turn_texts
+from conduit_core.kv.kv_cache import KVCache
+from conduit_core.pass_observer import Phase
+from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.layer_forward import forward_rows, logits_of
+from conduit_core.policies.selection import budget_tokens
+from conduit_core.prompt.conversation import turn_layout
+from conduit_core.runtime import ReuseRuntime
+from lab import answering
+from tests.core.conftest import load_builtin
+from tests.core.helpers import IMAGES
+
+TWO_FAMILIES = ["builtin:tiny-qwen2-vl", "builtin:tiny-llava-onevision"]
+PREFIX = "Answer from the pages."
+Q1, Q2, Q3 = "What does the first page show?", "And the year before?", "What about the last?"
+
+
+def _setup(name: str, cache: Path,
+           never_above_full: bool = True) -> tuple[ReuseRuntime, list[PageInput]]:
+    rt = ReuseRuntime(load_builtin(name, cache), never_above_full=never_above_full)
+    kvs = rt.prefill_pages([IMAGES["a"], IMAGES["b"], IMAGES["c"]])
+    return rt, [PageInput(f"[report.pdf p.{i + 1}]", kv) for i, kv in enumerate(kvs)]
+
+
+def _ask(pages: list[PageInput], question: str, history: tuple[Turn, ...] = (),
+         tenant: str = "t1") -> AnswerRequest:
+    return AnswerRequest(PREFIX, pages, question, max_new_tokens=6, keep=True,
+                         history=history, namespace=tenant)
+
+
+@pytest.mark.parametrize("name", TWO_FAMILIES)
+def test_a_kept_follow_up_computes_its_own_rows_as_one_pass_would(
+        name: str, model_cache: Path) -> None:
+    rt, pages = _setup(name, model_cache)
+    first = answering.start_answer(rt, _ask(pages[:2], Q1))
+    assert first.kept is not None
+    n1 = int(first.kept.token_ids.shape[0])
+    turn1_rows = (first.kept.cache.keys[:, :1, :, :n1].clone(),
+                  first.kept.cache.values[:, :1, :, :n1].clone())  # refreshed turn 1
+    r1 = answering.finish(rt, first)
+    history = (Turn(tuple(pages[:2]), Q1, r1.text),)
+
+    follow = answering.start_answer(rt, _ask([], Q2, history))
+    assert follow.conversation == "hit"
+    layout = follow.layout
+    own = torch.arange(layout.head, layout.n)  # (R,) the rows after the kept prefix
+    assert layout.head > n1 and own.numel() < layout.n // 4
+    expected = rt.reuse.costs.refresh(layout, own, last_only=True)
+    assert follow.flops_used_lm == pytest.approx(expected, rel=1e-12)
+
+    # the same layout in one pass: turn 1's refreshed rows, then every row after them
+    adapter = rt.adapter
+    cache = KVCache.allocate(adapter, 1, layout.n)
+    cache.keys[:, :, :, :n1], cache.values[:, :, :, :n1] = turn1_rows
+    rows = torch.arange(n1, layout.n)  # (R',) answer 1 and turn 2
+    embeds = adapter.embed_tokens(layout.token_ids[rows].to(adapter.device)).unsqueeze(0)
+    with torch.no_grad():
+        hidden = forward_rows(adapter, cache, embeds, rows.to(adapter.device),
+                              layout.position_ids[:, rows].unsqueeze(1).to(adapter.device),
+                              n_keys=layout.n)  # (1, R', hidden)
+        one_pass = logits_of(adapter, hidden[:, -1:])[0, -1].float()  # (vocab,)
+    got = follow.decode.logits.float()  # (vocab,)
+    torch.testing.assert_close(got, one_pass, rtol=1e-5,
+                               atol=1e-5 * float(one_pass.abs().max()))
+    answering.finish(rt, follow)
+
+
+class _Writes:
+    """Rows whose K/V the scoring and refresh phases changed."""
+
+    def __init__(self) -> None:
+        self.rows = torch.zeros(0, dtype=torch.long)
+
+    @contextmanager
+    def _watch(self, assembly: Assembly) -> Iterator[None]:
+        n = assembly.layout.n
+        before = assembly.cache.keys[:, 0, :, :n].clone()  # (L, kv, N, hd)
+        yield
+        after = assembly.cache.keys[:, 0, :, :n]
+        changed = (before != after).flatten(0, 1).any(dim=0).any(dim=-1)  # (N,)
+        rows = torch.cat([self.rows, torch.nonzero(changed.cpu()).view(-1)])
+        self.rows = rows.unique(sorted=True)
+
+    def phase(self, name: Phase, assembly: Assembly) -> AbstractContextManager[object]:
+        return self._watch(assembly) if name in ("scoring", "refresh") else nullcontext()
+
+
+def test_a_new_page_refreshes_only_its_rows_and_the_turns(model_cache: Path) -> None:
+    # tiny pages: the fallback would refresh the whole page; the policy's own rows here
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache, never_above_full=False)
+    r1 = answering.answer(rt, _ask(pages[:2], Q1))
+    history = (Turn(tuple(pages[:2]), Q1, r1.text),)
+    writes = _Writes()
+    rt.reuse.observer = writes
+    state = answering.start_answer(rt, _ask(pages[2:], Q3, history))
+    rt.reuse.observer = None
+    assert state.conversation == "hit"
+    layout = state.layout
+    (segment,) = layout.segments  # the page this turn adds
+    n_new = segment.length
+    assert state.refreshed == budget_tokens(0.1, n_new) > 0
+    assert writes.rows.numel() and int(writes.rows.min()) >= layout.head
+    new_page = torch.arange(segment.start, segment.stop)
+    visual_written = writes.rows[torch.isin(writes.rows, new_page)]
+    assert 0 < visual_written.numel() <= state.refreshed
+    answering.finish(rt, state)
+
+
+@pytest.mark.parametrize("name", TWO_FAMILIES)
+def test_a_rebuilt_prefix_gives_the_tokens_of_a_kept_one(name: str, model_cache: Path) -> None:
+    rt, pages = _setup(name, model_cache)
+    r1 = answering.answer(rt, _ask(pages[:2], Q1))
+    h1 = (Turn(tuple(pages[:2]), Q1, r1.text),)
+    r2 = answering.answer(rt, _ask([], Q2, h1))
+    h2 = (*h1, Turn((), Q2, r2.text))
+    third = _ask(pages[2:], Q3, h2)
+    hit_state = answering.start_answer(rt, third)
+    hit_logits = hit_state.decode.logits.clone()  # (vocab,)
+    hit = answering.finish(rt, hit_state)
+    rt.conversations.clear()  # a restart, an eviction, another worker
+    rebuilt_state = answering.start_answer(rt, third)
+    torch.testing.assert_close(rebuilt_state.decode.logits, hit_logits, rtol=1e-6, atol=1e-6)
+    rebuilt = answering.finish(rt, rebuilt_state)
+    assert (r2.conversation, hit.conversation, rebuilt.conversation) == ("hit", "hit",
+                                                                          "rebuilt")
+    assert rebuilt.token_ids == hit.token_ids
+    assert rebuilt.fill_flops_lm > 0 == hit.fill_flops_lm
+    # the rebuild kept every turn it rebuilt: the next ask is a hit again
+    assert answering.answer(rt, third).conversation == "hit"
+
+
+def test_a_prefix_is_kept_per_tenant(model_cache: Path) -> None:
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache)
+    r1 = answering.answer(rt, _ask(pages[:1], Q1, tenant="a"))
+    history = (Turn(tuple(pages[:1]), Q1, r1.text),)
+    other = answering.answer(rt, _ask([], Q2, history, tenant="b"))
+    own = answering.answer(rt, _ask([], Q2, history, tenant="a"))
+    assert (other.conversation, own.conversation) == ("rebuilt", "hit")
+    assert other.token_ids == own.token_ids
+
+
+def test_the_layout_only_grows(model_cache: Path) -> None:
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache)
+    one = turn_layout(rt.adapter, PREFIX, turn_texts((), pages[:2], Q1))
+    history = (Turn(tuple(pages[:2]), Q1, "It shows a table."),)
+    two = turn_layout(rt.adapter, PREFIX, turn_texts(history, pages[2:], Q3))
+    assert torch.equal(two.token_ids[:one.n], one.token_ids)
+    assert torch.equal(two.position_ids[:, :one.n], one.position_ids)
+    assert two.segments[0].start > two.head > one.n
