@@ -1,11 +1,12 @@
-"""Office, OpenDocument, EPUB and XPS files made in the tests: OpenDocument, EPUB and XPS
-written by hand (zips of XML), Office Open XML converted from those by LibreOffice (run here,
-outside the service)."""
+"""Files of the accepted formats made in the tests, and hostile ones: OpenDocument, EPUB and
+XPS written by hand (zips of XML), Office Open XML converted from those by LibreOffice (run
+here, outside the service), a zip bomb and a TIFF of many frames written byte by byte."""
 
 from __future__ import annotations
 
 import io
 import shutil
+import struct
 import subprocess
 import tempfile
 import zipfile
@@ -136,3 +137,35 @@ def xps(pages: list[str]) -> bytes:
                 'FontUri="/Resources/font.otf" FontRenderingEmSize="16" OriginX="60" '
                 f'OriginY="120" UnicodeString="{escape(text)}" Fill="#FF000000"/></FixedPage>'))
     return out.getvalue()
+
+
+def zip_bomb_docx(expanded: int) -> bytes:
+    """A DOCX-shaped zip whose one large member inflates to at least `expanded` zero bytes
+    (about a thousandth of that on disk)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
+                         'vnd.openxmlformats-officedocument.wordprocessingml.document.main'
+                         '+xml"/></Types>')
+        with archive.open("word/document.xml", "w", force_zip64=True) as member:
+            zeros = bytes(1 << 24)
+            for _ in range(-(-expanded // len(zeros))):
+                member.write(zeros)
+    return out.getvalue()
+
+
+def many_frame_tiff(frames: int) -> bytes:
+    """A TIFF of `frames` 1-pixel frames sharing one strip (Pillow takes minutes to write
+    10,000 frames): a header, the strip, then the frames' directories in a chain."""
+    ifd_size = 2 + 8 * 12 + 4
+    out = bytearray(b"II*\x00" + struct.pack("<I", 10) + b"\x00\x00")  # strip at 8
+    for n in range(frames):
+        at = 10 + n * ifd_size
+        nxt = at + ifd_size if n + 1 < frames else 0
+        entries = [(256, 3, 1), (257, 3, 1), (258, 3, 1), (259, 3, 1), (262, 3, 1),
+                   (273, 4, 8), (278, 3, 1), (279, 4, 1)]  # (tag, type, value)
+        out += struct.pack("<H", len(entries))
+        for tag, kind, value in entries:
+            out += struct.pack("<HHII", tag, kind, 1, value)
+        out += struct.pack("<I", nxt)
+    return bytes(out)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import struct
 import tempfile
 import zipfile
 from pathlib import Path
@@ -17,7 +16,14 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import epub, office_open_xml, opendocument, xps
+from tests.made_files import (
+    epub,
+    many_frame_tiff,
+    office_open_xml,
+    opendocument,
+    xps,
+    zip_bomb_docx,
+)
 from tests.pdfs import text_pdf
 from worker.ingest.budget import READER_BUDGET
 from worker.ingest.errors import IngestError
@@ -79,16 +85,7 @@ def test_sniffed_by_content_and_the_name_may_not_contradict_it() -> None:
 
 
 def test_zip_bomb_and_macro_enabled_files_are_refused_from_the_directory() -> None:
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
-                         'vnd.openxmlformats-officedocument.wordprocessingml.document.main'
-                         '+xml"/></Types>')
-        with archive.open("word/document.xml", "w", force_zip64=True) as member:
-            zeros = bytes(1 << 24)
-            for _ in range(MAX_EXPANDED_BYTES // len(zeros) + 1):
-                member.write(zeros)
-    bomb = out.getvalue()
+    bomb = zip_bomb_docx(MAX_EXPANDED_BYTES + 1)
     assert len(bomb) < 4 * 2**20
     with pytest.raises(IngestError, match="expand to"):
         _check(bomb, "bomb.docx")
@@ -121,7 +118,7 @@ def test_images_become_upright_pages_one_a_frame() -> None:
 
 def test_hostile_images_are_refused_within_the_readers_limits(private_tmp: Path) -> None:
     with pytest.raises(IngestError, match="10000 pages; at most 50"):
-        _check(_many_frame_tiff(10_000), "fax.tif")
+        _check(many_frame_tiff(10_000), "fax.tif")
     bomb = io.BytesIO()
     Image.new("1", (30_000, 30_000)).save(bomb, "PNG")  # 900 megapixels, a few kB
     with pytest.raises(IngestError, match="30000 x 30000 pixels") as refused:
@@ -233,20 +230,3 @@ def _big_sheet(rows: int, cols: int) -> bytes:
         for name, data in members.items():
             archive.writestr(name, data)
     return out.getvalue()
-
-
-def _many_frame_tiff(frames: int) -> bytes:
-    """A TIFF of `frames` 1-pixel frames sharing one strip (Pillow takes minutes to write
-    10,000 frames): a header, the strip, then the frames' directories in a chain."""
-    ifd_size = 2 + 8 * 12 + 4
-    out = bytearray(b"II*\x00" + struct.pack("<I", 10) + b"\x00\x00")  # strip at 8
-    for n in range(frames):
-        at = 10 + n * ifd_size
-        nxt = at + ifd_size if n + 1 < frames else 0
-        entries = [(256, 3, 1), (257, 3, 1), (258, 3, 1), (259, 3, 1), (262, 3, 1),
-                   (273, 4, 8), (278, 3, 1), (279, 4, 1)]  # (tag, type, value)
-        out += struct.pack("<H", len(entries))
-        for tag, kind, value in entries:
-            out += struct.pack("<HHII", tag, kind, 1, value)
-        out += struct.pack("<I", nxt)
-    return bytes(out)

@@ -1,6 +1,7 @@
 """Over real HTTP: photos, a multi-page TIFF scan, a text file, an EPUB and Office files each
 become pages that a question's citation points into; misnamed and unsupported uploads are
-refused and leave nothing behind. Every file is made here (Pillow, hand-written OpenDocument
+refused, and so are hostile files (a decompression-bomb PNG, a TIFF of 10,000 frames, a
+zip-bomb DOCX), leaving nothing behind. Every file is made here (Pillow, hand-written OpenDocument
 and EPUB, LibreOffice writing Office files from those)."""
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ import pytest
 from PIL import Image
 
 from lab.ingest.builders import text_image
-from tests.office_files import epub, office_open_xml, opendocument, xps
+from tests.made_files import (
+    epub,
+    many_frame_tiff,
+    office_open_xml,
+    opendocument,
+    xps,
+    zip_bomb_docx,
+)
 from tests.service.conftest import wait_ready
 from worker.ingest import ocr_available
 from worker.ingest.convert import A4_POINTS
+from worker.ingest.formats import MAX_EXPANDED_BYTES
 
 PAGES = ["Harbour notes. The ferry leaves the northern pier at dawn.",
          "Valve manual. The pressure valve is inspected every fourteen days.",
@@ -123,9 +132,8 @@ def test_office_files_are_cited_by_page(client: httpx.Client, collection: str,
     _asked_cites(client, collection, data, f"handbook.{kind}")
 
 
-def test_misnamed_and_unsupported_uploads_leave_nothing(client: httpx.Client,
-                                                         collection: str,
-                                                         server: tuple[str, Path]) -> None:
+def test_hostile_uploads_get_4xx_and_leave_nothing(client: httpx.Client, collection: str,
+                                                   server: tuple[str, Path]) -> None:
     _, home = server
     listed = f"/v1/collections/{collection}/documents"
     before = client.get(listed).json()
@@ -136,5 +144,13 @@ def test_misnamed_and_unsupported_uploads_leave_nothing(client: httpx.Client,
     assert "not a PDF document" in lying.json()["detail"]
     unknown = _upload(client, collection, b"\x00\x01binary\xfe" * 50, "data.bin")
     assert unknown.status_code == 415 and "PNG image" in unknown.json()["detail"]
+    bomb = io.BytesIO()
+    Image.new("1", (30_000, 30_000)).save(bomb, "PNG")  # 900 megapixels in ~100 kB
+    hostile = {"bomb.png": (bomb.getvalue(), "30000 x 30000 pixels"),
+               "fax.tiff": (many_frame_tiff(10_000), "10000 pages"),
+               "bomb.docx": (zip_bomb_docx(MAX_EXPANDED_BYTES + 1), "expand to")}
+    for name, (data, says) in hostile.items():
+        r = _upload(client, collection, data, name)
+        assert r.status_code == 422 and says in r.json()["detail"], (name, r.text)
     assert client.get(listed).json() == before
     assert set((home / "uploads").glob("*")) == uploads

@@ -30,7 +30,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from lab.ingest.builders import text_image
-from tests.office_files import office_open_xml
+from tests.made_files import office_open_xml
 from tests.pdfs import encrypted_pdf, text_pdf
 from tests.service.conftest import start_server, stop_server
 
