@@ -1,18 +1,13 @@
-"""conduit_core: document QA over cached page KV for vision-language models (the algorithm).
+"""conduit_core: document question answering over cached page KV for vision-language models
+(the algorithm).
 
-Imports only torch, transformers, tokenizers, PIL, numpy and safetensors. Names below are
-re-exported lazily (PEP 562), so `import conduit_core.page_kv` stays cheap for storage code.
-
-Public API (re-exported here):
-  load_vlm(name_or_path, *, device="cpu", dtype="float32", cache_dir, max_image_tokens=None,
-           attn_implementation="sdpa") -> LoadedVLM
-  LoadedVLM       .model, .processor, .tokenizer, .adapter, .fingerprint, .device, .dtype
-  ReuseRuntime    pages prefilled once; an answer's prefill in phases over cached pages,
-                  then batched decode steps (`conduit_core.runtime`)
-  AnswerRequest, AnswerResult, PageInput       typed request/result (conduit_core.answer_types)
-  PageKV, ModelFingerprint                     the seam to storage (conduit_core.page_kv)
-  builtin_names() -> list[str]                 "builtin:tiny-qwen2-vl", ...
-Errors derive from `conduit_core.errors.ConduitCoreError`.
+A page is prefilled once and its KV kept (`PageKV`, guarded by its `ModelFingerprint`); a
+question assembles its pages' cached KV, refreshes the stale visual tokens its policy picks,
+and decodes batched with the other answers (`ReuseRuntime`). The package imports only torch,
+transformers, tokenizers, PIL, numpy and safetensors. Its top-level names (the loader, the
+runtime, the request and result types, the page seam) are re-exported lazily (PEP 562), so
+`import conduit_core.page_kv` stays cheap for storage code. Every error it raises derives
+from `conduit_core.errors.ConduitCoreError`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A question between its prefill and its last token: the prefill half of an answer hands
 this to the decode half (`ReuseRuntime.prefill_steps` / `.step` / `.result`).
 
-Public API:
-  AnswerState(decode, layout, image_grids, last_only, exact_rows, policy, refreshed,
-              flops_used_lm, vision_ran, fill_flops_lm=0.0, plan=None, fallback=False,
-              prefill_s=0.0, page_attention=())
-    .done, .error, .kv_tokens    from its `DecodeState`
-  answer_result(state, costs, adapter) -> AnswerResult   the accounting of a finished state
+The state carries what decoding needs and what the result must report; the result's
+accounting (tokens, timing, FLOPs used against a full prefill) is made once, from a finished
+state, so every answer path reports its costs the same way.
 """
 
 from __future__ import annotations

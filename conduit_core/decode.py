@@ -1,28 +1,14 @@
 """Greedy and sampled decoding from an assembled KV cache, with stop tokens and streaming.
 
-Public API:
-  Sampler(temperature=0.0, top_p=1.0, seed=None)   .pick(logits (V,)) -> token id
-  Detokenizer(tokenizer)   incremental text: .step(token_id) -> str (complete characters only)
-  printable(text) -> str   text without U+FFFD and control characters (newline, tab kept)
-  DecodeOutput(token_ids, text, stop_reason, ttft_s)
-  DecodeState.start(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens,
-                    sampler, stop_ids, tokenizer, on_token=None, t0=None) -> DecodeState
-      one answer between its prefill and its last token (.done, .error, .output(),
-      .kv_tokens)
-  decode_step(adapter, states: list[DecodeState], pool=None, graphs=None) -> None   every
-      unfinished state one token further, the forwards of all of them in one batch
-      (`conduit_core.passes.batch_forward`); with a `DecodePool`, states take slots at their
-      first step and give them back when done; with `StepGraphs`, a step of every pooled
-      answer runs captured or compiled (`conduit_core.passes.step_graphs`)
-  decode(adapter, cache, first_logits, *, n_keys, next_position, max_new_tokens, sampler,
-         stop_ids, tokenizer, on_token=None, t0=None) -> DecodeOutput
-      one answer alone: `decode_step` with a batch of one until done
 The first token is picked from the prefill logits; each further token is one row through the
 batched step, its K/V appended at the next cache index of its own cache (or its decode-pool
-slot: `conduit_core.kv.kv_pool`), its position one past the last. Row indices and positions of
-all steps are made on the device once, and the picked token stays there for its embedding: a
-step copies the token ids of all its sequences to the host in one read (for stop tokens and
-text) and nothing to the device.
+slot: `conduit_core.kv.kv_pool`), its position one past the last. A step moves every
+unfinished answer one token further, the forwards of all of them in one batch
+(`conduit_core.passes.batch_forward`, or a captured or compiled step of the pooled answers:
+`conduit_core.passes.step_graphs`); an answer alone is a batch of one. Row indices and
+positions of all steps are made on the device once, and the picked token stays there for its
+embedding: a step copies the token ids of all its sequences to the host in one read (for
+stop tokens and text) and nothing to the device.
 
 Text is detokenized incrementally by the tokenizers library's `DecodeStream` (constant work
 per token). A piece is emitted only once it holds complete characters: a multi-byte

@@ -2,23 +2,15 @@
 
 `PageKV` is the seam between the runtime (which produces and consumes it) and the storage
 layer (which serialises it with safetensors). It holds only tensors and plain metadata, on
-the host (`PageKV.to_host`: the runtime returns host pages, the memory tier keeps them so).
+the host (`PageKV.to_host`: the runtime returns host pages, the memory tier keeps them so,
+page-locked where CUDA is available). A page is reused only under the fingerprint it was
+made with (`check_fingerprint`).
 
 A page comes in one of two forms. Float: `keys`/`values` as computed. Int8 (from an int8
-tier): `keys`/`values` are symmetric int8 with float32 scales, keys per channel
-(`key_scale` (L, kv, 1, hd)), values per token (`value_scale` (L, kv, T, 1)); `kv_dtype` is
-the dtype they dequantise to (`dequantize_int8`: `(q.float() * scale).to(kv_dtype)`). The
-runtime copies int8 pages as they are (half the bytes of bf16) and dequantises on the device.
-
-Public API:
-  ModelFingerprint(name, revision, dtype, config_hash, template_version)
-  PageKV(embeds, keys, values, position_ids, token_ids, image_grid, fingerprint,
-         key_scale=None, value_scale=None, kv_dtype=None)
-    .quantized, .compute_dtype, .num_tokens, .nbytes, .tensors()
-    .dequantized() -> PageKV (float form)   .to_host(pin=None) -> PageKV (host, pinned
-    where CUDA is available)   .check_fingerprint(expected)
-  dequantize_int8(q, scale, dtype) -> Tensor
-  pin_host_memory() -> bool   whether host pages are pinned here (CUDA available)
+tier): `keys`/`values` are symmetric int8 with float32 scales, keys per channel, values per
+token; `kv_dtype` is the dtype they dequantise to (`dequantize_int8`:
+`(q.float() * scale).to(kv_dtype)`). The runtime copies int8 pages as they are (half the bytes
+of bf16) and dequantises on the device.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Builtin tiny models (`builtin:<name>`), materialised once under a cache directory.
 
-Public API:
-  BUILTIN_SCHEME = "builtin:";  BUILTIN_MODELS: the builtin names without the scheme
-  BUILTIN_PAGE_TOKENS: name -> visual tokens per page it was built for
-  `small-qwen2-vl` (the service's default: pages up to 512 visual tokens, random weights)
-  and the `tiny-*` test models are built from configs; `testbed-qwen2-vl` is the trained
-  testbed model: its weights are read from `conduit_core/weights/` (see
-  `conduit_core.model.testbed_model`).
-  builtin_names() -> list[str]                 e.g. ["builtin:tiny-qwen2-vl", ...]
-  is_builtin(name) -> bool
-  materialise_builtin(name, cache_dir) -> Path
-      Build the model (fixed seed) and its locally built tokenizer/processor, save them with
-      `save_pretrained` under `cache_dir/<name>` (atomically: temp folder, then rename) and
-      return that folder; later calls return the existing folder without rebuilding.
+A builtin name resolves to a folder that `from_pretrained` loads like any checkpoint: the
+model is built with a fixed seed (or, for `testbed-qwen2-vl`, from the committed trained
+weights in `conduit_core/weights/`), saved with its locally built tokenizer and processor
+under `cache_dir/<name>`, atomically (a temporary folder, then a rename), and never rebuilt
+while that folder exists. `small-qwen2-vl` is the service's default; the `tiny-*` models
+serve the tests.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Tiny random models of each supported family, built from small configs with a fixed seed.
 
-Public API:
-  BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, ProcessorMixin]]]
-      keyed by builtin name without the "builtin:" scheme: "small-qwen2-vl" (the service's
-      default), "tiny-qwen2-vl", "tiny-qwen2.5-vl", "tiny-llava-onevision", "tiny-internvl".
-  The tiny four share a tiny Qwen2 language model (hidden 64, 4 layers, 4 heads, 2 KV heads,
-  head_dim 16) and a locally trained byte-level BPE tokenizer with a ChatML template; they
-  keep the tests fast. `small-qwen2-vl` is sized so that a page is at least as many visual
-  tokens as a real checkpoint's (about 500 for an A4 page; real checkpoints cap at 256 here) and
-  compute, not per-layer overhead, dominates a prefill on a CPU (`small_qwen2_vl`).
-  QWEN_SPECIAL_TOKENS; chatml_template(image_markup) -> str   the builtin chat template
-Weights are a pure function of the seed and config; `builtin.py` materialises them once.
+Weights are a pure function of the seed and the config, so a builtin is the same model on
+every machine (`builtin.py` materialises it once). The tiny models of the four families share
+one tiny Qwen2 language model and a locally trained byte-level BPE tokenizer with a ChatML
+template; they keep the tests fast. `small-qwen2-vl`, the service's default, is sized so
+that a page is at least as many visual tokens as a real checkpoint's and compute, not
+per-layer overhead, dominates a prefill on a CPU.
 """
 
 from __future__ import annotations

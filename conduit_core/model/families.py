@@ -1,9 +1,8 @@
-"""Supported model families: config `model_type` -> model class, processor class, adapter.
+"""Supported model families: a config's `model_type` decides the model class, processor
+class and adapter.
 
-Public API:
-  Family(model_type, model_class, processor_class, adapter_class)
-  FAMILIES: dict[str, Family]
-  family_for(model_type) -> Family      raises UnsupportedModelError for anything else
+This table is the one place a family is admitted; any other `model_type` raises
+`UnsupportedModelError`, before a weight is read.
 """
 
 from __future__ import annotations

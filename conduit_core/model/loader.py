@@ -1,23 +1,18 @@
 """Load a VLM (builtin, local folder or hub id) with its processor, adapter and fingerprint.
 
-Public API:
-  load_vlm(name_or_path, *, device="cpu", dtype="float32", cache_dir, max_image_tokens=None,
-           attn_implementation="sdpa") -> LoadedVLM
-  LoadedVLM(name, model, processor, tokenizer, adapter, fingerprint, device, dtype)
-  DTYPES: dict[str, torch.dtype]
-Builtins (`builtin:tiny-qwen2-vl`, ...) are materialised once under `cache_dir/<name>`; a
-local path or hub id loads with its family's transformers class (dtype and device honoured).
-Unsupported architectures and attention implementations other than sdpa and eager raise
-`UnsupportedModelError` (before any weight is read); an unreadable source (missing folder, hub
-id not cached while offline) raises `ModelLoadError`. Weights are placed on `device` as they
-load (`device_map`, with `accelerate` installed; without it they load on the CPU and move,
-with a warning). The fingerprint's revision is the hub commit when known, else a sha256 of
-the weight files, memoised in cache_dir by file path, size and mtime and, on a first load,
-computed in a thread while the weights load (the hash and the load read the same files):
-a worker that loads its model at startup (`WorkerContext.preload_model`) never hashes on a
-question's path. Its template version includes `max_image_tokens`. Once placed, each
-layer's q/k/v and gate/up projections are fused (`VLMAdapter.fuse_projections`: the
-parameters become views of one weight a group, so the model's own forward is unchanged).
+Builtins are materialised once under `cache_dir/<name>`; a local path or hub id loads with
+its family's transformers class, dtype and device honoured. Unsupported architectures and
+attention implementations other than sdpa and eager raise `UnsupportedModelError` before any
+weight is read; an unreadable source (missing folder, hub id not cached while offline)
+raises `ModelLoadError`. Weights are placed on the device as they load (`device_map`, with
+`accelerate` installed; without it they load on the CPU and move, with a warning).
+
+The fingerprint guards cached pages: its revision is the hub commit when known, else a
+sha256 of the weight files, memoised in cache_dir by file path, size and mtime and, on a
+first load, computed in a thread while the weights load (a worker that loads its model at
+startup never hashes on a question's path); its template version includes
+`max_image_tokens`. Once placed, each layer's q/k/v and gate/up projections are fused
+(`VLMAdapter.fuse_projections`: the model's own forward is unchanged).
 """
 
 from __future__ import annotations

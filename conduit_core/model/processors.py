@@ -1,12 +1,8 @@
 """Image-only processors: the families' processors without their video processors.
 
 The stock processors require a video processor, which needs torchvision (not installed: it
-pulls a CUDA torch). These subclasses drop that argument; everything else is inherited.
-
-Public API:
-  ImageOnlyQwen2VLProcessor, ImageOnlyQwen2_5_VLProcessor, ImageOnlyLlavaOnevisionProcessor,
-  ImageOnlyInternVLProcessor  (each: `(image_processor, tokenizer, <family options>,
-                               chat_template=None, **kw)`; the options are saved with it)
+pulls a CUDA torch). These subclasses drop that argument and inherit everything else; the
+family options they take are saved with them, so a saved processor loads back the same.
 """
 
 from __future__ import annotations

@@ -5,14 +5,8 @@ trained from scratch on pages of glyph records (`conduit-lab testbed train`) so 
 KV costs answers that refreshing the right tokens recovers. The trained weights are loaded
 from `conduit_core/weights/testbed-qwen2-vl.safetensors` as `builtin:testbed-qwen2-vl`;
 they are committed (the testbed checkpoint is part of the product; no other weights are), and
-lab/testbed/NOTES.md gives the training command and the export that produce them.
-
-Public API:
-  NAME = "testbed-qwen2-vl";  WEIGHTS: where the trained weights are read
-  MAX_IMAGE_TOKENS = 256        visual tokens per page (16 x 16 cells of 28 px)
-  testbed_config(tokenizer) -> Qwen2VLConfig
-  build_testbed(weights=WEIGHTS, seed=0) -> (model, processor)
-      random init (seeded) when `weights` is None, else the weights loaded from the file
+lab/testbed/NOTES.md gives the training command and the export that produce them. Without
+weights the same model is initialised at random from a seed.
 """
 
 from __future__ import annotations

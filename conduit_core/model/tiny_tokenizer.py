@@ -1,11 +1,8 @@
 """Locally built byte-level BPE tokenizers for the builtin tiny models (no downloads).
 
-Public API:
-  build_tokenizer(special_tokens, *, chat_template, eos_token, pad_token, vocab_size=768,
-                  named_special=None) -> PreTrainedTokenizerFast
-      A byte-level BPE trained (deterministically) on an embedded English text, so that
-      ordinary words tokenize into a few sensible pieces; `special_tokens` get the first ids
-      in the order given and are never split.
+Training is deterministic, on an embedded English text, so that ordinary words tokenize into
+a few sensible pieces and a builtin's tokenizer is the same everywhere; the special tokens get
+the first ids, in the order given, and are never split.
 """
 
 from __future__ import annotations
