@@ -1,14 +1,9 @@
 """The runtime's own KV cache: preallocated tensors written in place at chosen rows.
 
 `DynamicCache.update` only appends; refresh needs to overwrite keys/values of arbitrary token
-indices, so the runtime keeps one tensor per kind for all layers.
-
-Public API:
-  KVCache(keys, values)             keys/values (L, B, kv_heads, capacity, head_dim)
-  KVCache.writes                    number of `write` calls so far (a cheap change stamp)
-  KVCache.allocate(adapter, batch, capacity) -> KVCache   (uninitialised memory)
-  KVCache.write(layer, rows, k, v)  k, v (B, kv_heads, R, head_dim) at sequence indices rows (R,)
-  KVCache.view(layer, n_keys) -> (k, v)  the first n_keys positions, (B, kv_heads, n_keys, hd)
+indices, so the runtime keeps one tensor per kind for all layers, allocated once at the
+answer's capacity and left uninitialised (every row is written before it is read). Its write
+count is a cheap change stamp for whoever caches something computed from it.
 """
 
 from __future__ import annotations

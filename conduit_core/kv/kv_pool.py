@@ -1,13 +1,13 @@
 """Decode slots: the caches of the answers being generated, side by side in one pair of
-tensors, so that a batched decode step attends for all of them in one call a layer.
+tensors, so that a batched decode step attends for all of them in one call per layer.
 
 An answer's prefill fills its own `KVCache` (batch one, its own capacity). At its first decode
 step, when a slot is free and the pool can hold it, its first `n_keys` positions are copied
-into a slot once (`admit`: one copy an answer, never one a step) and its `DecodeState.cache`
-becomes that slot, a view (L, 1, kv_heads, capacity, hd) of the pool; its own cache is then
-free. The occupied slots are always 0..size-1: an answer that ends (`release`) hands its slot
-to the pool's last answer (one copy of that answer's cache), so a step's pooled rows read the
-view `keys[layer, :size, :, :n]` with a mask, never a gathered copy.
+into a slot once (`admit`: one copy per answer, never one per step) and its
+`DecodeState.cache` becomes that slot, a view of the pool; its own cache is then free. The
+occupied slots are always 0..size-1: an answer that ends (`release`) hands its slot to the
+pool's last answer (one copy of that answer's cache), so a step's pooled rows read one view
+of the pool with a mask, never a gathered copy.
 
 The pool grows (slots doubling up to `max_slots`, positions a slot holds rounded up to
 `POSITION_STEP`) while `slots * capacity <= max_positions`; an answer it cannot hold decodes
@@ -17,21 +17,10 @@ tensors are dropped when the last answer leaves, so an idle pool holds no memory
 
 A fixed pool (`fixed=True`, what a captured or compiled decode step needs:
 `conduit_core.passes.step_graphs`) is allocated once at its largest, `max_slots` slots of
-`max_positions // max_slots` positions (rounded down to `POSITION_STEP`), by `allocate()` or
-the first admit, and kept while the pool lives: its tensors never move, so a step captured
-over them stays valid; an answer longer than a slot decodes from its own cache, its part of
-a step eager beside the pooled answers' captured one (`conduit_core.decode.decode_step`).
-
-Public API:
-  POSITION_STEP = 64
-  PoolOwner                    what the pool reads and sets of an answer (a Protocol)
-  DecodePool(adapter, max_slots=16, max_positions=65536, fixed=False)
-    .size                      occupied slots (0..size-1)
-    .keys, .values             (L, slots, kv_heads, capacity, hd), or None while empty
-    .fixed_capacity            positions a slot of the fixed pool holds
-    .allocate()                a fixed pool's tensors now (a no-op once they exist)
-    .admit(state) -> bool      move a decoding answer's cache into a slot (False: no room)
-    .release(state)            free the slot of an answer that ended (no-op if it has none)
+`max_positions // max_slots` positions (rounded down to `POSITION_STEP`), and kept while the
+pool lives: its tensors never move, so a step captured over them stays valid; an answer longer
+than a slot decodes from its own cache, its part of a step eager beside the pooled answers'
+captured one (`conduit_core.decode.decode_step`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
 """Filling an assembled cache from cached pages, all pages at once.
 
-`load_pages`, on an accelerator: every page's tensors, on the host as the stores left them
-(page-locked where CUDA is available; a page the disk tier read is one buffer of its own),
-cross in one batched copy into one device buffer (`staging.pages_to_device`: no host
-concatenation, no host pass over the bytes besides the read), and are joined there into the
-span of the prompt from the first page to the last (one `torch.cat` a tensor kind: keys and
-values at their places in the span, zeros in the label rows between pages; the embeddings;
-for int8 pages, the scales). Int8 pages cross as int8 plus scales and are dequantised there.
-Then the keys of all pages turn into the cache in a few operations, each row by its own
-page's shift (`rotation.rerotate_into` with a (span, head_dim) table; the label rows between
-pages are written too, zeros: like every text row, they are computed before anything reads
-them), the values go in with one copy and the embeddings with one indexed copy. The
-operations issued do not depend on the number of pages; what the host computes for them
-(each page's shift, its rows) is numpy arithmetic on the layout, done before the copy.
+On an accelerator, every page's tensors, on the host as the stores left them, cross in one
+batched copy into one device buffer (`staging.pages_to_device`: no host concatenation, no
+host pass over the bytes besides the read), and are joined there into the span of the prompt
+from the first page to the last (one `torch.cat` per tensor kind: keys and values at their
+places in the span, zeros in the label rows between pages; the embeddings; for int8 pages,
+the scales). Int8 pages cross as int8 plus scales and are dequantised there. Then the keys of
+all pages turn into the cache in a few operations, each row by its own page's shift
+(`rotation.rerotate_into`; the label rows between pages are written too, zeros: like every
+text row, they are computed before anything reads them), the values go in with one copy and
+the embeddings with one indexed copy. The operations issued do not depend on the number of
+pages; what the host computes for them (each page's shift, its rows) is numpy arithmetic on
+the layout, done before the copy.
 
 On the devices of `PAGE_BY_PAGE` (the CPU) the pages already are where the cache is, and
 memory passes cost more than operations: each page turns straight from its own tensors into its
@@ -20,11 +19,6 @@ rows, all layers at once in steps that fit the core's cache (joining the pages f
 second pass over their bytes, and measured slower: lab/ttft/NOTES.md). Both paths leave in the
 page rows exactly the values a page-by-page load (each page turned by its own shift, one layer
 at a time) would (tests/core/test_page_loads.py, which also runs the joined path on the CPU).
-
-Public API:
-  load_pages(adapter, layout, kvs, cache, embeds) -> None
-      embeds (N, hidden) filled in place
-  PAGE_BY_PAGE: set[str]   device types that load page by page, in place
 """
 
 from __future__ import annotations

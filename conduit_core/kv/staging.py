@@ -3,22 +3,14 @@
 Cached pages live on the host (`PageKV.to_host`, page-locked where CUDA is available; the
 disk tier reads each entry straight into a host buffer of its own, `host_buffer`, and returns
 the page's tensors as views of it). `pages_to_device` gives them their places in one device
-buffer and moves them all in one batched copy (`torch._foreach_copy_`: one operation issued
-whatever the number of pages, non-blocking on CUDA): a page that views one buffer
-(`packed_buffer`) crosses as that buffer, any other page tensor by tensor. Nothing joins the
-pages on the host first, so the only host pass over a page's bytes is the read that brought
-it there. The tensors come back as views of the device buffer. A copy from page-locked memory
-is ordered before any kernel that reads it on the same stream, and the caching host
-allocator keeps the buffer alive until the copy has run, so nothing waits on the host.
-
-Public API:
-  ALIGN = 64                            byte alignment of each region of the device buffer
-  host_buffer(nbytes, pin=None) -> Tensor   (nbytes,) uint8, uninitialised, pinned when `pin`
-                                        (default: where CUDA is available)
-  packed_buffer(tensors) -> Tensor | None   the one host buffer all `tensors` view, when they
-                                        are the bulk of it (a page as a store read it)
-  pages_to_device(groups, device) -> list[list[Tensor]]
-      each group's tensors on `device`, views of one device buffer, in one batched copy
+buffer, each region aligned to `ALIGN` bytes, and moves them all in one batched copy
+(`torch._foreach_copy_`: one operation issued whatever the number of pages, non-blocking on
+CUDA): a page that views one buffer (`packed_buffer`) crosses as that buffer, any other page
+tensor by tensor. Nothing joins the pages on the host first, so the only host pass over a
+page's bytes is the read that brought it there. The tensors come back as views of the device
+buffer. A copy from page-locked memory is ordered before any kernel that reads it on the same
+stream, and the caching host allocator keeps the buffer alive until the copy has run, so
+nothing waits on the host.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
 The prompt head cache and the label cache keep tensors computed from the loaded model under
 token-id keys; both need the same thing: a hit refreshes the entry, a miss is computed
 outside the lock (two threads may compute the same entry; the values are equal, the last one
-stays) and the oldest entries go beyond `max_entries`.
-
-Public API:
-  BoundedLRU(max_entries)   len(lru), key in lru, .clear()
-    .get_or_compute(key, compute) -> (value, computed: bool)
+stays) and the oldest entries go beyond `max_entries`. The caller learns whether its value
+was computed (a miss costs work it may have to account for).
 """
 
 from __future__ import annotations

@@ -4,20 +4,16 @@ A conversation is `[head(prefix) | pages of turn 1 | question 1 | answer 1 | ope
 pages of turn 2 | question 2 | answer 2 | ...]`: turn 1 is laid out exactly as a single
 question (`build_layout`), an answer is its text and the end of the assistant's turn
 (`VLMAdapter.answer_ids`), and every later turn opens a new user turn (`page_opening_ids`)
-before the pages it brings, each after its label, and its question with the generation prompt. Pages
-already in the conversation stay where they are; a later turn lists only the pages it adds.
+before the pages it brings, each after its label, and its question with the generation
+prompt. Pages already in the conversation stay where they are; a later turn lists only the
+pages it adds.
 
-Laying out turn t (`turn_layout`) decides which rows are its own: everything up to the end
-of answer t - 1 is the layout's `head` (the conversation's prefix, exact or rebuilt by the
-caller); its segments and labels are those of the pages turn t adds (labels as text rows,
-computed fresh: they are short and follow the conversation). Positions come from the
-family's own rule over the whole sequence, so a prefix keeps its positions when the
-conversation grows.
-
-Public API:
-  TurnText(labels, segments, image_grids, question, answer=None)
-  turn_layout(adapter, prefix, turns) -> Layout     the last turn is the one asked
-  history_ids(adapter, prefix, turns) -> Tensor     token ids of answered turns, (P,)
+Laying out turn t (`turn_layout`, the last turn given is the one asked) decides which rows are
+its own: everything up to the end of answer t - 1 is the layout's `head` (the conversation's
+prefix, exact or rebuilt by the caller); its segments and labels are those of the pages turn t
+adds (labels as text rows, computed fresh: they are short and follow the conversation).
+Positions come from the family's own rule over the whole sequence, so a prefix keeps its
+positions when the conversation grows.
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 A request is `[head(prefix) | (label text, page segment)* | tail(question)]`; text pieces
 are tokenized separately (segments are delimited by special tokens), so the layout is exactly
-the concatenation. Positions come from the family's own rule over the whole layout.
+the concatenation. Positions come from the family's own rule over the whole layout. A page's
+canonical context (`page_context`), where it is prefilled once, is the layout of that page
+alone.
 
 Labels are text rows, computed in every pass, unless the layout has `stale_labels`: then a
 label's K/V come from the label cache (`conduit_core.label_cache`), stale like its page's,
@@ -12,18 +14,6 @@ a label only with its whole page; "always" every label whatever it refreshes of 
 unless its page is refreshed whole: the label cache computed it in that exact context, so
 it is not stale; "budget" the same labels as "always", their rows counted against the
 refresh budget (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
-
-Public API:
-  Segment(start, length, page)          a page segment's (or a page label's) span
-  Layout(token_ids, position_ids, segments, question_start, head=0, prompt=0, labels=[],
-         stale_labels=False, label_refresh="page")
-    .n, .text_rows(), .visual_rows(), .page_of_visual(), .question_rows(), .segment_mask(),
-    .cached_mask()
-    .refreshed_label_rows(visual_rows), .budget_label_rows()
-  build_layout(adapter, prefix, labels, segments, image_grids, question,
-               stale_labels=False, label_refresh="page") -> Layout
-  LabelRefresh = Literal["page", "always", "budget"];  LABEL_REFRESH (its values)
-  page_context(adapter, segment_ids, image_grid) -> Layout   canonical page prefill context
 """
 
 from __future__ import annotations

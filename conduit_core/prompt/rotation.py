@@ -1,32 +1,20 @@
 """Re-rotation of cached keys to new positions (RoPE composes: R(p + d) = R(d) R(p)).
 
-The shift's angles d * inv_freq are formed in float64 from the model's own rotary
+A span's shift is read from its position ids, never from token counts, and every token of a
+span must move by the same amount on every axis (`span_deltas` raises ConduitCoreError
+otherwise). The shift's angles d * inv_freq are formed in float64 from the model's own rotary
 frequencies (`rotary_emb.inv_freq`, after any linear/llama3/yarn remapping; the adapter
 refuses length-dependent RoPE types): in float32, d * inv_freq loses about d * 6e-8 radians,
 0.6% of a key at a shift of 100,000 positions. Under M-RoPE the shift is the same on all
 three axes, so every frequency turns by d * inv_freq whatever its section. The rotation
 itself is float32 math written straight into the destination (the assembled cache).
 
-`rerotate_into` turns keys into a destination, each row by its own shift (a (T, head_dim)
-table, or one (1, head_dim) row for a single shift) in steps of at most
+`rerotate_into` turns keys into a destination, each row by its own shift, in steps of at most
 `rotate_chunk_elements(device)` float32 elements: on a GPU all pages of a question staged as
 one span (`page_loads`) turn in a handful of launches for all layers, not a few per page and
 layer; on the CPU a step stays in the core's cache (a few layers of a page; larger steps
 stream from memory and are slower). It writes element for element what turning one page by
 one shift, one layer at a time, writes (the tests' reference, tests/core/helpers.py).
-
-Public API:
-  span_deltas(old_positions, new_positions, lengths) -> list[int]
-      the shift of each of consecutive spans (pages, labels), taken from the position ids
-      (never from token counts), at once on the host; raises ConduitCoreError unless every
-      token of a span on every axis moved by the same amount
-  shift_cos_sin(adapter, delta, device) -> (cos, sin) (head_dim,) float32, unit scale
-  shift_tables(adapter, deltas, lengths, device) -> (cos, sin) (T, head_dim) float32,
-      segment i's `lengths[i]` rows turned by `deltas[i]` (0: the identity)
-  rerotate_into(src, cos, sin, dst, chunk_elements=None) -> None
-      src (L, kv, T, hd) turned row t by cos[t], sin[t] ((T, hd) or (1, hd) float32) into
-      dst (same shape, any float dtype and strides: a span of the cache)
-  ROTATE_CHUNK_ELEMENTS = {"cpu": 2**17}, DEFAULT 2**26;  rotate_chunk_elements(device)
 """
 
 from __future__ import annotations
