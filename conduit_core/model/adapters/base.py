@@ -1,22 +1,17 @@
 """The model-family seam: what the shared runtime needs to know about one VLM family.
 
-Public API:
-  PreparedPage        one page image made ready for the model: segment token ids, image grid,
-                      and the processor's tensors for the vision tower
-  SUPPORTED_TEXT_MODELS   language model types the shared layer loop reproduces exactly
-  SHIFT_EXACT_ROPE_TYPES  RoPE types whose frequencies do not depend on sequence length
-  check_rope(text_config, family) -> None   UnsupportedModelError for any other RoPE type
-  SUPPORTED_ATTENTION = ("sdpa", "eager")   attention implementations the runtime drives
-  check_attention(impl, family) -> None     UnsupportedModelError for any other
-  VLMAdapter          base class (refuses other language models: UnsupportedModelError);
-                      a family subclass supplies the page segment layout and its
-                      image tokens (`prepare_pages`), the segment's layer-0 input embeddings
-                      (`page_embeds`), position ids for any layout (`position_ids`), the
-                      reference forward inputs for tests (`reference_inputs`); the base class
-                      gives access to the decoder layers, rotary embedding and chat template,
-                      and runs a layer's projections, fused once loaded
-                      (`fuse_projections`, `qkv`, `mlp`: `adapters.fused`).
-Everything else (layer loop, masks, cache writes, rotation, decode) is shared runtime code.
+A family subclass of `VLMAdapter` supplies only what differs between families: a page's
+segment layout and image tokens (`prepare_pages`), the segment's layer-0 input embeddings
+(`page_embeds`), position ids for any layout (`position_ids`) and the reference forward inputs
+the tests compare against (`reference_inputs`). The base class gives access to the decoder
+layers, rotary embedding and chat template, and runs a layer's projections, fused once loaded
+(`adapters.fused`). Everything else (layer loop, masks, cache writes, rotation, decode) is
+shared runtime code.
+
+It decides what the runtime can reproduce exactly, and refuses the rest with
+`UnsupportedModelError`: language models outside `SUPPORTED_TEXT_MODELS`, RoPE types whose
+frequencies depend on the sequence length (a cached key could not be re-rotated), and
+attention implementations other than sdpa and eager.
 """
 
 from __future__ import annotations

@@ -3,27 +3,20 @@
 A layer of the supported language models projects its normed input three times for
 attention (q, k, v) and twice for the MLP (gate, up), each a matmul on the same input. Fused,
 each group is one matmul whose output splits into the same tensors (views, no copy): two
-matmuls a layer instead of five, in the scoring pass, the refresh and decode alike.
+matmuls per layer instead of five, in the scoring pass, the refresh and decode alike. Only
+plain linear modules of one input size, dtype and device are fused; a layer already fused is
+left as it is.
 
-`fuse_layers` moves each group's weights (and biases) into one tensor, rows in module order,
+Fusing moves each group's weights (and biases) into one tensor, rows in module order,
 and turns the modules' own parameters into views of it: the model's own forward reads the
 same numbers from the same memory, so it stays the reference, and fusion costs no memory
 (at its peak, one layer's group twice while it is moved). In-place updates of the parameters
 (`load_state_dict`, an optimizer step) keep the sharing. What breaks it is giving a
 parameter storage of its own (`model.to(...)`, `.half()`, assigning a new tensor): fuse the
-model where it stays, after it is placed and cast (the loader does). A checkpoint written
-from a fused model holds parameters that share one buffer, which safetensors refuses: fuse
-models that serve, not models that train or export.
-
-Public API:
-  FusedLinear(weight (O, I), bias (O,) | None, sizes)   one group's fused projection
-      .split(x (..., I)) -> tuple of (..., sizes[i]) views of one matmul's output
-  FUSED_ATTR = "conduit_fused"   the attribute of a fused module (attention, MLP) holding it
-  fused_of(module) -> FusedLinear | None   a module's group, when fused and no gradient is
-      being recorded (a fused weight is no parameter: training reads the modules' own)
-  fuse_layers(layers) -> int   fuse every layer's q/k/v (`self_attn`) and gate/up (`mlp`)
-      where the modules are plain linear layers of one input size, dtype and device;
-      returns the groups fused (a layer already fused is left as it is)
+model where it stays, after it is placed and cast (the loader does). A fused weight is no
+parameter, so the fused path is taken only while no gradient is recorded (training reads the
+modules' own). A checkpoint written from a fused model holds parameters that share one
+buffer, which safetensors refuses: fuse models that serve, not models that train or export.
 """
 
 from __future__ import annotations

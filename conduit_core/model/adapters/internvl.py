@@ -2,9 +2,6 @@
 
 Segment = `<img> <IMG_CONTEXT>*(tiles * image_seq_length) </img>`, tiles from the processor's
 dynamic cropping (plus a thumbnail); `max_image_tokens` caps the tiles (`max_patches`).
-
-Public API:
-  InternVLAdapter(model, processor, tokenizer, max_image_tokens)
 """
 
 from __future__ import annotations

@@ -4,9 +4,6 @@ Each page is encoded as a single image (anyres tiling: base tile + unpadded grid
 newline embeddings), exactly what the model does for a one-image input; the segment is the
 `<image>` tokens only. `max_image_tokens` caps the anyres tile budget (`anyres_max_k`, set
 on both processor and model config so they agree); the base tile is always present.
-
-Public API:
-  LlavaOnevisionAdapter(model, processor, tokenizer, max_image_tokens)
 """
 
 from __future__ import annotations

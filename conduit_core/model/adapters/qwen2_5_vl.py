@@ -1,8 +1,5 @@
 """Qwen2.5-VL adapter: Qwen2-VL's segment layout and 3-D M-RoPE index; the vision tower
 (windowed attention, gated MLP) is driven through the model's own `get_image_features`.
-
-Public API:
-  Qwen2_5_VLAdapter(model, processor, tokenizer, max_image_tokens)
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Qwen2-VL adapter (3-D M-RoPE); Qwen2.5-VL subclasses it.
 
-Public API:
-  Qwen2VLAdapter(model, processor, tokenizer, max_image_tokens)
-    segment = <|vision_start|> <|image_pad|>*n <|vision_end|>, n = t*h*w / merge^2;
-    positions by the model's own rule (3, N), batched over images (`mrope_positions`).
-  mrope_positions(token_ids (N,), image_grids, image_token_id, merge) -> (3, N) int64
+A page's segment is `<|vision_start|> <|image_pad|>*n <|vision_end|>`, n = t*h*w / merge^2
+from its image grid. Positions follow the model's own M-RoPE rule over the whole layout,
+computed for all images at once (`mrope_positions`), so that a page's positions, and
+therefore its cached keys, are those the model itself would give it.
 """
 
 from __future__ import annotations
