@@ -165,3 +165,15 @@ def test_the_layout_only_grows(model_cache: Path) -> None:
     assert torch.equal(two.token_ids[:one.n], one.token_ids)
     assert torch.equal(two.position_ids[:, :one.n], one.position_ids)
     assert two.segments[0].start > two.head > one.n
+
+
+def test_a_prefix_is_kept_per_page_not_per_label(model_cache: Path) -> None:
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache)
+    r1 = answering.answer(rt, _ask(pages[:1], Q1))
+    # the same label and question over another page of the same size: not the same prefix
+    other = PageInput(pages[0].label, rt.prefill_pages([IMAGES["a"].rotate(180)])[0])
+    assert torch.equal(other.kv.token_ids, pages[0].kv.token_ids)
+    swapped = (Turn((other,), Q1, r1.text),)
+    assert answering.answer(rt, _ask([], Q2, swapped)).conversation == "rebuilt"
+    same = (Turn(tuple(pages[:1]), Q1, r1.text),)
+    assert answering.answer(rt, _ask([], Q2, same)).conversation == "hit"
