@@ -35,6 +35,7 @@ EVERY_KEY: dict[str, Any] = {
     "max_ingest_attempts": 5, "reaper_interval_s": 20.0, "answer_queue_wait_s": 30.0,
     "answer_timeout_s": 300.0,
     "quota_bytes": 2**30, "quota_documents": 100, "quota_pages": 5000,
+    "quota_collections": 20,
     "disk_reserve_bytes": 5 * 2**30, "reader_memory_mb": 4096,
     "max_queued_documents_per_tenant": 20, "max_answers_per_tenant": 8,
     "http_header_timeout_s": 30.0, "http_body_timeout_s": 120.0, "http_body_min_rate": 4096,
