@@ -3,14 +3,14 @@
 Every active answer's keys and values are either a slot of the runtime's `DecodePool` (the
 answers being generated, side by side in one pair of tensors) or its own `KVCache` of batch
 one (an answer the pool could not hold). A decode step gives each sequence one new token:
-their layer-0 embeddings are stacked into one batch (B, 1, hidden), and every layer's norms,
-q/k/v projections, rotary embedding, output projection and MLP run batched over the B rows.
+their layer-0 embeddings are stacked into one batch, and every layer's norms, q/k/v
+projections, rotary embedding, output projection and MLP run batched over the rows.
 
 Attention, with the model's own attention function as `layer_forward.forward_rows` calls it:
   * pooled rows (the step holds every occupied slot, 0..P-1): one scatter writes their K/V at
-    each slot's own index, and one call attends over the pool's view (P, kv_heads, n, hd),
-    n the longest row's key count, under an additive mask that hides each slot's keys past
-    its own (none when all have n keys); masked keys add exact zeros, so the result is each
+    each slot's own index, and one call attends over the pool's view, as far as the longest
+    row's key count, under an additive mask that hides each slot's keys past its own (none
+    when all have as many keys); masked keys add exact zeros, so the result is each
     sequence's own attention up to float rounding;
   * any other row (its own cache, or a step that leaves an occupied slot out): its K/V
     written at its own cache index and one call over its cache's first `n_keys` positions
@@ -18,15 +18,6 @@ Attention, with the model's own attention function as `layer_forward.forward_row
     mask under eager).
 Rows run in the order pooled-by-slot, then the others; the logits come back in the caller's
 order.
-
-Public API:
-  StepRow(cache, row, position, n_keys, slot=None, position_id=0)   one sequence's part of
-                                  a step: its cache, the cache index the new token's K/V go to
-                                  (1,) on the device, its position ids (P, 1) on the device,
-                                  row + 1, its pool slot, and its position as a host int (the
-                                  value on every RoPE axis, for `step_graphs`)
-  forward_step(adapter, rows: list[StepRow], token_ids (B,), pool=None)
-      -> logits (B, vocab) float32
 """
 
 from __future__ import annotations

@@ -5,38 +5,22 @@ layer's own modules (norms, projections, rotary embedding, attention kernel, MLP
 k/v into the cache in place, and attends over the cache with an exact causal mask: row r sees
 the keys whose sequence index is <= its own. Masks are additive float tensors, correct under
 both `sdpa` and `eager`. Under `sdpa` a masked subset runs grouped (`row_attention`: a fixed
-number of row groups a layer, one sdpa call each, a group reading only the keys up to its
-last row, masks built once per forward, the number chosen per device by
-`row_attention.row_groups`); `eager` gets the model's own
-attention function with one (1, 1, R, n_keys) mask. Other attention implementations
+number of row groups per layer, one sdpa call each, a group reading only the keys up to its
+last row, the number chosen per device by `row_attention.row_groups`; `BLOCKED_ATTENTION`
+off takes the one-mask reference path instead, for A/B measurements and tests); `eager` gets
+the model's own attention function with one mask. Other attention implementations
 (flash_attention_2, flex_attention, ...) are refused (`UnsupportedModelError`): they would
-get a dense additive mask they do not honour, or a wrong one.
+get a dense additive mask they do not honour, or a wrong one. What every layer of a forward
+shares (its row groups or mask, its rotary cos/sin) is built once (`RowSetup`), and a caller
+that runs the same rows in two calls builds it once for both.
 
-Public API:
-  BLOCKED_ATTENTION = True   False: masked subsets take the one-mask reference path under
-                             sdpa too (for A/B measurements and tests); blocked_rows(on)
-                             sets it within a with-block
-  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive mask (from row_attention)
-  LayerObserver = Callable[[int, q, keys, values], attention output or None]
-      an observer that computed the layer's attention output (B, R, heads, hd) of every row
-      returns it, and the layer uses it instead of computing its own (the scoring pass forms
-      its rows' probabilities anyway); None: the layer computes it
-  RowSetup(rows, blocks, mask, cos, sin)   what every layer of a forward of one row set
-      shares: its attention groups or mask and its rotary cos/sin, built once
-  setup_rows(adapter, dtype, rows, position_ids, *, n_keys, plain_causal=False) -> RowSetup
-      .subset(adapter, places, n_keys) -> RowSetup   the rows at `places` (R',) int64 (on the
-      device: never read back), their cos/sin taken from this one instead of computed again
-  forward_rows(adapter, cache, hidden, rows, position_ids, *, n_keys, plain_causal=False,
-               observer=None, layers=None, outputs=None, setup=None)
-      -> hidden after the last layer run (B, R, hidden), or (B, R_o, hidden) of `outputs`:
-      at the last layer run, rows outside `outputs` only project and write their K/V (their
-      attention output and MLP are not needed by anything: a key or value of a later layer
-      does not exist, and no logit is read from them); `setup`: the rows' `RowSetup`,
-      built here when None (a caller that runs the same rows in two calls builds it once)
-  computed_key_counts(adapter, rows, n_keys, plain_causal=False) -> (R,) int64
-      keys each row's attention computes on the path `forward_rows` takes (for FLOPs):
-      causal r + 1 on the plain causal path, the group's limit when grouped, else n_keys
-  logits_of(adapter, hidden) -> final norm + lm_head, (B, R, vocab) float32
+A layer observer sees each layer's queries and the cache after the layer's write; if it
+computed the layer's attention output of every row (the scoring pass forms their
+probabilities anyway) it returns it and the layer uses it instead of computing its own. At
+the last layer run, rows outside the requested outputs only project and write their K/V:
+their attention output and MLP feed nothing (no later layer, no logit). The keys each row's
+attention computes on the path taken (`computed_key_counts`) are what the FLOPs accounting
+charges.
 """
 
 from __future__ import annotations

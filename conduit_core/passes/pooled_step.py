@@ -14,15 +14,8 @@ Attention reads `span` positions of every slot under an additive mask hiding the
 each row (masked keys add exact zeros): the step's work depends on `span`, not on how many
 positions the pool's answers hold. The captured step passes its bucket's span (static: the
 longest answer's keys rounded up to a span bucket, `step_graphs.span_buckets`); the model's
-own attention function runs it, as in `batch_forward.forward_step`.
-
-Public API:
-  pool_attention(attn, attend, q, k, v, keys, values, slots, rows, span, mask)
-      -> (B, 1, heads, hd): one layer's pool write and attention (shared with
-      `batch_forward`)
-  pooled_forward(adapter, keys, values, token_ids (B,), rows (B,), positions (B,), span)
-      -> logits (B, vocab) float32; writes each row's K/V into `keys`/`values`
-      (L, slots >= B, kv_heads, capacity >= span, hd) at (its slot, its row)
+own attention function runs it, and one layer's pool write and attention are shared with
+the eager step (`batch_forward.forward_step`).
 """
 
 from __future__ import annotations

@@ -4,31 +4,20 @@ A subset of rows (sequence indices) attends over the cache with the exact causal
 sees keys 0..r". One sdpa call with an (R, N) mask makes every row read all N keys (no
 kernel skips masked blocks given an arbitrary mask). Here the rows (ascending) are cut into
 at most `groups` consecutive groups, each reading only the keys up to its last row, one sdpa
-call a group (GQA by the kernel, `enable_gqa`: K/V are never repeated):
-  * the number of calls is fixed by the device, not by the rows (`row_groups`): one a layer
+call per group (GQA by the kernel, `enable_gqa`: K/V are never repeated):
+  * the number of calls is fixed by the device, not by the rows (`row_groups`): one per layer
     on an accelerator, where a call costs a launch whatever its size; four on the CPU, where
-    the keys a row reads past its own cost time (the cut points are chosen to read the fewest
-    keys in all: `group_bounds`);
+    the keys a row reads past its own cost time (the cut points, chosen among evenly spaced
+    candidates, read the fewest keys in all: `group_bounds`);
   * one group reads every key under a mask built on the device from the rows, never reading
     them back: on an accelerator the rows may be the device's own choice (the refresh's), and
     a read would stall the launch queue and break a graph capture (issue 65); four groups are
     cut on the host, where the CPU reads its rows for free;
-  * the groups and their additive masks ((c, n), views of one (R, n); None
-    where every row sees every key of its group) are built once per forward and shared by
-    all layers.
+  * the groups and their additive masks (views of one (R, n) mask; None where every row
+    sees every key of its group) are built once per forward and shared by all layers.
 The result equals `F.scaled_dot_product_attention` over the full mask up to float rounding
 (the masked keys contribute exact zeros either way); `layer_forward.computed_key_counts`
 charges each row its group's key count.
-
-Public API:
-  ROW_GROUPS = {"cpu": 4};  DEFAULT_ROW_GROUPS = 1     groups per device
-  row_groups(device) -> int
-  CUT_CANDIDATES = 64    cut points considered (evenly spaced over the rows)
-  RowBlock(start, stop, n_keys, mask)
-  group_bounds(rows, n_keys, groups) -> list[(start, stop, n_keys)]
-  row_blocks(rows, n_keys, groups, dtype, device=None) -> list[RowBlock]
-  blocked_attention(q, keys, values, blocks, scaling) -> (B, R, heads, hd)
-  causal_row_mask(rows, n_keys, dtype) -> (1, 1, R, n_keys) additive (the eager path's)
 """
 
 from __future__ import annotations

@@ -5,47 +5,30 @@ mask, writing their own fresh K/V). At each scored layer the scored question row
 probabilities over all keys are formed (softmax over all N keys, per query head; query head h
 reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
 at once over the rows into the layer's statistics (`conduit_core.passes.scoring.
-ScoreAccumulator`: (H + G, N) floats a layer, reduced over the layers once at the end). No
-probabilities outlive their layer: peak memory is not (L, H, Q, N), and the question rows
-are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so a long question is
-bounded too (no question window is imposed by default; `ScoreConfig.query_window` sets
-one). Only the configured layers and question rows are scored. A layer issues a fixed
-number of operations a chunk: the scaled, masked QK^T in one call (the causal mask made once
-for all layers unless it is large), softmax, one row sum; the value norms of every scored
-layer are taken in one call after the pass (a layer's values are final once it has run), or
-a layer at a time for head_agg "max", which needs them as it goes.
+ScoreAccumulator`, reduced over the layers once at the end). No probabilities outlive their
+layer: peak memory is not (L, H, Q, N), and the question rows are taken in chunks of at most
+`SCORE_CHUNK_ELEMENTS` probabilities, so a long question is bounded too (no question window
+is imposed by default; `ScoreConfig.query_window` sets one). Only the configured layers and
+question rows are scored. A layer issues a fixed number of operations per chunk: the scaled,
+masked QK^T in one call (the causal mask made once for all layers unless it is large),
+softmax, one row sum; the value norms of every scored layer are taken in one call after the
+pass (a layer's values are final once it has run), or a layer at a time for head_agg "max",
+which needs them as it goes.
+
+The scores (`StaleScores`): `weighted` is CONDUIT's s_j, the mean over scored layers and
+question rows of the heads' aggregate of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values);
+`attention` is the same without the value norm. The pass also hands on the last-layer hidden
+states of its text rows (of the last row only with `last_only`, the answer path: the other
+rows' last-layer attention output and MLP are then never computed), which the runtime reuses
+for the rows before the first refreshed visual token, and their hidden states after layer 0.
+Layer 0's K/V of every token are exact in the stale cache (a page token's layer-0 input is its
+own embedding, its key only re-rotated), so those are exact too: a refresh starts its text
+rows at layer 1 from them (`text_from_layer_one`), running only its fresh rows through layer 0.
 
 Where the scored rows are every text row of the pass (the default: every row after the last
 page), their probabilities also give each scored layer's attention output (times the values,
 in float32), so the layer does not compute the same QK^T a second time (`fused_layers`); at
 the last layer of an answer (`last_only`) the layer computes its one output row itself.
-
-Public API:
-  SCORE_CHUNK_ELEMENTS = 2**24   probabilities formed at once (64 MiB in float32)
-  StaleScores(weighted, attention, config, question_rows, text_rows, text_hidden=None,
-              probs=None)
-    weighted     (N,) float32, CONDUIT's s_j = mean over scored layers and question rows of
-                 agg over heads of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values)
-    attention    (N,) float32, the same without the value norm (raw attention)
-    text_hidden  (N_t, hidden) last-layer hidden states of text_rows (the runtime reuses the
-                 rows before the first refreshed visual token: they are already exact), or
-                 (1, hidden) of the last text row only with last_only (the answer path: the
-                 other rows' last-layer attention output and MLP are then never computed)
-    after_first  (N_t, hidden) text_rows' hidden states after decoder layer 0 (None for a
-                 one-layer model). Layer 0's K/V of every token are exact in the stale
-                 cache (a page token's layer-0 input is its own embedding, its key only
-                 re-rotated), so these are exact too: a refresh starts its text rows at
-                 layer 1 from them (`text_from_layer_one`)
-    probs        (L', H, Q', N) float32 of the scored layers and rows, only with keep_probs
-  stale_pass(adapter, cache, embeds, position_ids, text_rows, question_rows, n_keys,
-             config=ScoreConfig(), keep_probs=False, last_only=False) -> StaleScores
-  fused_layers(scored_layers, n_layers, n_scored, n_text, last_only) -> list[int]
-      the scored layers whose attention output the scoring's probabilities give
-  text_from_layer_one(adapter, cache, stale, embeds, positions, n_rows, text, text_places,
-                      fresh, fresh_places, n_keys, setup=None)
-      -> (1, R, hidden) the refresh rows' inputs of layer 1: the fresh rows (visual, stale
-      labels) run through layer 0 now (reading the exact layer-0 cache), the text rows taken
-      from `stale`
 """
 
 from __future__ import annotations

@@ -10,39 +10,22 @@ the first s positions of each slot under a mask (`pooled_step.pooled_forward`): 
 reads the used length rounded up to a span bucket (`span_buckets`: the slot capacity and its
 halves), not the slot's capacity. The host's part of a step is two copies (the token ids,
 device to device; rows and positions from a pinned host buffer, asynchronous) and one replay;
-nothing is read back, so the step's one host sync stays the batch's token ids.
+nothing is read back, so the step's one host sync stays the batch's token ids. A bucket's
+output is copied out, since the next step overwrites it.
 
-An answer the pool cannot hold (longer than a slot) decodes from its own cache: it runs its
-own part of the step eagerly (`batch_forward.forward_step`) beside the pooled answers, which
-stay in their bucket (`covers` looks at the pooled rows only). Steps no bucket covers (a
-step that leaves an occupied slot out, a bucket not prepared in time) run eagerly in full.
+Buckets are prepared before the first question, within a time budget: every batch size at the
+full span first, then the smaller spans, a bucket once started always finished, on an empty
+pool (the warm-up runs write row 0 of free slots). An answer the pool cannot hold (longer
+than a slot) decodes from its own cache: it runs its own part of the step eagerly
+(`batch_forward.forward_step`) beside the pooled answers, which stay in their bucket
+(`covers` looks at the pooled rows only). Steps no bucket covers (a step that leaves an
+occupied slot out, a bucket not prepared in time) run eagerly in full.
 
 Kinds (`kind_for(mode, device)`): "graph" (CUDA: `torch.cuda.CUDAGraph`, captured by hand
 on a side stream after two warm-up runs, all buckets sharing one memory pool), "compile"
 (`torch.compile(fullgraph=True, dynamic=False)`: one graph per bucket, no graph break),
 "eager" (none: every step takes `forward_step`). Modes: "off" -> eager; "on" -> graph on
 CUDA, compile elsewhere; "auto" -> graph on CUDA, eager elsewhere (lab/ttft/NOTES.md).
-
-Public API:
-  DECODE_COMPILE_MODES = ("auto", "off", "on")
-SPAN_BUCKETS = 4  # spans a batch size is prepared for: the slot capacity and its halves
-  kind_for(mode, device) -> "graph" | "compile" | "eager"
-  buckets(max_slots) -> [1, 2, 4, ..., max_slots]
-  span_buckets(capacity, count=SPAN_BUCKETS) -> [capacity / 2**(count-1), ..., capacity]
-      (halves of at least `POSITION_STEP` positions)
-  StepGraphs(adapter, pool, mode, sizes=None, spans=None)   `pool` must be fixed unless the
-      kind is eager; `sizes`: the buckets' batch sizes (default `buckets(pool.max_slots)`),
-      each at most `pool.max_slots`; `spans`: their spans (default `span_buckets` of the
-      pool's slot capacity), each at most that capacity
-    .kind, .ready ((batch size, span) of the prepared buckets), .replays (steps run in each
-        bucket so far, a Counter by (batch size, span))
-    .prepare(budget_s) -> str   allocate the pool and capture/compile the buckets in turn,
-        every batch size at the full span first, until the budget is spent (a bucket
-        started is finished); the pool must be empty (the warm-up runs write row 0 of free
-        slots); returns a line for the log
-    .covers(rows) -> bool       whether a step of these pooled rows runs in a prepared bucket
-    .step(rows, tokens: n 0-d device tensors) -> logits (n, vocab) float32 in the rows'
-        order (a copy: the next step may overwrite the bucket's output)
 """
 
 from __future__ import annotations
