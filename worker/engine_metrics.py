@@ -2,18 +2,10 @@
 service's `/metrics` exports them in the embedded form; a Celery worker process exports its
 own when `CONDUIT_WORKER_METRICS_PORT` is set.
 
-Public API:
-  BATCH_SIZE      histogram: answers in each batched decode step
-  QUEUE_LENGTH    gauge: questions waiting for an answer slot
-  QUEUE_SECONDS   histogram: time a question waited for its slot
-  ACTIVE          gauge: answers in the running batch
-  CANCELLED       counter: questions whose client went away (queue or batch)
-  STEP_SECONDS    histogram: wall time of one batched decode step
-  PREFILL_PHASES  the `phase` labels, in order
-  PHASE_SECONDS   histogram, label `phase`: wall time of one prefill phase of a question
-                  (`assembled`: page KV loaded and re-rotated; `chosen`: scoring pass and
-                  selection; `refreshed`: the refresh, or the cost model's fallback to a
-                  full prefill, and the first token's logits)
+The series say where a question's time goes: waiting for an answer slot, each phase of its
+prefill (page KV assembled, tokens chosen, refreshed up to the first token's logits), and the
+batched decode steps it shares with the others; with the batch's size, the queue's length and
+the questions whose client went away.
 """
 
 from __future__ import annotations

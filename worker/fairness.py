@@ -2,14 +2,10 @@
 flight, its uploads being checked) and a queue served least-recently-served first across
 tenants (`TenantQueue`: the embedded ingest queue, the answer engine's admission).
 
-Public API:
-  TenantBusyError(message)                        429 with Retry-After
-  TenantSlots(cap, what, setting)                 cap 0 = unlimited
-    .hold(tenant, already=0) -> context manager   raises TenantBusyError beyond the cap
-    .held(tenant) -> int
-  TenantQueue[T]()                                FIFO per tenant, fair across tenants
-    .push(tenant, item); .pop() -> item; .peek() -> item | None; .remove(item); .clear()
-    len(q), iter(q) (every queued item, oldest first)
+A tenant past its cap is refused at once (`TenantBusyError`, 429 with Retry-After), never
+queued; a cap of 0 is unlimited, and the caps come from the settings (`answer_cap`,
+`queued_documents_cap`). The queue keeps each tenant's items in arrival order and takes the
+next item from the tenant served least recently, so one tenant's burst cannot starve another.
 """
 
 from __future__ import annotations

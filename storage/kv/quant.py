@@ -8,12 +8,8 @@ rounding of the output dtype (bf16 keeps 8 significant bits).
 
 Int8 tiers return pages in `PageKV`'s int8 form (int8 keys/values plus these scales): the
 runtime copies them as they are and dequantises on its device with the same formula
-(`conduit_core.page_kv.dequantize_int8`), so no tier dequantises on the host.
-
-Public API:
-  quantize_keys(keys) -> (int8, scale (L, H, 1, D));  quantize_values(values) -> (int8,
-  scale (L, H, T, 1));  int8_parts(page) -> (keys.q,
-  keys.scale, values.q, values.scale) of a page in either form (an int8 page as it is)
+(`conduit_core.page_kv.dequantize_int8`), so no tier dequantises on the host. A page already
+in int8 form is stored as it is, never quantised twice.
 """
 
 from __future__ import annotations

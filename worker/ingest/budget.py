@@ -2,8 +2,9 @@
 
 Each reader process runs under an address-space limit (`ReaderLimits.memory_mb`), so its
 memory never exceeds that limit; the readers of one process (upload checks and ingests
-together) may only start while the sum of their limits stays within the process's budget:
-a reader reserves its limit before it is started and gives it back when it is closed.
+together) may only start while the sum of their limits stays within the process's budget
+(`READER_BUDGET`, unbounded until sized): a reader reserves its limit
+before it is started and gives it back when it is closed (releasing twice is harmless).
 So the readers' memory together never exceeds the budget, however many documents arrive.
 
 Who waits: an upload check is refused at once when the budget is spent
@@ -11,13 +12,6 @@ Who waits: an upload check is refused at once when the budget is spent
 request thread is held waiting), an ingest waits for its turn (its document is already
 accepted), and an ingest that could read pages with a second reader goes on with the one it
 has rather than wait.
-
-Public API:
-  READER_BUDGET                                   the process's budget (unbounded until sized)
-  ReaderBudget(total_mb)                          0 = unbounded
-    .resize(total_mb); .reserve(mb, wait_s) -> Reservation
-    .in_use_mb; .peak_mb
-  Reservation.release()                           idempotent
 """
 
 from __future__ import annotations
