@@ -1,29 +1,20 @@
 """A conversation's KV kept as a prefix: after a turn, its assembled and refreshed cache with
 its answer's rows, under a key; a follow-up that finds it computes only its own rows.
 
-What it decides:
-  The key of a prefix (`prefix_key`) is the model's fingerprint, the namespace (tenant), the
-  refresh policy as chosen with its budget, the token ids so far and the identity of every
-  page in it, in order: a prefix is reused only where the same policy would have built it
-  from the same text and pages, so that a rebuilt prefix and a kept one are the same tensors.
-  The keeping is bounded per namespace (least recently used dropped) and across namespaces
-  (`ConversationCache`); a process that restarts rebuilds on the first follow-up.
-  A kept turn (`KeptTurn`) holds its refreshed cache until its answer is known; the answer's
-  rows (`VLMAdapter.answer_ids` of its text) are then computed in one pass over that cache
-  (`extend_prefix`), the same pass a rebuild runs, so a hit and a rebuild agree.
-  A follow-up's own rows (`assemble_turn`): the prefix's exact K/V copied in as the layout's
-  head, the pages the turn adds loaded and re-rotated to their places; the runtime's passes
-  then compute its text rows and refresh its pages by the request's policy with the whole
-  conversation before them.
+The key of a prefix (`prefix_key`) is the model's fingerprint, the namespace (tenant), the
+refresh policy as chosen with its budget, the token ids so far and the identity of every page
+in it, in order: a prefix is reused only where the same policy would have built it from the
+same text and pages, so that a rebuilt prefix and a kept one are the same tensors. The keeping
+is bounded per namespace (least recently used dropped) and across namespaces
+(`ConversationCache`); a process that restarts rebuilds on the first follow-up.
 
-Public API:
-  history_texts(history), turn_texts(history, pages, question) -> list[TurnText]
-  page_ids(pages) -> list[str]
-  prefix_key(fingerprint, namespace, choice, token_ids, page_ids) -> str
-  ConversationCache(per_namespace=8, namespaces=256)   .get, .put, .clear, len()
-  KeptTurn(namespace, choice, cache, token_ids, page_ids, next_position)
-  extend_prefix(adapter, kept, answer) -> (HeadKV, LM FLOPs)
-  assemble_turn(adapter, layout, pages, prefix, extra_capacity, namespace) -> Assembly
+A kept turn (`KeptTurn`) holds its refreshed cache until its answer is known; the answer's
+rows (`VLMAdapter.answer_ids` of its text) are then computed in one pass over that cache
+(`extend_prefix`), the same pass a rebuild runs, so a hit and a rebuild agree. A follow-up's
+own rows (`assemble_turn`): the prefix's exact K/V copied in as the layout's head, the pages
+the turn adds loaded and re-rotated to their places; the runtime's passes then compute its
+text rows and refresh its pages by the request's policy with the whole conversation before
+them.
 """
 
 from __future__ import annotations
