@@ -7,7 +7,10 @@ and EPUB, LibreOffice writing Office files from those)."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -154,3 +157,21 @@ def test_hostile_uploads_get_4xx_and_leave_nothing(client: httpx.Client, collect
         assert r.status_code == 422 and says in r.json()["detail"], (name, r.text)
     assert client.get(listed).json() == before
     assert set((home / "uploads").glob("*")) == uploads
+
+
+def _conduit(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CONDUIT_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_the_cli_ingests_other_formats_and_refuses_a_lying_name(tmp_path: Path) -> None:
+    notes, book, lying = tmp_path / "notes.md", tmp_path / "guide.epub", tmp_path / "scan.pdf"
+    notes.write_text("# Notes\n\n" + PAGES[1] + "\n")
+    book.write_bytes(epub(PAGES))
+    lying.write_bytes(text_image(PAGES[:1], size=(600, 300), font_px=30))
+    done = _conduit(tmp_path / "home", "ingest", str(notes), str(book), str(lying),
+                    "--collection", "mixed")
+    assert done.returncode == 1, done.stderr  # one file refused
+    assert "notes.md: 1 page(s)" in done.stdout and "guide.epub: 3 page(s)" in done.stdout
+    assert "scan.pdf: The uploaded file is not a PDF document" in done.stderr
