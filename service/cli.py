@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                        "CONDUIT_ALLOW_OPEN_NETWORK=1; only loopback Host names are answered)")
     serve.set_defaults(func=_serve)
 
-    ingest = sub.add_parser("ingest", help="ingest PDFs into a collection")
+    ingest = sub.add_parser("ingest", help="ingest documents (PDFs, images, "
+                            "Office files, e-books, text) into a collection")
     ingest.add_argument("paths", nargs="+", type=Path)
     ingest.add_argument("--collection", required=True)
     ingest.add_argument("--password", default=None, help="password of encrypted PDFs")

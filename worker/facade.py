@@ -52,6 +52,7 @@ from worker.settings import Settings
 from worker.uploads import (
     CheckedUpload,
     UploadTooLargeError,
+    accepted_formats,
     check_quota,
     check_room,
     check_upload,
@@ -205,6 +206,10 @@ class Worker:
                             limits=ReaderLimits(s.worker.page_memory_mb, s.worker.page_timeout_s,
                                                 budget_mb=s.worker.reader_memory_mb),
                             filename=filename, convert=conversion(s))
+
+    def accepted_formats(self) -> list[dict[str, object]]:
+        """The formats an upload may have here (Office ones only where LibreOffice runs)."""
+        return accepted_formats(conversion(self.settings))
 
     def check_room(self, tenant: str, checked: CheckedUpload) -> None:
         """Raise unless the upload fits the tenant's quota (413) and leaves the disk reserve

@@ -91,11 +91,13 @@ def upload_document(
     worker: WorkerDep,
     tenant: TenantDep,
     _slot: UploadSlotDep,
-    file: Annotated[UploadFile, File(description="A PDF file.")],
+    file: Annotated[UploadFile, File(description="A PDF, image, e-book, XPS, "
+                                                     "text or Office file (GET /v1/info).")],
     password: Annotated[str | None, Form(max_length=1024,
                                          description="Password of an encrypted PDF.")] = None,
 ) -> UploadOut:
-    """Accept a PDF: validate it fully before anything is stored, then queue its ingestion.
+    """Accept a document (a PDF, or a format of `GET /v1/info`, stored as the PDF it becomes):
+    validate it fully before anything is stored, then queue its ingestion.
 
     A plain `def`: parsing, fsync and store calls run on a worker thread, never on the event
     loop. Anything that fails after the first write (disk full, storage or queue down) undoes

@@ -50,8 +50,8 @@ async def readyz(request: Request) -> dict[str, object] | JSONResponse:
 @router.get("/v1/info")
 def info(worker: WorkerDep, _tenant: TenantDep) -> dict[str, object]:
     """The serving configuration: model, form, policy, budget, whether this process loaded the
-    model."""
+    model, and the formats an upload may have."""
     s = worker.settings
     return {"model": s.core.model, "embedded": s.embedded, "policy": s.core.policy,
             "budget": s.core.budget, "max_question_tokens": s.worker.max_question_tokens,
-            "model_loaded": worker.model_loaded}
+            "model_loaded": worker.model_loaded, "formats": worker.accepted_formats()}
