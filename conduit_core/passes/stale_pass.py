@@ -1,34 +1,26 @@
 """The scoring ("stale") pass: text rows over the assembled, not yet refreshed cache.
 
 All text tokens run through all layers against the stale, re-rotated page KV (exact causal
-mask, writing their own fresh K/V). At each scored layer the scored question rows' attention
-probabilities over all keys are formed (softmax over all N keys, per query head; query head h
-reads KV head h // (H / G)) together with the cache's value norms at that layer, and reduced
-at once over the rows into the layer's statistics (`conduit_core.passes.scoring.
-ScoreAccumulator`, reduced over the layers once at the end). No probabilities outlive their
-layer: peak memory is not (L, H, Q, N), and the question rows are taken in chunks of at most
-`SCORE_CHUNK_ELEMENTS` probabilities, so a long question is bounded too (no question window
-is imposed by default; `ScoreConfig.query_window` sets one). Only the configured layers and
-question rows are scored. A layer issues a fixed number of operations per chunk: the scaled,
-masked QK^T in one call (the causal mask made once for all layers unless it is large),
-softmax, one row sum; the value norms of every scored layer are taken in one call after the
-pass (a layer's values are final once it has run), or a layer at a time for head_agg "max",
-which needs them as it goes.
+mask, writing their own fresh K/V). At each scored layer (only the configured layers and
+question rows are scored) the scored rows' attention probabilities over all N keys are formed
+per query head and reduced at once, with the layer's value norms, into the layer's statistics
+(`conduit_core.passes.scoring.ScoreAccumulator`). No probabilities outlive their layer, and
+the rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so memory stays
+bounded however long the question (`ScoreConfig.query_window` may also window it). A layer
+issues a fixed number of operations per chunk; the value norms are taken in one call after
+the pass (a layer's values are final once it has run), or per layer for head_agg "max".
 
 The scores (`StaleScores`): `weighted` is CONDUIT's s_j, the mean over scored layers and
 question rows of the heads' aggregate of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values);
-`attention` is the same without the value norm. The pass also hands on the last-layer hidden
-states of its text rows (of the last row only with `last_only`, the answer path: the other
-rows' last-layer attention output and MLP are then never computed), which the runtime reuses
-for the rows before the first refreshed visual token, and their hidden states after layer 0.
-Layer 0's K/V of every token are exact in the stale cache (a page token's layer-0 input is its
-own embedding, its key only re-rotated), so those are exact too: a refresh starts its text
-rows at layer 1 from them (`text_from_layer_one`), running only its fresh rows through layer 0.
-
-Where the scored rows are every text row of the pass (the default: every row after the last
-page), their probabilities also give each scored layer's attention output (times the values,
-in float32), so the layer does not compute the same QK^T a second time (`fused_layers`); at
-the last layer of an answer (`last_only`) the layer computes its one output row itself.
+`attention` is the same without the value norm. The pass hands on its text rows' last-layer
+hidden states (of the last row only with `last_only`, the answer path), which the runtime
+reuses for the rows before the first refreshed visual token, and their states after layer 0:
+layer 0's K/V are exact in the stale cache (a page token's layer-0 input is its own
+embedding, its key only re-rotated), so a refresh starts its text rows at layer 1 from them
+(`text_from_layer_one`). Where the scored rows are every text row (the default), their
+probabilities also give each scored layer's attention output, so no layer computes the same
+QK^T twice (`fused_layers`; at the last layer under `last_only` the one output row is
+computed by the layer itself).
 """
 
 from __future__ import annotations
