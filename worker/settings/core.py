@@ -80,12 +80,14 @@ class CoreSettings(BaseSettings):
     )
     decode_compile: Literal["auto", "off", "on"] = Field(
         "auto", description="How one decode step of the pooled answers runs: auto = one CUDA "
-        "graph per batch-size bucket (1, 2, 4, ... max_active_answers) on a GPU, eager on "
+        "graph per bucket of batch size (1, 2, 4, ... max_active_answers) and span (the "
+        "longest answer's keys, up to a slot's capacity and its halves) on a GPU, eager on "
         "the CPU; on = the same on a GPU, torch.compile (inductor) on the CPU; off = eager "
         "everywhere. Other than eager, the decode pool is allocated once at its largest "
         "(max_kv_tokens_in_flight positions) when the model loads and kept, and an answer "
         "longer than one slot (max_kv_tokens_in_flight / max_active_answers) decodes eagerly "
-        "from its own cache. The steps give the same tokens up to float rounding.",
+        "from its own cache beside the others' captured step. The steps give the same tokens "
+        "up to float rounding.",
     )
 
     @cached_property
