@@ -67,6 +67,9 @@ class AnswerRequest:
     # comes from the conversation cache, or is rebuilt (`conduit_core.conversation`)
     history: tuple[Turn, ...] = ()
     keep: bool = False  # keep this turn, with its answer, as a prefix for a follow-up
+    # whose conversation it is: the conversation cache is kept per this name (`namespace`
+    # when empty), so that tenants sharing pages never share a conversation
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.budget <= 1.0:

@@ -209,7 +209,7 @@ class ReuseRuntime:
     def _kept(self, request: AnswerRequest, assembly: Assembly) -> KeptTurn:
         """What keeping this turn needs once its answer is known."""
         pages = [p for t in request.history for p in t.pages] + list(request.pages)
-        return KeptTurn(namespace=request.namespace, choice=self._choice_key(request),
+        return KeptTurn(namespace=_owner(request), choice=self._choice_key(request),
                         cache=assembly.cache, token_ids=assembly.layout.token_ids,
                         page_ids=tuple(page_ids(pages)),
                         next_position=assembly.layout.next_position())
@@ -219,7 +219,7 @@ class ReuseRuntime:
         history = request.history[:turns]
         ids = history_ids(self.adapter, request.prefix, history_texts(history))  # (P,)
         pages = page_ids([p for t in history for p in t.pages])
-        return prefix_key(self.vlm.fingerprint.digest(), request.namespace,
+        return prefix_key(self.vlm.fingerprint.digest(), _owner(request),
                           self._choice_key(request), ids, pages)
 
     def _prefix(self, request: AnswerRequest) -> tuple[HeadKV, str, float]:
@@ -230,7 +230,7 @@ class ReuseRuntime:
         keys = [self._history_key(request, k) for k in range(1, turns + 1)]
         start, prefix = 0, None
         for k in range(turns, 0, -1):
-            prefix = self.conversations.get(request.namespace, keys[k - 1])
+            prefix = self.conversations.get(_owner(request), keys[k - 1])
             if prefix is not None:
                 start = k
                 break
@@ -249,7 +249,7 @@ class ReuseRuntime:
             prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
                                              self._kept(sub, assembly), turn.answer)
             spent += extended
-            self.conversations.put(request.namespace, keys[k], prefix)
+            self.conversations.put(_owner(request), keys[k], prefix)
         assert prefix is not None
         return prefix, "rebuilt", spent
 
@@ -305,6 +305,11 @@ class _Refreshed:
     extra: float  # a forward pass the policy ran
     key: Hashable  # the choice history's key
     refresh_lm: float = 0.0
+
+
+def _owner(request: AnswerRequest) -> str:
+    """The conversation cache's namespace of a request: its tenant, else its pages'."""
+    return request.tenant or request.namespace
 
 
 def _drain(steps: Generator[str, None, _Refreshed]) -> _Refreshed:

@@ -77,6 +77,7 @@ def to_query_out(result: Answer) -> QueryOut:
         visual_tokens=result.visual_tokens, timings=result.timings,
         cache=CacheOut(pages_from=result.cache.pages_from,
                        pages_prefilled_now=result.cache.pages_prefilled_now,
-                       head_tokens=result.cache.head_tokens),
-        fallback=result.fallback,
+                       head_tokens=result.cache.head_tokens,
+                       conversation=result.cache.conversation),
+        fallback=result.fallback, dropped_turns=result.dropped_turns,
     )

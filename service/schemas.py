@@ -163,6 +163,10 @@ class CacheOut(BaseModel):
                                      "question.")
     head_tokens: int = Field(0, description="Leading prompt tokens (chat template and answer "
                              "instructions) reused exactly from the prompt-head cache.")
+    conversation: Literal["", "hit", "rebuilt"] = Field(
+        "", description="A follow-up's earlier turns: 'hit' when their KV was kept from the "
+        "turn before, 'rebuilt' when it was recomputed from their text and pages; '' for a "
+        "first question.")
 
 
 class PageOut(BaseModel):
@@ -195,3 +199,5 @@ class QueryOut(BaseModel):
     fallback: bool = Field(False, description="The policy was predicted to cost more than a "
                            "full prefill from the cached page embeddings, so that ran instead "
                            "(every visual token recomputed; the answer is full prefill's).")
+    dropped_turns: int = Field(0, description="A follow-up's oldest turns left out to keep "
+                               "the conversation within its bounds.")

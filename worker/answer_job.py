@@ -1,5 +1,8 @@
 """The answer job: retrieve pages, load their cached KV (prefilling any miss), assemble them
-under the question's prefix, refresh with the configured policy, decode, and cite the pages."""
+under the question's prefix, refresh with the configured policy, decode, and cite the pages.
+A follow-up (`Question.history`) reads its earlier turns: its retrieval reads their questions
+too, the pages they added come first and keep their places, and only the pages it adds are
+new to its conversation (`worker.conversation_turns`)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from conduit_core import AnswerRequest, PageInput
+from conduit_core.answer_types import Turn
 from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies import PolicyChoice
@@ -17,6 +21,7 @@ from conduit_core.policies.choice import PolicyOptions
 from storage.keys import PageHash, cache_namespace
 from storage.metadata import CollectionId, DocumentId, Page
 from worker.context import WorkerContext
+from worker.conversation_turns import PastTurn, conversation_hits, fit_turns, page_key, turn_pages
 from worker.errors import InvalidOptionsError, NoPagesToAnswerError
 from worker.limits import check_question_length
 from worker.page_cache import CacheReport, load_pages
@@ -63,6 +68,9 @@ class Answer:
     stop_reason: str = "stop"  # "stop": the model ended it; "length": max_new_tokens reached
     fallback: bool = False  # `policy` was predicted to cost more than a full prefill from the
     # cached page embeddings, which ran instead (every visual token recomputed)
+    dropped_turns: int = 0  # a follow-up's oldest turns left out to fit the bounds
+    added_pages: list[str] = field(default_factory=list)  # "document_id:number" of the pages
+    # this turn added to its conversation, in reading order
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,8 @@ class Question:
     # (`check_scope`); None until then. Not part of the question's JSON (`worker.wire`): a
     # worker that receives one checks it again, with its model.
     choice: PolicyChoice | None = field(default=None, compare=False)
+    history: tuple[PastTurn, ...] = ()  # a follow-up's earlier turns, oldest first
+    keep: bool = False  # keep the turn's KV as its conversation's prefix for a follow-up
 
 
 def check_scope(ctx: WorkerContext, q: Question, *, with_model: bool = True,
@@ -177,32 +187,48 @@ def answer_question(
         q = check_scope(ctx, q)
     assert q.choice is not None
     t0 = time.perf_counter()
-    hits = retrieve(ctx, q)
+    earlier = turn_pages(ctx, q, retrieve, reading_order)
+    questions = [t.question for t in q.history] + [q.question]
+    hits = conversation_hits(ctx, q, questions, retrieve) if q.history else retrieve(ctx, q)
     t_retrieved = time.perf_counter()
-    pages = reading_order(hits)
+    every = list({page_key(p): p for p in [*(p for t in earlier for p in t),
+                                           *reading_order(hits)]}.values())
     try:
-        loaded = load_pages(ctx, pages)
+        loaded = load_pages(ctx, every)
         kvs = loaded.kvs
         t_loaded = time.perf_counter()
-        filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in pages}}
+        drop = fit_turns(ctx, q, earlier, lambda p: kvs[PageHash(p.page_hash)].num_tokens)
+        earlier = earlier[drop:]
+        seen = {page_key(p) for t in earlier for p in t}
+        pages = [p for p in reading_order(hits) if page_key(p) not in seen]
+        filenames = {d: ctx.meta.get_document(d).filename for d in {p.document_id for p in every}}
         collection = ctx.meta.get_collection(q.collection_id)
+
+        def inputs(chosen: list[Page]) -> list[PageInput]:
+            return [PageInput(label=page_label(filenames[p.document_id], p.number),
+                              kv=kvs[PageHash(p.page_hash)], page_id=p.page_hash)
+                    for p in chosen]
+
         request = AnswerRequest(
             prefix=ANSWER_PREFIX,
-            pages=[PageInput(label=page_label(filenames[p.document_id], p.number),
-                             kv=kvs[PageHash(p.page_hash)]) for p in pages],
+            pages=inputs(pages),
             question=q.question,
             policy=q.choice,
             budget=ctx.settings.core.budget if q.budget is None else q.budget,
             max_new_tokens=q.max_new_tokens,
             temperature=q.temperature,
             namespace=cache_namespace(collection.page_namespace),
+            history=tuple(Turn(tuple(inputs(added)), t.question, t.answer)
+                          for t, added in zip(q.history[drop:], earlier, strict=True)),
+            keep=q.keep,
+            tenant=q.tenant,
         )
         result, queue_s = ctx.engine.answer(request, on_token=on_token, cancel=cancel,
                                             tenant=q.tenant)
     finally:
         # a document deleted during the question (even one that made it fail): drop the KV
         # its pages got again, so that no orphan entries stay behind
-        release_unreferenced(ctx, [p.page_hash for p in pages])
+        release_unreferenced(ctx, [p.page_hash for p in every])
     t_done = time.perf_counter()
     shares = {(p.document_id, p.number): round(a, 6)
               for p, a in zip(pages, result.page_attention, strict=False)}
@@ -230,8 +256,11 @@ def answer_question(
             "generate_s": t_done - t_loaded,
             "total_s": t_done - t0,
         },
-        cache=replace(loaded.report, head_tokens=result.head_tokens),
+        cache=replace(loaded.report, head_tokens=result.head_tokens,
+                      conversation=result.conversation),
         fallback=result.fallback,
+        dropped_turns=drop,
+        added_pages=[page_key(p) for p in pages],
         prompt_tokens=result.prompt_tokens,
         completion_tokens=len(result.token_ids),
         stop_reason=result.stop_reason,

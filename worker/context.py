@@ -69,7 +69,8 @@ class WorkerContext:
                                              never_above_full=s.core.never_above_full,
                                              decode_slots=s.worker.max_active_answers,
                                              decode_positions=s.worker.max_kv_tokens_in_flight,
-                                             decode_compile=s.core.decode_compile)
+                                             decode_compile=s.core.decode_compile,
+                                             conversation_prefixes=s.core.conversation_prefixes)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
             return self._runtime
 

@@ -27,6 +27,7 @@ from storage.metadata import CollectionId, Document, DocumentId, Job, JobId, Met
 from storage.metadata.usage import Quota, Usage
 from worker.answer_job import Answer, Citation, Question, answer_question, check_scope
 from worker.context import WorkerContext, build_context
+from worker.conversation_turns import PastTurn
 from worker.errors import AnswerCancelledError, WorkerError
 from worker.fairness import TenantSlots, answer_cap, queued_documents_cap
 from worker.heap import freeze_long_lived
@@ -63,7 +64,8 @@ from worker.uploads import (
 )
 
 __all__ = [
-    "Answer", "AnswerCancelledError", "CheckedUpload", "Citation", "IngestError", "Question",
+    "Answer", "AnswerCancelledError", "CheckedUpload", "Citation", "IngestError", "PastTurn",
+    "Question",
     "TokenSink", "UploadTooLargeError", "Worker", "WorkerError",
     "freeze_long_lived", "parse_layers", "run_celery_worker",
 ]

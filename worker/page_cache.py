@@ -26,6 +26,7 @@ class CacheReport:
     pages_from: dict[str, int] = field(default_factory=dict)
     pages_prefilled_now: int = 0
     head_tokens: int = 0  # leading prompt tokens (template + instructions) from the head cache
+    conversation: str = ""  # a follow-up's earlier turns: "hit" (their KV kept) or "rebuilt"
 
 
 @dataclass(frozen=True)

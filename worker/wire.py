@@ -8,6 +8,7 @@ from typing import Any
 from conduit_core.policies.choice import PolicyOptions
 from storage.metadata import CollectionId, DocumentId
 from worker.answer_job import Answer, Citation, Question
+from worker.conversation_turns import PastTurn
 from worker.page_cache import CacheReport
 from worker.retrieval.snippet import Snippet
 
@@ -26,9 +27,12 @@ def question_from_json(data: dict[str, Any]) -> Question:
     if isinstance(opts.get("score_layers"), list):
         opts["score_layers"] = tuple(opts["score_layers"])
     docs = data["document_ids"]
+    history = tuple(PastTurn(t["question"], t["answer"],
+                             None if t["pages"] is None else tuple(t["pages"]))
+                    for t in data.get("history", ()))
     return Question(**{**data, "collection_id": CollectionId(data["collection_id"]),
                        "document_ids": None if docs is None else [DocumentId(d) for d in docs],
-                       "options": PolicyOptions(**opts)})
+                       "options": PolicyOptions(**opts), "history": history})
 
 
 def answer_to_json(a: Answer) -> dict[str, Any]:

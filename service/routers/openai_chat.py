@@ -1,7 +1,14 @@
 """`POST /v1/chat/completions`: an OpenAI-compatible chat endpoint over a collection.
 
 `model` names the collection as `conduit:<collection_id>` (or pass `collection_id`; `GET
-/v1/models` lists the caller's); the last user message is the question. Non-streaming replies
+/v1/models` lists the caller's). The whole `messages` list is the conversation, sent back by
+the client every time (stateless): each run of user messages answered by the assistant is an
+earlier turn (its question, and its answer as the client sends it back), the last run of user
+messages the question; system messages are left to conduit's own instructions. A message's
+`content` is a string or an array of parts, as OpenAI's API allows: text parts are joined with
+newlines, any other part (an image) is a 422 saying so. A conversation whose turns conduit
+answered before reuses their KV without any id (`conduit.conversation`: "hit" or "rebuilt").
+Non-streaming replies
 carry `usage` (`prompt_tokens`: the whole prompt the model saw, `completion_tokens`,
 `total_tokens`) and conduit's citations and compute in extra fields (`citations`, `conduit`:
 policy, budget, `flops_ratio_lm`, `flops_ratio_total`, refreshed and visual token counts);
@@ -9,8 +16,8 @@ policy, budget, `flops_ratio_lm`, `flops_ratio_total`, refreshed and visual toke
 one with `finish_reason` and the same extra fields, then, when the client sent
 `stream_options: {"include_usage": true}`, a chunk with empty `choices` and the `usage`, then
 `data: [DONE]`. Every string and list of the request is bounded, and every invalid request
-is a 422: a question (the last user message) over 4,000 characters, any message over 32,768
-(earlier turns go unread), more than 256 messages.
+is a 422: a question (the last user message) over 4,000 characters, any message over 32,768,
+more than 256 messages.
 """
 
 from __future__ import annotations
@@ -22,38 +29,72 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import anyio
 from fastapi import APIRouter, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.background import BackgroundTask
 
 from service.answers import SSE_HEADERS, answer_slot, build_question, to_query_out
 from service.deps import TenantDep, WorkerDep
 from service.schemas import QueryIn, QueryOut
-from worker.facade import Answer, AnswerCancelledError
+from worker.facade import Answer, AnswerCancelledError, PastTurn
 
 router = APIRouter(tags=["openai"])
 
 
 # The question (the last user message) has `QueryIn.question`'s bound of 4,000 characters;
-# earlier turns, which front-ends send back (conduit's own answers among them), go unread and
-# may be longer, up to this.
+# earlier turns, which front-ends send back (conduit's own answers among them), may be longer,
+# up to this.
 MAX_MESSAGE_CHARS = 32_768
 MAX_MESSAGES = 256  # a long conversation's whole history
 MAX_ID_CHARS = 64  # conduit's ids (`col_` and 20 hex digits) with room to spare
 ID_PATTERN = re.compile(r"[A-Za-z0-9_\-]+")
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content: a text part, or another kind (refused by `_turns`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(..., max_length=64)
+    text: str | None = Field(None, max_length=MAX_MESSAGE_CHARS)
+
+
 class ChatMessage(BaseModel):
-    """One chat turn (text content only)."""
+    """One chat turn: its content a string or an array of parts."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str = Field(..., max_length=MAX_MESSAGE_CHARS)
+    content: str | list[ContentPart]
+
+    @field_validator("content")
+    @classmethod
+    def _bounded(cls, content: str | list[ContentPart]) -> str | list[ContentPart]:
+        """At most `MAX_MESSAGE_CHARS` characters, or `MAX_MESSAGES` parts."""
+        if isinstance(content, str) and len(content) > MAX_MESSAGE_CHARS:
+            raise ValueError(f"String should have at most {MAX_MESSAGE_CHARS} characters")
+        if isinstance(content, list) and len(content) > MAX_MESSAGES:
+            raise ValueError(f"List should have at most {MAX_MESSAGES} parts")
+        return content
+
+    def text(self, index: int) -> str:
+        """The message's text: text parts joined with newlines; a 422 naming the message for
+        any other part."""
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise HTTPException(422, f"messages[{index}] has a {part.type!r} part: conduit "
+                                    "reads text parts only (upload images to the collection "
+                                    "as documents)")
+        text = "\n".join(part.text or "" for part in self.content)
+        if len(text) > MAX_MESSAGE_CHARS:
+            raise HTTPException(422, f"messages[{index}] is over {MAX_MESSAGE_CHARS} characters")
+        return text
 
 
 class StreamOptions(BaseModel):
@@ -101,7 +142,32 @@ class StreamFailure:
                                                 "code": self.status}}) + "\n\n"
 
 
-def _query(body: ChatIn) -> QueryIn:
+def _turns(body: ChatIn) -> tuple[tuple[PastTurn, ...], str, int]:
+    """The conversation in `body.messages`: its answered turns, the question (the user
+    messages after the last answer, joined) and the index of its last message; a 422 when
+    no user message waits for an answer."""
+    turns: list[PastTurn] = []
+    asked: list[str] = []
+    answer: list[str] = []
+    last = -1
+    for i, message in enumerate(body.messages):
+        if message.role == "user":
+            if answer:  # the turn before is answered: a new one starts
+                turns.append(PastTurn("\n".join(asked), "\n".join(answer)))
+                asked, answer = [], []
+            asked.append(message.text(i))
+            last = i
+        elif message.role == "assistant" and asked:
+            answer.append(message.text(i))
+        else:
+            message.text(i)  # system, developer, or an answer before any question: checked
+    question = "\n".join(asked)
+    if answer or not question.strip():
+        raise HTTPException(422, "the conversation has no user message to answer")
+    return tuple(turns), question, last
+
+
+def _query(body: ChatIn, question: str, last: int) -> QueryIn:
     """The query the chat asks: a 422 (never a 500) for anything `QueryIn` refuses, located in
     the chat request's own terms (the question is `body.messages.<i>.content`)."""
     collection = body.collection_id
@@ -109,15 +175,12 @@ def _query(body: ChatIn) -> QueryIn:
         collection = body.model.removeprefix("conduit:")
     if not collection or not ID_PATTERN.fullmatch(collection):
         raise HTTPException(422, "set model to 'conduit:<collection_id>' or pass collection_id")
-    users = [i for i, m in enumerate(body.messages) if m.role == "user"]
-    if not users or not body.messages[users[-1]].content.strip():
-        raise HTTPException(422, "the conversation has no user message to answer")
-    where = {"question": ("body", "messages", users[-1], "content"),
+    where = {"question": ("body", "messages", last, "content"),
              "collection_id": ("body", "model" if body.collection_id is None else
                                "collection_id"),
              "max_new_tokens": ("body", "max_tokens")}
     try:
-        return QueryIn(collection_id=collection, question=body.messages[users[-1]].content,
+        return QueryIn(collection_id=collection, question=question,
                        top_k=body.top_k,
                        max_new_tokens=body.max_completion_tokens or body.max_tokens,
                        temperature=body.temperature)
@@ -156,7 +219,9 @@ def _extras(out: QueryOut) -> dict[str, object]:
                         "flops_ratio_lm": out.flops_ratio_lm,
                         "flops_ratio_total": out.flops_ratio_total,
                         "refreshed_visual_tokens": out.refreshed_visual_tokens,
-                        "visual_tokens": out.visual_tokens}}
+                        "visual_tokens": out.visual_tokens,
+                        "conversation": out.cache.conversation,
+                        "dropped_turns": out.dropped_turns}}
 
 
 def _event(cid: str, model: str, choices: list[dict[str, object]],
@@ -169,12 +234,15 @@ def _event(cid: str, model: str, choices: list[dict[str, object]],
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatIn, worker: WorkerDep,
                            tenant: TenantDep) -> dict[str, object] | StreamingResponse:
-    """Answer the last user message over the collection named by `model` (429 while the
-    caller has its cap of answers in flight; a stream holds its slot until it ends)."""
+    """Answer the conversation's last user messages over the collection named by `model`,
+    reading its earlier turns (429 while the caller has its cap of answers in flight; a
+    stream holds its slot until it ends)."""
+    history, asked, last = _turns(body)
     slot = answer_slot(worker, tenant)
     try:
-        question = await anyio.to_thread.run_sync(build_question, _query(body), worker, tenant,
-                                                  body.stream)
+        question = await anyio.to_thread.run_sync(build_question, _query(body, asked, last),
+                                                  worker, tenant, body.stream)
+        question = replace(question, history=history, keep=True)
     except BaseException:
         slot.close()
         raise

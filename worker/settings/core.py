@@ -78,6 +78,12 @@ class CoreSettings(BaseSettings):
     head_agg: Literal["mean", "max"] | None = Field(
         None, description="Aggregation over query heads; unset = mean."
     )
+    conversation_prefixes: int = Field(
+        8, ge=1, le=4096, description="Conversation prefixes (a turn's refreshed KV with its "
+        "answer, kept for its follow-up) one model process keeps per tenant, least recently "
+        "used dropped first; a follow-up whose prefix is gone rebuilds it from the turns' "
+        "text and pages (`cache.conversation`: \"rebuilt\"). A prefix takes the KV of its "
+        "tokens: 8 KB a token for the builtin default.")
     decode_compile: Literal["auto", "off", "on"] = Field(
         "auto", description="How one decode step of the pooled answers runs: auto = one CUDA "
         "graph per bucket of batch size (1, 2, 4, ... max_active_answers) and span (the "

@@ -8,7 +8,7 @@ import os
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from worker.settings.fields import FLAT_ENV, tenant_cap
+from worker.settings.fields import FLAT_ENV, cap, tenant_cap
 
 
 class WorkerSettings(BaseSettings):
@@ -144,6 +144,24 @@ class WorkerSettings(BaseSettings):
         1024, ge=1, le=32768, description="Longest accepted question in model tokens (422 "
         "above it).",
     )
+
+    # conversations: follow-ups that read their earlier turns
+    conversation_max_turns: int = Field(
+        16, ge=1, le=256, description="Answered turns a follow-up reads; older ones are "
+        "dropped (the answer says how many) and the conversation is reassembled without them.")
+    conversation_max_tokens: int = Field(
+        16384, ge=256, le=1_048_576, description="Tokens (pages, questions, answers) a "
+        "follow-up's conversation may hold, at most the model's context; past it the oldest "
+        "turns are dropped as past conversation_max_turns.")
+    conversation_recency: float = Field(
+        0.5, gt=0.0, le=1.0, description="A follow-up's pages are ranked by its question and "
+        "its earlier user turns together, each turn's fused retrieval score weighted by this "
+        "to the power of how many turns back it is (1 = all turns alike).")
+    conversation_max_stored: int = cap(
+        1000, "Conversations one tenant may keep (POST /v1/conversations past it: 413).")
+    conversation_ttl_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="A conversation untouched this long expires (404, "
+        "as a deleted one).")
 
     # reliability
     job_lease_s: float = Field(
