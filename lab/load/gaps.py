@@ -199,8 +199,12 @@ def throughput(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, slots: 
                clients: int, warmup_s: float, duration_s: float, max_new_tokens: int
                ) -> dict[str, float]:
     """Closed-loop clients for `warmup_s` then `duration_s`: the answers that ended and the
-    tokens decoded within the second span, a second."""
+    tokens decoded within the second span, a second; and over the whole run, the schedule's
+    shape, which the machine's load does not change: answers a decode step and decode steps
+    a prefill."""
     engine = make(rt, slots)
+    before = _engine_seconds()
+    rows_before = REGISTRY.get_sample_value("conduit_engine_batch_size_sum") or 0.0
     ended: list[float] = []
     tokens: list[float] = []  # token callbacks run on the engine's one thread
     start = time.perf_counter() + warmup_s
@@ -219,8 +223,14 @@ def throughput(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, slots: 
     for t in threads:
         t.join()
     engine.close()
+    rows = (REGISTRY.get_sample_value("conduit_engine_batch_size_sum") or 0.0) - rows_before
+    after = _engine_seconds()
+    steps = after["decode step"][1] - before["decode step"][1]
+    prefills = after[PREFILL_PHASES[-1]][1] - before[PREFILL_PHASES[-1]][1]
     return {"answers_per_s": sum(start <= e <= stop for e in ended) / duration_s,
-            "tokens_per_s": sum(start <= e <= stop for e in tokens) / duration_s}
+            "tokens_per_s": sum(start <= e <= stop for e in tokens) / duration_s,
+            "rows_per_step": rows / max(steps, 1.0),
+            "steps_per_prefill": steps / max(prefills, 1.0)}
 
 
 def _ms(values: list[float]) -> dict[str, Any]:
@@ -280,7 +290,10 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
                       "mean_ms": {k: round(1e3 * total / max(count, 1.0), 1)
                                   for k, (total, count) in spent[name].items()},
                       "answers_per_s": [round(x["answers_per_s"], 3) for x in rates[name]],
-                      "tokens_per_s": [round(x["tokens_per_s"], 1) for x in rates[name]]}
+                      "tokens_per_s": [round(x["tokens_per_s"], 1) for x in rates[name]],
+                      "rows_per_step": [round(x["rows_per_step"], 2) for x in rates[name]],
+                      "steps_per_prefill": [round(x["steps_per_prefill"], 2)
+                                            for x in rates[name]]}
     ratios = [a["tokens_per_s"] / max(b["tokens_per_s"], 1e-9)  # each pair ran back to back
               for a, b in zip(rates["after"], rates["before"], strict=True)]
     return {"model": model, "baseline": baseline, "policy": settings.core.policy,
@@ -319,10 +332,11 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"{doc['clients']} clients, {doc['slots']} slots, {doc['duration_s']} s a run "
               f"after {doc['warmup_s']} s of the same load, "
               f"{doc['max_new_tokens']}-token answers, {doc['pairs']} runs an engine "
-              "(alternating):", "", "| engine | answers/s | tokens/s |", "|---|---:|---:|"]
+              "(alternating):", "", "| engine | answers/s | tokens/s | answers a decode step "
+              "| decode steps a prefill |", "|---|---:|---:|---:|---:|"]
     for name, row in doc["engines"].items():
-        lines.append(f"| {name} | {', '.join(map(str, row['answers_per_s']))} | "
-                     f"{', '.join(map(str, row['tokens_per_s']))} |")
+        lines.append("| " + " | ".join([name, *(", ".join(map(str, row[k])) for k in (
+            "answers_per_s", "tokens_per_s", "rows_per_step", "steps_per_prefill"))]) + " |")
     lines += ["", "Tokens a second, after over before, each pair run back to back: "
               f"{', '.join(f'{r}x' for r in doc['tokens_per_s_after_over_before'])}; "
               f"median {doc['throughput_after_over_before']}x."]

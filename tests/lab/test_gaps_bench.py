@@ -64,13 +64,15 @@ def test_a_throughput_run_counts_its_window(bench: tuple[ReuseRuntime, Workload]
                       duration_s=1.5, max_new_tokens=8)
     assert rate["answers_per_s"] > 0
     assert rate["tokens_per_s"] >= 8 * rate["answers_per_s"] * 0.5  # tokens of whole answers
+    assert 1 < rate["rows_per_step"] <= 4 and rate["steps_per_prefill"] > 1  # batched
 
 
 def test_markdown_names_both_engines() -> None:
     row = {"steady_gap_ms": 10.0, "during_ms": {"p50": 12.0, "p99": 15.0, "max": 16.0},
            "p99_over_steady": 1.5, "newcomer_ttft_ms": {"p50": 30.0, "max": 40.0},
            "mean_ms": {"decode step": 9.0, "refreshed": 20.0},
-           "answers_per_s": [1.0], "tokens_per_s": [64.0]}
+           "answers_per_s": [1.0], "tokens_per_s": [64.0], "rows_per_step": [3.5],
+           "steps_per_prefill": [4.0]}
     doc = {"date": "2026-12-07", "command": "conduit-lab bench gaps", "model": "m",
            "policy": "conduit_per_page", "budget": 0.1, "baseline": "abc", "running": 8,
            "running_tokens": 160, "arriving": 8, "arriving_tokens": 32, "slots": 16,
@@ -80,3 +82,4 @@ def test_markdown_names_both_engines() -> None:
     text = markdown(doc)
     assert "| before | 10.0 | 12.0 | 15.0 | 16.0 | 1.5x |" in text and "| after |" in text
     assert "| engine | decode step | refreshed |" in text and "| before | 9.0 | 20.0 |" in text
+    assert "| after | 1.0 | 64.0 | 3.5 | 4.0 |" in text
