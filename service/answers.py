@@ -35,7 +35,7 @@ def build_question(body: QueryIn, worker: Worker, tenant: str,
     its policy resolved once where the model is loaded here (`Worker.check_question`)."""
     col = owned_collection(worker, tenant, body.collection_id)
     if body.document_ids is not None:
-        _check_documents(worker, col.id, body.document_ids)
+        check_documents(worker, col.id, body.document_ids)
     question = Question(
         collection_id=col.id, question=body.question, top_k=body.top_k,
         max_new_tokens=body.max_new_tokens,
@@ -50,7 +50,7 @@ def build_question(body: QueryIn, worker: Worker, tenant: str,
     return worker.check_question(question, pages=check_pages)
 
 
-def _check_documents(worker: Worker, collection_id: CollectionId,
+def check_documents(worker: Worker, collection_id: CollectionId,
                      document_ids: list[str]) -> None:
     """404 naming the first id that is not a document of the collection: the same reply for
     a made-up id, a deleted document and another tenant's (which is in another collection)."""

@@ -28,6 +28,7 @@ from service.metrics import (
 )
 from service.routers import (
     collections,
+    conversations,
     documents,
     health,
     models,
@@ -91,7 +92,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # outermost: every response is counted, refusals included, by the route it was for
     app.add_middleware(HTTPMetricsMiddleware, routes=lambda: app.router.routes)
     for router in (collections.router, documents.router, pages.router, query.router,
-                   models.router, openai_chat.router, health.router, usage.router):
+                   models.router, openai_chat.router, health.router, usage.router,
+                   conversations.router):
         app.include_router(router)
     mount_ui(app)
     _install_error_handlers(app)

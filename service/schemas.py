@@ -201,3 +201,50 @@ class QueryOut(BaseModel):
                            "(every visual token recomputed; the answer is full prefill's).")
     dropped_turns: int = Field(0, description="A follow-up's oldest turns left out to keep "
                                "the conversation within its bounds.")
+
+
+class ConversationIn(BaseModel):
+    """Start a conversation over a collection, or over some of its documents."""
+
+    collection_id: ApiId
+    document_ids: list[ApiId] | None = Field(
+        None, max_length=MAX_SCOPE_DOCUMENTS,
+        description="Restrict its turns to these documents of the collection.")
+    title: str = Field("", max_length=200, description="A name to list it by.")
+
+
+class MessageIn(BaseModel):
+    """The next question of a conversation (`QueryIn`'s fields but its scope)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    question: Question
+    top_k: int = Field(3, ge=1, le=32)
+    max_new_tokens: int = Field(64, ge=1, le=2048)
+    policy: str | None = Field(None, max_length=64,
+                               description="Refresh policy; default from settings.")
+    budget: float | None = Field(None, ge=0.0, le=1.0, description="Refresh budget.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+
+
+class TurnOut(BaseModel):
+    """One answered turn of a conversation."""
+
+    question: str
+    answer: str
+    citations: list[dict[str, object]]
+    details: dict[str, object] = Field(description="The answer's figures: policy, budget, "
+                                       "FLOPs ratios, timings, cache (`QueryOut`'s).")
+    created_at: float
+
+
+class ConversationOut(BaseModel):
+    """A conversation; its turns when read alone (`GET /v1/conversations/{id}`)."""
+
+    conversation_id: str
+    collection_id: str
+    document_ids: list[str] | None
+    title: str
+    created_at: float
+    updated_at: float
+    turns: list[TurnOut] | None = Field(None, description="Oldest first; null in a list.")

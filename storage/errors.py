@@ -34,7 +34,7 @@ class QuotaExceededError(StorageError):
     """A write would take a tenant past one of its quotas (`storage.metadata.usage.Quota`)."""
 
     def __init__(self, quota: str, limit: int, used: int, adding: int) -> None:
-        what = "collections" if quota == "collections" else "documents"
+        what = quota if quota in ("collections", "conversations") else "documents"
         super().__init__(f"this tenant's quota of {limit} {quota} would be exceeded ({used} "
                          f"used, this request adds {adding}); delete {what} to make room")
         self.quota = quota

@@ -187,9 +187,13 @@ def answer_question(
         q = check_scope(ctx, q)
     assert q.choice is not None
     t0 = time.perf_counter()
-    earlier = turn_pages(ctx, q, retrieve, reading_order)
+    def rank(question: str, top_k: int) -> list[tuple[Page, float]]:
+        return retrieve(ctx, replace(q, question=question, top_k=top_k, history=()))
+
+    earlier = turn_pages(ctx, q.history, q.top_k, rank, reading_order)
     questions = [t.question for t in q.history] + [q.question]
-    hits = conversation_hits(ctx, q, questions, retrieve) if q.history else retrieve(ctx, q)
+    hits = (conversation_hits(ctx, questions, q.top_k, rank) if q.history
+            else retrieve(ctx, q))
     t_retrieved = time.perf_counter()
     every = list({page_key(p): p for p in [*(p for t in earlier for p in t),
                                            *reading_order(hits)]}.values())
@@ -197,7 +201,8 @@ def answer_question(
         loaded = load_pages(ctx, every)
         kvs = loaded.kvs
         t_loaded = time.perf_counter()
-        drop = fit_turns(ctx, q, earlier, lambda p: kvs[PageHash(p.page_hash)].num_tokens)
+        drop = fit_turns(ctx, q.history, earlier,
+                         lambda p: kvs[PageHash(p.page_hash)].num_tokens)
         earlier = earlier[drop:]
         seen = {page_key(p) for t in earlier for p in t}
         pages = [p for p in reading_order(hits) if page_key(p) not in seen]

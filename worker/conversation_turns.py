@@ -18,20 +18,16 @@ What it decides:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from storage.metadata import DocumentId, Page
 from worker.context import WorkerContext
-
-if TYPE_CHECKING:
-    from worker.answer_job import Question
 
 # each question of a conversation is ranked this many times deeper than its top-k (at most
 # MAX_DEPTH pages), so that a page ranked low by one turn can still add up over the turns
 DEPTH, MAX_DEPTH = 3, 96
 
-Retrieve = Callable[[WorkerContext, "Question"], list[tuple[Page, float]]]
+Rank = Callable[[str, int], list[tuple[Page, float]]]  # (question, top-k) -> pages, scores
 
 
 @dataclass(frozen=True)
@@ -49,47 +45,46 @@ def page_key(page: Page) -> str:
     return f"{page.document_id}:{page.number}"
 
 
-def conversation_hits(ctx: WorkerContext, q: Question, questions: Sequence[str],
-                      retrieve: Retrieve) -> list[tuple[Page, float]]:
+def conversation_hits(ctx: WorkerContext, questions: Sequence[str], top_k: int,
+                      rank: Rank) -> list[tuple[Page, float]]:
     """The top-k pages for the last of `questions` read with the ones before it (module
-    docstring), best first, with their weighted scores."""
+    docstring), best first, with their weighted scores; `rank` ranks one question alone."""
     recency = ctx.settings.worker.conversation_recency
     scores: dict[str, float] = {}
     pages: dict[str, Page] = {}
-    deeper = replace(q, history=(), top_k=min(MAX_DEPTH, DEPTH * q.top_k))
     for back, question in enumerate(reversed(questions)):
-        for page, score in retrieve(ctx, replace(deeper, question=question)):
+        for page, score in rank(question, min(MAX_DEPTH, DEPTH * top_k)):
             key = page_key(page)
             pages[key] = page
             scores[key] = scores.get(key, 0.0) + score * recency ** back
-    best = sorted(scores, key=lambda k: -scores[k])[:q.top_k]
+    best = sorted(scores, key=lambda k: -scores[k])[:top_k]
     return [(pages[k], scores[k]) for k in best]
 
 
-def turn_pages(ctx: WorkerContext, q: Question, retrieve: Retrieve,
+def turn_pages(ctx: WorkerContext, history: Sequence[PastTurn], top_k: int, rank: Rank,
                order: Callable[[list[tuple[Page, float]]], list[Page]]) -> list[list[Page]]:
-    """The pages each of `q.history`'s turns added, oldest first (module docstring)."""
+    """The pages each turn of `history` added, oldest first (module docstring)."""
     seen: set[str] = set()
     added: list[list[Page]] = []
-    for k, turn in enumerate(q.history):
+    for k, turn in enumerate(history):
         if turn.pages is not None:
             keys = [(DocumentId(d), int(n)) for d, _, n in
                     (key.rpartition(":") for key in turn.pages)]
             found = ctx.meta.get_pages(keys)
         else:
-            questions = [t.question for t in q.history[:k + 1]]
-            found = order(conversation_hits(ctx, q, questions, retrieve))
+            questions = [t.question for t in history[:k + 1]]
+            found = order(conversation_hits(ctx, questions, top_k, rank))
         own = [p for p in found if page_key(p) not in seen]
         seen.update(page_key(p) for p in own)
         added.append(own)
     return added
 
 
-def fit_turns(ctx: WorkerContext, q: Question, pages: list[list[Page]],
+def fit_turns(ctx: WorkerContext, history: Sequence[PastTurn], pages: list[list[Page]],
               page_tokens: Callable[[Page], int]) -> int:
-    """How many of the oldest turns to drop so that the rest fit the bounds (module
-    docstring); `page_tokens` counts a page's tokens."""
-    if not q.history:
+    """How many of the oldest turns of `history` to drop so that the rest fit the bounds
+    (module docstring); `pages` are those each added, `page_tokens` counts a page's."""
+    if not history:
         return 0
     s = ctx.settings.worker
     context = int(getattr(ctx.runtime.adapter.text_config, "max_position_embeddings", 0) or 0)
@@ -101,7 +96,7 @@ def fit_turns(ctx: WorkerContext, q: Question, pages: list[list[Page]],
         return len(ids["input_ids"])
 
     sizes = [text(t) + sum(page_tokens(p) for p in added)
-             for t, added in zip(q.history, pages, strict=True)]
+             for t, added in zip(history, pages, strict=True)]
     drop = max(0, len(sizes) - s.conversation_max_turns)
     # the asked turn's question and pages are not counted: they are bounded on their own
     while drop < len(sizes) and sum(sizes[drop:]) > limit:

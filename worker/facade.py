@@ -28,6 +28,7 @@ from storage.metadata.usage import Quota, Usage
 from worker.answer_job import Answer, Citation, Question, answer_question, check_scope
 from worker.context import WorkerContext, build_context
 from worker.conversation_turns import PastTurn
+from worker.conversations import ConversationFullError, Conversations, open_store
 from worker.errors import AnswerCancelledError, WorkerError
 from worker.fairness import TenantSlots, answer_cap, queued_documents_cap
 from worker.heap import freeze_long_lived
@@ -64,8 +65,8 @@ from worker.uploads import (
 )
 
 __all__ = [
-    "Answer", "AnswerCancelledError", "CheckedUpload", "Citation", "IngestError", "PastTurn",
-    "Question",
+    "Answer", "AnswerCancelledError", "CheckedUpload", "Citation", "ConversationFullError",
+    "Conversations", "IngestError", "PastTurn", "Question",
     "TokenSink", "UploadTooLargeError", "Worker", "WorkerError",
     "freeze_long_lived", "parse_layers", "run_celery_worker",
 ]
@@ -89,6 +90,8 @@ class Worker:
         self._upload_slots = TenantSlots(queued_documents_cap(s, keyed),
                                          "documents queued for ingestion",
                                          "CONDUIT_MAX_QUEUED_DOCUMENTS_PER_TENANT")
+        # stored conversations, each tenant's own (`worker.conversations`)
+        self.conversations = Conversations(ctx, open_store(ctx))
 
     @classmethod
     def local(cls, settings: Settings) -> Worker:

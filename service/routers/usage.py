@@ -31,14 +31,20 @@ class UsageOut(BaseModel):
     documents: Measure = Field(description="Documents (CONDUIT_QUOTA_DOCUMENTS).")
     pages: Measure = Field(description="Summed page counts (CONDUIT_QUOTA_PAGES).")
     collections: Measure = Field(description="Collections (CONDUIT_QUOTA_COLLECTIONS).")
+    conversations: Measure = Field(description="Stored conversations "
+                                   "(CONDUIT_CONVERSATION_MAX_STORED).")
 
 
 @router.get("/v1/usage", response_model=UsageOut)
 def get_usage(worker: WorkerDep, tenant: TenantDep) -> UsageOut:
-    """The caller's bytes, documents, pages and collections with their limits."""
+    """The caller's bytes, documents, pages, collections and conversations with their
+    limits."""
     used = worker.usage(tenant)
     quota = worker.quota
     return UsageOut(**{name: Measure(used=getattr(used, name), limit=getattr(quota, name) or None)
                        for name in ("bytes", "documents", "pages")},
                     collections=Measure(used=len(worker.meta.list_collections(tenant)),
-                                        limit=quota.collections or None))
+                                        limit=quota.collections or None),
+                    conversations=Measure(
+                        used=worker.conversations.count(tenant),
+                        limit=worker.settings.worker.conversation_max_stored or None))

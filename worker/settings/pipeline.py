@@ -159,6 +159,9 @@ class WorkerSettings(BaseSettings):
         "to the power of how many turns back it is (1 = all turns alike).")
     conversation_max_stored: int = cap(
         1000, "Conversations one tenant may keep (POST /v1/conversations past it: 413).")
+    conversation_turn_limit: int = cap(
+        200, "Turns one stored conversation may hold; a message past it gets 409 (start a "
+        "new conversation).")
     conversation_ttl_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="A conversation untouched this long expires (404, "
         "as a deleted one).")

@@ -1,0 +1,168 @@
+"""`/v1/conversations`: a tenant's conversations over a collection, asked turn by turn.
+
+`POST /v1/conversations` starts one (201), `POST /v1/conversations/{id}/messages` asks its
+next question and answers it as `/v1/query` does (its `.../messages/stream` as server-sent
+events, like `/v1/query/stream`), reading the earlier turns; `GET /v1/conversations/{id}`
+gives its turns with their citations and figures, `GET /v1/conversations` the tenant's list,
+`DELETE` removes one. Another tenant's id, an unknown one and an expired one are the same
+404; past the stored conversations' limit 413, past a conversation's turns 409
+(`worker.conversations`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator
+
+import anyio
+from fastapi import APIRouter, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from service.access import owned_collection
+from service.answers import (
+    SSE_HEADERS,
+    answer_slot,
+    build_question,
+    check_documents,
+    to_query_out,
+)
+from service.deps import TenantDep, WorkerDep
+from service.schemas import (
+    ConversationIn,
+    ConversationOut,
+    MessageIn,
+    QueryIn,
+    QueryOut,
+    TurnOut,
+)
+from storage.conversations import Conversation
+from worker.facade import Answer, AnswerCancelledError, Question, Worker
+
+router = APIRouter(tags=["conversations"])
+
+
+def _out(conversation: Conversation, turns: bool) -> ConversationOut:
+    return ConversationOut(
+        conversation_id=conversation.id, collection_id=conversation.collection_id,
+        document_ids=conversation.document_ids, title=conversation.title,
+        created_at=conversation.created_at, updated_at=conversation.updated_at,
+        turns=[TurnOut(question=t.question, answer=t.answer, citations=t.citations,
+                       details=t.details, created_at=t.created_at)
+               for t in conversation.turns] if turns else None)
+
+
+@router.post("/v1/conversations", response_model=ConversationOut, status_code=201)
+def create_conversation(body: ConversationIn, worker: WorkerDep,
+                        tenant: TenantDep) -> ConversationOut:
+    """A new conversation over the caller's collection (404 for one it cannot see)."""
+    col = owned_collection(worker, tenant, body.collection_id)
+    if body.document_ids is not None:  # the same 404s as a query's scope
+        check_documents(worker, col.id, body.document_ids)
+    conversation = worker.conversations.create(tenant, col.id, body.document_ids, body.title)
+    return _out(conversation, turns=True)
+
+
+@router.get("/v1/conversations", response_model=list[ConversationOut])
+def list_conversations(worker: WorkerDep, tenant: TenantDep) -> list[ConversationOut]:
+    """The caller's conversations, most recently updated first (without their turns)."""
+    return [_out(c, turns=False) for c in worker.conversations.of_tenant(tenant)]
+
+
+@router.get("/v1/conversations/{conversation_id}", response_model=ConversationOut)
+def get_conversation(conversation_id: str, worker: WorkerDep,
+                     tenant: TenantDep) -> ConversationOut:
+    """The conversation with its turns, oldest first."""
+    return _out(worker.conversations.get(tenant, conversation_id), turns=True)
+
+
+@router.delete("/v1/conversations/{conversation_id}", status_code=204)
+def delete_conversation(conversation_id: str, worker: WorkerDep, tenant: TenantDep) -> Response:
+    """Remove the conversation and its turns."""
+    worker.conversations.delete(tenant, conversation_id)
+    return Response(status_code=204)
+
+
+def _question(worker: Worker, tenant: str, conversation: Conversation, body: MessageIn,
+              stream: bool) -> Question:
+    """The message as the conversation's next question (its scope, history and kept KV)."""
+    query = QueryIn(collection_id=conversation.collection_id,
+                    document_ids=conversation.document_ids, **body.model_dump())
+    return worker.conversations.follow_up(conversation,
+                                          build_question(query, worker, tenant, stream))
+
+
+def _record(worker: Worker, conversation: Conversation, question: str,
+            answer: Answer) -> QueryOut:
+    """The answer's body, its turn appended to the conversation."""
+    out = to_query_out(answer)
+    worker.conversations.record(conversation, question, answer,
+                                [c.model_dump() for c in out.citations],
+                                out.model_dump(exclude={"answer", "citations"}))
+    return out
+
+
+@router.post("/v1/conversations/{conversation_id}/messages", response_model=QueryOut)
+def ask(conversation_id: str, body: MessageIn, worker: WorkerDep,
+        tenant: TenantDep) -> QueryOut:
+    """Answer the conversation's next question, reading its earlier turns."""
+    conversation = worker.conversations.get(tenant, conversation_id)
+    with answer_slot(worker, tenant):
+        question = _question(worker, tenant, conversation, body, False)
+        return _record(worker, conversation, body.question, worker.answer(question))
+
+
+@router.post("/v1/conversations/{conversation_id}/messages/stream",
+             response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def ask_stream(conversation_id: str, body: MessageIn, worker: WorkerDep,
+                     tenant: TenantDep) -> StreamingResponse:
+    """The same answer as server-sent events (`token` events, then `done` or `error`); the
+    turn is kept once the answer is done."""
+    conversation = await anyio.to_thread.run_sync(worker.conversations.get, tenant,
+                                                  conversation_id)
+    slot = answer_slot(worker, tenant)
+    try:
+        question = await anyio.to_thread.run_sync(_question, worker, tenant, conversation,
+                                                  body, True)
+    except BaseException:
+        slot.close()
+        raise
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    gone = threading.Event()  # the client disconnected: the answer leaves the batch
+
+    def on_token(_token_id: int, text: str) -> None:
+        if gone.is_set():
+            raise AnswerCancelledError("the client went away")
+        if text:
+            loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
+
+    def run() -> None:
+        try:
+            answer = worker.answer(question, on_token=on_token, cancel=gone)
+            event = ("done", _record(worker, conversation, body.question, answer)
+                     .model_dump_json())
+        except Exception as exc:  # reported to the client as an event, never a dropped stream
+            event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    async def stream() -> AsyncIterator[str]:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, run)
+                try:
+                    while True:
+                        kind, data = await events.get()
+                        yield f"event: {kind}\ndata: {data}\n\n"
+                        if kind in ("done", "error"):
+                            break
+                finally:
+                    gone.set()
+        finally:
+            slot.close()
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(slot.close))
