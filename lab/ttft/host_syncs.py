@@ -1,10 +1,11 @@
 """Counting the host reads (device-to-host syncs) of a computation, on any device (issue 65).
 
 On an accelerator every read of a device tensor's values by the host (`.item()`, `int(t)`,
-`.cpu()`, `.numpy()`, `.tolist()`, a boolean mask index, `nonzero`, `unique`, `bincount`, a
-`repeat_interleave` by a tensor, a copy into a host tensor) waits for the device's queue to
-drain and stops a graph capture. `SyncCounter` counts them on the CPU too, where nothing
-would wait, by telling device tensors from host ones as an accelerator would hold them:
+`.cpu()`, `.to("cpu")`, `.numpy()`, `.tolist()`, a boolean mask index, `nonzero`, `unique`,
+`bincount`, a `repeat_interleave` by a tensor, a copy into a host tensor) waits for the
+device's queue to drain and stops a graph capture. `SyncCounter` counts them on the CPU too,
+where nothing would wait, by telling device tensors from host ones as an accelerator would
+hold them:
 
 * of the tensors alive when the count is entered, those named in `device` are on the device
   (`runtime_device_tensors`: the model's weights and buffers, the cached heads' and labels'
@@ -12,8 +13,8 @@ would wait, by telling device tensors from host ones as an accelerator would hol
 * inside the count, a tensor is on the device when a factory call was given a `torch.device`
   (`device=adapter.device`), when `.to(device)` / `.cuda()` moved it, or when an operation
   computed it from a device tensor (in-place writes included); any other is on the host
-  (host data: a factory call that names no device object, numpy, a `.cpu()`, an operation
-  on host tensors only).
+  (host data: a factory call that names no device object, numpy, a `.cpu()` or
+  `.to("cpu")`, an operation on host tensors only).
 
 A read of a host tensor is host arithmetic and costs nothing on a device, so it is not
 counted; what the passes need on the host must be computed from host data (the layout),
@@ -71,7 +72,6 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "
                       "_unique", "_unique2", "unique_dim", "unique_consecutive", "bincount"})
 _MASK_INDEXED = frozenset({"index", "index_put", "_index_put_impl"})  # synced by a bool index
 _READS = frozenset({"cpu", "numpy", "tolist"})  # Tensor methods that hand values to the host
-_MOVES = frozenset({"to", "cuda"})  # a move to the device (`to` with a device argument)
 
 
 def runtime_device_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -130,12 +130,14 @@ def _tensors(tree: Any) -> Iterable[torch.Tensor]:
             yield from _tensors(item)
 
 
-def _names_device(args: Any, kwargs: dict[str, Any]) -> bool:
-    """`Tensor.to`'s arguments move it to a device (not only a dtype change)."""
-    if "device" in kwargs:
-        return True
-    return any(isinstance(a, (torch.device, str, int)) and not isinstance(a, bool)
-               for a in args[1:])
+def _move_target(args: Any, kwargs: dict[str, Any]) -> str | None:
+    """Where `Tensor.to`'s arguments move it: "host" (the string "cpu"), "device" (a device
+    object, another name or an index), None (a dtype change only)."""
+    given = [kwargs["device"]] if kwargs.get("device") is not None else [
+        a for a in args[1:] if isinstance(a, (torch.device, str, int)) and not isinstance(a, bool)]
+    if not given:
+        return None
+    return "host" if isinstance(given[0], str) and given[0].startswith("cpu") else "device"
 
 
 def _site(frame: FrameType | None) -> str:
@@ -143,7 +145,7 @@ def _site(frame: FrameType | None) -> str:
     first = None
     while frame is not None:
         name = frame.f_code.co_filename
-        if first is None and "host_syncs" not in name and "torch" not in name:
+        if first is None and name != __file__ and "/torch/" not in name:
             first = f"{name}:{frame.f_lineno}"
         if "conduit_core" in name:
             return f"{name.split('conduit_core/')[-1]}:{frame.f_lineno}"
@@ -229,21 +231,21 @@ class SyncCounter:
     def _function(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         name = getattr(func, "__name__", "")
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if name in _READS and source is not None:
+        target = _move_target(args, kwargs) if name == "to" and source is not None else None
+        if source is not None and (name in _READS or target == "host"):
             self._tick()
             if not self._is_host(source):
-                self._read(name)
+                self._read("to cpu" if target else name)
         out = func(*args, **kwargs)
         if not any(True for _ in _tensors((args, kwargs))):  # a factory: host data, unless
             for t in _tensors(out):  # it names a device object (a string names the host)
                 self._mark(t, host=not isinstance(kwargs.get("device"), torch.device))
             return out
         if source is not None and isinstance(out, torch.Tensor):
-            if name == "cpu" or (name in _MOVES and (name == "cuda"
-                                                     or _names_device(args, kwargs))):
+            if name in ("cpu", "cuda") or target is not None:
                 if out is source:  # the CPU returns the tensor itself: a new one stands
                     out = source.view_as(source)  # for the copy the device would make
-                self._mark(out, host=name == "cpu")
+                self._mark(out, host=name == "cpu" or target == "host")
         return out
 
     def _dispatch(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
