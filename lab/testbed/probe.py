@@ -13,7 +13,8 @@ against a full prefill of the same layout.
 Public API:
   PAGE_MODES = ("gold", "distractors");  SHOWN = 6
   load_checkpoint_vlm(path) -> LoadedVLM      a training checkpoint or a weights file
-  probe(vlm, n, seed, policies, budgets, pages, records=None) -> list[dict]
+  probe(vlm, n, seed, policies, budgets, pages, label_cache, label_refresh, records)
+      -> list[dict]
       rows per (family, policy, budget); `records`, a list, gets one record per question and
       row as `eval answers` writes them ({"id", "policy", "budget", "score"}; the id
       `q<i>-<family>-s<seed>`), for `lab.testbed.intervals`
@@ -40,6 +41,7 @@ from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS, NAME, build_testb
 from conduit_core.page_kv import ModelFingerprint
 from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import choose_policy, get_policy
+from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.testbed.batches import Sample, draw_sample, page_image, shown_pages
@@ -112,14 +114,15 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
 def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
           budgets: tuple[float, ...] = (0.1,), pages: str = "gold",
-          label_cache: bool = True,
+          label_cache: bool = True, label_refresh: LabelRefresh = "always",
           records: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget, over the pages of
     `probe_samples(n, seed, pages)`; with the share of questions whose asked key cells were
     all refreshed and the mean LM FLOPs ratio to a full prefill. `label_cache`: page labels
-    stale from the runtime's label cache, computed with the pages (charged to no policy)."""
+    stale from the runtime's label cache, computed with the pages (charged to no policy);
+    `label_refresh`: which of them a refresh recomputes (the runtime's option)."""
     runtime = ReuseRuntime(vlm, never_above_full=False,  # each policy's own choice
-                           label_cache=label_cache)
+                           label_cache=label_cache, label_refresh=label_refresh)
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     covered: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
     flops: dict[tuple[str, str, float], list[float]] = defaultdict(list)

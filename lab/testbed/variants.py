@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,7 +64,9 @@ from conduit_core.policies import get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.policies.selection import topk_positions
+from conduit_core.prompt.layout import LABEL_REFRESH
 from lab.ablations.conduit_adaptive import AdaptiveConduitPolicy
+from lab.testbed.cheaper import CHEAPER
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
@@ -213,6 +216,8 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_second_hop_80": SecondHop(get_policy("conduit_per_page"), 0.8),
     "cv_second_hop_60": SecondHop(get_policy("conduit_per_page"), 0.6),
     "cv_second_hop_80_l2": SecondHop(get_policy("conduit_per_page"), 0.8, layers=2),
+    # the default's quota, spending less where attention is concentrated (`cheaper.py`)
+    **CHEAPER,
 }
 
 
@@ -225,11 +230,16 @@ def register() -> list[str]:
 
 def main() -> None:
     """Probe the registered CONDUIT family and the candidates on one checkpoint."""
+    from conduit_core.model.loader import load_vlm
+    from conduit_core.model.testbed_model import MAX_IMAGE_TOKENS
     from lab import command_line
     from lab.testbed.probe import load_checkpoint_vlm, probe
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--weights", type=Path, required=True)
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", type=Path, help="a testbed checkpoint or weights file")
+    source.add_argument("--model", help="a model by name instead (builtin:small-qwen2-vl: "
+                        "random weights, for what a rule does with diffuse attention)")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=7, help="the development seed")
     ap.add_argument("--pages", choices=["gold", "distractors"], default="distractors")
@@ -241,6 +251,8 @@ def main() -> None:
     ap.add_argument("--no-label-cache", dest="label_cache", action="store_false",
                     help="page labels as text rows (before 2026-12-02), not stale from the "
                     "label cache (conduit_core.label_cache)")
+    ap.add_argument("--label-refresh", choices=LABEL_REFRESH, default="always",
+                    help="which stale page labels a refresh recomputes (the runtime's option)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--records", type=Path, default=None,
                     help="also write every answer's score here, for `testbed paired`")
@@ -253,18 +265,22 @@ def main() -> None:
         ap.error(f"unknown candidates: {', '.join(unknown)}")
     names = [p for p in args.policies.split(",") if p] + candidates
     records: list[dict[str, object]] | None = [] if args.records else None
-    rows = probe(load_checkpoint_vlm(args.weights), n=args.n, seed=args.seed,
+    vlm = load_checkpoint_vlm(args.weights) if args.weights else load_vlm(
+        args.model, cache_dir=Path(tempfile.mkdtemp()), max_image_tokens=MAX_IMAGE_TOKENS)
+    rows = probe(vlm, n=args.n, seed=args.seed,
                  policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
-                 pages=args.pages, label_cache=args.label_cache, records=records)
+                 pages=args.pages, label_cache=args.label_cache,
+                 label_refresh=args.label_refresh, records=records)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"weights": str(args.weights), "n": args.n,
+    args.out.write_text(json.dumps({"weights": str(args.weights or args.model), "n": args.n,
                                     "seed": args.seed, "pages": args.pages,
-                                    "label_cache": args.label_cache, "rows": rows},
+                                    "label_cache": args.label_cache,
+                                    "label_refresh": args.label_refresh, "rows": rows},
                                    indent=1))
     for row in rows:
         print(json.dumps(row))
     if args.records and records is not None:
-        header = {"config": {"command": command_line(), "weights": str(args.weights),
+        header = {"config": {"command": command_line(), "weights": str(args.weights or args.model),
                              "n": args.n, "seed": args.seed, "pages": args.pages}}
         args.records.parent.mkdir(parents=True, exist_ok=True)
         args.records.write_text("".join(json.dumps(r) + "\n" for r in [header, *records]))
