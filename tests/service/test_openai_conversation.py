@@ -38,7 +38,8 @@ class Chat:
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chat]:
     home = tmp_path_factory.mktemp("openai-conversation")
-    url, proc = start_server(home, {"CONDUIT_OCR": "false"})
+    url, proc = start_server(home, {"CONDUIT_OCR": "false",
+                                    "CONDUIT_CONVERSATION_MAX_TURNS": "2"})
     try:
         raw = httpx.Client(base_url=url, timeout=300)
         col = raw.post("/v1/collections", json={"name": "logs"}).json()["collection_id"]
@@ -107,3 +108,19 @@ def test_an_image_part_is_refused_with_a_message(chat: Chat) -> None:
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
     detail = refused.value.response.text
     assert "image_url" in detail and "text parts only" in detail, detail
+
+
+def test_the_oldest_turns_go_past_the_bound_and_the_answer_says_so(chat: Chat) -> None:
+    """Three earlier turns under CONDUIT_CONVERSATION_MAX_TURNS=2: the oldest is dropped."""
+    messages: list[dict[str, Any]] = []
+    for question, answer in ((Q1, "Kessel and Sons."), (Q2, "It was replaced."),
+                             ("When was it replaced?", "In March.")):
+        messages += [{"role": "user", "content": question},
+                     {"role": "assistant", "content": answer}]
+    messages.append({"role": "user", "content": Q3})
+    reply = _ask(chat, messages)
+    assert reply.model_extra["conduit"]["dropped_turns"] == 1
+    kept = _ask(chat, messages[2:])  # the same conversation without its oldest turn
+    assert kept.model_extra["conduit"]["dropped_turns"] == 0
+    assert kept.usage.prompt_tokens == reply.usage.prompt_tokens
+    assert kept.choices[0].message.content == reply.choices[0].message.content
