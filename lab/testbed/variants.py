@@ -8,8 +8,12 @@ adds them to the policy registry under their names for one process, so the probe
 wins on the development seed and holds on the final seed is registered in
 `conduit_core.policies` for good; the rest stay here.
 
-    python -m lab.testbed.variants --weights W --n 200 --pages distractors --out FILE \
-        [--policies REGISTERED,...] [--candidates CANDIDATE,...] [--records FILE]
+    python -m lab.testbed.variants (--weights W | --model builtin:NAME) --n 200 \
+        --pages distractors --out FILE [--policies REGISTERED,...] \
+        [--candidates CANDIDATE,...] [--records FILE] [--label-refresh always|page|budget]
+
+The candidates for a cheaper default (issue 67: the default's per-page quota, each page's
+count from the scores) are in `cheaper.py` and registered here with the rest.
 
 A candidate beyond those choices, from the split oracle (`results/split_oracle.md`): a split
 record's key reads the value ending the page before among that page's last rows, and with
