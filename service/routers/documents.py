@@ -153,8 +153,8 @@ def delete_document(document_id: DocumentIdPath, worker: WorkerDep, tenant: Tena
     """
     doc = owned_document(worker, tenant, document_id)
     if worker.held_by_live_worker(doc):
-        raise HTTPException(409, "the document is being ingested; retry when it is done (a "
         lease_s = worker.settings.worker.job_lease_s
+        raise HTTPException(409, "the document is being ingested; retry when it is done (a "
                             f"stalled ingest can be deleted {lease_s:.0f} s after its worker "
                             "stops)")
     thumbnails.drop_document(doc.id)
