@@ -29,7 +29,7 @@ from worker.heap import freeze_long_lived
 from worker.recovery import mark_failed
 from worker.runners import TokenSink, execute_ingest_job
 from worker.settings import Settings
-from worker.token_bus import token_bus
+from worker.token_bus import CLAIM_PREFIX, token_bus
 from worker.wire import answer_from_json, answer_to_json, question_from_json, question_to_json
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,9 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     ctx = _context()
     assert ctx.settings.storage.redis_url
     bus = token_bus(ctx.settings.storage.redis_url)  # publishes off the engine's thread
+    if not bus.claim(channel, ctx.settings.worker.answer_timeout_s):
+        log.info("the question on %s is answered by another delivery; skipped", channel)
+        return
 
     def token(tid: int, text: str) -> None:  # nobody listening: the client went away
         if not bus.listening(channel):
@@ -154,9 +157,11 @@ class CeleryRunner:
     """`JobRunner` that sends jobs and questions to Celery workers through the broker.
 
     An answer's wait is bounded three ways: 503 when no worker starts the question within
-    `answer_queue_wait_s` (the task expires unrun); a worker silent for `STALL_S` mid-answer
-    is presumed dead and the question is sent once more (unless tokens were already relayed:
-    then 503); 504 when the answer is not complete within `answer_timeout_s`.
+    `answer_queue_wait_s` (the task expires unrun; meanwhile a question whose message the
+    broker no longer holds, taken by a worker that froze and died, is sent again once a lease,
+    and the worker's claim of the channel answers it once); a worker silent for `STALL_S`
+    mid-answer is presumed dead and the question is sent once more (unless tokens were already
+    relayed: then 503); 504 when the answer is not complete within `answer_timeout_s`.
     """
 
     def __init__(self, broker_url: str, settings: Settings | None = None) -> None:
@@ -165,6 +170,7 @@ class CeleryRunner:
         self._bus = redis.Redis.from_url(broker_url)  # one pool; each answer subscribes on it
         self._timeout = s.worker.answer_timeout_s
         self._queue_wait = s.worker.answer_queue_wait_s
+        self._lease = s.worker.job_lease_s  # a question unstarted and unheld this long: lost
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document on the broker (the job id is the task
@@ -205,26 +211,43 @@ class CeleryRunner:
             sub.close()
 
     def _send(self, question: Question, channel: str) -> None:
-        # a question nobody waits for any more is dropped unrun, not answered later
+        # a question nobody waits for any more is dropped unrun, not answered later; the
+        # channel is the task id, so `_lost` can look for the message in the broker
         self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel],
-                            expires=self._queue_wait)
+                            expires=self._queue_wait, task_id=channel)
+
+    def _lost(self, channel: str) -> bool:
+        """Whether the question's message is neither waiting nor taken by a live worker (a
+        worker that froze holding it and died took it along)."""
+        try:
+            return channel not in held_task_ids(self._bus, (ANSWER_QUEUE,))
+        except UnavailableError:
+            return False
 
     def _relay(self, sub: Any, channel: str, question: Question,
                on_token: TokenSink | None, cancel: threading.Event | None = None) -> Answer:
         self._send(question, channel)
         now = time.monotonic()
         deadline, heard, started, sends, relayed = now + self._timeout, now, False, 1, False
+        sent_at = now
         while (now := time.monotonic()) < deadline:
             if cancel is not None and cancel.is_set():
                 raise AnswerCancelledError("the client went away")
             if not started and now - heard > self._queue_wait:
                 raise RemoteAnswerError(f"no worker took the question within "
                                         f"{self._queue_wait:.0f} s; retry later", 503)
+            if not started and now - sent_at >= self._lease:
+                sent_at = now  # looked for once a lease; a lost message is sent again
+                if self._lost(channel):
+                    log.warning("the question's message on %s was lost; sending it again",
+                                channel)
+                    self._send(question, channel)
             if started and now - heard > STALL_S:
                 if relayed or sends > 1:
                     raise RemoteAnswerError("the worker answering the question stopped; "
                                             "retry", 503)
                 log.warning("answering worker went silent; sending the question again")
+                self._bus.delete(CLAIM_PREFIX + channel)  # presumed dead: another may take it
                 self._send(question, channel)
                 heard, started, sends = now, False, sends + 1
             message = sub.get_message(timeout=1.0)

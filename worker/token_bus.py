@@ -37,6 +37,7 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 PIPELINE_MAX = 512  # messages sent in one round trip at most
+CLAIM_PREFIX = "conduit:answer-claim:"  # + channel: the worker answering that question
 
 
 @dataclass
@@ -76,6 +77,13 @@ class TokenBus:
         if item.sent is None:
             return True
         return item.sent.wait(wait) and item.ok
+
+    def claim(self, channel: str, ttl_s: float) -> bool:
+        """Take the answer on `channel` for this worker: False when another delivery of the
+        same question already took it (a question sent again after its message seemed lost
+        is answered once). The claim lapses after `ttl_s`, or when the API drops it."""
+        key = CLAIM_PREFIX + channel
+        return bool(self._redis.set(key, "1", nx=True, ex=max(1, int(ttl_s))))
 
     def listening(self, channel: str) -> bool:
         """False once a message to `channel` reached nobody (or could not be sent)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +69,49 @@ def test_a_message_lost_with_a_frozen_worker_is_sent_again(tmp_path: Path) -> No
         assert redis_entries(redis_url) == 3
         listed = client.get(f"/v1/collections/{col}/documents").json()
         assert [d["document_id"] for d in listed] == [up["document_id"]]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        stop_processes(procs)
+        stop_redis()
+
+
+def test_a_question_lost_with_a_frozen_worker_is_answered_once(tmp_path: Path) -> None:
+    """The same for a question whose client waits: its message is sent again once the broker
+    no longer holds it, and answered by one delivery (before: 503 after the queue wait)."""
+    redis_url, stop_redis = start_redis(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    procs: list[subprocess.Popen[bytes]] = [start_worker(home, redis_url, "worker1.log")]
+    broker = redis.Redis.from_url(redis_url)
+    try:
+        url, api = start_serve(home, {**FAST, "CONDUIT_REDIS_URL": redis_url,
+                                      "CONDUIT_ANSWER_QUEUE_WAIT_S": "120"})
+        procs.append(api)
+        client = httpx.Client(base_url=url, timeout=600)
+        col = client.post("/v1/collections", json={"name": "c"}).json()["collection_id"]
+        up = client.post(f"/v1/collections/{col}/documents", files={"file": (
+            "c.pdf", text_pdf(["The east gate opens at dawn."]), "application/pdf")}).json()
+        assert settled(client, up["document_id"], timeout=600)["status"] == "ready"
+        wait_for(lambda: _worker_ready(home / "worker1.log"), 600, "the first worker")
+        frozen = procs[0]
+        frozen.send_signal(signal.SIGSTOP)
+        replies: list[httpx.Response] = []
+        asking = threading.Thread(target=lambda: replies.append(client.post("/v1/query", json={
+            "collection_id": col, "question": "When does the east gate open?",
+            "max_new_tokens": 4})))
+        asking.start()
+        time.sleep(2)
+        wait_for(lambda: broker.llen("conduit.answer") == 0, 60, "the frozen worker's pop")
+        frozen.kill()
+        frozen.wait(timeout=30)
+        procs.append(start_worker(home, redis_url, "worker2.log"))
+        asking.join(timeout=300)
+        assert replies and replies[0].status_code == 200, replies and replies[0].text
+        assert replies[0].json()["citations"][0]["document_id"] == up["document_id"]
+        answered = (home / "worker2.log").read_bytes().count(b"Task conduit.answer[")
+        assert answered >= 1
     finally:
         for proc in procs:
             if proc.poll() is None:
