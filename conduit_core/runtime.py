@@ -227,10 +227,11 @@ class ReuseRuntime:
         history (or from nothing) turn by turn with the request's policy, each turn's answer
         from its text ("rebuilt", with the LM FLOPs that spent); every rebuilt turn is kept."""
         turns = len(request.history)
-        keys = [self._history_key(request, k) for k in range(1, turns + 1)]
+        keys: dict[int, str] = {}  # k -> the key of the first k turns, made when looked up
         start, prefix = 0, None
         for k in range(turns, 0, -1):
-            prefix = self.conversations.get(_owner(request), keys[k - 1])
+            keys[k] = self._history_key(request, k)
+            prefix = self.conversations.get(_owner(request), keys[k])
             if prefix is not None:
                 start = k
                 break
@@ -249,7 +250,7 @@ class ReuseRuntime:
             prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
                                              self._kept(sub, assembly), turn.answer)
             spent += extended
-            self.conversations.put(_owner(request), keys[k], prefix)
+            self.conversations.put(_owner(request), keys[k + 1], prefix)
         assert prefix is not None
         return prefix, "rebuilt", spent
 
