@@ -2,22 +2,19 @@
 
 The answer engine calls each question's token callback from its one model thread, once per
 token of every answer in the batch. A Redis `PUBLISH` there waits for its reply (how many
-listen), so a batch of 16 answers waited for 16 round trips a decode step, on a busy machine
-as long as the step's model work. `TokenBus` (one per worker process) takes every answer's
-messages into one FIFO, and a publisher thread sends whatever has gathered in one pipeline
-(one round trip) while the engine runs its next step; messages of one channel keep their order.
+listen), so a batch of 16 answers waited for 16 round trips per decode step, on a busy
+machine as long as the step's model work. `TokenBus` (one per worker process and Redis URL,
+made on first use) takes every answer's messages into one FIFO, and a publisher thread sends
+whatever has gathered in one pipeline (one round trip) while the engine runs its next step;
+messages of one channel keep their order.
 
 A publish that reached nobody (the API stopped listening: its client went away, or it gave
 the question up) marks its channel gone; the answer's next token callback sees it and leaves
 the batch (one step later than a synchronous publish would tell it). A pipeline that fails
 (Redis unreachable after the client's own retries) marks its channels gone too: nobody can
-receive them. `send(..., wait=...)` blocks until the message is out (an answer's last
-message, before its task returns and is acknowledged).
-
-Public API:
-  TokenBus(url)   .send(channel, message, wait=None) -> bool   (with wait: published in time)
-                  .listening(channel) -> bool   .release(channel)   .close()
-  token_bus(url) -> TokenBus   this process's bus for `url` (created on first use)
+receive them. A send may wait until its message is out (an answer's last message, before its
+task returns and is acknowledged). A question delivered twice (sent again after its message
+seemed lost) is answered once: the worker that claims its channel first answers it.
 """
 
 from __future__ import annotations
