@@ -1,7 +1,8 @@
 """`conduit-lab`: the lab's command line, beside the product's `conduit`.
 
     conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
-    conduit-lab bench store|disk-load|ttft|load|load-paired|engine|gaps|retrieval-scale
+    conduit-lab bench store|disk-load|ttft|load|load-paired|engine|gaps|retrieval-scale|
+                      conversation
     conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab report results                        docs/RESULTS.md from the committed results
@@ -96,6 +97,15 @@ def _parser() -> argparse.ArgumentParser:
     over.add_argument("--repeats", type=int, default=5)
     over.add_argument("--out", type=Path, default=results("ttft") / "overhead.json")
     over.set_defaults(func=_bench_overhead)
+
+    conv = bench.add_parser("conversation", help="a conversation's follow-ups against its "
+                            "first turn: TTFT and LM FLOPs of kept, rebuilt and new-page turns")
+    conv.add_argument("--repeats", type=int, default=3)
+    conv.add_argument("--turns", type=int, default=5)
+    conv.add_argument("--max-new-tokens", type=int, default=64)
+    conv.add_argument("--out", type=Path,
+                      default=Path("lab/conversation/results/conversation.json"))
+    conv.set_defaults(func=_bench_conversation)
 
     ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
     add_ttft_arguments(ttft)
@@ -320,6 +330,14 @@ def _bench_overhead(args: argparse.Namespace) -> int:
 
     pages = [int(x) for x in args.pages.split(",") if x.strip()]
     run_overhead(pages, args.repeats, args.out, command=command_line())
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+def _bench_conversation(args: argparse.Namespace) -> int:
+    from lab.conversation.bench import run, write
+
+    write(run(args.repeats, args.turns, args.max_new_tokens, command_line()), args.out)
     print(args.out.with_suffix(".md").read_text())
     return 0
 

@@ -115,12 +115,25 @@ def _recall(configs: dict[str, dict[str, Any]]) -> Table:
     return rows
 
 
+def _conversation(doc: dict[str, Any]) -> Table:
+    rows = [["turn", "TTFT ms", "TTFT / turn 1", "LM FLOPs", "prompt tokens", "prefix"]]
+    for r in doc["rows"]:
+        rows.append([r["turn"], _f(r["ttft_ms_median"], 1), _f(r["ttft_vs_turn1"], 3),
+                     _f(r["flops_ratio_lm"], 4), str(r["prompt_tokens"]), r["conversation"]])
+    return rows
+
+
 SECTIONS = [
     Section("The default model on a 3-page question",
             "`builtin:small-qwen2-vl` (random weights), 3 pages of 496 visual tokens, 64-token "
             "answers, one thread, medians after a warm-up; speed-up against a full prefill "
             "with the vision tower.",
             "lab/ttft/results/default_model.json", _default_model),
+    Section("A conversation's follow-ups",
+            "`conduit-lab bench conversation`: the default builtin, 3 pages, 5 turns of "
+            "64-token answers, one thread, medians of 3 rounds; LM FLOPs over a full prefill "
+            "of the whole conversation at that turn, TTFT against turn 1 of the same round.",
+            "lab/conversation/results/conversation.json", _conversation),
     Section("Time to first token, CPU bench",
             "8 pages of 256 visual tokens on a CPU-sized model with 7B ratios, page KV in the "
             "memory tier, one thread; budgets 0.1 (CacheBlend 0.15).",
