@@ -44,7 +44,7 @@ def _page_rows(asm: Assembly, cache: KVCache, embeds: torch.Tensor
 def _assemble(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
     """The page rows of the runtime's own assembly (its load path on this device)."""
     asm = rt.reuse.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
-                      QUESTION)
+                            QUESTION)
     return _page_rows(asm, asm.cache, asm.embeds)
 
 
@@ -52,7 +52,7 @@ def _per_page(rt: ReuseRuntime, kvs: list[PageKV]) -> tuple[torch.Tensor, ...]:
     """The reference: the same layout's page rows filled page by page (int8 pages dequantised
     on the host first), a blocking copy per tensor and `rerotate` per page and layer."""
     asm = rt.reuse.assemble(PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
-                      QUESTION)
+                            QUESTION)
     layout, dev = asm.layout, rt.adapter.device
     cache = KVCache.allocate(rt.adapter, 1, layout.n)
     embeds = rt.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
@@ -106,7 +106,7 @@ def _staged(runtime: ReuseRuntime, kvs: list[PageKV],
     (inside `mode`, where given)."""
     asm = runtime.reuse.assemble(
         PREFIX, [PageInput(f"Page {i}:\n", kv) for i, kv in enumerate(kvs)],
-                           QUESTION)
+                                 QUESTION)
     cache = KVCache.allocate(runtime.adapter, 1, asm.layout.n)
     embeds = runtime.adapter.embed_tokens(asm.layout.token_ids)
     with accelerator_path(), mode or nullcontext():  # as on an accelerator
