@@ -14,10 +14,17 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.cli_index import add_index_commands
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from storage.conversations import Conversation
+    from storage.metadata import CollectionId
+    from worker.facade import Worker
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--query-window", type=int, default=None)
     ask.add_argument("--head-agg", choices=["mean", "max"], default=None)
     ask.add_argument("--json", action="store_true", help="print the full answer as JSON")
+    ask.add_argument("--conversation", default=None, metavar="ID",
+                     help="ask as the next turn of this stored conversation ('new' starts one "
+                     "over the collection and prints its id)")
     ask.set_defaults(func=_ask)
 
     work = sub.add_parser("worker", help="run a Celery worker (needs CONDUIT_REDIS_URL)")
@@ -179,6 +189,7 @@ def _ingest(args: argparse.Namespace) -> int:
 def _ask(args: argparse.Namespace) -> int:
     from conduit_core.policies.choice import PolicyOptions
     from service.hardening import private_home
+    from storage.errors import NotFoundError
     from worker.facade import Question, Worker, WorkerError, parse_layers
 
     settings = Settings()
@@ -197,21 +208,40 @@ def _ask(args: argparse.Namespace) -> int:
     )
     stream = None if args.json else (lambda _id, text: print(text, end="", flush=True))
     try:
+        conversation = _conversation(worker, args, col.id)
+        if conversation is not None:
+            question = worker.conversations.follow_up(conversation, question)
         result = worker.answer(question, on_token=stream)
-    except WorkerError as exc:
-        print(exc.message, file=sys.stderr)
+        if conversation is not None:
+            worker.conversations.record(
+                conversation, args.question, result, [asdict(c) for c in result.citations],
+                {"policy": result.policy, "flops_ratio_lm": result.flops_ratio_lm,
+                 "cache": asdict(result.cache)})
+    except (WorkerError, NotFoundError) as exc:
+        print(exc.message if isinstance(exc, WorkerError) else str(exc), file=sys.stderr)
         return 2
     finally:
         worker.close()
     if args.json:
-        from dataclasses import asdict
-
         print(json.dumps(asdict(result), indent=2))
     else:
         print()
         for c in result.citations:
             print(f"  [{c.filename} p.{c.page}] score={c.score:.4f}")
     return 0
+
+
+def _conversation(worker: Worker, args: argparse.Namespace,
+                  collection_id: CollectionId) -> Conversation | None:
+    """The stored conversation `--conversation` names (None without it): a new one over the
+    collection for "new" (its id printed to stderr)."""
+    if args.conversation is None:
+        return None
+    if args.conversation == "new":
+        made = worker.conversations.create("default", collection_id, None, args.question[:200])
+        print(f"conversation {made.id}", file=sys.stderr)
+        return made
+    return worker.conversations.get("default", args.conversation)
 
 
 if __name__ == "__main__":
