@@ -9,7 +9,10 @@ family's accuracy and ratio to full prefill, the overall accuracy, the mean LM F
 whether the bar holds, and the paired 95% bootstrap interval of (policy minus reference)
 overall accuracy (`lab.testbed.intervals`).
 
-    python -m lab.testbed.cheaper_report RUN.json [RUN.json ...] --out RESULT.json \
+A run given as RUN.json:TAG has its policies named `policy (TAG)` (the same policies under
+another runtime option, side by side with the untagged runs).
+
+    python -m lab.testbed.cheaper_report RUN.json[:TAG] [...] --out RESULT.json \
         [--title TITLE] [--reference conduit_per_page] [--command "COMMAND THAT MADE RUNS"]
 """
 
@@ -27,23 +30,28 @@ FLOPS = 0.10
 FULL = ("full_prefill", 1.0)
 
 
-def summarize(runs: list[Path], reference: str) -> list[dict[str, Any]]:
+def summarize(runs: list[str], reference: str) -> list[dict[str, Any]]:
     """One entry per (policy, budget) other than full prefill (module docstring)."""
     scores: Scores = {}
     flops: dict[tuple[str, float], list[tuple[float, int]]] = {}
-    for run in runs:
-        for key, by_id in read_scores(records_beside(run)).items():
-            scores.setdefault(key, {}).update(by_id)
-        for r in json.loads(run.read_text())["rows"]:
-            flops.setdefault((r["policy"], float(r["budget"])), []).append(
+    for spec in runs:
+        run, _, tag = str(spec).partition(":")
+
+        def named(key: tuple[str, float], tag: str = tag) -> tuple[str, float]:
+            return key if key == FULL or not tag else (f"{key[0]} ({tag})", key[1])
+
+        for key, by_id in read_scores(records_beside(Path(run))).items():
+            scores.setdefault(named(key), {}).update(by_id)
+        for r in json.loads(Path(run).read_text())["rows"]:
+            flops.setdefault(named((r["policy"], float(r["budget"]))), []).append(
                 (float(r["flops_ratio_lm"]), int(r["n"])))
     full = scores[FULL]
-    ids = sorted(full)
-    families = sorted({family_of(i) for i in ids})
+    families = sorted({family_of(i) for i in full})
     out = []
     for (policy, budget), mine in sorted(scores.items()):
         if (policy, budget) == FULL:
             continue
+        ids = sorted(set(mine) & set(full))  # the questions this policy answered
         fam: dict[str, dict[str, float]] = {}
         for f in families:
             sub = [i for i in ids if family_of(i) == f]
@@ -59,11 +67,12 @@ def summarize(runs: list[Path], reference: str) -> list[dict[str, Any]]:
             "flops_ratio_lm": mean_flops,
             "meets": all(f["ratio"] >= SHARE for f in fam.values()) and mean_flops <= FLOPS}
         ref = scores.get((reference, budget))
-        if ref is not None and policy != reference:
-            lo_hi = paired_interval(mine, ref, ids, "diff")
-            entry["minus_reference"] = {"reference": reference,
-                                        "diff": accuracy - sum(ref[i] for i in ids)
-                                        / len(ids), "lo": lo_hi.lo, "hi": lo_hi.hi}
+        both = [i for i in ids if ref is not None and i in ref]
+        if ref is not None and policy != reference and both:
+            lo_hi = paired_interval(mine, ref, both, "diff")
+            diff = (sum(mine[i] for i in both) - sum(ref[i] for i in both)) / len(both)
+            entry["minus_reference"] = {"reference": reference, "n": len(both), "diff": diff,
+                                        "lo": lo_hi.lo, "hi": lo_hi.hi}
         out.append(entry)
     return out
 
@@ -71,21 +80,19 @@ def summarize(runs: list[Path], reference: str) -> list[dict[str, Any]]:
 def markdown(title: str, command: str, entries: list[dict[str, Any]]) -> str:
     """The table of `summarize`'s entries, under `title`, with the command that made them."""
     families = sorted(entries[0]["families"]) if entries else []
-    full = entries[0] if entries else None
-    lines = [f"# {title}", "", "Produced by:", "", "```", command, "```", ""]
-    if full:
-        lines += [f"{full['n']} questions; full prefill answers {full['full']:.3f} ("
-                  + ", ".join(f"{f} {full['families'][f]['full']:.3f}" for f in families)
-                  + f"). The bar: every family at least {SHARE:.0%} of full prefill, mean LM "
-                  f"FLOPs at most {FLOPS:.2f}. Cells: accuracy (ratio to full prefill).", ""]
-    lines += ["| policy | budget | " + " | ".join(families)
+    lines = [f"# {title}", "", "Produced by:", "", "```", command, "```", "",
+             f"The bar: every family at least {SHARE:.0%} of full prefill on the same "
+             f"questions, mean LM FLOPs at most {FLOPS:.2f}. Cells: accuracy (ratio to full "
+             "prefill); n: questions; minus reference: paired, on the questions both answered.",
+             ""]
+    lines += ["| policy | budget | n | full prefill | " + " | ".join(families)
               + " | all | LM FLOPs | minus reference [95%] | bar |",
-              "|---|---:|" + "---:|" * (len(families) + 3) + ":---:|"]
+              "|---|---:|---:|---:|" + "---:|" * (len(families) + 3) + ":---:|"]
     for e in entries:
         fam = e["families"]
         diff = e.get("minus_reference")
         lines.append(
-            f"| {e['policy']} | {e['budget']:g} | "
+            f"| {e['policy']} | {e['budget']:g} | {e['n']} | {e['full']:.3f} | "
             + " | ".join(f"{fam[f]['accuracy']:.3f} ({fam[f]['ratio']:.3f})" for f in families)
             + f" | **{e['accuracy']:.3f}** | {e['flops_ratio_lm']:.3f} | "
             + (f"{diff['diff']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]" if diff else "-")
@@ -96,7 +103,7 @@ def markdown(title: str, command: str, entries: list[dict[str, Any]]) -> str:
 def main() -> None:
     """Write the table of the runs to --out (JSON) and beside it (markdown)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", type=Path, nargs="+")
+    ap.add_argument("runs", nargs="+", help="probe files, each RUN.json or RUN.json:TAG")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="Cheaper default: candidates on the development seed")
     ap.add_argument("--reference", default="conduit_per_page")

@@ -13,7 +13,7 @@ against a full prefill of the same layout.
 Public API:
   PAGE_MODES = ("gold", "distractors");  SHOWN = 6
   load_checkpoint_vlm(path) -> LoadedVLM      a training checkpoint or a weights file
-  probe(vlm, n, seed, policies, budgets, pages, label_cache, label_refresh, records)
+  probe(vlm, n, seed, policies, budgets, pages, label_cache, label_refresh, records, first)
       -> list[dict]
       rows per (family, policy, budget); `records`, a list, gets one record per question and
       row as `eval answers` writes them ({"id", "policy", "budget", "score"}; the id
@@ -115,12 +115,14 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
           budgets: tuple[float, ...] = (0.1,), pages: str = "gold",
           label_cache: bool = True, label_refresh: LabelRefresh = "always",
-          records: list[dict[str, object]] | None = None) -> list[dict[str, object]]:
+          records: list[dict[str, object]] | None = None,
+          first: int = 0) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget, over the pages of
     `probe_samples(n, seed, pages)`; with the share of questions whose asked key cells were
     all refreshed and the mean LM FLOPs ratio to a full prefill. `label_cache`: page labels
     stale from the runtime's label cache, computed with the pages (charged to no policy);
-    `label_refresh`: which of them a refresh recomputes (the runtime's option)."""
+    `label_refresh`: which of them a refresh recomputes (the runtime's option). `first`:
+    the samples before it are drawn and skipped (a run that extends an earlier one)."""
     runtime = ReuseRuntime(vlm, never_above_full=False,  # each policy's own choice
                            label_cache=label_cache, label_refresh=label_refresh)
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)
@@ -132,6 +134,8 @@ def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
                             "score": float(right)})
 
     for i, s in enumerate(probe_samples(n, seed, pages)):
+        if i < first:
+            continue
         qid = f"q{i}-{s.question.family}-s{seed}"
         images = [page_image(s.doc.pages[p]) for p in s.pages]
         labels = [page_label(s.doc_name, p + 1) for p in s.pages]

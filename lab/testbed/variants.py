@@ -245,6 +245,8 @@ def main() -> None:
     source.add_argument("--model", help="a model by name instead (builtin:small-qwen2-vl: "
                         "random weights, for what a rule does with diffuse attention)")
     ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--first", type=int, default=0,
+                    help="skip the samples before this one (to extend an earlier run)")
     ap.add_argument("--seed", type=int, default=7, help="the development seed")
     ap.add_argument("--pages", choices=["gold", "distractors"], default="distractors")
     ap.add_argument("--budgets", default="0.05,0.1,0.2")
@@ -274,10 +276,11 @@ def main() -> None:
     rows = probe(vlm, n=args.n, seed=args.seed,
                  policies=tuple(names), budgets=tuple(float(b) for b in args.budgets.split(",")),
                  pages=args.pages, label_cache=args.label_cache,
-                 label_refresh=args.label_refresh, records=records)
+                 label_refresh=args.label_refresh, records=records, first=args.first)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"weights": str(args.weights or args.model), "n": args.n,
-                                    "seed": args.seed, "pages": args.pages,
+                                    "seed": args.seed, "first": args.first,
+                                    "pages": args.pages,
                                     "label_cache": args.label_cache,
                                     "label_refresh": args.label_refresh, "rows": rows},
                                    indent=1))
