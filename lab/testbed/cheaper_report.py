@@ -13,7 +13,8 @@ A run given as RUN.json:TAG has its policies named `policy (TAG)` (the same poli
 another runtime option, side by side with the untagged runs).
 
     python -m lab.testbed.cheaper_report RUN.json[:TAG] [...] --out RESULT.json \
-        [--title TITLE] [--reference conduit_per_page] [--command "COMMAND THAT MADE RUNS"]
+        [--title TITLE] [--reference conduit_per_page] [--policies A,B] \
+        [--command "COMMAND THAT MADE RUNS"]
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ FLOPS = 0.10
 FULL = ("full_prefill", 1.0)
 
 
-def summarize(runs: list[str], reference: str) -> list[dict[str, Any]]:
-    """One entry per (policy, budget) other than full prefill (module docstring)."""
+def summarize(runs: list[str], reference: str,
+              policies: set[str] | None = None) -> list[dict[str, Any]]:
+    """One entry per (policy, budget) other than full prefill (module docstring), of
+    `policies` only where given (a tagged one by its untagged name)."""
     scores: Scores = {}
     flops: dict[tuple[str, float], list[tuple[float, int]]] = {}
     for spec in runs:
@@ -49,7 +52,8 @@ def summarize(runs: list[str], reference: str) -> list[dict[str, Any]]:
     families = sorted({family_of(i) for i in full})
     out = []
     for (policy, budget), mine in sorted(scores.items()):
-        if (policy, budget) == FULL:
+        if (policy, budget) == FULL or (
+                policies is not None and policy.split(" (")[0] not in policies):
             continue
         ids = sorted(set(mine) & set(full))  # the questions this policy answered
         fam: dict[str, dict[str, float]] = {}
@@ -107,9 +111,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--title", default="Cheaper default: candidates on the development seed")
     ap.add_argument("--reference", default="conduit_per_page")
+    ap.add_argument("--policies", default=None,
+                    help="comma-separated policies to report (default: every one)")
     ap.add_argument("--command", default="", help="the command(s) that made the runs")
     args = ap.parse_args()
-    entries = summarize(args.runs, args.reference)
+    keep = set(args.policies.split(",")) if args.policies else None
+    entries = summarize(args.runs, args.reference, keep)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"command": args.command, "reference": args.reference,
                                     "entries": entries}, indent=1) + "\n")
