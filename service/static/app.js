@@ -1,8 +1,9 @@
-// Entry point: wires the API key box, the library (collections, uploads, documents) and the
-// ask panel together.
+// Entry point: wires the API key box, the library (collections, uploads, documents), the ask
+// panel and the conversation panel together.
 
 import { api, getApiKey, setApiKey } from "./api.js";
 import { Answers } from "./answers.js";
+import { Conversation } from "./conversation.js";
 import { say } from "./dom.js";
 import { Library } from "./library.js";
 
@@ -25,7 +26,11 @@ function onAuthError(detail) {
 const library = new Library(document.querySelector("#library"), onAuthError);
 const answers = new Answers(document.querySelector("#ask"), document.querySelector("#viewer"),
   onAuthError);
-library.addEventListener("change", (e) => answers.setScope(e.detail));
+const conversation = new Conversation(document.querySelector("#chat"), onAuthError);
+library.addEventListener("change", (e) => {
+  answers.setScope(e.detail);
+  conversation.setScope(e.detail);
+});
 
 keyForm.addEventListener("submit", async (e) => {
   e.preventDefault();
