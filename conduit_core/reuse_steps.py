@@ -21,7 +21,7 @@ the product.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Generator, Hashable
 from contextlib import AbstractContextManager
 from functools import partial
 
@@ -40,10 +40,11 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.pass_observer import UNOBSERVED, PassObserver, Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import logits_of
+from conduit_core.passes.layer_groups import drain
 from conduit_core.passes.prompt_head import HeadCache
-from conduit_core.passes.refresh_pass import Resume, refresh_pass
+from conduit_core.passes.refresh_pass import Resume, refresh_steps
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.passes.stale_pass import StaleScores, stale_pass
+from conduit_core.passes.stale_pass import StaleScores, stale_steps
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.prompt.layout import LabelRefresh, build_layout
 
@@ -53,7 +54,7 @@ class ReuseSteps:
     None where the runtime runs without those caches; `observer` is the lab's hook."""
 
     def __init__(self, vlm: LoadedVLM, *, head_cache: bool, label_cache: bool,
-                 label_entries: int, label_refresh: LabelRefresh):
+                 label_entries: int, label_refresh: LabelRefresh, layer_group: int = 0):
         self.vlm = vlm
         self.adapter = vlm.adapter
         self.flops = FlopsModel.from_adapter(self.adapter)
@@ -64,6 +65,7 @@ class ReuseSteps:
         self.choices = ChoiceHistory()
         self.stop_ids = self.adapter.stop_token_ids()
         self.observer: PassObserver | None = None
+        self.layer_group = layer_group  # layers a step of a pass runs (0: the whole pass)
 
     def _phase(self, name: Phase, assembly: Assembly) -> AbstractContextManager[object]:
         """The context phase `name` runs in: the observer's, or one shared no-op."""
@@ -111,22 +113,29 @@ class ReuseSteps:
             load_labels(self.labels, self.adapter, self.costs, assembly, skip)
         assembly.labels_pending = False
 
-    @torch.no_grad()
     def scoring(self, assembly: Assembly,
                 config: ScoreConfig | None = None) -> tuple[StaleScores, float]:
+        """`scoring_steps` run to their end in one go."""
+        return drain(self.scoring_steps(assembly, config))
+
+    @torch.no_grad()
+    def scoring_steps(self, assembly: Assembly, config: ScoreConfig | None = None
+                      ) -> Generator[str, None, tuple[StaleScores, float]]:
         """The scoring pass over the assembled cache and its FLOPs (the text rows' forward
-        as computed, plus the scored rows' float32 probabilities and value norms). The pass
-        reads every stale row: labels still pending (a policy the cost model runs before the
-        answer path loads them) are loaded first."""
+        as computed, plus the scored rows' float32 probabilities and value norms), yielding
+        "scoring" between groups of `layer_group` layers. The pass reads every stale row:
+        labels still pending (a policy the cost model runs before the answer path loads
+        them) are loaded first."""
         if assembly.labels_pending:
             self.load_labels(assembly)
         layout = assembly.layout
         config = config or ScoreConfig()
         text, question = assembly.fresh_text_rows(), layout.question_rows()
         with self._phase("scoring", assembly):
-            result = stale_pass(self.adapter, assembly.cache, assembly.embeds,
-                                layout.position_ids, text, question, layout.n, config,
-                                last_only=assembly.last_only, n_prompt=layout.prompt)
+            result = yield from stale_steps(self.adapter, assembly.cache, assembly.embeds,
+                                            layout.position_ids, text, question, layout.n,
+                                            config, last_only=assembly.last_only,
+                                            n_prompt=layout.prompt, group=self.layer_group)
             assembly.stale, assembly.stale_writes = result, assembly.cache.writes
         return result, self.costs.scoring(layout, text, config, assembly.last_only)
 
@@ -154,15 +163,23 @@ class ReuseSteps:
                             assembly.last_only, ctx, policy, place,
                             text_from_one=assembly.layer0_exact)
 
-    @torch.no_grad()
     def refresh(self, assembly: Assembly, visual_rows: torch.Tensor,
                 resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Recompute `visual_rows` and all text rows in sequence order, writing their K/V:
-        their last-layer hidden states (R, hidden) in row order (with `assembly.last_only`,
-        (1, hidden) of the last row) and the rows actually computed (R_c,); which rows it
-        reuses and where each starts: `conduit_core.passes.refresh_pass.refresh_pass`."""
+        """`refresh_steps` run to their end in one go."""
+        return drain(self.refresh_steps(assembly, visual_rows, resume))
+
+    @torch.no_grad()
+    def refresh_steps(self, assembly: Assembly, visual_rows: torch.Tensor,
+                      resume: Resume | None = None
+                      ) -> Generator[str, None, tuple[torch.Tensor, torch.Tensor]]:
+        """Recompute `visual_rows` and all text rows in sequence order, writing their K/V,
+        yielding "refresh" between groups of `layer_group` layers: their last-layer hidden
+        states (R, hidden) in row order (with `assembly.last_only`, (1, hidden) of the last
+        row) and the rows actually computed (R_c,); which rows it reuses and where each
+        starts: `conduit_core.passes.refresh_pass.refresh_steps`."""
         with self._phase("refresh", assembly):
-            return refresh_pass(self.adapter, assembly, visual_rows, resume)
+            return (yield from refresh_steps(self.adapter, assembly, visual_rows, resume,
+                                             self.layer_group))
 
     def refresh_flops(self, assembly: Assembly, computed: torch.Tensor,
                       resume: Resume | None = None) -> float:

@@ -33,6 +33,11 @@ What the runtime decides (its options):
   decode_compile: "off", "auto" or "on": how a step of the pooled answers runs
       (`conduit_core.passes.step_graphs`: CUDA graphs, compiled, or eager); other than eager,
       the pool is fixed at its largest (`DecodePool(fixed=True)`).
+  layer_group: the scoring pass and the refresh run in groups of this many decoder layers,
+      `prefill_steps` yielding between groups ("scoring", "refresh"), so that a scheduler
+      runs the streaming answers' decode steps inside a long pass
+      (`conduit_core.passes.layer_groups`; the same operations either way); 0: each pass
+      in one phase.
   conversation_prefixes, conversation_namespaces: conversation prefixes kept
       (`.conversations`, `conduit_core.conversation.ConversationCache`): at most this many
       per namespace (tenant), and this many namespaces.
@@ -41,7 +46,7 @@ What the runtime decides (its options):
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, replace
 
 import torch
@@ -69,6 +74,7 @@ from conduit_core.passes.page_prefill import prefill_pages
 from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost, RefreshPolicy
 from conduit_core.prompt.conversation import history_ids, turn_layout
 from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh
 from conduit_core.reuse_steps import ReuseSteps
@@ -85,7 +91,7 @@ class ReuseRuntime:
                  never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off", conversation_prefixes: int = 8,
-                 conversation_namespaces: int = 256):
+                 conversation_namespaces: int = 256, layer_group: int = 0):
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
                              f"got {label_refresh!r}")
@@ -96,7 +102,8 @@ class ReuseRuntime:
         self.page_batch_size = page_batch_size
         self.never_above_full = never_above_full
         self.reuse = ReuseSteps(vlm, head_cache=head_cache, label_cache=label_cache,
-                                label_entries=label_entries, label_refresh=label_refresh)
+                                label_entries=label_entries, label_refresh=label_refresh,
+                                layer_group=layer_group)
         kind = kind_for(decode_compile, self.adapter.device)
         self.pool = DecodePool(self.adapter, decode_slots, decode_positions,
                                fixed=kind != "eager")
@@ -130,8 +137,9 @@ class ReuseRuntime:
         result is taken (`conduit_core.conversation`).
 
         It yields the name of each phase done ("assembled": the pages' K/V loaded and
-        re-rotated; "chosen": scoring pass and selection) and returns the `AnswerState` that
-        `step` decodes."""
+        re-rotated; "scoring": a group of the scoring pass's layers, `layer_group`; "chosen":
+        the rest of the scoring pass and selection; "refresh": a group of the refresh's
+        layers) and returns the `AnswerState` that `step` decodes."""
         t0 = time.perf_counter() if t0 is None else t0
         assembly, how = self._assemble(request)
         yield "assembled"
@@ -187,13 +195,27 @@ class ReuseRuntime:
                 assembly.head = None  # with the same values
         else:  # the labels the refresh will not recompute (computed now if missing)
             self.reuse.load_labels(assembly, self._whole_labels(assembly, plan))
+            if plan.visual is None:  # the policy's scoring pass, in layer groups
+                yield from self._score_ahead(assembly, ctx, choice.select)
             # distinct rows; a forward pass's choice stays on the device until the first token
             visual = plan.visual if plan.visual is not None else choice.select(ctx)
             visual = visual.to(torch.long)
             resume, extra = ctx.resume, ctx.extra_flops
         yield "chosen"
-        hidden, computed = self.reuse.refresh(assembly, visual, resume)
+        hidden, computed = yield from self.reuse.refresh_steps(assembly, visual, resume)
         return _Refreshed(hidden, visual, computed, plan, fallback, resume, extra, key)
+
+    def _score_ahead(self, assembly: Assembly, ctx: PolicyContext,
+                     policy: RefreshPolicy) -> Generator[str, None, None]:
+        """Run the scoring pass `policy` declares (`cost_profile`) before it chooses, in the
+        runtime's layer groups, and hand it to the policy: the same pass its `ctx.scores`
+        would run in one go, with other work between its groups."""
+        profile: Callable[[PolicyContext], PolicyCost] | None = getattr(policy, "cost_profile",
+                                                                        None)
+        config = None if profile is None else profile(ctx).scoring
+        if config is not None and ctx.needs_scores(config):
+            scores, flops = yield from self.reuse.scoring_steps(assembly, config)
+            ctx.add_scores(config, scores, flops)
 
     def _account(self, assembly: Assembly, done: _Refreshed) -> None:
         """A refresh's LM FLOPs, and where a forward pass's choice fell (read back now)."""

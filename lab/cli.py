@@ -192,6 +192,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="seconds of load before a throughput run's window")
     gaps.add_argument("--duration", type=float, default=15.0, help="seconds a throughput run")
     gaps.add_argument("--max-new-tokens", type=int, default=64)
+    gaps.add_argument("--layer-group", type=int, default=None,
+                      help="decoder layers a prefill unit of the 'after' engine runs "
+                      "(default: CONDUIT_PREFILL_LAYER_GROUP's; 'before' runs whole passes)")
     gaps.add_argument("--out", type=Path, default=results("load") / "gaps.json")
     gaps.set_defaults(func=_bench_gaps)
 
@@ -321,7 +324,8 @@ def _bench_gaps(args: argparse.Namespace) -> int:
               slots=args.slots, running_tokens=args.running_tokens,
               arriving_tokens=args.arriving_tokens, clients=args.clients,
               warmup_s=args.warmup, duration_s=args.duration,
-              max_new_tokens=args.max_new_tokens, out=args.out, command=command_line())
+              max_new_tokens=args.max_new_tokens, layer_group=args.layer_group,
+              out=args.out, command=command_line())
     return 0
 
 

@@ -25,7 +25,9 @@ STEP_SECONDS = Histogram("conduit_engine_step_seconds", "Wall time of one batche
                          "step", buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                           0.5, 1, 2.5))
 PREFILL_PHASES = ("assembled", "chosen", "refreshed")  # the runtime yields the first two
+GROUP_PHASES = ("scoring", "refresh")  # yielded after each layer group but a pass's last
 PHASE_SECONDS = Histogram("conduit_engine_prefill_phase_seconds", "Wall time of one prefill "
-                          "phase of a question (assembled, chosen, refreshed)", ["phase"],
+                          "phase of a question (assembled, scoring, chosen, refresh, "
+                          "refreshed)", ["phase"],
                           buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
                                    5, 10))

@@ -8,6 +8,7 @@ every token through the first layers hands the pass a `Resume` to start from.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows, setup_rows
+from conduit_core.passes.layer_groups import drain, layer_groups
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.prompt.layout import Layout
 
@@ -97,9 +99,16 @@ def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, score
     return _PassRows(rows, text, places[:n_text], fresh, places[n_text:], skipped)
 
 
-@torch.no_grad()
 def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Tensor,
                  resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`refresh_steps` run to its end in one go."""
+    return drain(refresh_steps(adapter, assembly, visual_rows, resume))
+
+
+@torch.no_grad()
+def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Tensor,
+                  resume: Resume | None = None,
+                  group: int = 0) -> Generator[str, None, tuple[torch.Tensor, torch.Tensor]]:
     """Recompute `visual_rows` (distinct, in any order; a choice on the device is never read
     back) and all text rows after the head in sequence order, writing their K/V; returns
     their last-layer hidden states in row order and the rows it actually computed (R_c,),
@@ -114,7 +123,9 @@ def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Ten
     scoring pass's layer-0 output (exact: `conduit_core.passes.stale_pass.text_from_layer_one`),
     the visual rows and stale labels at layer 0. With `resume` (a policy already ran every token
     through the first layers), the rows start from its hidden states at layer
-    `resume.layer`. With `assembly.last_only` only the last row's state is returned."""
+    `resume.layer`. With `assembly.last_only` only the last row's state is returned. It
+    yields "refresh" after each group of `group` layers but the last
+    (`conduit_core.passes.layer_groups`)."""
     layout = assembly.layout
     stale = assembly.stale
     device = adapter.device
@@ -150,11 +161,16 @@ def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Ten
         start = assembly.embeds if resume is None else resume.hidden  # (N, hidden)
         hidden = start[rows.to(start.device)].unsqueeze(0)  # (1, R, hidden)
     first = 1 if assembly.text_from_one else 0 if resume is None else resume.layer
-    layers = range(first, len(adapter.layers))
+    n_layers = len(adapter.layers)
     outputs = torch.tensor([n_rows - 1]) if assembly.last_only else None
-    out = forward_rows(adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                       plain_causal=everything, layers=layers, outputs=outputs,
-                       setup=setup)[0]  # (R_c | 1, hidden)
+    for g in layer_groups(range(first, n_layers), group):
+        hidden = forward_rows(adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
+                              plain_causal=everything, layers=g, setup=setup,
+                              outputs=outputs if g.stop == n_layers
+                              else None)  # (1, R_c | 1, hidden)
+        if g.stop < n_layers:
+            yield "refresh"
+    out = hidden[0]  # (R_c | 1, hidden)
     if reused:
         out = torch.cat([*(r.to(out.dtype) for r in reused), out])  # (R, hidden)
     return out, rows

@@ -25,6 +25,7 @@ computed by the layer itself).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,7 @@ import torch
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.layer_forward import RowSetup, forward_rows, setup_rows
+from conduit_core.passes.layer_groups import drain, layer_groups
 from conduit_core.passes.scoring import ScoreAccumulator, ScoreConfig
 
 SCORE_CHUNK_ELEMENTS = 1 << 24
@@ -62,8 +64,17 @@ def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int
     return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
 
 
+def stale_pass(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor,
+               position_ids: torch.Tensor, text_rows: torch.Tensor, question_rows: torch.Tensor,
+               n_keys: int, config: ScoreConfig | None = None, keep_probs: bool = False,
+               last_only: bool = False, n_prompt: int = 0) -> StaleScores:
+    """`stale_steps` run to its end in one go."""
+    return drain(stale_steps(adapter, cache, embeds, position_ids, text_rows, question_rows,
+                             n_keys, config, keep_probs, last_only, n_prompt))
+
+
 @torch.no_grad()
-def stale_pass(
+def stale_steps(
     adapter: VLMAdapter,
     cache: KVCache,
     embeds: torch.Tensor,
@@ -75,10 +86,12 @@ def stale_pass(
     keep_probs: bool = False,
     last_only: bool = False,
     n_prompt: int = 0,
-) -> StaleScores:
+    group: int = 0,
+) -> Generator[str, None, StaleScores]:
     """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
     the attention of `question_rows` (a subset of text_rows, the last `n_prompt` of them the
-    generation prompt) layer by layer."""
+    generation prompt) layer by layer, yielding "scoring" after each group of `group`
+    layers but the last (`conduit_core.passes.layer_groups`)."""
     config = config or ScoreConfig()
     device = adapter.device
     host_text, host_question = text_rows, question_rows  # the layout's, on the host
@@ -164,16 +177,24 @@ def stale_pass(
     pos = position_ids[:, host_text].unsqueeze(1)  # (P, 1, N_t)
     outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
     n_layers = len(adapter.layers)
-    setup = setup_rows(adapter, hidden.dtype, host_text, pos, n_keys=n_keys)  # both calls'
+    setup = setup_rows(adapter, hidden.dtype, host_text, pos, n_keys=n_keys)  # every call's
     after_first = None
-    if n_layers > 1:  # layer 0 alone first, to keep its output (the same operations)
-        hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
-                              observer=observe, layers=range(1),
-                              setup=setup)  # (1, N_t, hidden)
-        after_first = hidden[0]
-    out = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys, observer=observe,
-                       layers=range(0 if after_first is None else 1, n_layers),
-                       outputs=outputs, setup=setup)  # (1, N_t | 1, hidden)
+    groups = layer_groups(range(n_layers), group)
+    for g in groups:
+        if g.start == 0 and n_layers > 1:  # layer 0 alone first, to keep its output
+            hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
+                                  observer=observe, layers=range(1),
+                                  setup=setup)  # (1, N_t, hidden)
+            after_first = hidden[0]
+            g = range(1, g.stop)
+        if len(g):  # the last layer's output only for the rows read (`outputs`)
+            hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
+                                  observer=observe, layers=g, setup=setup,
+                                  outputs=outputs if g.stop == n_layers
+                                  else None)  # (1, N_t | 1, hidden)
+        if g.stop < n_layers:
+            yield "scoring"
+    out = hidden  # (1, N_t | 1, hidden)
     if mean and n_q and len(acc.layers):  # a layer's values are final once it has run
         scored = slice(acc.layers.start, acc.layers.stop, acc.layers.step)
         torch.linalg.vector_norm(cache.values[scored, 0, :, :n_keys], dim=-1,

@@ -83,9 +83,18 @@ class PolicyContext:
         counted)."""
         config = config or ScoreConfig()
         if config not in self._scores:
-            self._scores[config], flops = self.scorer(config)
-            self.extra_flops += flops
+            self.add_scores(config, *self.scorer(config))
         return self._scores[config]
+
+    def add_scores(self, config: ScoreConfig, scores: StaleScores, flops: float) -> None:
+        """Hand the policy a scoring pass for `config` run ahead (by the runtime, in layer
+        groups between other work) and count its FLOPs, as `scores` would."""
+        self._scores[config] = scores
+        self.extra_flops += flops
+
+    def needs_scores(self, config: ScoreConfig | None) -> bool:
+        """Whether a scoring pass for `config` is still to run (None: none asked for)."""
+        return config is not None and config not in self._scores
 
 
 RefreshPolicy = Callable[[PolicyContext], torch.Tensor]

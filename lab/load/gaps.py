@@ -1,8 +1,11 @@
 """`conduit-lab bench gaps`: do running answers keep streaming while newcomers are prefilled,
 and does the engine still batch? Two answer engines side by side in one process on one
 loaded model: the product's (`worker.engine`) and the one at `--baseline` (its
-`worker/engine.py` read from git and imported beside it), so both run the same runtime,
-pages and questions.
+`worker/engine.py` read from git and imported beside it), so both run the same model,
+pages and questions. The product's runs its newcomers' scoring pass and refresh in groups of
+`--layer-group` decoder layers (`ReuseRuntime(layer_group=...)`, the service's
+`CONDUIT_PREFILL_LAYER_GROUP` by default), the baseline's each pass whole (0), each engine
+on its own runtime over the one loaded model.
 
 Arrivals (`--repeats` trials an engine, the engines alternating): `running` answers decode
 long answers over two of eight A4 pages at the service's 100 dpi; once every one of them has
@@ -53,7 +56,7 @@ from conduit_core.runtime import ReuseRuntime
 from lab.load.bench import percentiles
 from lab.ttft.default_model import a4_page
 from worker import engine as product_engine
-from worker.engine_metrics import PREFILL_PHASES
+from worker.engine_metrics import GROUP_PHASES, PREFILL_PHASES
 from worker.policy_options import settle_policy
 from worker.prompt import ANSWER_PREFIX, page_label
 from worker.settings import Settings
@@ -129,7 +132,7 @@ def _engine_seconds() -> dict[str, tuple[float, float]]:
     get = REGISTRY.get_sample_value
     out = {"decode step": (get("conduit_engine_step_seconds_sum") or 0.0,
                            get("conduit_engine_step_seconds_count") or 0.0)}
-    for phase in PREFILL_PHASES:
+    for phase in (*PREFILL_PHASES, *GROUP_PHASES):
         labels = {"phase": phase}
         out[phase] = (get("conduit_engine_prefill_phase_seconds_sum", labels) or 0.0,
                       get("conduit_engine_prefill_phase_seconds_count", labels) or 0.0)
@@ -240,20 +243,22 @@ def _ms(values: list[float]) -> dict[str, Any]:
 
 def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, arriving: int,
         slots: int, running_tokens: int, arriving_tokens: int, clients: int,
-        warmup_s: float, duration_s: float, max_new_tokens: int, command: str
-        ) -> dict[str, Any]:
+        warmup_s: float, duration_s: float, max_new_tokens: int, command: str,
+        layer_group: int | None = None) -> dict[str, Any]:
     """Both engines through both measurements (module docstring)."""
     torch.set_num_threads(1)
     settings = Settings()
     engines = {"before": _factory(baseline_module(baseline)), "after": _factory(product_engine)}
+    group = settings.core.prefill_layer_group if layer_group is None else layer_group
     with tempfile.TemporaryDirectory() as tmp:
-        rt = ReuseRuntime(load_vlm(model, device="cpu", dtype=settings.core.torch_dtype,
-                                   cache_dir=Path(tmp)))
-        rt.reuse.stop_ids = []  # every answer decodes its max_new_tokens tokens
-        work = Workload(rt, settle_policy(settings, None, PolicyOptions()),
+        vlm = load_vlm(model, device="cpu", dtype=settings.core.torch_dtype, cache_dir=Path(tmp))
+        rts = {"before": ReuseRuntime(vlm), "after": ReuseRuntime(vlm, layer_group=group)}
+        for rt in rts.values():
+            rt.reuse.stop_ids = []  # every answer decodes its max_new_tokens tokens
+        work = Workload(rts["after"], settle_policy(settings, None, PolicyOptions()),
                         settings.core.budget)
-        for make in engines.values():  # labels cached, decode buckets seen, by both
-            warm = make(rt, slots)
+        for name, make in engines.items():  # labels cached, decode buckets seen, by both
+            warm = make(rts[name], slots)
             for t in _ask_all(warm, [work.request(i, j, 4) for i in range(running + arriving)
                                      for j in range(2)], [None] * 2 * (running + arriving)):
                 t.join()
@@ -263,7 +268,8 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
         spent: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
         for r in range(repeats):
             for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-                trial = arrivals(engines[name], rt, work, running=running, arriving=arriving,
+                trial = arrivals(engines[name], rts[name], work, running=running,
+                                 arriving=arriving,
                                  slots=slots, running_tokens=running_tokens,
                                  arriving_tokens=arriving_tokens)
                 for k in gaps[name]:
@@ -275,7 +281,7 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
         rates: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
         for p in range(pairs):
             for name in (list(engines) if p % 2 == 0 else list(engines)[::-1]):
-                rates[name].append(throughput(engines[name], rt, work, slots=slots,
+                rates[name].append(throughput(engines[name], rts[name], work, slots=slots,
                                               clients=clients, warmup_s=warmup_s,
                                               duration_s=duration_s,
                                               max_new_tokens=max_new_tokens))
@@ -298,6 +304,7 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
               for a, b in zip(rates["after"], rates["before"], strict=True)]
     return {"model": model, "baseline": baseline, "policy": settings.core.policy,
             "budget": settings.core.budget, "threads": 1, "repeats": repeats, "pairs": pairs,
+            "layer_group": group,
             "running": running, "arriving": arriving, "slots": slots,
             "running_tokens": running_tokens, "arriving_tokens": arriving_tokens,
             "clients": clients, "warmup_s": warmup_s, "duration_s": duration_s,
@@ -313,7 +320,9 @@ def markdown(doc: dict[str, Any]) -> str:
              "", f"Command: `{doc['command']}`", "",
              f"`{doc['model']}`, two pages a question, `{doc['policy']}` at {doc['budget']}, "
              f"one torch thread, on the CPU of a 2-core machine shared with other work. "
-             f"`before`: `worker/engine.py` at {doc['baseline']}; `after`: this tree's.", "",
+             f"`before`: `worker/engine.py` at {doc['baseline']}, each prefill pass whole; "
+             f"`after`: this tree's, the scoring pass and refresh in groups of "
+             f"{doc.get('layer_group', 0)} layers.", "",
              f"{doc['running']} answers decoding ({doc['running_tokens']} tokens each), "
              f"{doc['arriving']} questions arriving at once ({doc['arriving_tokens']} tokens), "
              f"{doc['slots']} slots, {doc['repeats']} trials an engine:", "",

@@ -95,6 +95,13 @@ class CoreSettings(BaseSettings):
         "from its own cache beside the others' captured step. The steps give the same tokens "
         "up to float rounding.",
     )
+    prefill_layer_group: int = Field(
+        2, ge=0, le=1024, description="Decoder layers a new question's scoring pass and "
+        "refresh run before the answer engine runs the streaming answers' next decode step: "
+        "smaller keeps their tokens flowing more evenly while a question arrives, at the cost "
+        "of that question's first token (one more decode step per group). 0 = each pass "
+        "whole. The answers are the same either way.",
+    )
 
     @cached_property
     def torch_dtype(self) -> str:
