@@ -7,7 +7,8 @@ decides, under the engine's lock, what the step runs (`SchedulerOutput`: admissi
 across tenants under the slot and KV budgets, at most one unit of prefill work, the running
 batch). Execute: under `model_lock`, outside the engine's lock, the step runs one phase of
 the prefilling question (`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation;
-scoring pass and selection; refresh and first-token logits) or one queued model job (`run`),
+scoring pass and selection; refresh and first-token logits; the two passes cut into groups of
+`layer_group` decoder layers, each group a unit) or one queued model job (`run`),
 then one batched decode step of every running answer (`ReuseRuntime.step`), the newcomer
 whose prefill just ended among them. So a running answer gets a token after every unit of
 prefill work, however many questions arrive. Update: finished and failed answers leave the

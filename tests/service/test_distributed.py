@@ -78,3 +78,27 @@ def test_celery_worker_ingests_and_api_answers(cluster: tuple[str, str, Path]) -
     assert keys, "nothing was written to Redis"
     assert (home / "uploads").is_dir()  # the shared home volume is this one
     assert not (home / "metadata.sqlite3").exists()
+
+
+def test_a_conversation_through_the_celery_worker(cluster: tuple[str, str, Path]) -> None:
+    """A follow-up's earlier turns travel to the worker as JSON; the worker that answered the
+    turn before holds its KV (a hit); the conversation is stored in Redis."""
+    url, redis_url, home = cluster
+    client = httpx.Client(base_url=url, timeout=300)
+    col = client.post("/v1/collections", json={"name": "hangar"}).json()["collection_id"]
+    r = client.post(f"/v1/collections/{col}/documents", files={"file": ("hangar.pdf", text_pdf(
+        ["Hangar log. The left landing gear was serviced in May.",
+         "Canteen menu. Soup on Mondays, fish on Fridays."]), "application/pdf")})
+    assert wait_ready(client, r.json()["document_id"])["status"] == "ready"
+    conv = client.post("/v1/conversations", json={"collection_id": col}).json()
+    path = f"/v1/conversations/{conv['conversation_id']}/messages"
+    first = client.post(path, json={"question": "When was the landing gear serviced?",
+                                    "top_k": 1, "max_new_tokens": 4})
+    assert first.status_code == 200, first.text
+    second = client.post(path, json={"question": "Say more about it.", "top_k": 1,
+                                     "max_new_tokens": 4}).json()
+    assert second["cache"]["conversation"] == "hit"
+    assert second["citations"][0]["filename"] == "hangar.pdf"
+    assert second["citations"][0]["page"] == 1
+    stored = redis.Redis.from_url(redis_url).keys("*conv:*")
+    assert stored and not (home / "conversations.sqlite3").exists()
