@@ -43,9 +43,14 @@ def test_an_untouched_conversation_expires(tmp_path: Path) -> None:
     old = conversations.create("a", CollectionId("col_1"), None, "old")
     time.sleep(0.6)
     fresh = conversations.create("a", CollectionId("col_1"), None, "fresh")
-    assert [c.id for c in conversations.of_tenant("a")] == [fresh.id]
     with pytest.raises(NotFoundError, match=f"conversation {old.id} not found"):
         conversations.get("a", old.id)
     assert conversations.count("a") == 1  # removed, not only hidden
+    stale = conversations.create("a", CollectionId("col_1"), None, "stale")
+    time.sleep(0.6)
+    assert conversations.of_tenant("a") == []  # the list drops what expired
+    assert conversations.count("a") == 0
+    fresh = conversations.create("a", CollectionId("col_1"), None, "fresh")
+    assert stale.id != fresh.id
     with pytest.raises(NotFoundError):
         conversations.get("b", fresh.id)  # another tenant's
