@@ -39,7 +39,9 @@ from conduit_core.model.flops import FlopsModel
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.pass_observer import UNOBSERVED, PassObserver, Phase
 from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.buckets import key_bucket
 from conduit_core.passes.layer_forward import logits_of
+from conduit_core.passes.layer_graphs import layer_graphs
 from conduit_core.passes.layer_groups import drain
 from conduit_core.passes.prompt_head import HeadCache
 from conduit_core.passes.refresh_pass import Resume, refresh_steps
@@ -86,7 +88,10 @@ class ReuseSteps:
                               [p.kv.token_ids for p in pages], grids, question,
                               stale_labels=self.labels is not None and bool(pages),
                               label_refresh=self.label_refresh)
-        cache = KVCache.allocate(self.adapter, 1, layout.n + extra_capacity)
+        capacity = layout.n + extra_capacity
+        if layer_graphs(self.adapter) is not None:  # room for the passes' key bucket
+            capacity = max(capacity, key_bucket(layout.n))
+        cache = KVCache.allocate(self.adapter, 1, capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         assembly = Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
                             last_only=last_only, labels_pending=layout.stale_labels,

@@ -33,6 +33,9 @@ What the runtime decides (its options):
   decode_compile: "off", "auto" or "on": how a step of the pooled answers runs
       (`conduit_core.passes.step_graphs`: CUDA graphs, compiled, or eager); other than eager,
       the pool is fixed at its largest (`DecodePool(fixed=True)`).
+  compile_passes: "off", "auto" or "on": whether the scoring pass's and the refresh's
+      layer bodies run compiled once per shape bucket (`conduit_core.passes.layer_graphs`;
+      "auto": on CUDA only). The switch is the adapter's: it holds for every runtime over it.
   layer_group: the scoring pass and the refresh run in groups of this many decoder layers,
       `prefill_steps` yielding between groups ("scoring", "refresh"), so that a scheduler
       runs the streaming answers' decode steps inside a long pass
@@ -70,6 +73,7 @@ from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.assembly import Assembly
+from conduit_core.passes.layer_graphs import compile_layers
 from conduit_core.passes.page_prefill import prefill_pages
 from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.passes.refresh_pass import Resume
@@ -91,7 +95,8 @@ class ReuseRuntime:
                  never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off", conversation_prefixes: int = 8,
-                 conversation_namespaces: int = 256, layer_group: int = 0):
+                 conversation_namespaces: int = 256, layer_group: int = 0,
+                 compile_passes: str = "off"):
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
                              f"got {label_refresh!r}")
@@ -108,6 +113,7 @@ class ReuseRuntime:
         self.pool = DecodePool(self.adapter, decode_slots, decode_positions,
                                fixed=kind != "eager")
         self.graphs = StepGraphs(self.adapter, self.pool, decode_compile)
+        compile_layers(self.adapter, compile_passes)
         self.conversations = ConversationCache(conversation_prefixes, conversation_namespaces)
 
     @torch.no_grad()

@@ -70,6 +70,7 @@ class WorkerContext:
                                              decode_slots=s.worker.max_active_answers,
                                              decode_positions=s.worker.max_kv_tokens_in_flight,
                                              decode_compile=s.core.decode_compile,
+                                             compile_passes=s.core.compile_passes,
                                              conversation_prefixes=s.core.conversation_prefixes,
                                              layer_group=s.core.prefill_layer_group)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))

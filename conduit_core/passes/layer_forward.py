@@ -21,6 +21,11 @@ the last layer run, rows outside the requested outputs only project and write th
 their attention output and MLP feed nothing (no later layer, no logit). The keys each row's
 attention computes on the path taken (`computed_key_counts`) are what the FLOPs accounting
 charges.
+
+Where the adapter's passes are compiled (`layer_graphs.compile_layers`) and the cache holds
+the key bucket, each layer's body runs compiled at the rows' shape bucket instead
+(`conduit_core.passes.buckets`: padded rows and keys, one dense mask, every row computing
+the last layer in full); the loop over layers and the observer stay in Python.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
+from conduit_core.passes.buckets import clear_tail, fits, pad_rows
+from conduit_core.passes.layer_graphs import LayerGraphs, layer_graphs
 from conduit_core.passes.row_attention import (
     RowBlock,
     blocked_attention,
@@ -159,9 +166,13 @@ def forward_rows(
     if setup is None:
         setup = setup_rows(adapter, hidden.dtype, rows, position_ids, n_keys=n_keys,
                            plain_causal=plain_causal)
+    run = layers if layers is not None else range(len(adapter.layers))
+    graphs = layer_graphs(adapter)
+    if graphs is not None and fits(cache, n_keys):
+        return _forward_compiled(adapter, graphs, cache, hidden, setup, n_keys, impl, run,
+                                 observer, outputs)
     rows, blocks, mask, cos, sin = setup.rows, setup.blocks, setup.mask, setup.cos, setup.sin
     b, r, _ = hidden.shape
-    run = layers if layers is not None else range(len(adapter.layers))
     last = run[-1] if len(run) else -1
     for li in run:
         layer = adapter.layers[li]
@@ -190,6 +201,43 @@ def forward_rows(
         residual = hidden
         hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     return hidden
+
+
+def _forward_compiled(adapter: VLMAdapter, graphs: LayerGraphs, cache: KVCache,
+                      hidden: torch.Tensor, setup: RowSetup, n_keys: int, impl: str,
+                      run: range, observer: LayerObserver | None,
+                      outputs: torch.Tensor | None) -> torch.Tensor:
+    """`forward_rows` with each layer's body compiled at the rows' shape bucket
+    (`conduit_core.passes.buckets`): every row computes the last layer in full, the
+    `outputs` rows are taken after it."""
+    b, r, _ = hidden.shape
+    padded = pad_rows(setup.rows, setup.cos, setup.sin, n_keys, hidden.dtype)
+    clear_tail(cache, run, n_keys)
+    attention = _attention_fn(adapter.layers[0].self_attn, impl)
+    k_b = padded.keys
+    state = padded.pad(hidden)  # (B, R_b, hidden)
+    for li in run:
+        layer = adapter.layers[li]
+        keys, values = cache.keys[li, :, :, :k_b], cache.values[li, :, :, :k_b]
+        cache.writes += 1
+        if observer is None:
+            graphs.seen("body", state.shape[1], k_b)
+            state = graphs.body(adapter, layer, attention, state, padded.cos, padded.sin,
+                                padded.writes, keys, values, padded.mask)  # (B, R_b, hidden)
+            continue
+        q = graphs.project(adapter, layer, state, padded.cos, padded.sin, padded.writes,
+                           keys, values)  # (B, heads, R_b, hd)
+        attended = observer(li, q[:, :, :r], keys[:, :, :n_keys], values[:, :, :n_keys])
+        if attended is not None:  # (B, R, heads, hd) -> (B, R_b, heads, hd)
+            attended = padded.pad(attended.flatten(2)).view(b, -1, *attended.shape[2:])
+        graphs.seen("project", state.shape[1], k_b)
+        graphs.seen("finish" if attended is None else "finish+attended", state.shape[1], k_b)
+        state = graphs.finish(adapter, layer, attention, state, q, keys, values, padded.mask,
+                              attended)  # (B, R_b, hidden)
+    out = state[:, :r]  # (B, R, hidden)
+    if outputs is not None and outputs.numel() < r:
+        out = out[:, outputs.to(out.device)]  # (B, R_o, hidden)
+    return out
 
 
 def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Tensor,

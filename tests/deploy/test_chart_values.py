@@ -24,7 +24,7 @@ EVERY_KEY: dict[str, Any] = {
     "label_cache_entries": 64,
     "never_above_full": False, "max_active_answers": 4, "torch_threads": 3,
     "max_kv_tokens_in_flight": 200_000, "decode_compile": "off",
-    "prefill_layer_group": 3,
+    "compile_passes": "on", "prefill_layer_group": 3,
     "conversation_prefixes": 4, "conversation_max_turns": 6, "conversation_max_tokens": 9000,
     "conversation_recency": 0.75, "conversation_max_stored": 50, "conversation_turn_limit": 40,
     "conversation_ttl_s": 3600.0,

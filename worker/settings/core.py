@@ -103,6 +103,15 @@ class CoreSettings(BaseSettings):
         "whole. The answers are the same either way.",
     )
 
+    compile_passes: Literal["auto", "off", "on"] = Field(
+        "auto", description="How the layers of the scoring pass and the refresh run: auto = "
+        "compiled (torch.compile, fullgraph, CUDA graphs) once per shape bucket of rows and "
+        "keys (powers of two) on a GPU, eager on the CPU, where eager is faster "
+        "(docs/DECISIONS.md); on = compiled on the CPU too (inductor); off = eager "
+        "everywhere. A bucket compiles the first time a pass needs it. Logits equal the "
+        "eager path's up to float rounding.",
+    )
+
     @cached_property
     def torch_dtype(self) -> str:
         """The dtype name the model runs in."""
