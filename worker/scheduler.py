@@ -39,11 +39,14 @@ Job = tuple[Callable[[], Any], Future[Any]]  # model work run between decode ste
 
 def kv_tokens_needed(request: AnswerRequest) -> int:
     """An upper bound of the cache positions `request` allocates: its pages' tokens, its
-    text (a token holds at least one character of it) plus the template, and its answer."""
-    text = len(request.prefix) + len(request.question) + sum(len(p.label)
-                                                             for p in request.pages)
-    return (sum(p.kv.num_tokens for p in request.pages) + text + TEMPLATE_TOKENS
-            + request.max_new_tokens)
+    text (a token holds at least one character of it) plus the template, and its answer;
+    for a follow-up, its earlier turns' pages, text and template too (its layout holds the
+    whole conversation)."""
+    pages = [*(p for t in request.history for p in t.pages), *request.pages]
+    text = (len(request.prefix) + len(request.question) + sum(len(p.label) for p in pages)
+            + sum(len(t.question) + len(t.answer) for t in request.history))
+    return (sum(p.kv.num_tokens for p in pages) + text
+            + TEMPLATE_TOKENS * (1 + len(request.history)) + request.max_new_tokens)
 
 
 @dataclass(eq=False)  # identity: two questions over the same pages are still two tickets

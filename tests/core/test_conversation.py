@@ -177,3 +177,16 @@ def test_a_prefix_is_kept_per_page_not_per_label(model_cache: Path) -> None:
     assert answering.answer(rt, _ask([], Q2, swapped)).conversation == "rebuilt"
     same = (Turn(tuple(pages[:1]), Q1, r1.text),)
     assert answering.answer(rt, _ask([], Q2, same)).conversation == "hit"
+
+
+def test_the_engine_reserves_a_follow_ups_whole_conversation(model_cache: Path) -> None:
+    """The engine's bound of an answer's cache positions (`kv_tokens_needed`) holds a
+    follow-up, whose layout is the whole conversation, not only the pages it adds."""
+    from worker.scheduler import kv_tokens_needed
+
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache)
+    r1 = answering.answer(rt, _ask(pages, Q1))
+    follow = _ask([], Q2, (Turn(tuple(pages), Q1, r1.text),))
+    state = answering.start_answer(rt, follow)
+    assert state.kv_tokens <= kv_tokens_needed(follow)
+    answering.finish(rt, state)
