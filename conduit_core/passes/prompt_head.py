@@ -33,7 +33,8 @@ class HeadKV:
     token_ids: tuple[int, ...]
     keys: torch.Tensor  # (L, kv_heads, h, hd), after RoPE at positions 0..h-1
     values: torch.Tensor  # (L, kv_heads, h, hd)
-    hidden: torch.Tensor  # (h, hidden) last-layer states (before the final norm)
+    hidden: torch.Tensor  # (h, hidden) last-layer states (before the final norm); a
+    # conversation's prefix keeps none, (0, hidden): only answers (last row alone) follow it
 
     @property
     def n(self) -> int:
