@@ -98,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     over.add_argument("--out", type=Path, default=results("ttft") / "overhead.json")
     over.set_defaults(func=_bench_overhead)
 
+    pc = bench.add_parser("pass-compile", help="eager against compiled layer bodies of the "
+                          "scoring pass and the refresh, host ms on the narrow model")
+    pc.add_argument("--pages", default="2,8", help="page counts, comma-separated")
+    pc.add_argument("--repeats", type=int, default=5)
+    pc.add_argument("--out", type=Path, default=results("ttft") / "pass_compile.json")
+    pc.set_defaults(func=_bench_pass_compile)
+
     conv = bench.add_parser("conversation", help="a conversation's follow-ups against its "
                             "first turn: TTFT and LM FLOPs of kept, rebuilt and new-page turns")
     conv.add_argument("--repeats", type=int, default=3)
@@ -326,6 +333,15 @@ def _bench_gaps(args: argparse.Namespace) -> int:
               warmup_s=args.warmup, duration_s=args.duration,
               max_new_tokens=args.max_new_tokens, layer_group=args.layer_group,
               out=args.out, command=command_line())
+    return 0
+
+
+def _bench_pass_compile(args: argparse.Namespace) -> int:
+    from lab.ttft.pass_compile import run_pass_compile
+
+    pages = [int(x) for x in args.pages.split(",") if x.strip()]
+    run_pass_compile(pages, args.repeats, args.out, command=command_line())
+    print(args.out.with_suffix(".md").read_text())
     return 0
 
 

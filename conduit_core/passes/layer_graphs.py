@@ -88,6 +88,10 @@ class LayerGraphs:
 
 
 _GRAPHS: weakref.WeakKeyDictionary[VLMAdapter, LayerGraphs] = weakref.WeakKeyDictionary()
+# every adapter's graphs by backend, kept while it is switched off: switched on again, it
+# finds its compiled buckets (a new `torch.compile` of the same code would compile again)
+_BUILT: weakref.WeakKeyDictionary[VLMAdapter, dict[str, LayerGraphs]] = \
+    weakref.WeakKeyDictionary()
 
 
 def pass_kind(mode: str, device: torch.device | str) -> str:
@@ -100,11 +104,12 @@ def pass_kind(mode: str, device: torch.device | str) -> str:
 
 def compile_layers(adapter: VLMAdapter, mode: str, backend: str = "inductor") -> None:
     """Run `adapter`'s passes with compiled layer bodies where `pass_kind(mode)` says so,
-    else eagerly (switching an adapter back off drops its graphs)."""
+    else eagerly."""
     if pass_kind(mode, adapter.device) == "compile":
-        graphs = _GRAPHS.get(adapter)
-        if graphs is None or graphs.backend != backend:
-            _GRAPHS[adapter] = LayerGraphs(torch.device(adapter.device), backend)
+        built = _BUILT.setdefault(adapter, {})
+        if backend not in built:
+            built[backend] = LayerGraphs(torch.device(adapter.device), backend)
+        _GRAPHS[adapter] = built[backend]
     else:
         _GRAPHS.pop(adapter, None)
 
