@@ -5,8 +5,8 @@ The key of a prefix (`prefix_key`) is the model's fingerprint, the namespace (te
 refresh policy as chosen with its budget, the token ids so far and the identity of every page
 in it, in order: a prefix is reused only where the same policy would have built it from the
 same text and pages, so that a rebuilt prefix and a kept one are the same tensors. The keeping
-is bounded per namespace (least recently used dropped) and across namespaces
-(`ConversationCache`); a process that restarts rebuilds on the first follow-up.
+is bounded in prefixes per namespace and in bytes across namespaces, least recently used
+dropped (`ConversationCache`); a process that restarts rebuilds on the first follow-up.
 
 A kept turn (`KeptTurn`) holds its refreshed cache until its answer is known; the answer's
 rows (`VLMAdapter.answer_ids` of its text) are then computed in one pass over that cache
@@ -74,45 +74,62 @@ def prefix_key(fingerprint: str, namespace: str, choice: str, token_ids: torch.T
 
 
 class ConversationCache:
-    """Kept prefixes, at most `per_namespace` for each namespace and `namespaces` namespaces,
-    the least recently used dropped first. Thread-safe."""
+    """Kept prefixes, at most `per_namespace` for each namespace and `max_bytes` of K/V in
+    all, the least recently used dropped first (a namespace's own oldest past its count, the
+    oldest of all past the bytes). Thread-safe."""
 
-    def __init__(self, per_namespace: int = 8, namespaces: int = 256):
-        if per_namespace < 1 or namespaces < 1:
+    def __init__(self, per_namespace: int = 8, max_bytes: int = 2**30):
+        if per_namespace < 1 or max_bytes < 1:
             raise ValueError("a conversation cache keeps at least one prefix")
-        self.per_namespace, self.namespaces = per_namespace, namespaces
-        self._entries: OrderedDict[str, OrderedDict[str, HeadKV]] = OrderedDict()
+        self.per_namespace, self.max_bytes = per_namespace, max_bytes
+        self._entries: OrderedDict[tuple[str, str], HeadKV] = OrderedDict()
+        self._counts: dict[str, int] = {}
+        self.nbytes = 0
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return sum(len(kept) for kept in self._entries.values())
+        return len(self._entries)
 
     def get(self, namespace: str, key: str) -> HeadKV | None:
         """The prefix under `key` in `namespace`, or None."""
         with self._lock:
-            kept = self._entries.get(namespace)
-            if kept is None or key not in kept:
-                return None
-            self._entries.move_to_end(namespace)
-            kept.move_to_end(key)
-            return kept[key]
+            prefix = self._entries.get((namespace, key))
+            if prefix is not None:
+                self._entries.move_to_end((namespace, key))
+            return prefix
 
     def put(self, namespace: str, key: str, prefix: HeadKV) -> None:
-        """Keep `prefix` under `key` in `namespace`, dropping the oldest past the bounds."""
+        """Keep `prefix` under `key` in `namespace`, dropping the oldest past the bounds (a
+        prefix larger than `max_bytes` alone is not kept)."""
         with self._lock:
-            kept = self._entries.setdefault(namespace, OrderedDict())
-            self._entries.move_to_end(namespace)
-            kept[key] = prefix
-            kept.move_to_end(key)
-            while len(kept) > self.per_namespace:
-                kept.popitem(last=False)
-            while len(self._entries) > self.namespaces:
-                self._entries.popitem(last=False)
+            if (namespace, key) in self._entries:
+                self._drop((namespace, key))
+            self._entries[(namespace, key)] = prefix
+            self._counts[namespace] = self._counts.get(namespace, 0) + 1
+            self.nbytes += _nbytes(prefix)
+            if self._counts[namespace] > self.per_namespace:
+                self._drop(next(k for k in self._entries if k[0] == namespace))
+            while self.nbytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, entry: tuple[str, str]) -> None:
+        prefix = self._entries.pop(entry)
+        self.nbytes -= _nbytes(prefix)
+        self._counts[entry[0]] -= 1
+        if not self._counts[entry[0]]:
+            del self._counts[entry[0]]
 
     def clear(self) -> None:
         """Drop every kept prefix (a restart's state)."""
         with self._lock:
             self._entries.clear()
+            self._counts.clear()
+            self.nbytes = 0
+
+
+def _nbytes(prefix: HeadKV) -> int:
+    """Bytes of a prefix's K/V."""
+    return prefix.keys.nbytes + prefix.values.nbytes
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,9 @@ What the runtime decides (its options):
       runs the streaming answers' decode steps inside a long pass
       (`conduit_core.passes.layer_groups`; the same operations either way); 0: each pass
       in one phase.
-  conversation_prefixes, conversation_namespaces: conversation prefixes kept
+  conversation_prefixes, conversation_bytes: conversation prefixes kept
       (`.conversations`, `conduit_core.conversation.ConversationCache`): at most this many
-      per namespace (tenant), and this many namespaces.
+      per namespace (tenant), and this many bytes of K/V in all.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class ReuseRuntime:
                  never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off", conversation_prefixes: int = 8,
-                 conversation_namespaces: int = 256, layer_group: int = 0,
+                 conversation_bytes: int = 2**30, layer_group: int = 0,
                  compile_passes: str = "off"):
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
@@ -114,7 +114,7 @@ class ReuseRuntime:
                                fixed=kind != "eager")
         self.graphs = StepGraphs(self.adapter, self.pool, decode_compile)
         compile_layers(self.adapter, compile_passes)
-        self.conversations = ConversationCache(conversation_prefixes, conversation_namespaces)
+        self.conversations = ConversationCache(conversation_prefixes, conversation_bytes)
 
     @torch.no_grad()
     def prefill_pages(self, images: list[Image.Image]) -> list[PageKV]:

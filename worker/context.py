@@ -72,6 +72,7 @@ class WorkerContext:
                                              decode_compile=s.core.decode_compile,
                                              compile_passes=s.core.compile_passes,
                                              conversation_prefixes=s.core.conversation_prefixes,
+                                             conversation_bytes=s.core.conversation_prefix_bytes,
                                              layer_group=s.core.prefill_layer_group)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
             return self._runtime

@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from conduit_core.answer_types import AnswerRequest, PageInput, Turn
-from conduit_core.conversation import turn_texts
+from conduit_core.conversation import ConversationCache, turn_texts
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows, logits_of
+from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.policies.selection import budget_tokens
 from conduit_core.prompt.conversation import turn_layout
 from conduit_core.runtime import ReuseRuntime
@@ -190,3 +191,22 @@ def test_the_engine_reserves_a_follow_ups_whole_conversation(model_cache: Path) 
     state = answering.start_answer(rt, follow)
     assert state.kv_tokens <= kv_tokens_needed(follow)
     answering.finish(rt, state)
+
+
+def test_kept_prefixes_are_bounded_per_tenant_and_in_bytes() -> None:
+    def prefix(rows: int) -> HeadKV:
+        kv = torch.zeros(2, 1, rows, 4)  # (L, kv, rows, hd): 32 bytes a row of keys
+        return HeadKV(tuple(range(rows)), kv, kv.clone(), torch.zeros(0, 4))
+
+    cache = ConversationCache(per_namespace=2, max_bytes=64 * 10)  # 10 rows of K and V
+    for key in ("a1", "a2", "a3"):
+        cache.put("a", key, prefix(2))
+    assert [cache.get("a", k) is not None for k in ("a1", "a2", "a3")] == [False, True, True]
+    cache.put("b", "b1", prefix(4))  # 8 rows in all now
+    cache.get("a", "a2")  # touched: a3 is now the oldest
+    cache.put("b", "b2", prefix(2))  # 10 rows: fits
+    cache.put("c", "c1", prefix(1))  # 11 rows: the oldest of all goes
+    assert cache.get("a", "a3") is None and cache.get("a", "a2") is not None
+    assert cache.nbytes <= cache.max_bytes and len(cache) == 4
+    cache.put("d", "d1", prefix(11))  # larger than the bound alone: not kept, nothing left
+    assert len(cache) == 0 and cache.nbytes == 0

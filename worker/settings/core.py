@@ -84,6 +84,9 @@ class CoreSettings(BaseSettings):
         "used dropped first; a follow-up whose prefix is gone rebuilds it from the turns' "
         "text and pages (`cache.conversation`: \"rebuilt\"). A prefix takes the KV of its "
         "tokens: 8 KB a token for the builtin default.")
+    conversation_prefix_bytes: int = Field(
+        2**30, ge=1, description="Bytes of K/V the kept conversation prefixes of one model "
+        "process may take in all tenants together (least recently used dropped first).")
     decode_compile: Literal["auto", "off", "on"] = Field(
         "auto", description="How one decode step of the pooled answers runs: auto = one CUDA "
         "graph per bucket of batch size (1, 2, 4, ... max_active_answers) and span (the "
