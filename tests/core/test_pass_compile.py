@@ -1,6 +1,7 @@
 """The scoring pass and the refresh with their layer bodies compiled per shape bucket
 (`conduit_core.passes.buckets`, `layer_graphs`; issue 65, point 2): over a grid of 54
-requests (1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens) every layer piece runs at
+requests (1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT and the default
+policy) every layer piece runs at
 power-of-two rows (>= 16) and keys (>= 64) and compiles at most once per bucket it meets
 (`fullgraph=True`: a graph break raises; the layers share their graphs), the grid run again
 compiles nothing (`error_on_recompile`), and every first token's logits equal the eager
@@ -26,6 +27,7 @@ from tests.core.helpers import page_image
 
 PAGES = (1, 2, 3, 5, 8, 4)
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
+POLICIES = ("conduit", "conduit_per_page")
 WORDS = (3, 17, 40)  # questions of about 5 to 60 tokens with the chat template's own
 
 
@@ -41,20 +43,20 @@ def kvs(vlm: LoadedVLM) -> list[PageInput]:
     return [PageInput(f"Page {i + 1}", kv) for i, kv in enumerate(pages)]
 
 
-def _grid() -> list[tuple[int, float, str]]:
+def _grid() -> list[tuple[int, float, str, str]]:
     words = "what does the table on this page say about the yearly totals and".split()
     out = []
     for i, n in enumerate(PAGES):
         for j, budget in enumerate(BUDGETS):
             for k, w in enumerate(WORDS[: 3 if (i + j) % 2 == 0 else 2]):
                 question = " ".join(words[(i + j + k + m) % len(words)] for m in range(w))
-                out.append((n, budget, question + "?"))
+                out.append((n, budget, question + "?", POLICIES[(i + j + k) % 2]))
     return out
 
 
 def _first_logits(rt: ReuseRuntime, kvs: list[PageInput], n: int, budget: float,
-                  question: str) -> torch.Tensor:
-    request = AnswerRequest("Be brief.", kvs[:n], question, policy=choose_policy("conduit"),
+                  question: str, policy: str = "conduit") -> torch.Tensor:
+    request = AnswerRequest("Be brief.", kvs[:n], question, policy=choose_policy(policy),
                             budget=budget, max_new_tokens=1)
     return answering.start_answer(rt, request).decode.logits.clone()  # (V,)
 
