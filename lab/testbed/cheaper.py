@@ -103,7 +103,6 @@ class CountedPerPage(ConduitPolicy):
 
 CHEAPER: dict[str, ConduitPolicy] = {
     "cv_page_mass_50": CountedPerPage(count=MassCount(0.5)),
-    "cv_page_mass_70": CountedPerPage(count=MassCount(0.7)),
     "cv_quota_mass_50": CountedPerPage(count=MassCount(0.5), each_page=False),
     "cv_quota_mass_70": CountedPerPage(count=MassCount(0.7), each_page=False),
     "cv_page_knee": CountedPerPage(count=KneeCount(0.25)),
