@@ -3,11 +3,11 @@
 requests (1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT and the default
 policy) every layer piece runs at power-of-two rows (>= 16) and keys (>= 64) and compiles at
 most once per bucket it meets (`fullgraph=True`: a graph break raises; the layers share
-their graphs), the grid run again
-compiles nothing (`error_on_recompile`), and every first token's logits equal the eager
-path's within float32 1e-5 relative. The grid compiles with `aot_eager` (dynamo and AOT
-autograd, no code generation) to stay within a loaded CI's time; one request compiles with
-inductor, the product's backend, and matches too."""
+their graphs), the grid run again compiles nothing (`error_on_recompile`), and every first
+token's logits equal the eager path's within float32 1e-5 relative, as they do for one
+request of each model family. The grid compiles with `aot_eager` (dynamo and AOT autograd,
+no code generation) to stay within a loaded CI's time; one request compiles with inductor,
+the product's backend, and matches too."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.passes.layer_graphs import compile_layers, layer_graphs
 from conduit_core.policies import choose_policy
 from lab import answering
-from tests.core.conftest import load_builtin
+from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import page_image
 
 PAGES = (1, 2, 3, 5, 8, 4)
@@ -96,6 +96,23 @@ def test_a_grid_compiles_once_per_bucket_and_matches_eager(vlm: LoadedVLM,
         assert all(torch.equal(a, c) for a, c in zip(again, compiled, strict=True))
     finally:
         compile_layers(vlm.adapter, "off")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_compiles_and_matches_eager(family: str, model_cache: Path) -> None:
+    fam = load_builtin(family, model_cache, dtype="float32", device="cpu")
+    rt = ReuseRuntime(fam, never_above_full=False, compile_passes="off")
+    pages = [PageInput(f"Page {i + 1}", kv)
+             for i, kv in enumerate(rt.prefill_pages([page_image(i) for i in range(3)]))]
+    eager = _first_logits(rt, pages, 3, 0.2, "Which page shows the totals?")
+    compile_layers(fam.adapter, "on", backend="aot_eager")
+    try:
+        compiled = _first_logits(rt, pages, 3, 0.2, "Which page shows the totals?")
+        graphs = layer_graphs(fam.adapter)
+        assert graphs is not None and graphs.runs
+    finally:
+        compile_layers(fam.adapter, "off")
+    assert _close(eager, compiled) <= 1e-5
 
 
 def test_inductor_matches_eager(vlm: LoadedVLM, kvs: list[PageInput]) -> None:
