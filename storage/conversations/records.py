@@ -4,8 +4,9 @@ A conversation belongs to one tenant and one collection (optionally some of its 
 its turns are appended, never edited. A stored turn keeps what a follow-up needs to read it
 again (its question, its answer's text, the pages it added) and what `GET` shows (its
 citations and figures, as the answer gave them: JSON objects). The stores bound how many
-conversations a tenant keeps (`create`'s `limit`); what is read of them, their turns' count
-and their expiry are the worker's to decide.
+conversations a tenant keeps (`create`'s `limit`) and hold one claim per conversation, so
+that its turns are asked one at a time across processes (`claim`); what is read of them,
+their turns' count and their expiry are the worker's to decide.
 """
 
 from __future__ import annotations
@@ -92,4 +93,13 @@ class ConversationStore(Protocol):
 
     def delete(self, conversation_id: ConversationId) -> None:
         """Remove the conversation and its turns (nothing when it is gone already)."""
+        ...
+
+    def claim(self, conversation_id: ConversationId, holder: str, ttl_s: float) -> bool:
+        """Take the conversation's one turn in flight for `holder`: False while another
+        holder's claim is live. A claim lapses after `ttl_s` (a holder that died)."""
+        ...
+
+    def release(self, conversation_id: ConversationId, holder: str) -> None:
+        """End `holder`'s claim (nothing when it lapsed or another holder took it since)."""
         ...

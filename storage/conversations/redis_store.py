@@ -3,9 +3,11 @@ per-tenant sorted set by update time, under `prefix`:
 
     conv:<id> (string, header JSON)   convturns:<id> (list of turn JSON)
     convtenant:<tenant> (zset of ids by updated_at)
+    convclaim:<id> (string, the holder of its turn in flight; expires)
 
 A tenant's count is checked and a conversation added in one transaction (WATCH on the
-tenant's set), so that two concurrent creations cannot both pass the limit."""
+tenant's set), so that two concurrent creations cannot both pass the limit. A claim is a
+`SET NX` with an expiry, released only by its holder (a compare-and-delete script)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ import redis
 
 from storage.conversations.records import Conversation, ConversationId, StoredTurn
 from storage.errors import NotFoundError, QuotaExceededError, UnavailableError
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 class RedisConversationStore:
@@ -91,6 +98,14 @@ class RedisConversationStore:
         except NotFoundError:
             return
         with self._r.pipeline() as pipe:
-            pipe.delete(self._k("conv", conversation_id), self._k("convturns", conversation_id))
+            pipe.delete(self._k("conv", conversation_id), self._k("convturns", conversation_id),
+                        self._k("convclaim", conversation_id))
             pipe.zrem(self._k("convtenant", tenant), conversation_id)
             pipe.execute()
+
+    def claim(self, conversation_id: ConversationId, holder: str, ttl_s: float) -> bool:
+        return bool(self._r.set(self._k("convclaim", conversation_id), holder, nx=True,
+                                px=max(1, int(ttl_s * 1000))))
+
+    def release(self, conversation_id: ConversationId, holder: str) -> None:
+        self._r.eval(_RELEASE, 1, self._k("convclaim", conversation_id), holder)

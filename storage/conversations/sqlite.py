@@ -1,5 +1,7 @@
-"""Conversations in SQLite (the embedded form): a table of conversation headers and one of
-their turns, in the metadata database's file (WAL mode, one connection per store)."""
+"""Conversations in SQLite (the embedded form): a table of conversation headers, one of
+their turns and one of their claims (the holder of a turn in flight, until when), in the
+metadata database's file (WAL mode, one connection per store; a claim is taken in an
+immediate transaction, so processes sharing the file see one holder)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ CREATE INDEX IF NOT EXISTS conversations_by_tenant ON conversations (tenant, upd
 CREATE TABLE IF NOT EXISTS conversation_turns (
     conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     number INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (conversation_id, number));
+CREATE TABLE IF NOT EXISTS conversation_claims (
+    conversation_id TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
 """
 
 
@@ -103,3 +107,27 @@ class SQLiteConversationStore:
     def delete(self, conversation_id: ConversationId) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            self._conn.execute("DELETE FROM conversation_claims WHERE conversation_id = ?",
+                               (conversation_id,))
+
+    def claim(self, conversation_id: ConversationId, holder: str, ttl_s: float) -> bool:
+        now = time.time()
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("DELETE FROM conversation_claims WHERE conversation_id = ? "
+                                   "AND expires_at < ?", (conversation_id, now))
+                taken = self._conn.execute(
+                    "INSERT OR IGNORE INTO conversation_claims (conversation_id, holder, "
+                    "expires_at) VALUES (?, ?, ?)",
+                    (conversation_id, holder, now + ttl_s)).rowcount
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return bool(taken)
+
+    def release(self, conversation_id: ConversationId, holder: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM conversation_claims WHERE conversation_id = ? "
+                               "AND holder = ?", (conversation_id, holder))

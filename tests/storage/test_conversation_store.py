@@ -1,5 +1,6 @@
 """Both conversation stores (SQLite, and Redis on a real redis-server) keep the same records:
-turns appended in order, each tenant's list most recent first, the tenant's limit, delete."""
+turns appended in order, each tenant's list most recent first, the tenant's limit, delete,
+and one claim per conversation (its turn in flight) that lapses when its holder dies."""
 
 from __future__ import annotations
 
@@ -69,3 +70,19 @@ def test_a_tenants_list_its_limit_and_delete(store: ConversationStore) -> None:
     with pytest.raises(NotFoundError):
         store.append(first.id, _turn(1))
     assert [c.id for c in store.list("a")] == ["conv_a2"]
+
+
+def test_one_claim_per_conversation(store: ConversationStore) -> None:
+    conv = ConversationId("conv_c1")
+    store.create(Conversation(id=conv, tenant="a", collection_id="c"), limit=0)
+    assert store.claim(conv, "first", ttl_s=60)
+    assert not store.claim(conv, "second", ttl_s=60)  # the first's turn is in flight
+    assert store.claim(ConversationId("conv_c2"), "second", ttl_s=60)  # another one's is free
+    store.release(conv, "second")  # not its claim: the first's stays
+    assert not store.claim(conv, "second", ttl_s=60)
+    store.release(conv, "first")
+    assert store.claim(conv, "second", ttl_s=0.05)
+    time.sleep(0.1)  # the second died holding it: the claim lapses
+    assert store.claim(conv, "third", ttl_s=60)
+    store.delete(conv)  # a deleted conversation's claim goes with it
+    assert store.claim(conv, "fourth", ttl_s=60)
