@@ -5,15 +5,16 @@ the running answers' decode steps.
 The engine thread repeats one step, in three parts. Schedule: `worker.scheduler.Scheduler`
 decides, under the engine's lock, what the step runs (`SchedulerOutput`: admission in turn
 across tenants under the slot and KV budgets, at most one unit of prefill work, the running
-batch). Execute: under `model_lock`, outside the engine's lock, the step runs one phase of
+batch). Execute: under `model_lock`, outside the engine's lock, the step runs phases of
 the prefilling question (`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation;
 scoring pass and selection; refresh and first-token logits; the two passes cut into groups of
-`layer_group` decoder layers, each group a unit) or one queued model job (`run`),
-then one batched decode step of every running answer (`ReuseRuntime.step`), the newcomer
-whose prefill just ended among them. So a running answer gets a token after every unit of
-prefill work, however many questions arrive. Update: finished and failed answers leave the
-batch and are handed their results. `model_lock` is also taken by code outside the engine
-that uses the runtime directly (the lab's evaluation harness).
+`layer_group` decoder layers, each group a phase), as many as fit in the last decode step's
+time and at least one (all of them when no answer is decoding), or one queued model job
+(`run`), then one batched decode step of every running answer (`ReuseRuntime.step`), the
+newcomer whose prefill just ended among them. So a running answer gets a token after about
+one decode step's worth of prefill work, however many questions arrive. Update: finished and
+failed answers leave the batch and are handed their results. `model_lock` is also taken by
+code outside the engine that uses the runtime directly (the lab's evaluation harness).
 
 A question leaves the batch at the next step when its token callback raises (a client gone)
 or its `cancel` event is set; a question that waits longer than `queue_wait_s` for a slot is
@@ -64,17 +65,22 @@ class EngineStats:
 
 
 class AnswerEngine:
-    """Batches concurrent questions over one model; see the module docstring."""
+    """Batches concurrent questions over one model; see the module docstring.
+    `prefill_budget_s`: the prefill time a step runs before its decode step (None: the last
+    decode step's; 0: one phase a step)."""
 
     def __init__(self, runtime: Callable[[], ReuseRuntime], *, max_active: int = 16,
                  max_kv_tokens: int = 65536, queue_wait_s: float = 60.0,
-                 model_lock: Any | None = None) -> None:
+                 model_lock: Any | None = None,
+                 prefill_budget_s: float | None = None) -> None:
         self._runtime_fn = runtime
         self._model_lock = model_lock if model_lock is not None else threading.Lock()
         self._cond = threading.Condition()  # guards the scheduler and `_closed`
         self._scheduler = Scheduler(max_active=max_active, max_kv_tokens=max_kv_tokens,
                                     queue_wait_s=queue_wait_s)
         self._closed = False
+        self._decode_s = 0.0  # wall time of the last decode step
+        self._budget_s = prefill_budget_s
         self._thread = threading.Thread(target=self._loop, name="conduit-engine", daemon=True)
         self._thread.start()
 
@@ -179,7 +185,9 @@ class AnswerEngine:
         rt = self._runtime_fn()
         with self._model_lock:
             if out.prefill is not None:
-                self._prefill_phase(rt, out.prefill, outcome)
+                budget = (float("inf") if not out.decode else self._decode_s
+                          if self._budget_s is None else self._budget_s)
+                self._prefill_phases(rt, out.prefill, outcome, budget)
             if out.job is not None:
                 fn, future = out.job
                 try:
@@ -201,24 +209,33 @@ class AnswerEngine:
                     running.append(t.state)
             if running:
                 metrics.BATCH_SIZE.observe(len(running))
-                with metrics.STEP_SECONDS.time():
-                    rt.step(running)
+                began = time.perf_counter()
+                rt.step(running)
+                self._decode_s = time.perf_counter() - began
+                metrics.STEP_SECONDS.observe(self._decode_s)
             for t in batch:  # decode slots of the answers that ended (the lock guards the pool)
                 if t.state is not None and t.state.done:
                     rt.release(t.state)
         return outcome
 
     @staticmethod
-    def _prefill_phase(rt: ReuseRuntime, ticket: Ticket, outcome: StepOutcome) -> None:
-        """One phase of `ticket`'s prefill; a failure (or its client gone) ends it alone."""
-        start = time.perf_counter()
+    def _prefill_phases(rt: ReuseRuntime, ticket: Ticket, outcome: StepOutcome,
+                        budget_s: float) -> None:
+        """Phases of `ticket`'s prefill, at least one, until it ends, its client is gone or
+        they took `budget_s`; a failure (or its client gone) ends it alone."""
+        began = start = time.perf_counter()
         try:
             if ticket.cancelled:
                 raise AnswerCancelledError("the client went away")
             if ticket.steps is None:
                 ticket.steps = rt.prefill_steps(ticket.request, ticket.on_token)
-            phase = next(ticket.steps)
-            metrics.PHASE_SECONDS.labels(phase).observe(time.perf_counter() - start)
+            while True:
+                phase = next(ticket.steps)
+                now = time.perf_counter()
+                metrics.PHASE_SECONDS.labels(phase).observe(now - start)
+                if now - began >= budget_s or ticket.cancelled:
+                    break
+                start = now
         except StopIteration as done:
             last = metrics.PREFILL_PHASES[-1]
             metrics.PHASE_SECONDS.labels(last).observe(time.perf_counter() - start)

@@ -8,9 +8,10 @@ answers in the batch, each counted from `kv_tokens_needed` until its cache exist
 the cache itself); nobody overtakes the question whose turn it is, and a question waits
 until the previous newcomer's prefill is done. Expiry: a queued question whose client went
 away is dropped, one that waited longer than `queue_wait_s` is refused. Prefill work: at most
-one unit a step, either one phase of the prefilling question or one model job (an ingest page
-batch), taking turns when both wait, so the running batch decodes after every unit and its
-streams keep flowing. Retirement: answers that ended, or failed, leave the batch.
+one unit a step, either the prefilling question (the engine runs its phases for about one
+decode step's time) or one model job (an ingest page batch), taking turns when both wait, so
+the running batch decodes after every unit and its streams keep flowing. Retirement: answers
+that ended, or failed, leave the batch.
 
 Not thread-safe: the engine calls it under its own lock.
 """
@@ -79,7 +80,7 @@ class SchedulerOutput:
     """What one engine step runs, in this order."""
 
     admitted: Ticket | None  # joined the batch: the prefilling question from now on
-    prefill: Ticket | None  # runs its next prefill phase
+    prefill: Ticket | None  # runs its next prefill phases
     job: Job | None  # runs one model job (never in the same step as a prefill phase)
     decode: list[Ticket]  # the running batch: one batched decode step
     expired: list[tuple[Ticket, BaseException]]  # left the queue; told why, nothing run

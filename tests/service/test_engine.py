@@ -253,7 +253,7 @@ def test_running_answers_decode_between_the_phases_of_a_prefill(
             events.append(f"{name}:state")
             return done.value
     rt.prefill_steps = logged  # type: ignore[method-assign]
-    engine = AnswerEngine(lambda: rt, max_active=4)
+    engine = AnswerEngine(lambda: rt, max_active=4, prefill_budget_s=0.0)  # a phase a step
     a, c = dataclasses.replace(requests[5], max_new_tokens=150), requests[3]
     name_a, name_c = a.question[:18], c.question[:18]
     try:

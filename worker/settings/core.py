@@ -99,11 +99,12 @@ class CoreSettings(BaseSettings):
         "up to float rounding.",
     )
     prefill_layer_group: int = Field(
-        2, ge=0, le=1024, description="Decoder layers a new question's scoring pass and "
-        "refresh run before the answer engine runs the streaming answers' next decode step: "
-        "smaller keeps their tokens flowing more evenly while a question arrives, at the cost "
-        "of that question's first token (one more decode step per group). 0 = each pass "
-        "whole. The answers are the same either way.",
+        1, ge=0, le=1024, description="Decoder layers in one phase of a new question's "
+        "scoring pass and refresh. The answer engine runs a newcomer's phases for about one "
+        "decode step's time between the streaming answers' decode steps, so smaller phases "
+        "keep their tokens flowing more evenly (on the CPU one refresh layer of the default "
+        "builtin takes about one decode step). 0 = each pass whole. The answers are the same "
+        "either way.",
     )
 
     compile_passes: Literal["auto", "off", "on"] = Field(
