@@ -5,13 +5,19 @@ What it decides: a conversation is its tenant's alone (another tenant's id is th
 `NotFoundError` as an unknown one); one untouched for `conversation_ttl_s` has expired and
 is removed when next read (the same 404); a tenant keeps at most `conversation_max_stored`
 (`QuotaExceededError`, 413) and a conversation holds at most `conversation_turn_limit` turns
-(`ConversationFullError`, 409). A message is a follow-up `Question` whose history is the
-stored turns with the pages each added, and whose KV is kept for the next message.
+(`ConversationFullError`, 409). A conversation answers one message at a time: a message
+posted while another of the same conversation is being answered gets
+`ConversationBusyError` (409), in any process of the deployment (the store's claim, lapsing
+after the longest an answer may take when its process died). A message is a follow-up
+`Question` whose history is the stored turns with the pages each added, read once its claim
+is held, and whose KV is kept for the next message.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +39,12 @@ from worker.errors import WorkerError
 
 class ConversationFullError(WorkerError):
     """A message to a conversation that holds its limit of turns."""
+
+    http_status = 409
+
+
+class ConversationBusyError(WorkerError):
+    """A message to a conversation while another of its messages is being answered."""
 
     http_status = 409
 
@@ -79,6 +91,23 @@ class Conversations:
         if conversation is None or conversation.tenant != tenant:
             raise NotFoundError(f"conversation {conversation_id} not found")
         return conversation
+
+    @contextmanager
+    def turn(self, tenant: str, conversation_id: str) -> Iterator[Conversation]:
+        """The tenant's conversation (`get`'s 404s), read while this turn holds its claim,
+        released on leaving; `ConversationBusyError` while another turn holds it."""
+        conversation = self.get(tenant, conversation_id)
+        holder = new_id("turn")
+        s = self._ctx.settings.worker
+        if not self.store.claim(conversation.id, holder,
+                                s.answer_queue_wait_s + s.answer_timeout_s):
+            raise ConversationBusyError(
+                f"conversation {conversation_id} is answering another message: send this "
+                "one once that answer is done")
+        try:
+            yield self.get(tenant, conversation_id)  # the turns the other one may have added
+        finally:
+            self.store.release(conversation.id, holder)
 
     def of_tenant(self, tenant: str) -> list[Conversation]:
         """The tenant's live conversations, most recent first (the expired removed)."""

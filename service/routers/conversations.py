@@ -5,8 +5,10 @@ next question and answers it as `/v1/query` does (its `.../messages/stream` as s
 events, like `/v1/query/stream`), reading the earlier turns; `GET /v1/conversations/{id}`
 gives its turns with their citations and figures, `GET /v1/conversations` the tenant's list,
 `DELETE` removes one. Another tenant's id, an unknown one and an expired one are the same
-404; past the stored conversations' limit 413, past a conversation's turns 409
-(`worker.conversations`).
+404; past the stored conversations' limit 413, past a conversation's turns 409, and a
+message while another of the same conversation is being answered 409
+(`worker.conversations`): the turn holds its conversation from before its history is read
+until its answer is kept (for a stream, until the stream ends).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
+from contextlib import ExitStack
 
 import anyio
 from fastapi import APIRouter, Response
@@ -108,8 +111,8 @@ def _record(worker: Worker, conversation: Conversation, question: str,
 def ask(conversation_id: str, body: MessageIn, worker: WorkerDep,
         tenant: TenantDep) -> QueryOut:
     """Answer the conversation's next question, reading its earlier turns."""
-    conversation = worker.conversations.get(tenant, conversation_id)
-    with answer_slot(worker, tenant):
+    with worker.conversations.turn(tenant, conversation_id) as conversation, \
+            answer_slot(worker, tenant):
         question = _question(worker, tenant, conversation, body, False)
         return _record(worker, conversation, body.question, worker.answer(question))
 
@@ -121,10 +124,11 @@ async def ask_stream(conversation_id: str, body: MessageIn, worker: WorkerDep,
                      tenant: TenantDep) -> StreamingResponse:
     """The same answer as server-sent events (`token` events, then `done` or `error`); the
     turn is kept once the answer is done."""
-    conversation = await anyio.to_thread.run_sync(worker.conversations.get, tenant,
-                                                  conversation_id)
-    slot = answer_slot(worker, tenant)
+    slot = ExitStack()  # the conversation's turn and the tenant's answer slot
     try:
+        conversation = await anyio.to_thread.run_sync(
+            slot.enter_context, worker.conversations.turn(tenant, conversation_id))
+        slot.enter_context(answer_slot(worker, tenant))
         question = await anyio.to_thread.run_sync(_question, worker, tenant, conversation,
                                                   body, True)
     except BaseException:

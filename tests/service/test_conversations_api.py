@@ -2,12 +2,14 @@
 turn by turn (JSON and SSE) reads its earlier turns and reuses their KV; it is listed, read
 back with its citations and counted in `/v1/usage`; another tenant can neither read, extend
 nor delete it (the same 404 as an unknown id); limits are 4xx with a message; a document
-deleted mid-conversation is never cited again.
+deleted mid-conversation is never cited again; two messages posted at once to one
+conversation never both read the same history.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -137,4 +139,34 @@ def test_a_deleted_document_leaves_later_turns(api: Api) -> None:
     assert "harbour.pdf" not in _cited(later)
     # its pages left the conversation: the earlier turn was reassembled without them
     assert later["cache"]["conversation"] == "rebuilt"
+    api.alpha.delete(f"/v1/conversations/{conv}")
+
+
+def test_two_messages_at_once_are_one_turn_at_a_time(api: Api) -> None:
+    conv = api.alpha.post("/v1/conversations",
+                          json={"collection_id": api.collection}).json()["conversation_id"]
+    start = threading.Barrier(2)
+    replies: list[httpx.Response] = []
+
+    def post(question: str) -> None:
+        start.wait()
+        replies.append(api.alpha.post(f"/v1/conversations/{conv}/messages", json={
+            "question": question, "top_k": 1, "max_new_tokens": 48}))
+
+    posts = [threading.Thread(target=post, args=(q,)) for q in (
+        "What happened to the gearbox of turbine seven?", "Who replaced the gearbox?")]
+    for p in posts:
+        p.start()
+    for p in posts:
+        p.join()
+    answered = [r.json() for r in replies if r.status_code == 200]
+    busy = [r for r in replies if r.status_code != 200]
+    assert all(r.status_code == 409 and "answering another message" in r.json()["detail"]
+               for r in busy)
+    # the second to answer read the first's turn (a first turn has no conversation cache)
+    assert sorted(a["cache"]["conversation"] for a in answered) == ["", "hit"][:len(answered)]
+    turns = api.alpha.get(f"/v1/conversations/{conv}").json()["turns"]
+    assert len(turns) == len(answered)
+    again = _ask(api.alpha, conv, "Say more about it.")  # the claim was released
+    assert again.status_code == 200 and again.json()["cache"]["conversation"] == "hit"
     api.alpha.delete(f"/v1/conversations/{conv}")
