@@ -297,3 +297,44 @@ def test_questions_over_the_same_pages_leave_in_any_order(
             requests[0]).token_ids
     finally:
         engine.close()
+
+
+def test_a_step_runs_a_newcomers_phases_within_its_prefill_budget(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    """With no bound on a step's prefill time, a newcomer's phases all run in one step: the
+    running answer gets no token between them (with a bound of 0, one phase a step: the
+    test above)."""
+    events: list[str] = []
+    real = rt.prefill_steps
+
+    def logged(request: AnswerRequest, on_token=None, t0=None):  # type: ignore[no-untyped-def]
+        phases = real(request, on_token, t0)
+        while True:
+            try:
+                phase = next(phases)
+            except StopIteration as done:
+                events.append(f"{request.question[:18]}:state")
+                return done.value
+            events.append(f"{request.question[:18]}:{phase}")
+            yield phase
+    rt.prefill_steps = logged  # type: ignore[method-assign]
+    engine = AnswerEngine(lambda: rt, max_active=4, prefill_budget_s=float("inf"))
+    a, c = dataclasses.replace(requests[5], max_new_tokens=150), requests[3]
+    try:
+        started = threading.Event()
+
+        def token_a(_t: int, _p: str) -> None:
+            events.append("A:token")
+            started.set()
+        runner = threading.Thread(target=engine.answer, args=(a, token_a))
+        runner.start()
+        assert started.wait(30)
+        got = engine.answer(c)[0]
+        runner.join(30)
+    finally:
+        rt.prefill_steps = real  # type: ignore[method-assign]
+        engine.close()
+    assert got.token_ids == answering.answer(rt, c).token_ids
+    name = c.question[:18]
+    first, last = events.index(f"{name}:assembled"), events.index(f"{name}:state")
+    assert "A:token" in events and "A:token" not in events[first:last], events
