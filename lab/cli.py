@@ -2,7 +2,7 @@
 
     conduit-lab eval retrieval|fidelity|answers|across  quality evaluations
     conduit-lab bench store|disk-load|ttft|load|load-paired|engine|gaps|retrieval-scale|
-                      conversation
+                      conversation|prefix-transfer
     conduit-lab testbed train|export|generate|probe|criteria  the trained testbed VLM
     conduit-lab demo                                  the whole product on the testbed model
     conduit-lab report results                        docs/RESULTS.md from the committed results
@@ -113,6 +113,14 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--out", type=Path,
                       default=Path("lab/conversation/results/conversation.json"))
     conv.set_defaults(func=_bench_conversation)
+
+    pt = bench.add_parser("prefix-transfer", help="a conversation prefix copied in memory "
+                          "against its Redis round trip, default builtin and a 7B shape")
+    pt.add_argument("--tokens", type=int, default=1862)
+    pt.add_argument("--repeats", type=int, default=5)
+    pt.add_argument("--out", type=Path,
+                    default=Path("lab/conversation/results/prefix_transfer.json"))
+    pt.set_defaults(func=_bench_prefix_transfer)
 
     ttft = bench.add_parser("ttft", help="time to first token of reuse vs full prefill")
     add_ttft_arguments(ttft)
@@ -358,6 +366,14 @@ def _bench_conversation(args: argparse.Namespace) -> int:
     from lab.conversation.bench import run, write
 
     write(run(args.repeats, args.turns, args.max_new_tokens, command_line()), args.out)
+    print(args.out.with_suffix(".md").read_text())
+    return 0
+
+
+def _bench_prefix_transfer(args: argparse.Namespace) -> int:
+    from lab.conversation.prefix_transfer import run, write
+
+    write(run(args.tokens, args.repeats, command_line()), args.out)
     print(args.out.with_suffix(".md").read_text())
     return 0
 
