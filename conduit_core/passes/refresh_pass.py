@@ -16,7 +16,7 @@ import torch
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows, setup_rows
-from conduit_core.passes.layer_groups import drain, layer_groups
+from conduit_core.passes.layer_groups import layer_groups
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.prompt.layout import Layout
 
@@ -97,12 +97,6 @@ def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, score
         0, order, torch.arange(every.numel(), device=device))  # (R,) entry i's place in rows
     n_text = int(text.numel())
     return _PassRows(rows, text, places[:n_text], fresh, places[n_text:], skipped)
-
-
-def refresh_pass(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Tensor,
-                 resume: Resume | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`refresh_steps` run to its end in one go."""
-    return drain(refresh_steps(adapter, assembly, visual_rows, resume))
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ import torch
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.layer_forward import RowSetup, forward_rows, setup_rows
-from conduit_core.passes.layer_groups import drain, layer_groups
+from conduit_core.passes.layer_groups import layer_groups
 from conduit_core.passes.scoring import ScoreAccumulator, ScoreConfig
 
 SCORE_CHUNK_ELEMENTS = 1 << 24
@@ -62,15 +62,6 @@ def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int
     if n_text == 0 or n_scored != n_text:
         return []
     return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
-
-
-def stale_pass(adapter: VLMAdapter, cache: KVCache, embeds: torch.Tensor,
-               position_ids: torch.Tensor, text_rows: torch.Tensor, question_rows: torch.Tensor,
-               n_keys: int, config: ScoreConfig | None = None, keep_probs: bool = False,
-               last_only: bool = False, n_prompt: int = 0) -> StaleScores:
-    """`stale_steps` run to its end in one go."""
-    return drain(stale_steps(adapter, cache, embeds, position_ids, text_rows, question_rows,
-                             n_keys, config, keep_probs, last_only, n_prompt))
 
 
 @torch.no_grad()

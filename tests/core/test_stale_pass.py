@@ -15,8 +15,9 @@ import torch
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows
+from conduit_core.passes.layer_groups import drain
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.passes.stale_pass import StaleScores, fused_layers, stale_pass
+from conduit_core.passes.stale_pass import StaleScores, fused_layers, stale_steps
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES, token_scores
 from tests.device import atol, tol
@@ -32,9 +33,9 @@ def _scoring(rt: ReuseRuntime, asm: Assembly, config: ScoreConfig,
         heads = rt.adapter.text_config.num_attention_heads
         monkeypatch.setattr("conduit_core.passes.stale_pass.SCORE_CHUNK_ELEMENTS",
                             chunk * heads * layout.n)
-    return stale_pass(rt.adapter, asm.cache, asm.embeds, layout.position_ids,
-                      layout.text_rows(), layout.question_rows(), layout.n, config,
-                      keep_probs=keep_probs, n_prompt=layout.prompt)
+    return drain(stale_steps(rt.adapter, asm.cache, asm.embeds, layout.position_ids,
+                             layout.text_rows(), layout.question_rows(), layout.n, config,
+                             keep_probs=keep_probs, n_prompt=layout.prompt))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
