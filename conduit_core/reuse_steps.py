@@ -89,8 +89,10 @@ class ReuseSteps:
                               stale_labels=self.labels is not None and bool(pages),
                               label_refresh=self.label_refresh)
         capacity = layout.n + extra_capacity
-        if layer_graphs(self.adapter) is not None:  # room for the passes' key bucket
-            capacity = max(capacity, key_bucket(layout.n))
+        if layer_graphs(self.adapter) is not None:
+            # room for the passes' key bucket, and a capacity from a small set: the compiled
+            # layers' graphs are specialised on the cache's strides, which follow from it
+            capacity = max(key_bucket(layout.n), key_bucket(capacity - 1))
         cache = KVCache.allocate(self.adapter, 1, capacity)
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         assembly = Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,

@@ -14,11 +14,15 @@ from pathlib import Path
 import torch
 
 from conduit_core import LoadedVLM, ReuseRuntime, load_vlm
+from conduit_core.pass_warmup import WarmupSpec, warm_passes
+from conduit_core.policies.choice import PolicyOptions
 from storage.keys import RenderSettings
 from storage.kv import build_kv_store
 from storage.kv.tiered import TieredKVStore
 from storage.metadata import MetadataStore, SQLiteMetadataStore
 from worker.engine import AnswerEngine
+from worker.policy_options import settle_policy
+from worker.prompt import ANSWER_PREFIX, page_label
 from worker.retrieval.embedder import Embedder
 from worker.settings import Settings
 
@@ -52,7 +56,8 @@ class WorkerContext:
     @property
     def runtime(self) -> ReuseRuntime:
         """The reuse runtime over the configured model (loaded once, on first use, its decode
-        step captured or compiled then: `CoreSettings.decode_compile`, the time logged)."""
+        step captured or compiled then: `CoreSettings.decode_compile`, the time logged; and
+        its compiled passes warmed: `CoreSettings.compile_warmup_pages`)."""
         with self._load_lock:
             if self._runtime is None:
                 s = self.settings
@@ -75,7 +80,22 @@ class WorkerContext:
                                              conversation_bytes=s.core.conversation_prefix_bytes,
                                              layer_group=s.core.prefill_layer_group)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
+                self._warm_passes(self._runtime)
             return self._runtime
+
+    def _warm_passes(self, runtime: ReuseRuntime) -> None:
+        """Compile the passes' common shape buckets now, where they run compiled, with
+        questions as the service asks them (`conduit_core.pass_warmup`); each line logged."""
+        s = self.settings
+        if not s.core.compile_warmup_pages:
+            return
+        spec = WarmupSpec(max_pages=s.core.compile_warmup_pages,
+                          budget_s=s.core.compile_warmup_s, prefix=ANSWER_PREFIX,
+                          policy=settle_policy(s, None, PolicyOptions()), budget=s.core.budget,
+                          max_new_tokens=s.worker.max_new_tokens,
+                          label=lambda number: page_label("document.pdf", number))
+        for line in warm_passes(runtime, spec):
+            log.info("%s", line)
 
     def preload_model(self) -> threading.Thread:
         """Load the model in a background thread now (a worker's startup), so that the first

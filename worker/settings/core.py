@@ -112,8 +112,20 @@ class CoreSettings(BaseSettings):
         "compiled (torch.compile, fullgraph, CUDA graphs) once per shape bucket of rows and "
         "keys (powers of two) on a GPU, eager on the CPU, where eager is faster "
         "(docs/DECISIONS.md); on = compiled on the CPU too (inductor); off = eager "
-        "everywhere. A bucket compiles the first time a pass needs it. Logits equal the "
-        "eager path's up to float rounding.",
+        "everywhere. Compiled, the buckets a default question over 1..compile_warmup_pages "
+        "pages meets compile when the model loads (logged); others the first time a pass "
+        "needs them. Logits equal the eager path's up to float rounding.",
+    )
+    compile_warmup_pages: int = Field(
+        8, ge=0, le=64, description="Where the passes are compiled (compile_passes): the "
+        "model's load runs a default question (the default policy, budget and answer length; "
+        "questions of 6 to 60 words) over 1 to this many pages, so that their shape buckets "
+        "compile before the first user's question (conduit_core/pass_warmup.py). 0 = none.",
+    )
+    compile_warmup_s: float = Field(
+        300.0, ge=0.0, le=3600.0, description="Seconds the pass warm-up may spend: no page "
+        "count starts after them (one started is finished); the buckets left compile when a "
+        "question first needs them.",
     )
 
     @cached_property
