@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     over.add_argument("--pages", default="2,8,32", help="page counts, comma-separated")
     over.add_argument("--repeats", type=int, default=5)
     over.add_argument("--out", type=Path, default=results("ttft") / "overhead.json")
+    over.add_argument("--compile-backend", default="inductor", choices=("inductor", "aot_eager"),
+                      help="torch.compile backend of the compiled figures")
     over.set_defaults(func=_bench_overhead)
 
     pc = bench.add_parser("pass-compile", help="eager against compiled layer bodies of the "
@@ -357,7 +359,8 @@ def _bench_overhead(args: argparse.Namespace) -> int:
     from lab.ttft.overhead import run_overhead
 
     pages = [int(x) for x in args.pages.split(",") if x.strip()]
-    run_overhead(pages, args.repeats, args.out, command=command_line())
+    run_overhead(pages, args.repeats, args.out, command=command_line(),
+                 compile_backend=args.compile_backend)
     print(args.out.with_suffix(".md").read_text())
     return 0
 

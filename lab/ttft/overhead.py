@@ -19,13 +19,18 @@ model in bfloat16 (the dtype a GPU runs; a second narrow runtime) and its host r
 the first page copy to the first token's logits (`lab.ttft.host_syncs.count_prefill_syncs`,
 on the accelerator's path: 0 is the aim, issue 65); the decode step gives its bf16 ops and
 the host reads of a batched step of 1 and 16 streams (`count_step_syncs`: 1 is the aim).
-Every figure is of the eager path; the compiled layer bodies of the scoring pass and the
-refresh are measured against it by `lab.ttft.pass_compile`.
+These figures are of the eager path. Beside them each row gives the compiled layer bodies'
+figures (`lab.ttft.compiled_counts`, `compile_backend`, inductor by default): graphs
+compiled by its first run (new buckets only: the rows share the graphs compiled before),
+recompilations and graph breaks (0 is the aim), the first run's seconds and the warm host ms;
+`lab.ttft.pass_compile` times compiled against eager at more repeats.
 
 Public API:
-  run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None) -> dict
+  run_overhead(pages=(2, 8, 32), repeats=5, out=None, command=None,
+               compile_backend="inductor") -> dict
       JSON at `out` (default lab/ttft/results/overhead.json) and markdown beside it
-Command line: `conduit-lab bench overhead [--pages 2,8,32] [--repeats 5] [--out FILE]`.
+Command line: `conduit-lab bench overhead [--pages 2,8,32] [--repeats 5] [--out FILE]
+[--compile-backend inductor|aot_eager]`.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
+from lab.ttft.compiled_counts import compiled_figures
 from lab.ttft.host_syncs import count_prefill_syncs, count_step_syncs
 from lab.ttft.op_count import (
     NARROW_LAYERS,
@@ -71,7 +77,8 @@ def _median_ms(fn: Any, repeats: int) -> float:
 
 @torch.no_grad()
 def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path | None = None,
-                 command: str | None = None) -> dict[str, Any]:
+                 command: str | None = None, compile_backend: str = "inductor"
+                 ) -> dict[str, Any]:
     """Measure (module docstring); write JSON and markdown; return the JSON document."""
     saved = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -95,6 +102,8 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
                              "load_ops_per_layer": count.load / NARROW_LAYERS,
                              "cpu_load_ops_per_layer": count.cpu_load / NARROW_LAYERS,
                              "host_ms": ms,
+                             "compiled": compiled_figures(rt, kvs[:p], policy,
+                                                          compile_backend),
                              "top_ops": dict(count.ops.by_name.most_common(8))})
         decode = _decode_step(rt, kvs, repeats)
         decode["bf16_ops_per_layer"] = _decode_step(half, half_kvs, 1)["ops_per_layer"]
@@ -106,7 +115,7 @@ def run_overhead(pages: Sequence[int] = (2, 8, 32), repeats: int = 5, out: Path 
         torch.set_num_threads(saved)
     doc = {"workload": {"model": "random-weight Qwen2.5-VL, 28 layers, hidden 64, 4/2 heads",
                         "tokens_per_page": 256, "pages": list(pages), "repeats": repeats,
-                        "threads": 1, "budget": 0.1,
+                        "threads": 1, "budget": 0.1, "compile_backend": compile_backend,
                         "machine": f"{platform.machine()} {platform.system()}, "
                                    f"torch {torch.__version__}",
                         "command": command or "conduit-lab bench overhead"},
@@ -168,17 +177,21 @@ def _markdown(doc: dict[str, Any]) -> str:
              "load: the same on the CPU's own path (each page turned in place); host ms: the "
              "CPU's path; bf16: the same ops with the model in bfloat16; host syncs: reads "
              "of device values from the first page copy to the first token's logits "
-             "(`lab.ttft.host_syncs`, accelerator's path). All eager: the passes have no "
-             "compiled path yet.", "",
+             "(`lab.ttft.host_syncs`, accelerator's path). These are eager; compiled: the "
+             "layer bodies compiled (`compiled_counts`): graphs its first run compiled (new "
+             "buckets), recompilations on a second run, graph breaks, the warm host ms.", "",
              "| method | pages | ops a layer | bf16 ops a layer | of which passes | of which "
-             "page load | CPU page load | host syncs | host ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "page load | CPU page load | host syncs | host ms | compiled: graphs / "
+             "recompiled / breaks | compiled host ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in doc["rows"]:
+        c = r["compiled"]
         lines.append(f"| {r['method']} | {r['pages']} | {r['ops_per_layer']:.1f} | "
                      f"{r['bf16_ops_per_layer']:.1f} | "
                      f"{r['pass_ops_per_layer']:.1f} | {r['load_ops_per_layer']:.1f} | "
                      f"{r['cpu_load_ops_per_layer']:.1f} | {r['host_syncs']} | "
-                     f"{r['host_ms']:.1f} |")
+                     f"{r['host_ms']:.1f} | {c['compilations']} / {c['recompilations']} / "
+                     f"{c['graph_breaks']} | {c['host_ms']:.1f} |")
     d = doc["decode_step"]
     syncs = ", ".join(f"{n} at {s} stream{'s' if int(s) > 1 else ''}"
                       for s, n in d["host_syncs"].items())
