@@ -169,3 +169,38 @@ def many_frame_tiff(frames: int) -> bytes:
             out += struct.pack("<HHII", tag, kind, 1, value)
         out += struct.pack("<I", nxt)
     return bytes(out)
+
+
+def huge_xlsx(rows: int, columns: int) -> bytes:
+    """An XLSX of one sheet holding `rows` x `columns` numbers, written by hand (about a
+    megabyte on disk for a million cells)."""
+    main = "application/vnd.openxmlformats-officedocument.spreadsheetml"
+    rels = "http://schemas.openxmlformats.org/officeDocument/2006/relationships"
+    package = "http://schemas.openxmlformats.org/package/2006/relationships"
+    row = "<row>" + "<c><v>7</v></c>" * columns + "</row>"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", (
+            '<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/'
+            'content-types"><Default Extension="rels" ContentType="application/vnd.'
+            'openxmlformats-package.relationships+xml"/><Default Extension="xml" '
+            'ContentType="application/xml"/><Override PartName="/xl/workbook.xml" '
+            f'ContentType="{main}.sheet.main+xml"/><Override PartName="/xl/worksheets/'
+            f'sheet1.xml" ContentType="{main}.worksheet+xml"/></Types>'))
+        archive.writestr("_rels/.rels", (
+            f'<?xml version="1.0"?><Relationships xmlns="{package}"><Relationship Id="r1" '
+            f'Type="{rels}/officeDocument" Target="xl/workbook.xml"/></Relationships>'))
+        archive.writestr("xl/workbook.xml", (
+            '<?xml version="1.0"?><workbook xmlns="http://schemas.openxmlformats.org/'
+            f'spreadsheetml/2006/main" xmlns:r="{rels}"><sheets><sheet name="Cells" '
+            'sheetId="1" r:id="r1"/></sheets></workbook>'))
+        archive.writestr("xl/_rels/workbook.xml.rels", (
+            f'<?xml version="1.0"?><Relationships xmlns="{package}"><Relationship Id="r1" '
+            f'Type="{rels}/worksheet" Target="worksheets/sheet1.xml"/></Relationships>'))
+        with archive.open("xl/worksheets/sheet1.xml", "w") as member:
+            member.write(b'<?xml version="1.0"?><worksheet xmlns="http://schemas.'
+                         b'openxmlformats.org/spreadsheetml/2006/main"><sheetData>')
+            for _ in range(rows):
+                member.write(row.encode())
+            member.write(b"</sheetData></worksheet>")
+    return out.getvalue()
