@@ -20,7 +20,7 @@ from storage.metadata.usage import Quota, Usage
 from storage.space import free_bytes
 from worker.ingest.errors import EmptyFileError, IngestError
 from worker.ingest.formats import FORMATS, sniff
-from worker.ingest.office import check_office, check_slides, office_to_pdf, soffice_path
+from worker.ingest.office import check_office, check_page_count, office_to_pdf, soffice_path
 from worker.ingest.sandbox import ReaderLimits, inspect_pdf
 from worker.settings import Settings
 
@@ -136,7 +136,7 @@ def check_upload(data: bytes, *, password: str | None, max_bytes: int, max_pages
     pdf_limit = 2 * max_bytes + (1 << 20)
     opened, options = data, None
     if fmt.route == "office":
-        check_slides(data, fmt, max_pages)
+        check_page_count(data, fmt, max_pages)
         soffice = check_office(fmt, enabled=convert.office)
         opened = office_to_pdf(data, fmt, soffice=soffice, memory_mb=limits.memory_mb,
                                seconds=convert.office_timeout_s, max_bytes=pdf_limit,

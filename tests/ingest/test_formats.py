@@ -25,10 +25,11 @@ from tests.made_files import (
     zip_bomb_docx,
 )
 from tests.pdfs import text_pdf
+from worker.ingest import office as office_module
 from worker.ingest.budget import READER_BUDGET
 from worker.ingest.errors import IngestError
 from worker.ingest.formats import FORMATS, MAX_EXPANDED_BYTES, sniff
-from worker.ingest.office import office_to_pdf, soffice_path
+from worker.ingest.office import check_page_count, office_to_pdf, soffice_path
 from worker.ingest.sandbox import ReaderLimits
 from worker.uploads import CheckedUpload, Conversion, check_upload
 
@@ -205,6 +206,40 @@ def test_hostile_office_files_are_cut_or_refused(private_tmp: Path) -> None:
         _check(_big_sheet(1000, 1000), "cells.ods",
                convert=Conversion(office_timeout_s=1.0))
     assert not any(private_tmp.iterdir())
+
+
+def test_slides_and_sheets_are_counted_before_conversion() -> None:
+    """OpenDocument slides and sheets are counted in content.xml (here across its 1 MiB
+    chunks), Office Open XML sheets in the zip's directory; inflating stops at the bound."""
+    many = [f"Slide {n}: " + "calm water " * 100 for n in range(2000)]
+    for kind in ("odp", "ods"):
+        with pytest.raises(IngestError, match="has 2000 pages; at most 50"):
+            _check(opendocument(kind, many), f"many.{kind}")
+    with pytest.raises(IngestError, match="Excel workbook has 60 pages; at most 50"):
+        _check(_sheets_xlsx(60), "many.xlsx")
+    odp = sniff(opendocument("odp", PAGES))
+    with pytest.raises(IngestError, match="has 100000 pages"):  # tags cut by chunks counted
+        check_page_count(_content_zip(b"<draw:page/>" * 100_000), odp, 50)
+    padded = b" " * (office_module._CONTENT_BOUND + 1) + b"<draw:page/>" * 100
+    check_page_count(_content_zip(padded), odp, 50)  # past the bound: left to LibreOffice
+
+
+def _content_zip(content: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("content.xml", content)
+    return out.getvalue()
+
+
+def _sheets_xlsx(sheets: int) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("[Content_Types].xml", '<Types><Override ContentType="application/'
+                         'vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml"/>'
+                         '</Types>')
+        for n in range(1, sheets + 1):
+            archive.writestr(f"xl/worksheets/sheet{n}.xml", "<worksheet/>")
+    return out.getvalue()
 
 
 def test_a_pdf_is_still_stored_as_sent() -> None:

@@ -8,8 +8,11 @@ the whole group is killed and the upload refused with a message naming the limit
 goes with the call, whatever happened. Slides keep their numbers as page numbers (hidden
 slides are exported too) and each sheet of a workbook is one page.
 
-A presentation's slide count is read from the zip's directory before LibreOffice starts: one
-with more slides than the page cap is refused at once (`check_slides`).
+A presentation's slides and a workbook's sheets are counted before LibreOffice starts, and a
+file with more than the page cap is refused at once (`check_page_count`): Office Open XML's from
+the zip's directory (one member a slide or sheet), OpenDocument's from `content.xml`, streamed
+in chunks and never inflated past `_CONTENT_BOUND` (a file whose count the bound cuts is left to
+LibreOffice's limits).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 from worker.ingest.budget import READER_BUDGET
@@ -44,7 +48,14 @@ _FILTERS = {
     "pptx": "impress_pdf_Export:" + json.dumps({"ExportHiddenSlides": _TRUE}),
     "odp": "impress_pdf_Export:" + json.dumps({"ExportHiddenSlides": _TRUE}),
 }
-_SLIDE = re.compile(r"ppt/slides/slide\d+\.xml")
+# Office Open XML: the zip members that are one page each.
+_PAGE_MEMBERS = {"pptx": re.compile(r"ppt/slides/slide\d+\.xml"),
+                 "xlsx": re.compile(r"xl/worksheets/sheet\d+\.xml")}
+# OpenDocument: the content.xml elements that are one page each (a slide, a sheet).
+_PAGE_ELEMENTS = {"odp": re.compile(rb"<draw:page[\s/>]"),
+                  "ods": re.compile(rb"<table:table[\s/>]")}
+_CONTENT_BOUND = 64 << 20  # bytes of content.xml inflated at most to count its pages
+_CHUNK = 1 << 20
 
 
 class OfficeUnavailableError(UnsupportedFormatError):
@@ -77,15 +88,44 @@ def check_office(fmt: Format, *, enabled: bool) -> str:
     return soffice
 
 
-def check_slides(data: bytes, fmt: Format, max_pages: int) -> None:
-    """Refuse a PowerPoint file with more slides than `max_pages` (`TooManyPagesError`),
-    counted in the zip's directory."""
-    if fmt.name != "pptx":
-        return
+def check_page_count(data: bytes, fmt: Format, max_pages: int) -> None:
+    """Refuse a presentation or workbook with more slides or sheets than `max_pages`
+    (`TooManyPagesError`); other formats pass. `data` is a zip that `sniff` accepted."""
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        slides = sum(1 for name in archive.namelist() if _SLIDE.fullmatch(name))
-    if slides > max_pages:
-        raise TooManyPagesError(slides, max_pages, fmt.label)
+        if fmt.name in _PAGE_MEMBERS:
+            member = _PAGE_MEMBERS[fmt.name]
+            pages = sum(1 for name in archive.namelist() if member.fullmatch(name))
+        elif fmt.name in _PAGE_ELEMENTS:
+            pages = _count_elements(archive, _PAGE_ELEMENTS[fmt.name])
+        else:
+            return
+    if pages > max_pages:
+        raise TooManyPagesError(pages, max_pages, fmt.label)
+
+
+def _count_elements(archive: zipfile.ZipFile, element: re.Pattern[bytes]) -> int:
+    """How many `element`s the first `_CONTENT_BOUND` bytes of content.xml hold (0 when it
+    is missing or unreadable), inflated a chunk at a time."""
+    try:
+        stream = archive.open("content.xml")
+    except (KeyError, zipfile.BadZipFile, ValueError, NotImplementedError, RuntimeError):
+        return 0  # RuntimeError: an encrypted member
+    count, tail, read = 0, b"", 0
+    with stream:
+        while read < _CONTENT_BOUND:
+            try:
+                chunk = stream.read(_CHUNK)
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error):
+                break
+            if not chunk:
+                break
+            read += len(chunk)
+            window = tail + chunk  # a tag cut by the chunk's end is counted in the next
+            ends = [m.end() for m in element.finditer(window)]
+            count += len(ends)
+            keep = max(ends[-1] if ends else 0, len(window) - 32)
+            tail = window[keep:]
+    return count
 
 
 def office_to_pdf(data: bytes, fmt: Format, *, soffice: str, memory_mb: int, seconds: float,
