@@ -22,15 +22,16 @@ _NS = ('xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0" '
        'xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0" '
        'xmlns:fo="urn:oasis:names:tc:opendocument:xmlns:xsl-fo-compatible:1.0" '
        'xmlns:style="urn:oasis:names:tc:opendocument:xmlns:style:1.0" '
-       'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0"')
+       'xmlns:manifest="urn:oasis:names:tc:opendocument:xmlns:manifest:1.0" '
+       'xmlns:presentation="urn:oasis:names:tc:opendocument:xmlns:presentation:1.0"')
 _MIME = {"odt": "application/vnd.oasis.opendocument.text",
          "ods": "application/vnd.oasis.opendocument.spreadsheet",
          "odp": "application/vnd.oasis.opendocument.presentation"}
 
 
-def opendocument(kind: str, pages: list[str]) -> bytes:
+def opendocument(kind: str, pages: list[str], hidden: frozenset[int] = frozenset()) -> bytes:
     """An ODT (one page a text, page breaks between), ODS (one sheet a text, a word a
-    cell) or ODP (one slide a text)."""
+    cell) or ODP (one slide a text; the slides numbered in `hidden` hidden)."""
     if kind == "odt":
         styles = ('<office:automatic-styles><style:style style:name="B" '
                   'style:family="paragraph"><style:paragraph-properties '
@@ -46,11 +47,16 @@ def opendocument(kind: str, pages: list[str]) -> bytes:
             for i, t in enumerate(pages))
         body = f"<office:body><office:spreadsheet>{body}</office:spreadsheet></office:body>"
     else:
-        body = "".join(f'<draw:page draw:name="s{i + 1}"><draw:frame svg:x="1cm" svg:y="2cm" '
-                       'svg:width="24cm" svg:height="6cm"><draw:text-box>'
-                       f"<text:p>{escape(t)}</text:p></draw:text-box></draw:frame></draw:page>"
-                       for i, t in enumerate(pages))
-        body = f"<office:body><office:presentation>{body}</office:presentation></office:body>"
+        hide = ' draw:style-name="H"'
+        body = "".join(f'<draw:page draw:name="s{i + 1}"{hide if i + 1 in hidden else ""}>'
+                       '<draw:frame svg:x="1cm" svg:y="2cm" svg:width="24cm" svg:height="6cm">'
+                       f"<draw:text-box><text:p>{escape(t)}</text:p></draw:text-box>"
+                       "</draw:frame></draw:page>" for i, t in enumerate(pages))
+        styles = ('<office:automatic-styles><style:style style:name="H" '
+                  'style:family="drawing-page"><style:drawing-page-properties '
+                  'presentation:visibility="hidden"/></style:style></office:automatic-styles>')
+        body = (f"{styles}<office:body><office:presentation>{body}</office:presentation>"
+                "</office:body>")
     content = (f'<?xml version="1.0" encoding="UTF-8"?><office:document-content {_NS} '
                f'office:version="1.2">{body}</office:document-content>')
     members = {"content.xml": content.encode()}
@@ -68,14 +74,15 @@ def opendocument(kind: str, pages: list[str]) -> bytes:
     return out.getvalue()
 
 
-def office_open_xml(kind: str, pages: list[str]) -> bytes:
-    """A DOCX, XLSX or PPTX of `pages`, written by LibreOffice from the OpenDocument form."""
+def office_open_xml(kind: str, pages: list[str], hidden: frozenset[int] = frozenset()) -> bytes:
+    """A DOCX, XLSX or PPTX of `pages`, written by LibreOffice from the OpenDocument form
+    (a PPTX's slides numbered in `hidden` hidden)."""
     source = {"docx": "odt", "xlsx": "ods", "pptx": "odp"}[kind]
     soffice = shutil.which("soffice")
     assert soffice, "LibreOffice (soffice) is needed to write Office files"
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / f"doc.{source}"
-        path.write_bytes(opendocument(source, pages))
+        path.write_bytes(opendocument(source, pages, hidden))
         subprocess.run([soffice, f"-env:UserInstallation=file://{work}/profile", "--headless",
                         "--norestore", "--convert-to", kind, "--outdir", work, str(path)],
                        check=True, capture_output=True, timeout=120)

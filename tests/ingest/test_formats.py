@@ -149,6 +149,15 @@ def test_office_files_keep_their_pages(kind: str, private_tmp: Path) -> None:
     assert not any(private_tmp.iterdir())
 
 
+@needs_office
+@pytest.mark.parametrize("kind", ["odp", "pptx"])
+def test_a_hidden_slide_keeps_the_slide_numbers(kind: str) -> None:
+    data = (opendocument if kind == "odp" else office_open_xml)(kind, PAGES, frozenset({2}))
+    checked = _check(data, f"deck.{kind}")
+    assert checked.page_count == 3
+    assert ["Bravo" in text for text in _texts(checked)] == [False, True, False]
+
+
 def test_office_conversion_off_says_so_with_415() -> None:
     with pytest.raises(IngestError, match="CONDUIT_OFFICE_CONVERSION") as refused:
         _check(opendocument("odt", PAGES), "a.odt", convert=Conversion(office=False))
