@@ -87,7 +87,8 @@ def test_quotas_refuse_past_the_limit_and_spare_other_tenants(
     a, b = clients["a"], clients["b"]
     col = _collection(a, "mine")
     assert _usage(a) == {"bytes": (0, QUOTA_BYTES), "documents": (0, QUOTA_DOCUMENTS),
-                         "pages": (0, QUOTA_PAGES), "collections": (1, 300)}
+                         "pages": (0, QUOTA_PAGES), "collections": (1, 300),
+                         "conversations": (0, 1000)}
     first = _upload(a, col, SMALL)
     assert first.status_code == 202, first.text
     _refused(_upload(a, col, BULKY), "bytes", QUOTA_BYTES)
@@ -99,7 +100,7 @@ def test_quotas_refuse_past_the_limit_and_spare_other_tenants(
     assert len(docs) == 3  # the refused uploads kept nothing
     assert _usage(a) == {"bytes": (3 * len(SMALL), QUOTA_BYTES),
                          "documents": (3, QUOTA_DOCUMENTS), "pages": (6, QUOTA_PAGES),
-                         "collections": (1, 300)}
+                         "collections": (1, 300), "conversations": (0, 1000)}
 
     # the other tenant has its own quota, untouched by a's
     other = _collection(b, "theirs")

@@ -40,9 +40,11 @@ def document(client: httpx.Client) -> tuple[str, str]:
 
 
 def _pages(cache: dict) -> dict:
-    """Where the pages came from (the head cache's count checked apart)."""
+    """Where the pages came from (the head cache's count checked apart; a question outside a
+    conversation has no earlier turns)."""
     assert isinstance(cache["head_tokens"], int) and cache["head_tokens"] >= 0
-    return {k: v for k, v in cache.items() if k != "head_tokens"}
+    assert cache["conversation"] == ""
+    return {k: v for k, v in cache.items() if k not in ("head_tokens", "conversation")}
 
 
 def test_page_list_reports_text_ocr_and_kv_tiers(client: httpx.Client,
