@@ -74,6 +74,7 @@ from conduit_core.model.loader import LoadedVLM
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_graphs import compile_layers
+from conduit_core.passes.layer_groups import drain
 from conduit_core.passes.page_prefill import prefill_pages
 from conduit_core.passes.prompt_head import HeadKV
 from conduit_core.passes.refresh_pass import Resume
@@ -272,7 +273,7 @@ class ReuseRuntime:
                           question=turn.question, keep=True)
             assembly = (self._assemble(sub)[0] if prefix is None
                         else self._assemble_after(sub, prefix))
-            done = _drain(self._refresh_steps(assembly, sub))
+            done = drain(self._refresh_steps(assembly, sub))
             self._account(assembly, done)
             spent += done.extra + assembly.fill_flops + done.refresh_lm
             prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
@@ -339,13 +340,3 @@ class _Refreshed:
 def _owner(request: AnswerRequest) -> str:
     """The conversation cache's namespace of a request: its tenant, else its pages'."""
     return request.tenant or request.namespace
-
-
-def _drain(steps: Generator[str, None, _Refreshed]) -> _Refreshed:
-    """Run `steps` to their end, ignoring the phases they yield."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            done: _Refreshed = stop.value
-            return done
