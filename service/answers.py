@@ -1,10 +1,18 @@
-"""What the query routes share (`/v1/query`, its stream, and the OpenAI-compatible chat):
-a request body checked into the worker's `Question`, and an answer recorded in the metrics and
-shaped as the response body."""
+"""What the answering routes share (`/v1/query`, conversations, the OpenAI-compatible chat):
+a request body checked into the worker's `Question`, an answer recorded in the metrics and
+shaped as the response body, and an answer streamed as server-sent events."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack
+
+import anyio
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from conduit_core.policies.choice import PolicyOptions
 from service.access import document_not_found, owned_collection
@@ -12,7 +20,7 @@ from service.metrics import ANSWER_SECONDS, FALLBACKS, FLOPS_RATIO, QUERIES, TTF
 from service.schemas import CacheOut, QueryIn, QueryOut
 from service.views import citation_out
 from storage.metadata import CollectionId, DocumentId
-from worker.facade import Answer, Question, Worker
+from worker.facade import Answer, AnswerCancelledError, Question, Worker
 
 # The headers of a server-sent event answer: nothing between the service and the client may
 # hold its events back (X-Accel-Buffering: ingress-nginx and nginx buffer a response unless
@@ -81,3 +89,50 @@ def to_query_out(result: Answer) -> QueryOut:
                        conversation=result.cache.conversation),
         fallback=result.fallback, dropped_turns=result.dropped_turns,
     )
+
+
+def answer_events(worker: Worker, question: Question, done: Callable[[Answer], str],
+                  release: Callable[[], None],
+                  on_error: Callable[[], None] | None = None) -> StreamingResponse:
+    """`question`'s answer as server-sent events: a `token` event per decoded piece of text,
+    then `done` (with `done(answer)`, the body as JSON) or `error` (with its detail). A client
+    that goes away cancels the answer at its next step. `release` runs once the answer has
+    left the engine, or when a stream that never started is dropped. Call it from the route's
+    event loop."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    gone = threading.Event()  # the client disconnected: the answer leaves the batch
+
+    def on_token(_token_id: int, text: str) -> None:
+        if gone.is_set():
+            raise AnswerCancelledError("the client went away")
+        if text:  # a token that completes no character yet sends nothing
+            loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
+
+    def run() -> None:
+        try:
+            event = ("done", done(worker.answer(question, on_token=on_token, cancel=gone)))
+        except Exception as exc:  # reported to the client as an event, never a dropped stream
+            if on_error is not None:
+                on_error()
+            event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    async def stream() -> AsyncIterator[str]:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, run)
+                try:
+                    while True:
+                        kind, data = await events.get()
+                        yield f"event: {kind}\ndata: {data}\n\n"
+                        if kind in ("done", "error"):
+                            break
+                finally:  # a disconnect cancels this generator: the answer leaves the
+                    gone.set()  # batch at its next step, and the task group waits for it
+        finally:  # the answer has left the engine
+            release()
+
+    # the background task releases a stream that never started (the client gone)
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS,
+                             background=BackgroundTask(release))

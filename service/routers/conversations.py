@@ -13,20 +13,15 @@ until its answer is kept (for a stream, until the stream ends).
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-from collections.abc import AsyncIterator
 from contextlib import ExitStack
 
 import anyio
 from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
-from starlette.background import BackgroundTask
 
 from service.access import owned_collection
 from service.answers import (
-    SSE_HEADERS,
+    answer_events,
     answer_slot,
     build_question,
     check_documents,
@@ -42,7 +37,7 @@ from service.schemas import (
     TurnOut,
 )
 from storage.conversations import Conversation
-from worker.facade import Answer, AnswerCancelledError, Question, Worker
+from worker.facade import Answer, Question, Worker
 
 router = APIRouter(tags=["conversations"])
 
@@ -134,39 +129,7 @@ async def ask_stream(conversation_id: str, body: MessageIn, worker: WorkerDep,
     except BaseException:
         slot.close()
         raise
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-    gone = threading.Event()  # the client disconnected: the answer leaves the batch
-
-    def on_token(_token_id: int, text: str) -> None:
-        if gone.is_set():
-            raise AnswerCancelledError("the client went away")
-        if text:
-            loop.call_soon_threadsafe(events.put_nowait, ("token", json.dumps({"text": text})))
-
-    def run() -> None:
-        try:
-            answer = worker.answer(question, on_token=on_token, cancel=gone)
-            event = ("done", _record(worker, conversation, body.question, answer)
-                     .model_dump_json())
-        except Exception as exc:  # reported to the client as an event, never a dropped stream
-            event = ("error", json.dumps({"detail": getattr(exc, "message", str(exc))}))
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    async def stream() -> AsyncIterator[str]:
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(anyio.to_thread.run_sync, run)
-                try:
-                    while True:
-                        kind, data = await events.get()
-                        yield f"event: {kind}\ndata: {data}\n\n"
-                        if kind in ("done", "error"):
-                            break
-                finally:
-                    gone.set()
-        finally:
-            slot.close()
-
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS,
-                             background=BackgroundTask(slot.close))
+    return answer_events(
+        worker, question,
+        lambda answer: _record(worker, conversation, body.question, answer).model_dump_json(),
+        slot.close)
