@@ -99,6 +99,26 @@ def test_zip_bomb_and_macro_enabled_files_are_refused_from_the_directory() -> No
     assert refused.value.http_status == 415
 
 
+@pytest.mark.parametrize(("name", "members"), [
+    ("basic.odt", {"mimetype": "application/vnd.oasis.opendocument.text",
+                   "Basic/Standard/Module1.xml": "<module/>"}),
+    ("scripts.odt", {"mimetype": "application/vnd.oasis.opendocument.text",
+                     "Scripts/python/run.py": "import os"}),
+    ("vba.docx", {"[Content_Types].xml": '<Types><Override ContentType="application/vnd.'
+                  'openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>',
+                  "word/vbaProject.bin": "vba"}),
+])
+def test_a_document_carrying_macros_is_refused_whatever_its_type_says(
+        name: str, members: dict[str, str]) -> None:
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        for member, text in members.items():
+            archive.writestr(member, text)
+    with pytest.raises(IngestError, match="carries macros") as refused:
+        _check(packed.getvalue(), name)
+    assert refused.value.http_status == 415
+
+
 def test_images_become_upright_pages_one_a_frame() -> None:
     wide = Image.new("RGB", (400, 200), "white")
     exif = Image.Exif()

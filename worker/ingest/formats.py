@@ -80,6 +80,9 @@ _CONTENT_TYPES = {
 }
 _MACRO_TYPES = re.compile(r"application/vnd\.ms-(word|excel|powerpoint)\.[\w.]*macroEnabled",
                           re.IGNORECASE)
+# members that hold macros whatever the declared type says: an OpenDocument's Basic libraries
+# and scripts, an Office Open XML file's VBA project
+_MACRO_MEMBERS = re.compile(r"^(Basic|Scripts)/|(^|/)vbaProject\.bin$", re.IGNORECASE)
 
 
 class UnsupportedFormatError(IngestError):
@@ -169,6 +172,8 @@ def _zip_format(data: bytes) -> str:
     expanded = sum(info.file_size for info in members.values())
     if expanded > MAX_EXPANDED_BYTES:
         raise ZipBombError(expanded)
+    if any(_MACRO_MEMBERS.search(name) for name in members):
+        raise UnsupportedFormatError("a document that carries macros (save it without macros)")
     with archive:
         mimetype = _member_text(archive, members.get("mimetype")).strip()
         if mimetype in _ZIP_MIMETYPES:
