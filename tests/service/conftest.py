@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from lab.processes import free_port as free_port
@@ -21,3 +22,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     url, proc = start_server(home)
     yield url, home
     stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def client(server: tuple[str, Path]) -> httpx.Client:
+    """A client of the module's server."""
+    url, _ = server
+    return httpx.Client(base_url=url, timeout=300)

@@ -22,12 +22,6 @@ PAGES = [
 
 
 @pytest.fixture(scope="module")
-def client(server: tuple[str, Path]) -> httpx.Client:
-    url, _ = server
-    return httpx.Client(base_url=url, timeout=300)
-
-
-@pytest.fixture(scope="module")
 def collection(client: httpx.Client) -> str:
     r = client.post("/v1/collections", json={"name": "manuals"})
     assert r.status_code == 201, r.text

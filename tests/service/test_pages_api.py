@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,12 +20,6 @@ PAGES = [
     "Research notes. Photosynthesis converts sunlight, water and carbon dioxide into glucose.",
 ]
 QUESTION = "How often must the pressure valve be inspected?"
-
-
-@pytest.fixture(scope="module")
-def client(server: tuple[str, Path]) -> httpx.Client:
-    url, _ = server
-    return httpx.Client(base_url=url, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -42,12 +42,6 @@ needs_ocr = pytest.mark.skipif(not ocr_available(), reason="tesseract language d
 
 
 @pytest.fixture(scope="module")
-def client(server: tuple[str, Path]) -> httpx.Client:
-    url, _ = server
-    return httpx.Client(base_url=url, timeout=300)
-
-
-@pytest.fixture(scope="module")
 def collection(client: httpx.Client) -> str:
     r = client.post("/v1/collections", json={"name": "formats"})
     assert r.status_code == 201, r.text
