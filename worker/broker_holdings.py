@@ -5,7 +5,10 @@ and not acknowledged it (kombu's `unacked` hash; tasks are acknowledged late). A
 worker popped from the list but never recorded as taken (the worker froze, then was killed) is
 in neither: its job would stay queued forever, so the reaper sends a job that is queued, older
 than a lease and not held here again. Tasks are sent with their job id as the task id, which
-kombu keeps in each message's headers. This reads kombu's Redis layout (its default key names).
+kombu keeps in each message's headers. A message still waiting in a queue can be taken back
+(`withdraw`: a follow-up sent to one worker's own queue that this worker did not take in
+time is sent to the shared queue instead). This reads kombu's Redis layout (its default key
+names).
 """
 
 from __future__ import annotations
@@ -51,3 +54,23 @@ def held_task_ids(client: redis.Redis, queues: Iterable[str]) -> set[str]:
         if task_id is not None:
             ids.add(task_id)
     return ids
+
+
+def withdraw(client: redis.Redis, queue: str, task_id: str) -> bool:
+    """Remove the message of `task_id` from `queue` if it still waits there; whether it did
+    (False: a worker took it first, or it was never there). Atomic with the workers' pops:
+    a message is removed here or taken by a worker, not both.
+
+    `UnavailableError` when Redis cannot be read."""
+    try:
+        waiting: list[bytes] = list(client.lrange(queue, 0, -1))  # type: ignore[arg-type]
+        for raw in waiting:
+            try:
+                payload = json.loads(raw)
+            except ValueError:
+                continue
+            if _task_id(payload) == task_id:
+                return bool(client.lrem(queue, 1, raw))  # type: ignore[arg-type]
+    except (redis.RedisError, OSError) as exc:
+        raise UnavailableError(f"the broker is unavailable ({type(exc).__name__})") from exc
+    return False

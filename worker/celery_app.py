@@ -4,6 +4,8 @@ Tasks are thin wrappers over the same pipeline functions the in-process runner c
 process builds its `WorkerContext` (stores + model) once, from `Settings`, on first task. An
 answer streams back over a Redis pub/sub channel the API subscribed to before sending the task:
 `{"token": [id, text]}` messages, then `{"done": answer}` or `{"error": message, "status": code}`.
+A conversation's follow-up goes to the queue of the worker that keeps its prefix while that
+worker is alive (`worker.conversation_routes`), else to the shared answer queue.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.signals import worker_shutting_down
 from kombu.exceptions import OperationalError
 
 from storage.errors import UnavailableError
 from storage.metadata import DocumentId, JobId
 from worker.answer_job import Answer, Question, answer_question
-from worker.broker_holdings import held_task_ids
+from worker.broker_holdings import held_task_ids, withdraw
 from worker.context import WorkerContext, build_context
+from worker.conversation_routes import SHARED_QUEUE, Beacon, Routes, worker_id, worker_queue
 from worker.errors import AnswerCancelledError, WorkerError
 from worker.heap import freeze_long_lived
 from worker.recovery import mark_failed
@@ -38,7 +42,7 @@ INGEST_TASK = "conduit.ingest"
 ANSWER_TASK = "conduit.answer"
 # one queue per kind, so that a question never waits in line behind a long ingest
 INGEST_QUEUE = "conduit.ingest"
-ANSWER_QUEUE = "conduit.answer"
+ANSWER_QUEUE = SHARED_QUEUE  # each worker also consumes its own (`worker_queue`)
 CHANNEL_PREFIX = "conduit:answer:"
 
 
@@ -83,6 +87,7 @@ def make_celery(broker_url: str, settings: Settings | None = None) -> Celery:
 
 _ctx: WorkerContext | None = None
 _ctx_lock = threading.Lock()
+_holder: tuple[str, Routes] | None = None  # this worker's id and routes, once it consumes
 
 
 def _context() -> WorkerContext:
@@ -136,7 +141,9 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     try:
         bus.send(channel, {"started": 1})
         beat.start()
-        answer = answer_question(ctx, question_from_json(question), on_token=token)
+        asked = question_from_json(question)
+        answer = answer_question(ctx, asked, on_token=token)
+        _record_route(ctx, asked, answer)  # before the answer: its follow-up may come at once
         last = {"done": answer_to_json(answer)}
     except WorkerError as exc:
         last = {"error": exc.message, "status": exc.http_status}
@@ -153,6 +160,17 @@ def _answer_task(question: dict[str, Any], channel: str) -> None:
     bus.release(channel)
 
 
+def _record_route(ctx: WorkerContext, question: Question, answer: Answer) -> None:
+    """Record this worker as the holder of the conversation whose prefix it just kept."""
+    if not question.keep or _holder is None:
+        return
+    holder, routes = _holder
+    try:
+        routes.record(question, answer.answer, holder, ctx.settings.worker.conversation_ttl_s)
+    except (redis.RedisError, OSError) as exc:  # its follow-up goes to the shared queue
+        log.warning("could not record the conversation's route: %s", exc)
+
+
 class CeleryRunner:
     """`JobRunner` that sends jobs and questions to Celery workers through the broker.
 
@@ -162,6 +180,9 @@ class CeleryRunner:
     and the worker's claim of the channel answers it once); a worker silent for `STALL_S`
     mid-answer is presumed dead and the question is sent once more (unless tokens were already
     relayed: then 503); 504 when the answer is not complete within `answer_timeout_s`.
+    A follow-up sent to its holder's own queue is taken back from there and sent to the shared
+    queue once the holder's liveness key lapses, or when it waited there a whole lease (a
+    holder too busy to start it); a question sent again goes to the shared queue.
     """
 
     def __init__(self, broker_url: str, settings: Settings | None = None) -> None:
@@ -171,6 +192,7 @@ class CeleryRunner:
         self._timeout = s.worker.answer_timeout_s
         self._queue_wait = s.worker.answer_queue_wait_s
         self._lease = s.worker.job_lease_s  # a question unstarted and unheld this long: lost
+        self._routes = Routes(self._bus)
 
     def submit_ingest(self, job_id: JobId, document_id: DocumentId) -> None:
         """Queue the ingestion of an uploaded document on the broker (the job id is the task
@@ -210,45 +232,66 @@ class CeleryRunner:
         finally:
             sub.close()
 
-    def _send(self, question: Question, channel: str) -> None:
+    def _send(self, question: Question, channel: str, routed: bool = True) -> str | None:
+        """Send the question: `routed`, a follow-up to the queue of the live worker holding
+        its conversation (returned), else to the shared queue (None)."""
+        holder = self._routes.holder_for(question) if routed else None
         # a question nobody waits for any more is dropped unrun, not answered later; the
         # channel is the task id, so `_lost` can look for the message in the broker
         self._app.send_task(ANSWER_TASK, args=[question_to_json(question), channel],
-                            expires=self._queue_wait, task_id=channel)
+                            expires=self._queue_wait, task_id=channel,
+                            queue=ANSWER_QUEUE if holder is None else worker_queue(holder))
+        return holder
 
-    def _lost(self, channel: str) -> bool:
+    def _lost(self, channel: str, holder: str | None) -> bool:
         """Whether the question's message is neither waiting nor taken by a live worker (a
         worker that froze holding it and died took it along)."""
+        queues = (ANSWER_QUEUE,) if holder is None else (ANSWER_QUEUE, worker_queue(holder))
         try:
-            return channel not in held_task_ids(self._bus, (ANSWER_QUEUE,))
+            return channel not in held_task_ids(self._bus, queues)
         except UnavailableError:
             return False
 
+    def _taken_back(self, channel: str, holder: str, waited_s: float) -> bool:
+        """Whether the message waiting in `holder`'s queue was taken back from there because
+        the holder is dead or left it waiting a whole lease."""
+        try:
+            if waited_s < self._lease and self._routes.alive(holder):
+                return False
+            return withdraw(self._bus, worker_queue(holder), channel)
+        except (UnavailableError, redis.RedisError, OSError):
+            return False  # the broker is unreadable: looked at again in a second
+
     def _relay(self, sub: Any, channel: str, question: Question,
                on_token: TokenSink | None, cancel: threading.Event | None = None) -> Answer:
-        self._send(question, channel)
+        holder = self._send(question, channel)
         now = time.monotonic()
         deadline, heard, started, sends, relayed = now + self._timeout, now, False, 1, False
-        sent_at = now
+        sent_at = routed_at = now
         while (now := time.monotonic()) < deadline:
             if cancel is not None and cancel.is_set():
                 raise AnswerCancelledError("the client went away")
             if not started and now - heard > self._queue_wait:
                 raise RemoteAnswerError(f"no worker took the question within "
                                         f"{self._queue_wait:.0f} s; retry later", 503)
+            if (not started and holder is not None
+                    and self._taken_back(channel, holder, now - routed_at)):
+                log.warning("the worker %s holding the conversation did not take its "
+                            "follow-up; sending it to the shared queue", holder)
+                holder = self._send(question, channel, routed=False)
             if not started and now - sent_at >= self._lease:
                 sent_at = now  # looked for once a lease; a lost message is sent again
-                if self._lost(channel):
+                if self._lost(channel, holder):
                     log.warning("the question's message on %s was lost; sending it again",
                                 channel)
-                    self._send(question, channel)
+                    holder = self._send(question, channel, routed=False)
             if started and now - heard > STALL_S:
                 if relayed or sends > 1:
                     raise RemoteAnswerError("the worker answering the question stopped; "
                                             "retry", 503)
                 log.warning("answering worker went silent; sending the question again")
                 self._bus.delete(CLAIM_PREFIX + channel)  # presumed dead: another may take it
-                self._send(question, channel)
+                holder = self._send(question, channel, routed=False)
                 heard, started, sends = now, False, sends + 1
             message = sub.get_message(timeout=1.0)
             if message is None:
@@ -279,13 +322,28 @@ def worker_threads(settings: Settings, concurrency: int) -> int:
     return settings.worker.max_active_answers + max(0, concurrency - 1)
 
 
+def _hold_conversations(url: str) -> tuple[Beacon, str]:
+    """Start this worker's liveness key and its routes' records; the name of its own queue."""
+    global _holder
+    client = redis.Redis.from_url(url)
+    holder = worker_id()
+    _holder = (holder, Routes(client))
+    beacon = Beacon(client, holder)
+    beacon.start()
+    # a worker shutting down takes no more messages: its follow-ups go elsewhere at once
+    worker_shutting_down.connect(lambda **_: beacon.stop(), weak=False)
+    return beacon, worker_queue(holder)
+
+
 def run_worker(settings: Settings, concurrency: int = 2,
                queues: tuple[str, ...] = (ANSWER_QUEUE, INGEST_QUEUE)) -> None:
     """Run a Celery worker in this process (the `conduit worker` command).
 
     The process runs one answer engine; it takes `worker_threads` tasks at once (threads
     pool; prefetch multiplier 1, acknowledged late, so a crash leaves at most that many
-    messages to the broker's redelivery), and its answers are decoded together.
+    messages to the broker's redelivery), and its answers are decoded together. A worker that
+    answers also consumes its own answer queue and keeps its liveness key while it runs
+    (`worker.conversation_routes`).
     """
     if not settings.storage.redis_url:
         raise SystemExit("conduit worker needs CONDUIT_REDIS_URL (the broker)")
@@ -296,7 +354,15 @@ def run_worker(settings: Settings, concurrency: int = 2,
 
         start_http_server(settings.worker.worker_metrics_port)  # the engine's series
     threads = worker_threads(settings, concurrency)
+    beacon: Beacon | None = None
+    if ANSWER_QUEUE in queues:  # an answering worker also takes its conversations' follow-ups
+        beacon, own = _hold_conversations(settings.storage.redis_url)
+        queues = (*queues, own)
     freeze_long_lived()  # the imports' objects: full collections skip them from now on
-    app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={threads}",
-                     "--pool=threads" if threads > 1 else "--pool=solo",
-                     f"--queues={','.join(queues)}"])
+    try:
+        app.worker_main(["worker", "--loglevel=INFO", f"--concurrency={threads}",
+                         "--pool=threads" if threads > 1 else "--pool=solo",
+                         f"--queues={','.join(queues)}"])
+    finally:
+        if beacon is not None:
+            beacon.stop()
