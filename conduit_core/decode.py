@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -137,6 +137,7 @@ class DecodeState:
     done: bool = False
     error: BaseException | None = None
     slot: int | None = None  # its `DecodePool` slot once admitted (then `cache` is the slot)
+    tier: int = 0  # the pool's tier its slot lies in
 
     @classmethod
     def start(cls, adapter: VLMAdapter, cache: KVCache, first_logits: torch.Tensor, *,
@@ -188,7 +189,7 @@ class DecodeState:
         i = self.picked - 1
         return StepRow(cache=self.cache, row=self.rows[i:i + 1],
                        position=self.positions[:, i:i + 1], n_keys=self.n_keys + self.picked,
-                       slot=self.slot, position_id=self.first_position + i)
+                       slot=self.slot, tier=self.tier, position_id=self.first_position + i)
 
     def output(self) -> DecodeOutput:
         """What was generated (so far, or in all once `done`)."""
@@ -201,10 +202,11 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
     """Advance every unfinished state by one token: each picks (and reports) its token, and
     those that go on run one batched forward (`batch_forward.forward_step`) for their next
     logits. A batch of one is the single-answer path. With a `pool`, answers that ended
-    (here or by their owner setting `done`) give their slots back before the forward, and
-    those going on that have none take one if the pool can hold them; where `graphs` cover
-    the pooled answers (every one of them), they run in their prepared bucket, and an answer
-    the pool could not hold runs its part eagerly beside them."""
+    (here or by their owner setting `done`) give their slots back before the forward, one
+    that outgrew its slot moves (`DecodePool.move`), and those going on that have none take
+    one if the pool can hold them. With prepared `graphs`, each tier whose pooled answers
+    they cover (every one of them) runs in its bucket; the rest (an answer no slot holds,
+    a tier not covered) run their part eagerly beside them."""
     going: list[DecodeState] = []
     picked: list[torch.Tensor] = []
     live = [s for s in states if not s.done]
@@ -215,26 +217,34 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
             going.append(state)
             picked.append(token)
     if pool is not None:
-        for owner in [s for s in pool.owners if s.done]:
-            pool.release(owner)
+        for tier in pool.tiers:
+            for owner in [s for s in tier.owners if s.done]:
+                pool.release(owner)
         for state in going:
+            if state.slot is not None and not pool.holds(state):
+                pool.move(state)
             if state.slot is None:
                 pool.admit(state)
     if not going:
         return
     rows = [s.step_row() for s in going]
-    pooled = [i for i, r in enumerate(rows) if r.slot is not None]
-    if graphs is not None and graphs.covers([rows[i] for i in pooled]):
-        # the pooled answers in their bucket; one too long for a slot beside them, eagerly
-        own = [i for i, r in enumerate(rows) if r.slot is None]
-        parts = [graphs.step([rows[i] for i in pooled], [picked[i] for i in pooled])]
-        if own:
-            parts.append(forward_step(adapter, [rows[i] for i in own],
-                                      torch.stack([picked[i] for i in own])))
-        order, logits = pooled + own, torch.cat(parts)  # (B, V) in the order `order`
-    else:
-        order = list(range(len(rows)))
-        logits = forward_step(adapter, rows, torch.stack(picked), pool)  # (B, V)
+    order: list[int] = []
+    parts: list[torch.Tensor] = []
+    rest = list(range(len(rows)))
+    for t in range(len(pool.tiers) if pool is not None and graphs is not None else 0):
+        assert graphs is not None
+        mine = [i for i in rest if rows[i].slot is not None and rows[i].tier == t]
+        if graphs.covers(t, [rows[i] for i in mine]):
+            parts.append(graphs.step(t, [rows[i] for i in mine], [picked[i] for i in mine]))
+            order += mine
+            rest = [i for i in rest if i not in mine]
+    if rest:  # eagerly beside the buckets: a slot of a later tier reads as its own cache
+        parts.append(forward_step(adapter, [rows[i] if rows[i].tier == 0 else
+                                            replace(rows[i], slot=None) for i in rest],
+                                  torch.stack([picked[i] for i in rest]),
+                                  pool.tiers[0] if pool is not None else None))
+        order += rest
+    logits = torch.cat(parts) if len(parts) > 1 else parts[0]  # (B, V) in the order `order`
     for i, at in enumerate(order):
         going[at].logits = logits[i]  # (V,)
 

@@ -32,7 +32,8 @@ What the runtime decides (its options):
       them); an answer it cannot hold decodes from its own cache.
   decode_compile: "off", "auto" or "on": how a step of the pooled answers runs
       (`conduit_core.passes.step_graphs`: CUDA graphs, compiled, or eager); other than eager,
-      the pool is fixed at its largest (`DecodePool(fixed=True)`).
+      the pool is a fixed ladder of short and long slots (`DecodePool(fixed=True)`), an
+      answer that outgrows its slot moved into a longer one.
   compile_passes: "off", "auto" or "on": whether the scoring pass's and the refresh's
       layer bodies run compiled once per shape bucket (`conduit_core.passes.layer_graphs`;
       "auto": on CUDA only). The switch is the adapter's: it holds for every runtime over it.

@@ -1,8 +1,9 @@
 """One decode step of several sequences in one forward, each over its own KV.
 
-Every active answer's keys and values are either a slot of the runtime's `DecodePool` (the
-answers being generated, side by side in one pair of tensors) or its own `KVCache` of batch
-one (an answer the pool could not hold). A decode step gives each sequence one new token:
+Every active answer's keys and values are either a slot of one tier of the runtime's
+`DecodePool` (the answers being generated, side by side in one pair of tensors) or its own
+`KVCache` of batch one (an answer the pool could not hold; a slot of another tier reads the
+same way, its view standing for its cache). A decode step gives each sequence one new token:
 their layer-0 embeddings are stacked into one batch, and every layer's norms, q/k/v
 projections, rotary embedding, output projection and MLP run batched over the rows.
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.kv.kv_cache import KVCache
-from conduit_core.kv.kv_pool import DecodePool
+from conduit_core.kv.kv_pool import SlotTier
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.layer_forward import _attention_fn, _attn_impl, logits_of
 from conduit_core.passes.pooled_step import pool_attention
@@ -42,11 +43,12 @@ class StepRow:
     row: torch.Tensor  # (1,) int64 on the device: the cache index the token's K/V go to
     position: torch.Tensor  # (P, 1) int64 on the device: the token's position ids
     n_keys: int  # keys the token attends to: its cache index + 1
-    slot: int | None = None  # its `DecodePool` slot, if it has one
+    slot: int | None = None  # its decode-pool slot, if it has one
+    tier: int = 0  # the pool's tier that slot lies in (`kv_pool.SlotTier`)
     position_id: int = 0  # `position` as a host int (decode positions: equal on every axis)
 
 
-def _pooled_count(rows: list[StepRow], pool: DecodePool | None) -> int:
+def _pooled_count(rows: list[StepRow], pool: SlotTier | None) -> int:
     """P when rows[:P] are slots 0..P-1 of `pool` and P is all of its slots, else 0."""
     if pool is None or pool.size == 0 or len(rows) < pool.size:
         return 0
@@ -68,7 +70,7 @@ def _pool_mask(n_keys: list[int], dtype: torch.dtype, device: torch.device
 
 @torch.no_grad()
 def forward_step(adapter: VLMAdapter, rows: list[StepRow], token_ids: torch.Tensor,
-                 pool: DecodePool | None = None) -> torch.Tensor:
+                 pool: SlotTier | None = None) -> torch.Tensor:
     """Run one new token per sequence (`token_ids` (B,), on the device) through every layer,
     writing each token's K/V into its sequence's cache or slot; returns logits (B, vocab)."""
     impl = _attn_impl(adapter)

@@ -1,12 +1,16 @@
 """The pooled decode step compiled on the CPU (`torch.compile`, inductor, fullgraph): one graph
 with no break per bucket, compiled ahead by `prepare`, then no recompilation over 64 steps
 while answers join and leave (batch sizes 1 to 16), and the same tokens as the eager step;
-attention reads the answers' keys up to a span bucket, and an answer too long for a slot
-runs beside the pooled ones without sending them to eager (issue 65, point 5). A one-layer
-tiny model and few buckets keep the compile cost down (about 25 s a bucket on two cores)."""
+attention reads the answers' keys up to a span bucket, and an answer that outgrows its slot
+moves to the long tier's slot (or, with none free, to a cache of its own beside the
+buckets) while the others stay in theirs, with no compilation after `prepare` (issue 65,
+point 5). A one-layer tiny model and few buckets keep the compile cost down (about 25 s a
+bucket on two cores)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ from torch._dynamo.utils import counters
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime, decode
 from conduit_core.answer_state import AnswerState
+from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.passes.batch_forward import StepRow, forward_step
 from conduit_core.passes.pooled_step import pooled_forward
@@ -93,10 +98,12 @@ def test_compiled_once_per_bucket_then_no_recompile_and_the_eager_tokens(
 
     torch._dynamo.reset()
     rt = _runtime(vlm, "on")
-    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=SIZES, spans=[CAPACITY])
+    rt.pool = DecodePool(rt.adapter, SLOTS, SLOTS * CAPACITY, fixed=True,
+                         tiers=[(SLOTS, CAPACITY)])
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=[SIZES], spans=[[CAPACITY]])
     graphs_before = counters["stats"]["unique_graphs"]
     line = rt.prepare_decode(600)
-    assert rt.graphs.ready == [(b, CAPACITY) for b in SIZES], line
+    assert rt.graphs.ready == [(0, b, CAPACITY) for b in SIZES], line
     assert counters["stats"]["unique_graphs"] - graphs_before == len(SIZES)  # one a bucket
     def no_eager(*_args: object) -> None:
         raise AssertionError("a step left the compiled buckets")
@@ -111,53 +118,86 @@ def test_compiled_once_per_bucket_then_no_recompile_and_the_eager_tokens(
     assert got == want
 
 
-def _together(rt: ReuseRuntime, kvs: list[PageInput], lengths: list[int]
-              ) -> tuple[list[list[int]], list[AnswerState]]:
-    """Answers of `lengths` new tokens started together and stepped to their ends."""
-    states = [answering.start_answer(rt, AnswerRequest(
-        "Be brief.", [kvs[i % len(kvs)]], f"Question {i}?", policy=choose_policy("full_reuse"),
-        budget=0.0,
-        max_new_tokens=n)) for i, n in enumerate(lengths)]
-    while not all(s.done for s in states):
-        rt.step([s for s in states if not s.done])
-    return [list(rt.result(s).token_ids) for s in states], states
-
-
-def test_an_answer_too_long_for_its_slot_leaves_the_others_compiled(
+def test_an_answer_that_outgrows_its_slot_moves_and_the_others_stay_compiled(
         vlm: LoadedVLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four answers in a pool of four 128-position slots, one of them longer than a slot:
-    every step of the three others runs compiled, first at span 64 then at 128 as they grow
-    (the span follows their keys, not the slot), the long one eagerly beside them on its own
-    cache; the tokens are the eager path's."""
-    slots, capacity, spans = 4, 128, [64, 128]
-    eager = _runtime(vlm, "off", slots, slots * capacity)
+    """Four answers in a ladder of four 128-position slots and one of 256, compiled at spans
+    64 and 128 (short tier) and 256 (long tier). Two answers outgrow their short slots at the
+    same step: the first moves to the long slot and its steps run compiled there; the second
+    finds it taken, moves to a cache of its own and runs eagerly beside the buckets until the
+    first ends, then moves into the long slot too. The two short answers run in their bucket
+    at every step (the span following their keys, not the slot), nothing is compiled after
+    `prepare` over more than 150 steps, and every answer's tokens are the eager path's."""
+    short, long = (4, 128), (1, 256)
+    eager = _runtime(vlm, "off", 4, 1024)
     kvs = [PageInput(f"Page {i + 1}:\n", kv) for i, kv in
            enumerate(eager.prefill_pages([IMAGES["a"], IMAGES["b"]]))]
-    probe = answering.start_answer(eager, AnswerRequest(
-        "Be brief.", [kvs[0]], "Question 0?", policy=choose_policy("full_reuse"), budget=0.0,
-        max_new_tokens=1))
+    requests = [AnswerRequest("Be brief.", [kvs[0]], f"Question {i}?",
+                              policy=choose_policy("full_reuse"), budget=0.0,
+                              max_new_tokens=1) for i in range(4)]
+    probe = answering.start_answer(eager, requests[0])
     eager.release(probe)
     prompt = probe.decode.n_keys
     assert prompt < 64, prompt  # the short answers start in the smaller span
-    lengths = [capacity - prompt - 20, 30, 40, capacity]  # the last outgrows its slot
-    want, _ = _together(eager, kvs, lengths)
+    lengths = [30, short[1] - prompt - 10, 150 - prompt, long[1] - prompt - 10]
+    requests = [replace(r, max_new_tokens=n) for r, n in zip(requests, lengths, strict=True)]
+    want = _together(eager, requests, {})[0]
 
     torch._dynamo.reset()
-    rt = _runtime(vlm, "on", slots, slots * capacity)
-    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=[slots], spans=spans)
+    rt = _runtime(vlm, "on", 4, 1024)
+    rt.pool = DecodePool(rt.adapter, 4, 1024, fixed=True, tiers=[short, long])
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "on", sizes=[[4], [1]],
+                           spans=[[64, 128], [256]])
+    graphs_before = counters["stats"]["unique_graphs"]
     line = rt.prepare_decode(600)
-    assert rt.graphs.ready == [(slots, s) for s in spans], line
-    eager_rows: list[int] = []
+    assert rt.graphs.ready == [(0, 4, 64), (0, 4, 128), (1, 1, 256)], line
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3  # one a bucket
+    seen: dict[str, list[Any]] = {"eager": [], "compiled": []}
+    compiled_step = rt.graphs.step
+
+    def observed_step(tier: int, rows: list[StepRow], tokens: list[torch.Tensor]
+                      ) -> torch.Tensor:
+        seen["compiled"].append((tier, sorted(r.n_keys for r in rows)))
+        return compiled_step(tier, rows, tokens)
 
     def own_caches_only(adapter: Any, rows: list[StepRow], tokens: torch.Tensor,
                         pool: Any = None) -> torch.Tensor:
         assert all(r.slot is None for r in rows), "a pooled answer left its bucket"
-        eager_rows.append(len(rows))
+        seen["eager"].append(len(rows))
         return forward_step(adapter, rows, tokens, pool)
 
+    monkeypatch.setattr(rt.graphs, "step", observed_step)
     monkeypatch.setattr(decode, "forward_step", own_caches_only)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        got, states = _together(rt, kvs, lengths)
+        got, trace = _together(rt, requests, seen)
+    assert counters["stats"]["unique_graphs"] - graphs_before == 3  # none since
     assert got == want
-    assert states[-1].decode.slot is None and eager_rows and set(eager_rows) == {1}
-    assert set(rt.graphs.replays) == {(slots, s) for s in spans}, rt.graphs.replays
+    assert len(trace) > 150  # steps
+    for going, tiers, eager_rows in trace:
+        # every answer in a slot ran compiled in its tier's bucket; only one ran eagerly
+        assert eager_rows <= 1 and sum(tiers.values()) + eager_rows == going.total()
+        assert tiers == going - Counter({-1: eager_rows}), (tiers, going)
+    moved = [i for i, (_, tiers, _) in enumerate(trace) if tiers.get(1)]
+    beside = [i for i, (_, _, e) in enumerate(trace) if e]
+    assert moved and beside and beside[0] == moved[0]  # the same step: one moved, one out
+    assert max(beside) < max(moved)  # the second rejoined the long slot when it freed
+    assert set(rt.graphs.replays) == {(0, 4, 64), (0, 4, 128), (1, 1, 256)}, rt.graphs.replays
+
+
+def _together(rt: ReuseRuntime, requests: list[AnswerRequest], seen: dict[str, list[Any]]
+              ) -> tuple[list[list[int]], list[tuple[Counter[int], Counter[int], int]]]:
+    """`requests` started together and stepped to their ends: token ids, and for each step
+    the answers going on by their slot's tier (-1: none), the rows run compiled by tier and
+    the rows run eagerly (from `seen`)."""
+    states = [answering.start_answer(rt, r) for r in requests]
+    trace = []
+    while not all(s.done for s in states):
+        compiled, eager = len(seen.get("compiled", [])), len(seen.get("eager", []))
+        live = [s for s in states if not s.done]
+        rt.step(live)
+        tiers: Counter[int] = Counter()
+        for tier, keys in seen.get("compiled", [])[compiled:]:
+            tiers[tier] += len(keys)
+        going = Counter(s.decode.tier if s.decode.slot is not None else -1
+                        for s in live if not s.done)
+        trace.append((going, tiers, sum(seen.get("eager", [])[eager:])))
+    return [list(rt.result(s).token_ids) for s in states], trace

@@ -1,11 +1,15 @@
 """The decode pool: answers being generated share one pair of KV tensors (one attention call
 a layer for all of them). Slots are taken at the first step, kept contiguous when answers
 end, grown within the pool's limits, and given back; an answer the pool cannot hold decodes
-from its own cache, in the same step as pooled ones. Every arrangement gives the same tokens
-and logits (pooled, mixed, none pooled, a step that leaves a slot out)."""
+from its own cache, in the same step as pooled ones. A fixed ladder of tiers moves an answer
+that outgrows its slot to the next tier or its own cache, in a step that reads back one thing.
+Every arrangement gives the same tokens and logits (pooled, mixed, none pooled, a step that
+leaves a slot out, moved)."""
 
 from __future__ import annotations
 
+import gc
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,9 +17,11 @@ import torch
 
 from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.answer_state import AnswerState
-from conduit_core.kv.kv_pool import POSITION_STEP
+from conduit_core.kv.kv_pool import POSITION_STEP, DecodePool
+from conduit_core.passes.step_graphs import StepGraphs
 from conduit_core.policies import choose_policy
 from lab import answering
+from lab.ttft.host_syncs import SyncCounter
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import IMAGES
 from tests.core.test_batched_decode import Forced
@@ -73,7 +79,7 @@ def _agree(family: str, model_cache: Path, dtype: str | None, atol: float,
         rt = _runtime(family, model_cache, dtype, **pool)
         ids, logits, sizes = _run(rt, _requests(rt), ref_ids if low else None)
         assert max(sizes) == (3 if label == "pooled" else 2), label
-        assert rt.pool.size == 0 and rt.pool.keys is None, label  # all given back, freed
+        assert rt.pool.size == 0 and rt.pool.tiers[0].keys is None, label  # all given back, freed
         assert ids == ref_ids, label
         for got, want in zip(logits, ref_logits, strict=True):
             assert len(got) == len(want)
@@ -98,7 +104,7 @@ def test_slots_stay_contiguous_grow_and_hold_each_answers_keys(model_cache: Path
     own = [s.decode.cache for s in states]
     n = [s.decode.n_keys for s in states]
     rt.step(states)  # each takes a slot at its first step (the pool doubles 1 -> 2 -> 4)
-    pool = rt.pool
+    pool = rt.pool.tiers[0]  # a growing pool: one tier
     assert [s.decode.slot for s in states] == [0, 1, 2] and pool.keys is not None
     assert pool.keys.shape[1] == 4
     assert pool.keys.shape[3] % POSITION_STEP == 0
@@ -155,3 +161,38 @@ def test_a_pool_too_small_leaves_answers_on_their_own_caches(model_cache: Path) 
     assert rt.pool.size == sum(slotted)
     with pytest.raises(ValueError):
         ReuseRuntime(rt.vlm, decode_slots=0)
+
+
+def test_a_fixed_ladder_moves_an_answer_that_outgrows_its_slot(model_cache: Path) -> None:
+    """Three short slots and one long one, the step eager: two answers outgrow their short
+    slots; the first to do so moves to the long slot, the second to a cache of its own (the
+    long one taken), the third stays. Each step reads back one thing (the token ids), the
+    moves' included, and the tokens are those of answers on their own caches."""
+    ref = _runtime("builtin:tiny-qwen2-vl", model_cache, decode_positions=1)  # nothing fits
+    probes = [answering.start_answer(ref, r) for r in _requests(ref)]
+    prompts = [p.decode.n_keys for p in probes]
+    short = -(-(max(prompts) + 2) // POSITION_STEP) * POSITION_STEP
+    lengths = [short + 20 - prompts[0], short + 30 - prompts[1], short - prompts[2] - 1]
+    requests = [replace(r, max_new_tokens=n)
+                for r, n in zip(_requests(ref), lengths, strict=True)]
+    want, _, _ = _run(ref, requests)
+
+    rt = _runtime("builtin:tiny-qwen2-vl", model_cache, decode_slots=3)
+    rt.pool = DecodePool(rt.adapter, 3, 4 * short + POSITION_STEP, fixed=True,
+                         tiers=[(3, short), (1, short + POSITION_STEP)])
+    rt.graphs = StepGraphs(rt.adapter, rt.pool, "off")
+    states = [answering.start_answer(rt, r) for r in requests]
+    places, reads = [], []
+    while not all(s.done for s in states):
+        alive = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]
+        with SyncCounter(device=alive) as counter:
+            rt.step(states)
+        reads.append(counter.total)
+        places.append([(s.decode.tier, s.decode.slot) for s in states if not s.done])
+    got = [list(rt.result(s).token_ids) for s in states]
+    assert got == want
+    assert max(reads) == 1, reads
+    assert rt.pool.size == 0
+    long_slot = [i for i, p in enumerate(places) if (1, 0) in p]
+    own = [i for i, p in enumerate(places) if (0, None) in p]
+    assert long_slot and own and long_slot[0] <= own[0], places  # one moved up, one out

@@ -92,11 +92,13 @@ class CoreSettings(BaseSettings):
         "graph per bucket of batch size (1, 2, 4, ... max_active_answers) and span (the "
         "longest answer's keys, up to a slot's capacity and its halves) on a GPU, eager on "
         "the CPU; on = the same on a GPU, torch.compile (inductor) on the CPU; off = eager "
-        "everywhere. Other than eager, the decode pool is allocated once at its largest "
-        "(max_kv_tokens_in_flight positions) when the model loads and kept, and an answer "
-        "longer than one slot (max_kv_tokens_in_flight / max_active_answers) decodes eagerly "
-        "from its own cache beside the others' captured step. The steps give the same tokens "
-        "up to float rounding.",
+        "everywhere. Other than eager, the decode pool is allocated once when the model "
+        "loads and kept: three quarters of max_kv_tokens_in_flight positions as "
+        "max_active_answers short slots, the rest as max_active_answers / 8 (at least one) "
+        "longer ones, each tier with its own buckets. An answer that outgrows its short slot "
+        "moves into a free longer one (one copy of its keys) and stays captured; one that no "
+        "free slot holds decodes eagerly from its own cache beside the others' captured "
+        "steps. The steps give the same tokens up to float rounding.",
     )
     prefill_layer_group: int = Field(
         1, ge=0, le=1024, description="Decoder layers in one phase of a new question's "
