@@ -95,7 +95,8 @@ class CoreSettings(BaseSettings):
         "everywhere. Other than eager, the decode pool is allocated once when the model "
         "loads and kept: three quarters of max_kv_tokens_in_flight positions as "
         "max_active_answers short slots, the rest as max_active_answers / 8 (at least one) "
-        "longer ones, each tier with its own buckets. An answer that outgrows its short slot "
+        "longer ones (below 4 answers, one tier of equal slots), each tier with its own "
+        "buckets. An answer that outgrows its short slot "
         "moves into a free longer one (one copy of its keys) and stays captured; one that no "
         "free slot holds decodes eagerly from its own cache beside the others' captured "
         "steps. The steps give the same tokens up to float rounding.",
