@@ -10,9 +10,11 @@ tests call the same steps one by one to check or measure each.
 
 What it decides: the head and label caches are keyed by the request's namespace, and what a
 miss computes is charged to the answer (`Assembly.fill_flops`) but never changes its plan
-(`plan`'s docstring); the scoring pass reads every stale row, so labels still pending are
-loaded before it; the choices a forward-pass policy made are remembered per key
-(`choices`) so that the next plan places its rows where they fell.
+(`plan`'s docstring); an assembled cache is taken from the runtime's workspace
+(`workspace`, `conduit_core.kv.workspace`) and given back there when assembling fails (by the
+runtime once nothing reads it otherwise); the scoring pass reads every stale row, so labels
+still pending are loaded before it; the choices a forward-pass policy made are remembered per
+key (`choices`) so that the next plan places its rows where they fell.
 
 Each phase runs inside the context of `observer` (`conduit_core.pass_observer`), unset in
 the product.
@@ -34,6 +36,7 @@ from conduit_core.cost.cost_model import RefreshPlan, RowCosts, plan_refresh
 from conduit_core.decode import DecodeState, Sampler
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
+from conduit_core.kv.workspace import KVWorkspace
 from conduit_core.label_cache import LabelCache, load_labels
 from conduit_core.model.flops import FlopsModel
 from conduit_core.model.loader import LoadedVLM
@@ -48,7 +51,7 @@ from conduit_core.passes.refresh_pass import Resume, refresh_steps
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.passes.stale_pass import StaleScores, stale_steps
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
-from conduit_core.prompt.layout import LabelRefresh, build_layout
+from conduit_core.prompt.layout import LabelRefresh, Layout, build_layout
 
 
 class ReuseSteps:
@@ -56,7 +59,8 @@ class ReuseSteps:
     None where the runtime runs without those caches; `observer` is the lab's hook."""
 
     def __init__(self, vlm: LoadedVLM, *, head_cache: bool, label_cache: bool,
-                 label_entries: int, label_refresh: LabelRefresh, layer_group: int = 0):
+                 label_entries: int, label_refresh: LabelRefresh, layer_group: int = 0,
+                 workspace_bytes: int = 2**30):
         self.vlm = vlm
         self.adapter = vlm.adapter
         self.flops = FlopsModel.from_adapter(self.adapter)
@@ -68,6 +72,7 @@ class ReuseSteps:
         self.stop_ids = self.adapter.stop_token_ids()
         self.observer: PassObserver | None = None
         self.layer_group = layer_group  # layers a step of a pass runs (0: the whole pass)
+        self.workspace = KVWorkspace(self.adapter, workspace_bytes)  # assembled caches
 
     def _phase(self, name: Phase, assembly: Assembly) -> AbstractContextManager[object]:
         """The context phase `name` runs in: the observer's, or one shared no-op."""
@@ -89,11 +94,23 @@ class ReuseSteps:
                               stale_labels=self.labels is not None and bool(pages),
                               label_refresh=self.label_refresh)
         capacity = layout.n + extra_capacity
-        if layer_graphs(self.adapter) is not None:
+        if layer_graphs(self.adapter) is not None or self.workspace.max_bytes:
             # room for the passes' key bucket, and a capacity from a small set: the compiled
-            # layers' graphs are specialised on the cache's strides, which follow from it
+            # layers' graphs are specialised on the cache's strides, which follow from it,
+            # and the workspace reuses a cache for the next request of its capacity
             capacity = max(key_bucket(layout.n), key_bucket(capacity - 1))
-        cache = KVCache.allocate(self.adapter, 1, capacity)
+        cache = self.workspace.take(capacity)
+        try:
+            return self._fill(pages, layout, cache, grids, last_only=last_only,
+                              labels=labels, namespace=namespace)
+        except BaseException:  # its cache goes back: nothing of this request reads it
+            self.workspace.give(cache)
+            raise
+
+    def _fill(self, pages: list[PageInput], layout: Layout, cache: KVCache,
+              grids: list[torch.Tensor], *, last_only: bool, labels: bool,
+              namespace: str) -> Assembly:
+        """`assemble`'s part after its cache is taken: the pages, the head, the labels."""
         embeds = self.adapter.embed_tokens(layout.token_ids)  # (N, hidden)
         assembly = Assembly(layout=layout, cache=cache, embeds=embeds, image_grids=grids,
                             last_only=last_only, labels_pending=layout.stale_labels,

@@ -42,6 +42,14 @@ What the runtime decides (its options):
       runs the streaming answers' decode steps inside a long pass
       (`conduit_core.passes.layer_groups`; the same operations either way); 0: each pass
       in one phase.
+  kv_workspace_bytes: an answer's assembled cache comes from the runtime's workspace
+      (`.reuse.workspace`, `conduit_core.kv.workspace`), its capacity rounded up to a key
+      bucket, and goes back to it as soon as nothing reads it any more: when the prefill
+      fails or is closed, when the answer's first decode step copies it into a decode-pool
+      slot, or, for an answer the pool cannot hold, when the answer is released (a turn kept
+      as a conversation prefix: once the prefix is made from it, in `result`). The next
+      answer of that capacity reuses it; idle caches take at most this many bytes (0: a
+      fresh cache per answer, at the answer's exact capacity).
   conversation_prefixes, conversation_bytes: conversation prefixes kept
       (`.conversations`, `conduit_core.conversation.ConversationCache`): at most this many
       per namespace (tenant), and this many bytes of K/V in all.
@@ -98,7 +106,7 @@ class ReuseRuntime:
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off", conversation_prefixes: int = 8,
                  conversation_bytes: int = 2**30, layer_group: int = 0,
-                 compile_passes: str = "off"):
+                 compile_passes: str = "off", kv_workspace_bytes: int = 2**30):
         if label_refresh not in LABEL_REFRESH:
             raise ValueError(f"label_refresh must be one of {LABEL_REFRESH}, "
                              f"got {label_refresh!r}")
@@ -110,7 +118,7 @@ class ReuseRuntime:
         self.never_above_full = never_above_full
         self.reuse = ReuseSteps(vlm, head_cache=head_cache, label_cache=label_cache,
                                 label_entries=label_entries, label_refresh=label_refresh,
-                                layer_group=layer_group)
+                                layer_group=layer_group, workspace_bytes=kv_workspace_bytes)
         kind = kind_for(decode_compile, self.adapter.device)
         self.pool = DecodePool(self.adapter, decode_slots, decode_positions,
                                fixed=kind != "eager")
@@ -150,20 +158,25 @@ class ReuseRuntime:
         layers) and returns the `AnswerState` that `step` decodes."""
         t0 = time.perf_counter() if t0 is None else t0
         assembly, how = self._assemble(request)
-        yield "assembled"
-        done = yield from self._refresh_steps(assembly, request)
-        state = self.reuse.start_decode(assembly, done.hidden, t0=t0, policy=request.policy.name,
-                                        refreshed=int(done.visual.numel()),
-                                        flops_used_lm=done.extra + assembly.fill_flops,
-                                        fill_flops_lm=assembly.fill_flops,
-                                        vision_ran=False, max_new_tokens=request.max_new_tokens,
-                                        temperature=request.temperature, top_p=request.top_p,
-                                        seed=request.seed, on_token=on_token, plan=done.plan,
-                                        fallback=done.fallback)
-        # after the first token's logits: the device's choice read back for the accounting
-        self._account(assembly, done)
+        try:
+            yield "assembled"
+            done = yield from self._refresh_steps(assembly, request)
+            state = self.reuse.start_decode(
+                assembly, done.hidden, t0=t0, policy=request.policy.name,
+                refreshed=int(done.visual.numel()),
+                flops_used_lm=done.extra + assembly.fill_flops,
+                fill_flops_lm=assembly.fill_flops, vision_ran=False,
+                max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                top_p=request.top_p, seed=request.seed, on_token=on_token, plan=done.plan,
+                fallback=done.fallback)
+            # after the first token's logits: the device's choice read back for the accounting
+            self._account(assembly, done)
+        except BaseException:  # failed or closed mid-prefill: its cache goes back
+            self.reuse.workspace.give(assembly.cache)
+            raise
         state.flops_used_lm += done.refresh_lm
         state.conversation = how
+        state.lease = assembly.cache
         if request.keep:
             state.kept = self._kept(request, assembly)
         return state
@@ -279,6 +292,7 @@ class ReuseRuntime:
             spent += done.extra + assembly.fill_flops + done.refresh_lm
             prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
                                              self._kept(sub, assembly), turn.answer)
+            self.reuse.workspace.give(assembly.cache)  # the prefix holds copies of its rows
             spent += extended
             self.conversations.put(_owner(request), keys[k + 1], prefix)
         assert prefix is not None
@@ -296,6 +310,9 @@ class ReuseRuntime:
         forwards batched (`conduit_core.decode.decode_step`); a batch of one is the
         single-answer path."""
         decode_step(self.adapter, [s.decode for s in states], self.pool, self.graphs)
+        for state in states:  # those now decoding from a pool slot read their cache no more
+            if state.decode.slot is not None:
+                self._hand_back(state)
 
     def prepare_decode(self, budget_s: float) -> str:
         """Capture or compile the decode step's batch-size buckets within `budget_s`
@@ -304,8 +321,17 @@ class ReuseRuntime:
 
     def release(self, state: AnswerState) -> None:
         """Give back `state`'s decode slot now (an answer dropped before its end; one that
-        ends in `step` gives it back there)."""
+        ends in `step` gives it back there), and its assembled cache unless a turn to keep
+        still reads it (`result` gives that back)."""
         self.pool.release(state.decode)
+        self._hand_back(state)
+
+    def _hand_back(self, state: AnswerState) -> None:
+        """Give `state`'s assembled cache back to the workspace, unless a turn to keep
+        still reads it."""
+        if state.lease is not None and state.kept is None:
+            self.reuse.workspace.give(state.lease)
+            state.lease = None
 
     def result(self, state: AnswerState) -> AnswerResult:
         """The result of a finished (or abandoned) answer; its decode slot is given back. A
@@ -317,6 +343,7 @@ class ReuseRuntime:
             return result
         kept, state.kept = state.kept, None  # its cache is released with it
         prefix, spent = extend_prefix(self.adapter, self.reuse.costs, kept, result.text)
+        self._hand_back(state)  # the prefix holds copies of its rows
         key = prefix_key(self.vlm.fingerprint.digest(), kept.namespace, kept.choice,
                          torch.tensor(prefix.token_ids), kept.page_ids)
         self.conversations.put(kept.namespace, key, prefix)

@@ -1,9 +1,10 @@
 """The runtime's own KV cache: preallocated tensors written in place at chosen rows.
 
 `DynamicCache.update` only appends; refresh needs to overwrite keys/values of arbitrary token
-indices, so the runtime keeps one tensor per kind for all layers, allocated once at the
-answer's capacity and left uninitialised (every row is written before it is read). Its write
-count is a cheap change stamp for whoever caches something computed from it.
+indices, so the runtime keeps one tensor per kind for all layers, allocated at the answer's
+capacity and left uninitialised (every row is written before it is read); the runtime's
+workspace lends one to each answer and reuses it for the next (`conduit_core.kv.workspace`).
+Its write count is a cheap change stamp for whoever caches something computed from it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ hold them:
 
 * of the tensors alive when the count is entered, those named in `device` are on the device
   (`runtime_device_tensors`: the model's weights and buffers, the cached heads' and labels'
-  K/V), any other on the host (the pages' host copies, the layout's constants);
+  K/V, the KV caches alive, such as those the runtime's workspace keeps for the next
+  answers), any other on the host (the pages' host copies, the layout's constants);
 * inside the count, a tensor is on the device when a factory call was given a `torch.device`
   (`device=adapter.device`), when `.to(device)` / `.cuda()` moved it, or when an operation
   computed it from a device tensor (in-place writes included); any other is on the host
@@ -32,7 +33,8 @@ read the sampled token).
 Public API:
   SYNC_OPS: frozenset[str]   aten ops (overload packets) that read a device tensor's values
   runtime_device_tensors(model) -> list[Tensor]   what lives on the device before an answer:
-      `model`'s parameters and buffers, every cached head's and label's K/V and states
+      `model`'s parameters and buffers, every cached head's and label's K/V and states,
+      every KV cache's K/V
   SyncCounter(device=(), start=None, end=None)   a context manager (a function mode over a
       dispatch mode): .total, .sites (Counter of "op at file:line", the innermost frame in
       conduit_core), .opened (`start` has run), .closed (the count has ended after `end`)
@@ -59,6 +61,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
 from conduit_core.label_cache import LabelKV
 from conduit_core.page_kv import PageKV
@@ -76,13 +79,14 @@ _READS = frozenset({"cpu", "numpy", "tolist"})  # Tensor methods that hand value
 
 def runtime_device_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors on the device before an answer starts: `model`'s parameters and buffers,
-    and every cached prompt head's and page label's tensors but the labels' positions (on
-    the host by contract, `LabelKV.position_ids`)."""
+    every cached prompt head's and page label's tensors but the labels' positions (on the
+    host by contract, `LabelKV.position_ids`), and every KV cache's (the runtime's workspace
+    keeps caches between answers: `conduit_core.kv.workspace`)."""
     out = [*model.parameters(), *model.buffers()]
     for obj in gc.get_objects():
         if type(obj) is HeadKV:
             out += [t for t in vars(obj).values() if isinstance(t, torch.Tensor)]
-        elif type(obj) is LabelKV:
+        elif type(obj) is LabelKV or type(obj) is KVCache:
             out += [obj.keys, obj.values]
     return out
 
