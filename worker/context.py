@@ -78,7 +78,8 @@ class WorkerContext:
                                              compile_passes=s.core.compile_passes,
                                              conversation_prefixes=s.core.conversation_prefixes,
                                              conversation_bytes=s.core.conversation_prefix_bytes,
-                                             layer_group=s.core.prefill_layer_group)
+                                             layer_group=s.core.prefill_layer_group,
+                                             kv_workspace_bytes=s.core.kv_workspace_bytes)
                 log.info("%s", self._runtime.prepare_decode(DECODE_PREPARE_BUDGET_S))
                 self._warm_passes(self._runtime)
             return self._runtime

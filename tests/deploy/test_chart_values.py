@@ -27,6 +27,7 @@ EVERY_KEY: dict[str, Any] = {
     "compile_passes": "on", "compile_warmup_pages": 4, "compile_warmup_s": 90.5,
     "prefill_layer_group": 3,
     "conversation_prefixes": 4, "conversation_prefix_bytes": 2**28,
+    "kv_workspace_bytes": 2**27,
     "conversation_max_turns": 6, "conversation_max_tokens": 9000,
     "conversation_recency": 0.75, "conversation_max_stored": 50, "conversation_turn_limit": 40,
     "conversation_ttl_s": 3600.0,
