@@ -114,7 +114,8 @@ class RowCosts:
                                           layout.prompt).numel())
         extras = self.flops.scoring(n_scored, layout.n, len(layers))
         cost = self.refresh(layout, text_rows, last_only) + extras
-        fused = len(fused_layers(layers, n_layers, n_scored, int(text_rows.numel()), last_only))
+        fused = len(fused_layers(layers, n_layers, n_scored, int(text_rows.numel()), last_only,
+                                 self.adapter.device))
         if fused:
             counts = computed_key_counts(self.adapter, text_rows, layout.n)  # (R,)
             own = fused * self.flops.lm.pair_cost * float(counts.double().sum())

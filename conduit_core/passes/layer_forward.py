@@ -108,12 +108,27 @@ class RowSetup:
 
     def subset(self, adapter: VLMAdapter, places: torch.Tensor, n_keys: int) -> RowSetup:
         """The setup of rows `rows[places]` (places (R',) int64): cos/sin taken from this one
-        (one gather each instead of the rotary embedding), attention groups built for them."""
+        (one gather each instead of the rotary embedding), attention groups built for them
+        (taken from this one's where it is one group over `n_keys`: `_one_group_rows`)."""
         places = places.to(self.rows.device)
         rows = self.rows[places]  # (R',)
         cos, sin = self.cos[:, places], self.sin[:, places]  # (B, R', hd) each
-        blocks, mask = _attention_setup(adapter, rows, n_keys, False, cos.dtype)
+        blocks = _one_group_rows(adapter, self.blocks, places, n_keys)
+        mask = None
+        if blocks is None:
+            blocks, mask = _attention_setup(adapter, rows, n_keys, False, cos.dtype)
         return RowSetup(rows, blocks, mask, cos, sin)
+
+
+def _one_group_rows(adapter: VLMAdapter, blocks: list[RowBlock] | None, places: torch.Tensor,
+                    n_keys: int) -> list[RowBlock] | None:
+    """The group of rows `places` (R',) of `blocks`, where those are the one masked group
+    over `n_keys` keys of a device that takes one sdpa call a layer: the mask's rows taken
+    (one gather, where building a mask takes four operations); None otherwise."""
+    if (blocks is None or len(blocks) != 1 or row_groups(adapter.device) != 1
+            or blocks[0].n_keys != n_keys or blocks[0].mask is None):
+        return None
+    return [RowBlock(0, int(places.numel()), n_keys, blocks[0].mask[places])]
 
 
 def _attention_setup(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int, plain_causal: bool,
@@ -187,7 +202,8 @@ def forward_rows(
         attended = observer(li, q, keys, values) if observer is not None else None
         if li == last and outputs is not None and outputs.numel() < r:
             return _output_rows(adapter, attn, layer, residual, q, keys, values, rows,
-                                outputs.to(adapter.device), n_keys, impl, mask, attended)
+                                outputs.to(adapter.device), n_keys, impl, mask, blocks,
+                                attended)
         if attended is not None:
             out = attended  # (B, R, heads, hd)
         elif blocks is not None:
@@ -242,21 +258,24 @@ def _forward_compiled(adapter: VLMAdapter, graphs: LayerGraphs, cache: KVCache,
 
 def _output_rows(adapter: VLMAdapter, attn: Any, layer: Any, residual: torch.Tensor,
                  q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-                 outputs: torch.Tensor, n_keys: int, impl: str,
-                 mask: torch.Tensor | None, attended: torch.Tensor | None) -> torch.Tensor:
+                 outputs: torch.Tensor, n_keys: int, impl: str, mask: torch.Tensor | None,
+                 blocks: list[RowBlock] | None, attended: torch.Tensor | None) -> torch.Tensor:
     """The last layer's attention and MLP for the rows at positions `outputs` only
-    (`attended`: every row's attention output, already computed)."""
-    sub = rows[outputs]  # (R_o,) sequence indices
+    (`attended`: every row's attention output, already computed; `mask`, `blocks`: every
+    row's, as `forward_rows` has them)."""
     q = q[:, :, outputs]  # (B, heads, R_o, hd)
-    b, r_o = q.shape[0], int(sub.numel())
+    b, r_o = q.shape[0], int(outputs.numel())
     if attended is not None:
         out = attended[:, outputs]  # (B, R_o, heads, hd)
     elif impl == "sdpa" and BLOCKED_ATTENTION:
-        blocks = row_blocks(sub, n_keys, row_groups(adapter.device), q.dtype, adapter.device)
-        out = blocked_attention(q, keys, values, blocks, attn.scaling)  # (B, R_o, heads, hd)
+        taken = _one_group_rows(adapter, blocks, outputs, n_keys)
+        if taken is None:
+            taken = row_blocks(rows[outputs], n_keys, row_groups(adapter.device), q.dtype,
+                               adapter.device)
+        out = blocked_attention(q, keys, values, taken, attn.scaling)  # (B, R_o, heads, hd)
     else:
         sub_mask = (mask[:, :, outputs] if mask is not None
-                    else causal_row_mask(sub, n_keys, q.dtype))  # (1, 1, R_o, n_keys)
+                    else causal_row_mask(rows[outputs], n_keys, q.dtype))  # (1, 1, R_o, n_keys)
         out, _ = _attention_fn(attn, impl)(attn, q, keys, values, sub_mask, dropout=0.0,
                                            scaling=attn.scaling, is_causal=False)
     hidden = residual[:, outputs] + attn.o_proj(out.reshape(b, r_o, -1))  # (B, R_o, hidden)

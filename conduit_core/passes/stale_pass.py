@@ -20,7 +20,10 @@ embedding, its key only re-rotated), so a refresh starts its text rows at layer 
 (`text_from_layer_one`). Where the scored rows are every text row (the default), their
 probabilities also give each scored layer's attention output, so no layer computes the same
 QK^T twice (`fused_layers`; at the last layer under `last_only` the one output row is
-computed by the layer itself).
+computed by the layer itself). That holds on the devices of `FUSED_SCORES` (the CPU, where
+QK^T's arithmetic is the cost); an accelerator, bound by the kernels it launches, lets the
+layer's own sdpa call compute the output and forms only the probabilities, which takes fewer
+launches (no value cast, product or output copy; issue 65).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from conduit_core.passes.layer_groups import layer_groups
 from conduit_core.passes.scoring import ScoreAccumulator, ScoreConfig
 
 SCORE_CHUNK_ELEMENTS = 1 << 24
+FUSED_SCORES = {"cpu"}  # devices whose scored layers take their output from the probabilities
 
 
 @dataclass
@@ -55,11 +59,12 @@ class StaleScores:
 
 
 def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int,
-                 last_only: bool) -> list[int]:
-    """The scored layers at which the scoring pass's probabilities are the layer's attention:
-    all of them when the scored rows are every text row of the pass (none otherwise), but the
-    last layer under `last_only` (only its last row's output is computed there)."""
-    if n_text == 0 or n_scored != n_text:
+                 last_only: bool, device: torch.device | str) -> list[int]:
+    """The scored layers at which the scoring pass's probabilities are the layer's attention
+    on `device`: none off `FUSED_SCORES`; else all of them when the scored rows are every
+    text row of the pass (none otherwise), but the last layer under `last_only` (only its
+    last row's output is computed there)."""
+    if torch.device(device).type not in FUSED_SCORES or n_text == 0 or n_scored != n_text:
         return []
     return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
 
@@ -104,7 +109,8 @@ def stale_steps(
     # keys before the earliest scored row are visible to every scored row: only the columns
     # from there on need the causal mask
     first = int(host_scored.min()) if n_q else n_keys
-    fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only)
+    fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only,
+                         device)
     starts = range(0, n_q, chunk)
     # where small, each chunk's mask over all keys is made once for all layers and added by
     # the QK^T call itself; else the columns from `first` on are masked in each layer

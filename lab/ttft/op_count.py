@@ -12,8 +12,10 @@ The counts stand for a device's launches, so they are taken on an accelerator's 
 (`accelerator_path`), where the CPU trades operations for memory passes: a masked row subset
 attends in one sdpa call a layer (the CPU takes four, to read fewer keys:
 `conduit_core.passes.row_attention.ROW_GROUPS`), pages load joined in one buffer (the CPU turns
-each page in place: `conduit_core.kv.page_loads.PAGE_BY_PAGE`) and keys re-rotate in steps of
-an accelerator's size (the CPU's stay in its cache: `rotation.ROTATE_CHUNK_ELEMENTS`).
+each page in place: `conduit_core.kv.page_loads.PAGE_BY_PAGE`), keys re-rotate in steps of
+an accelerator's size (the CPU's stay in its cache: `rotation.ROTATE_CHUNK_ELEMENTS`) and the
+scoring pass's layers compute their attention output in their own sdpa call (the CPU's take it
+from the scoring probabilities: `conduit_core.passes.stale_pass.FUSED_SCORES`).
 
 The model is a random-weight Qwen2.5-VL with Qwen2.5-VL-7B's 28 decoder layers at hidden 64
 (`narrow_vlm`): per-layer overhead, not arithmetic, is what it measures, so the narrow width
@@ -61,6 +63,7 @@ from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.row_attention import ROW_GROUPS
+from conduit_core.passes.stale_pass import FUSED_SCORES
 from conduit_core.policies import choose_policy
 from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
@@ -206,18 +209,20 @@ class PrefillCount:
 @contextmanager
 def accelerator_path() -> Iterator[None]:
     """Within the block the CPU takes an accelerator's path (module docstring): the
-    per-device settings `ROW_GROUPS`, `PAGE_BY_PAGE` and `ROTATE_CHUNK_ELEMENTS` emptied, and
-    restored after."""
-    saved = dict(ROW_GROUPS), set(PAGE_BY_PAGE), dict(ROTATE_CHUNK_ELEMENTS)
+    per-device settings `ROW_GROUPS`, `PAGE_BY_PAGE`, `ROTATE_CHUNK_ELEMENTS` and
+    `FUSED_SCORES` emptied, and restored after."""
+    saved = dict(ROW_GROUPS), set(PAGE_BY_PAGE), dict(ROTATE_CHUNK_ELEMENTS), set(FUSED_SCORES)
     ROW_GROUPS.clear()
     PAGE_BY_PAGE.clear()
     ROTATE_CHUNK_ELEMENTS.clear()
+    FUSED_SCORES.clear()
     try:
         yield
     finally:
         ROW_GROUPS.update(saved[0])
         PAGE_BY_PAGE.update(saved[1])
         ROTATE_CHUNK_ELEMENTS.update(saved[2])
+        FUSED_SCORES.update(saved[3])
 
 
 @torch.no_grad()

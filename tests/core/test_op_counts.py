@@ -9,7 +9,8 @@ and in bf16 (where each norm and the scoring pass's float32 probabilities add ca
 and counted as
 `conduit-lab bench overhead` does (`narrow_runtime`, `count_prefill`), on the accelerator's
 path (`lab.ttft.op_count.accelerator_path`: one sdpa call a layer for a masked row subset,
-pages in one batched copy, re-rotation in an accelerator's steps). Counted at 2, 8 and 32
+pages in one batched copy, re-rotation in an accelerator's steps, the scoring pass's layers
+computing their own attention output). Counted at 2, 8 and 32
 pages, for CONDUIT at 10% (the registry's default `conduit_per_page`, and the paper's
 `conduit`) and for a full prefill from the cached page embeddings (policy `full_prefill`):
 * the whole prefill half (`lab.answering.start_answer`: layout, page and label loads, plan,
@@ -35,12 +36,14 @@ from lab.ttft.op_count import NARROW_LAYERS, count_prefill, narrow_runtime
 PAGES = (2, 8, 32)
 POLICIES = ("full_prefill", "conduit_per_page", "conduit")
 FLAT = 0.10  # largest / smallest count across the page counts, less 1
-# CONDUIT's ops a layer over full prefill's. Issue 65 asks 2.0 in bf16, not reached: a pass
-# is about 38 ops a layer there, and the scoring pass spends 7 more than a layer's one sdpa
-# call to form its float32 probabilities (keys, values and queries cast, QK^T, softmax, row
-# sum, PV, the output's copy), so CONDUIT's two passes come to 2.18x (whole) and 2.21x
-# (passes) measured (lab/ttft/NOTES.md); the bound keeps that from growing.
-RATIO_BOUND = {"float32": 2.2, "bfloat16": 2.25}
+# CONDUIT's ops a layer over full prefill's: 2 + the scoring pass's ops beyond a layer's own
+# over a pass's. Issue 65 asks 2.0 in bf16, not reached: a pass is about 38 ops a layer there,
+# and on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
+# float32 probabilities (keys cast, queries cast and folded for GQA, QK^T with the mask,
+# softmax, row sum; 4 in float32, where the keys need no cast; the layer's own sdpa call
+# gives its output), so CONDUIT's two passes come to 2.13x (whole) and 2.15x (passes)
+# measured (lab/ttft/NOTES.md); one more op a layer in the scoring pass crosses the bound.
+RATIO_BOUND = {"float32": 2.15, "bfloat16": 2.16}
 CPU_LOAD_PER_PAGE = 1.0  # the CPU's in-place page load, ops a layer a page
 
 Counts = dict[str, dict[str, list[float]]]  # policy -> "whole" | "passes" | "load" | "cpu_load"

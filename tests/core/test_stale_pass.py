@@ -132,7 +132,8 @@ def test_the_scoring_probabilities_give_the_layers_attention(
         ref = rt.reuse.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
         text, layout = asm.fresh_text_rows(), asm.layout
         assert torch.equal(text, layout.question_rows())  # every text row is scored
-        fused = fused_layers(range(n_layers), n_layers, text.numel(), text.numel(), last_only)
+        fused = fused_layers(range(n_layers), n_layers, text.numel(), text.numel(), last_only,
+                             rt.adapter.device)
         assert fused == list(range(n_layers - 1 if last_only else n_layers))
         scores, charged = rt.reuse.scoring(asm)
         pos = layout.position_ids[:, text].unsqueeze(1)  # (P, 1, N_t)
@@ -152,3 +153,49 @@ def test_the_scoring_probabilities_give_the_layers_attention(
                    + rt.reuse.flops.scoring(text.numel(), layout.n, n_layers))
         assert charged < unfused
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_an_accelerators_passes_equal_the_cpus(name: str, model_cache: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator's path (one masked sdpa call a layer; the scored layers' attention
+    output from their own sdpa call, not from the probabilities: `FUSED_SCORES`; the masks of
+    the refresh's layer-0 rows and of the last row taken from every row's) the scoring pass
+    and the refresh after it give the CPU's scores, hidden states, K/V and first-token
+    logits, over the same rows; only there is the scoring pass charged its unfused
+    attention (QK^T of its rows twice)."""
+    rt = ReuseRuntime(load_builtin(name, model_cache))
+    pages = rt.prefill_pages([IMAGES["a"], IMAGES["b"]])
+    inputs = [PageInput("Page 1:", pages[0]), PageInput("Page 2:", pages[1])]
+    chosen: torch.Tensor | None = None
+    runs: list[tuple[StaleScores, float, torch.Tensor, torch.Tensor, torch.Tensor,
+                     torch.Tensor]] = []
+    for accelerator in (False, True):
+        if accelerator:
+            monkeypatch.setattr("conduit_core.passes.stale_pass.FUSED_SCORES", set())
+            monkeypatch.setattr("conduit_core.passes.row_attention.ROW_GROUPS", {})
+        asm = rt.reuse.assemble("New prefix.", inputs, QUESTION, last_only=True)
+        scores, charged = rt.reuse.scoring(asm)
+        text, n_layers = asm.fresh_text_rows(), len(rt.adapter.layers)
+        unfused = (rt.reuse.costs.refresh(asm.layout, text, True)
+                   + rt.reuse.flops.scoring(text.numel(), asm.layout.n, n_layers))
+        assert (charged == pytest.approx(unfused)) == accelerator
+        if chosen is None:  # the CPU's choice, refreshed on both paths
+            visual = asm.layout.visual_rows()
+            chosen = visual[scores.weighted[visual].topk(max(1, visual.numel() // 5)).indices]
+        hidden, rows = rt.reuse.refresh(asm, chosen)
+        n = asm.layout.n
+        runs.append((scores, charged, rt.reuse.logits(hidden[-1:])[-1], rows.cpu(),
+                     asm.cache.keys[:, :, :, :n], asm.cache.values[:, :, :, :n]))
+        monkeypatch.undo()
+    cpu, acc = runs
+    for field in ("weighted", "attention"):
+        torch.testing.assert_close(getattr(acc[0], field), getattr(cpu[0], field),
+                                   **tol("scores"))
+    for field in ("after_first", "text_hidden"):
+        torch.testing.assert_close(getattr(acc[0], field), getattr(cpu[0], field),
+                                   **tol("hidden"))
+    torch.testing.assert_close(acc[2], cpu[2], **tol("logits"))
+    assert torch.equal(acc[3], cpu[3])
+    torch.testing.assert_close(acc[4], cpu[4], **tol("keys"))
+    torch.testing.assert_close(acc[5], cpu[5], **tol("keys"))
