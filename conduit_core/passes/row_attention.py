@@ -5,10 +5,12 @@ sees keys 0..r". One sdpa call with an (R, N) mask makes every row read all N ke
 kernel skips masked blocks given an arbitrary mask). Here the rows (ascending) are cut into
 at most `groups` consecutive groups, each reading only the keys up to its last row, one sdpa
 call per group (GQA by the kernel, `enable_gqa`: K/V are never repeated):
-  * the number of calls is fixed by the device, not by the rows (`row_groups`): one per layer
-    on an accelerator, where a call costs a launch whatever its size; four on the CPU, where
-    the keys a row reads past its own cost time (the cut points, chosen among evenly spaced
-    candidates, read the fewest keys in all: `group_bounds`);
+  * the number of calls is bounded by the device, not by the rows (`row_groups`): one per
+    layer on an accelerator, where a call costs a launch whatever its size; at most four on
+    the CPU, where the keys a row reads past its own cost time, and so does each call's own
+    read of its keys (about `CALL_ROWS` rows' worth): the cuts, chosen among evenly spaced
+    candidates, cost the least in all (`group_bounds`), so a run of rows that all sit near
+    the end (a conversation's follow-up) takes one call, where a cut saves no keys;
   * one group reads every key under a mask built on the device from the rows, never reading
     them back: on an accelerator the rows may be the device's own choice (the refresh's), and
     a read would stall the launch queue and break a graph capture (issue 65); four groups are
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 ROW_GROUPS = {"cpu": 4}  # sdpa calls a layer for a masked subset, per device
 DEFAULT_ROW_GROUPS = 1  # accelerators: one call a layer
 CUT_CANDIDATES = 64
+CALL_ROWS = 4.0  # a call's own read of its keys, in rows' reads of them (CPU, measured)
 
 
 def row_groups(device: torch.device | str) -> int:
@@ -59,8 +62,9 @@ def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torc
 
 def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int, int, int]]:
     """At most `groups` runs of consecutive entries of `rows` (R,), as (start, stop, keys
-    read = largest row of the run + 1, at most n_keys), cut where the keys read by all runs
-    together are fewest among cuts at `CUT_CANDIDATES` evenly spaced places; one group
+    read = largest row of the run + 1, at most n_keys), cut where the runs cost the least
+    in all among cuts at `CUT_CANDIDATES` evenly spaced places, a run costing its keys read
+    by its rows and by its call (`CALL_ROWS` rows' worth); the most runs on a tie. One group
     reads all `n_keys` (its rows are never read: on an accelerator they may be a choice the
     device made, and reading them back would stall its queue). A pure function of its
     arguments, computed on the host in numpy (the FLOPs accounting calls it too, and it
@@ -77,16 +81,19 @@ def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int
     cuts = np.unique(np.rint(np.linspace(0, r, CUT_CANDIDATES + 1)).astype(np.int64))  # (C,)
     lim = limit[np.maximum(cuts - 1, 0)].astype(np.float64)  # (C,) keys of a run ending there
     span = cuts.reshape(1, -1) - cuts.reshape(-1, 1)  # (C, C) rows of run (i, j)
-    cost = np.where(span > 0, span * lim.reshape(1, -1), np.inf)  # (C, C) keys of run (i, j)
-    best = np.full(cuts.size, np.inf)  # (C,) fewest keys covering [0, cuts[j])
+    # (C, C) cost of run (i, j): its rows' keys, and its call's own read of its keys
+    cost = np.where(span > 0, (span + CALL_ROWS) * lim.reshape(1, -1), np.inf)
+    best = np.full(cuts.size, np.inf)  # (C,) least cost covering [0, cuts[j])
     best[0] = 0.0
-    back = []
-    for _ in range(min(groups, cuts.size - 1)):  # exactly g runs (a cut never adds keys)
+    back, ends = [], []
+    for _ in range(min(groups, cuts.size - 1)):  # k runs, k = 1, 2, ...
         total = best.reshape(-1, 1) + cost  # (C, C)
         back.append(total.argmin(axis=0))  # (C,) the best previous cut of each
         best = total.min(axis=0)
+        ends.append(best[-1])
+    k = len(ends) - int(np.argmin(ends[::-1]))  # the fewest cost, the most runs on a tie
     out, j = [], cuts.size - 1
-    for came in reversed(back):
+    for came in reversed(back[:k]):
         i = int(came[j])
         out.append((int(cuts[i]), int(cuts[j]), int(lim[j])))
         j = i
