@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from conduit_core.answer_types import AnswerResult
-from conduit_core.conversation import KeptTurn
+from conduit_core.conversation import KeptTurn, PrefixRows
 from conduit_core.cost.cost_model import RefreshPlan, RowCosts
 from conduit_core.decode import DecodeState
 from conduit_core.kv.kv_cache import KVCache
@@ -42,6 +42,7 @@ class AnswerState:
     page_attention: tuple[float, ...] = ()  # `Assembly.page_attention` of its scoring pass
     conversation: str = ""  # a follow-up's prefix: "hit" or "rebuilt" (`AnswerResult`)
     kept: KeptTurn | None = None  # the turn to keep as a prefix once its answer is known
+    kept_rows: PrefixRows | None = None  # its rows, taken from its decode when it ended
     lease: KVCache | None = None  # its assembled cache, until the runtime gives it back
 
     @property

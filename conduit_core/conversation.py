@@ -4,17 +4,21 @@ its answer's rows, under a key; a follow-up that finds it computes only its own 
 The key of a prefix (`prefix_key`) is the model's fingerprint, the namespace (tenant), the
 refresh policy as chosen with its budget, the token ids so far and the identity of every page
 in it, in order: a prefix is reused only where the same policy would have built it from the
-same text and pages, so that a rebuilt prefix and a kept one are the same tensors. The keeping
+same text and pages, so that a rebuilt prefix and a kept one are the same tensors up to float
+rounding (a kept answer's rows are its decode's, a rebuilt one's one pass's). The keeping
 is bounded in prefixes per namespace and in bytes across namespaces, least recently used
 dropped (`ConversationCache`); a process that restarts rebuilds on the first follow-up.
 
-A kept turn (`KeptTurn`) holds its refreshed cache until its answer is known; the answer's
-rows (`VLMAdapter.answer_ids` of its text) are then computed in one pass over that cache
-(`extend_prefix`), the same pass a rebuild runs, so a hit and a rebuild agree. A follow-up's
-own rows (`assemble_turn`): the prefix's exact K/V copied in as the layout's head, the pages
-the turn adds loaded and re-rotated to their places; the runtime's passes then compute its
-text rows and refresh its pages by the request's policy with the whole conversation before
-them.
+A kept turn (`KeptTurn`) is what keying its prefix needs; its rows are taken as its answer
+ends (`take_rows`) from the cache its answer was decoded in, which holds the turn's
+refreshed K/V and the answer's tokens' K/V at their positions, exact: only the rows the decode
+never computed are left to `complete_prefix` (the end of the assistant's turn, a last token
+never fed back, an answer whose text tokenizes otherwise) with the opening of the next user
+turn, which every follow-up starts with. A rebuild takes its rows from a turn's assembled cache
+and computes every answer row in that one pass. A follow-up's own rows (`assemble_turn`): the
+prefix's exact K/V copied in as the layout's head, the pages the turn adds loaded and
+re-rotated to their places; the runtime's passes then compute its text rows and refresh its
+pages by the request's policy with the whole conversation before them.
 """
 
 from __future__ import annotations
@@ -134,41 +138,65 @@ def _nbytes(prefix: HeadKV) -> int:
 
 @dataclass(frozen=True)
 class KeptTurn:
-    """A turn to keep once its answer is known: its refreshed cache (rows [0, len(token_ids))
-    hold the turn's K/V) and what its key is made of."""
+    """A turn to keep once its answer is known: what its prefix's key is made of, and where
+    its answer starts."""
 
     namespace: str
     choice: str  # the policy as chosen, with its budget (`ReuseRuntime` spells it)
-    cache: KVCache
     token_ids: torch.Tensor  # (n,) the turn's layout
     page_ids: tuple[str, ...]  # every page of the conversation so far, in order
     next_position: int  # position of the answer's first token
 
 
-@torch.no_grad()
-def extend_prefix(adapter: VLMAdapter, costs: RowCosts, kept: KeptTurn,
-                  answer: str) -> tuple[HeadKV, float]:
-    """The prefix a follow-up of `kept` starts from: its K/V and the answer's rows
-    (`answer_ids`, at the positions decoding gave them) computed in one pass over it; and the
-    LM FLOPs of that pass."""
+@dataclass(frozen=True)
+class PrefixRows:
+    """A kept turn's prefix being made: `token_ids` (its layout, its answer, the next
+    opening), rows [0, exact) of `cache` taken exact, the rest still to compute."""
+
+    kept: KeptTurn
+    cache: KVCache  # (L, 1, kv_heads, len(token_ids), hd)
+    token_ids: torch.Tensor  # (n + m,)
+    exact: int
+
+
+def take_rows(adapter: VLMAdapter, kept: KeptTurn, source: KVCache, answer: str,
+              decoded: Sequence[int] = ()) -> PrefixRows:
+    """Copy the exact rows of `kept`'s prefix out of `source`: its n layout rows and the
+    answer's first c rows, c the longest run of `decoded` (the tokens whose K/V decoding
+    wrote after the layout, in order) that the answer as the conversation holds it
+    (`VLMAdapter.answer_ids` of `answer`) starts with."""
     n = int(kept.token_ids.shape[0])
-    ids = torch.tensor(adapter.answer_ids(answer), dtype=torch.long)  # (m,)
-    m = int(ids.shape[0])
-    cache = KVCache.allocate(adapter, 1, n + m)
-    cache.keys[:, :, :, :n] = kept.cache.keys[:, :1, :, :n]
-    cache.values[:, :, :, :n] = kept.cache.values[:, :1, :, :n]
-    rows = torch.arange(n, n + m)  # (m,)
-    positions = (kept.next_position + torch.arange(m)).expand(adapter.rope_axes, m)  # (P, m)
-    embeds = adapter.embed_tokens(ids.to(adapter.device)).unsqueeze(0)  # (1, m, hidden)
-    forward_rows(adapter, cache, embeds, rows.to(adapter.device),
-                 positions.unsqueeze(1).to(adapter.device), n_keys=n + m,
-                 outputs=torch.tensor([m - 1]))
-    token_ids = torch.cat([kept.token_ids.cpu(), ids])  # (n + m,)
+    ids = adapter.answer_ids(answer) + adapter.page_opening_ids()
+    c = 0
+    while c < min(len(decoded), len(ids)) and int(decoded[c]) == ids[c]:
+        c += 1
+    cache = KVCache.allocate(adapter, 1, n + len(ids))
+    cache.keys[:, :, :, :n + c] = source.keys[:, :1, :, :n + c]
+    cache.values[:, :, :, :n + c] = source.values[:, :1, :, :n + c]
+    token_ids = torch.cat([kept.token_ids.cpu(), torch.tensor(ids, dtype=torch.long)])
+    return PrefixRows(kept=kept, cache=cache, token_ids=token_ids, exact=n + c)
+
+
+@torch.no_grad()
+def complete_prefix(adapter: VLMAdapter, costs: RowCosts,
+                    rows: PrefixRows) -> tuple[HeadKV, float]:
+    """The prefix a follow-up starts from: `rows`' exact rows and the rest computed in one
+    pass after them at the positions decoding gives them; and the LM FLOPs of that pass."""
+    n = int(rows.kept.token_ids.shape[0])
+    total = int(rows.token_ids.shape[0])
+    todo = torch.arange(rows.exact, total)  # (r,)
+    spent = 0.0
+    if todo.numel():
+        positions = (rows.kept.next_position + todo - n).expand(adapter.rope_axes, -1)  # (P, r)
+        embeds = adapter.embed_tokens(rows.token_ids[todo].to(adapter.device)).unsqueeze(0)
+        forward_rows(adapter, rows.cache, embeds, todo.to(adapter.device),
+                     positions.unsqueeze(1).to(adapter.device), n_keys=total,
+                     outputs=torch.tensor([todo.numel() - 1]))  # (1, r, hidden) unread
+        spent = costs.rows(todo, total, last_only=True)
     hidden = torch.zeros(0, adapter.text_config.hidden_size, dtype=adapter.dtype)
-    prefix = HeadKV(token_ids=tuple(int(t) for t in token_ids.tolist()),
-                    keys=cache.keys[:, 0].clone(), values=cache.values[:, 0].clone(),
-                    hidden=hidden)
-    return prefix, costs.rows(rows, n + m, last_only=True)
+    prefix = HeadKV(token_ids=tuple(int(t) for t in rows.token_ids.tolist()),
+                    keys=rows.cache.keys[:, 0], values=rows.cache.values[:, 0], hidden=hidden)
+    return prefix, spent
 
 
 def assemble_turn(adapter: VLMAdapter, layout: Layout, pages: Sequence[PageInput],

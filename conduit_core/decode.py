@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -114,7 +115,9 @@ class DecodeState:
     Made by `DecodeState.start` after a prefill; `decode_step` advances any number of them by
     one token each in one forward. `done` once a stop token is picked, `max_new_tokens` are
     out, or its `on_token` raised (then `error` holds what it raised: a client that went
-    away leaves the batch, the others go on).
+    away leaves the batch, the others go on). `on_end` is called once when it ends by a stop
+    token or its length, while its cache still holds every row it wrote (before a pool
+    slot is given back).
     """
 
     cache: KVCache  # (L, 1, kv_heads, capacity, hd); room for max_new_tokens - 1 more rows
@@ -138,6 +141,7 @@ class DecodeState:
     error: BaseException | None = None
     slot: int | None = None  # its `DecodePool` slot once admitted (then `cache` is the slot)
     tier: int = 0  # the pool's tier its slot lies in
+    on_end: Callable[[], None] | None = None
 
     @classmethod
     def start(cls, adapter: VLMAdapter, cache: KVCache, first_logits: torch.Tensor, *,
@@ -216,6 +220,8 @@ def decode_step(adapter: VLMAdapter, states: list[DecodeState],
         if state.take(TokenId(tok)):
             going.append(state)
             picked.append(token)
+        elif state.on_end is not None and state.error is None:
+            state.on_end()
     if pool is not None:
         for tier in pool.tiers:
             for owner in [s for s in tier.owners if s.done]:

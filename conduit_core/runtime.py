@@ -47,7 +47,7 @@ What the runtime decides (its options):
       bucket, and goes back to it as soon as nothing reads it any more: when the prefill
       fails or is closed, when the answer's first decode step copies it into a decode-pool
       slot, or, for an answer the pool cannot hold, when the answer is released (a turn kept
-      as a conversation prefix: once the prefix is made from it, in `result`). The next
+      as a conversation prefix has taken its rows as its answer ended). The next
       answer of that capacity reuses it; idle caches take at most this many bytes (0: a
       fresh cache per answer, at the answer's exact capacity).
   conversation_prefixes, conversation_bytes: conversation prefixes kept
@@ -60,6 +60,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from PIL import Image
@@ -70,10 +71,11 @@ from conduit_core.conversation import (
     ConversationCache,
     KeptTurn,
     assemble_turn,
-    extend_prefix,
+    complete_prefix,
     history_texts,
     page_ids,
     prefix_key,
+    take_rows,
     turn_texts,
 )
 from conduit_core.cost.cost_model import RefreshPlan
@@ -90,7 +92,7 @@ from conduit_core.passes.refresh_pass import Resume
 from conduit_core.passes.step_graphs import StepGraphs, kind_for
 from conduit_core.policies.policy_context import PolicyContext, PolicyCost, RefreshPolicy
 from conduit_core.prompt.conversation import history_ids, turn_layout
-from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh
+from conduit_core.prompt.layout import LABEL_REFRESH, LabelRefresh, Layout
 from conduit_core.reuse_steps import ReuseSteps
 
 PrefillSteps = Generator[str, None, AnswerState]  # phase names, then the state
@@ -179,6 +181,7 @@ class ReuseRuntime:
         state.lease = assembly.cache
         if request.keep:
             state.kept = self._kept(request, assembly)
+            state.decode.on_end = partial(self._take_kept, state)
         return state
 
     def _assemble(self, request: AnswerRequest) -> tuple[Assembly, str]:
@@ -188,17 +191,24 @@ class ReuseRuntime:
             return self.reuse.assemble(request.prefix, request.pages, request.question,
                                        extra_capacity=request.max_new_tokens, last_only=True,
                                        labels=False, namespace=request.namespace), ""
-        prefix, how, spent = self._prefix(request)
-        assembly = self._assemble_after(request, prefix)
+        layout = self._turn_layout(request)
+        prefix, how, spent = self._prefix(request, layout.token_ids[:layout.head])
+        assembly = self._assemble_after(request, prefix, layout)
         assembly.fill_flops += spent
         return assembly, how
 
-    def _assemble_after(self, request: AnswerRequest, prefix: HeadKV) -> Assembly:
-        """A follow-up's assembly after its conversation's `prefix`."""
+    def _turn_layout(self, request: AnswerRequest) -> Layout:
+        """A follow-up's layout: its whole conversation."""
+        return turn_layout(self.adapter, request.prefix,
+                           turn_texts(request.history, request.pages, request.question))
+
+    def _assemble_after(self, request: AnswerRequest, prefix: HeadKV,
+                        layout: Layout | None = None) -> Assembly:
+        """A follow-up's assembly after its conversation's `prefix` (`layout`: its own, if
+        laid out already)."""
         for p in request.pages:
             p.kv.check_fingerprint(self.vlm.fingerprint)
-        layout = turn_layout(self.adapter, request.prefix,
-                             turn_texts(request.history, request.pages, request.question))
+        layout = self._turn_layout(request) if layout is None else layout
         return assemble_turn(self.adapter, layout, request.pages, prefix,
                              request.max_new_tokens, request.namespace)
 
@@ -253,27 +263,32 @@ class ReuseRuntime:
         """What keeping this turn needs once its answer is known."""
         pages = [p for t in request.history for p in t.pages] + list(request.pages)
         return KeptTurn(namespace=_owner(request), choice=self._choice_key(request),
-                        cache=assembly.cache, token_ids=assembly.layout.token_ids,
+                        token_ids=assembly.layout.token_ids,
                         page_ids=tuple(page_ids(pages)),
                         next_position=assembly.layout.next_position())
 
-    def _history_key(self, request: AnswerRequest, turns: int) -> str:
-        """The key of the prefix made of the request's first `turns` answered turns."""
+    def _history_key(self, request: AnswerRequest, turns: int,
+                     ids: torch.Tensor | None = None) -> str:
+        """The key of the prefix made of the request's first `turns` answered turns (`ids`:
+        its token ids, if known)."""
         history = request.history[:turns]
-        ids = history_ids(self.adapter, request.prefix, history_texts(history))  # (P,)
+        if ids is None:
+            ids = history_ids(self.adapter, request.prefix, history_texts(history))  # (P,)
         pages = page_ids([p for t in history for p in t.pages])
         return prefix_key(self.vlm.fingerprint.digest(), _owner(request),
                           self._choice_key(request), ids, pages)
 
-    def _prefix(self, request: AnswerRequest) -> tuple[HeadKV, str, float]:
-        """A follow-up's prefix: kept ("hit"), or rebuilt from the longest kept prefix of its
-        history (or from nothing) turn by turn with the request's policy, each turn's answer
-        from its text ("rebuilt", with the LM FLOPs that spent); every rebuilt turn is kept."""
+    def _prefix(self, request: AnswerRequest,
+                head_ids: torch.Tensor) -> tuple[HeadKV, str, float]:
+        """A follow-up's prefix (token ids `head_ids`): kept ("hit"), or rebuilt from the
+        longest kept prefix of its history (or from nothing) turn by turn with the request's
+        policy, each turn's answer from its text ("rebuilt", with the LM FLOPs that spent);
+        every rebuilt turn is kept."""
         turns = len(request.history)
         keys: dict[int, str] = {}  # k -> the key of the first k turns, made when looked up
         start, prefix = 0, None
         for k in range(turns, 0, -1):
-            keys[k] = self._history_key(request, k)
+            keys[k] = self._history_key(request, k, head_ids if k == turns else None)
             prefix = self.conversations.get(_owner(request), keys[k])
             if prefix is not None:
                 start = k
@@ -290,9 +305,10 @@ class ReuseRuntime:
             done = drain(self._refresh_steps(assembly, sub))
             self._account(assembly, done)
             spent += done.extra + assembly.fill_flops + done.refresh_lm
-            prefix, extended = extend_prefix(self.adapter, self.reuse.costs,
-                                             self._kept(sub, assembly), turn.answer)
+            rows = take_rows(self.adapter, self._kept(sub, assembly), assembly.cache,
+                             turn.answer)
             self.reuse.workspace.give(assembly.cache)  # the prefix holds copies of its rows
+            prefix, extended = complete_prefix(self.adapter, self.reuse.costs, rows)
             spent += extended
             self.conversations.put(_owner(request), keys[k + 1], prefix)
         assert prefix is not None
@@ -314,6 +330,17 @@ class ReuseRuntime:
             if state.decode.slot is not None:
                 self._hand_back(state)
 
+    def _take_kept(self, state: AnswerState) -> None:
+        """A turn to keep, as its answer ends (`DecodeState.on_end`), takes its prefix's rows
+        out of the cache it decoded in (`conduit_core.conversation.take_rows`) before its
+        decode slot is given back and written over."""
+        assert state.kept is not None
+        decode = state.decode
+        decoded = decode.tokens[:max(decode.picked - 1, 0)]  # those fed back: K/V written
+        state.kept_rows = take_rows(self.adapter, state.kept, decode.cache,
+                                    decode.output().text, decoded)
+        state.kept = None
+
     def prepare_decode(self, budget_s: float) -> str:
         """Capture or compile the decode step's batch-size buckets within `budget_s`
         (`StepGraphs.prepare`; before any answer takes a decode slot); the line to log."""
@@ -321,29 +348,29 @@ class ReuseRuntime:
 
     def release(self, state: AnswerState) -> None:
         """Give back `state`'s decode slot now (an answer dropped before its end; one that
-        ends in `step` gives it back there), and its assembled cache unless a turn to keep
-        still reads it (`result` gives that back)."""
+        ends in `step` gives it back there), and its assembled cache."""
         self.pool.release(state.decode)
         self._hand_back(state)
 
     def _hand_back(self, state: AnswerState) -> None:
-        """Give `state`'s assembled cache back to the workspace, unless a turn to keep
-        still reads it."""
-        if state.lease is not None and state.kept is None:
+        """Give `state`'s assembled cache back to the workspace (a turn to keep reads it no
+        more: its rows are taken from its decode as it ends)."""
+        if state.lease is not None:
             self.reuse.workspace.give(state.lease)
             state.lease = None
 
     def result(self, state: AnswerState) -> AnswerResult:
         """The result of a finished (or abandoned) answer; its decode slot is given back. A
-        turn to keep (`AnswerRequest.keep`) is kept now, with its answer's rows
-        (`conduit_core.conversation.extend_prefix`, in `kept_flops_lm`)."""
+        finished turn to keep (`AnswerRequest.keep`) is kept now, its answer's rows taken
+        from its decode and the rest computed (`conduit_core.conversation.complete_prefix`,
+        in `kept_flops_lm`)."""
         self.release(state)
         result = answer_result(state, self.reuse.costs, self.adapter)
-        if state.kept is None:
+        rows, state.kept, state.kept_rows = state.kept_rows, None, None
+        if rows is None:
             return result
-        kept, state.kept = state.kept, None  # its cache is released with it
-        prefix, spent = extend_prefix(self.adapter, self.reuse.costs, kept, result.text)
-        self._hand_back(state)  # the prefix holds copies of its rows
+        prefix, spent = complete_prefix(self.adapter, self.reuse.costs, rows)
+        kept = rows.kept
         key = prefix_key(self.vlm.fingerprint.digest(), kept.namespace, kept.choice,
                          torch.tensor(prefix.token_ids), kept.page_ids)
         self.conversations.put(kept.namespace, key, prefix)

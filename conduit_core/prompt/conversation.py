@@ -9,8 +9,9 @@ prompt. Pages already in the conversation stay where they are; a later turn list
 pages it adds.
 
 Laying out turn t (`turn_layout`, the last turn given is the one asked) decides which rows are
-its own: everything up to the end of answer t - 1 is the layout's `head` (the conversation's
-prefix, exact or rebuilt by the caller); its segments and labels are those of the pages turn t
+its own: everything up to the end of answer t - 1 and the opening of turn t (the same tokens
+whatever turn t asks) is the layout's `head` (the conversation's prefix, exact or rebuilt by
+the caller); its segments and labels are those of the pages turn t
 adds (labels as text rows, computed fresh: they are short and follow the conversation).
 Positions come from the family's own rule over the whole sequence, so a prefix keeps its
 positions when the conversation grows.
@@ -72,16 +73,17 @@ def _pieces(adapter: VLMAdapter, prefix: str, turns: list[TurnText]) -> tuple[
 
 
 def history_ids(adapter: VLMAdapter, prefix: str, turns: list[TurnText]) -> torch.Tensor:
-    """Token ids (P,) of answered `turns` laid out as a conversation: the prefix a next turn
-    starts from."""
-    return torch.cat(_pieces(adapter, prefix, turns)[0])
+    """Token ids (P,) of answered `turns` laid out as a conversation and the opening of the
+    next user turn: the prefix a next turn starts from."""
+    opening = torch.tensor(adapter.page_opening_ids(), dtype=torch.long)
+    return torch.cat([*_pieces(adapter, prefix, turns)[0], opening])
 
 
 def turn_layout(adapter: VLMAdapter, prefix: str, turns: list[TurnText]) -> Layout:
     """The layout of the conversation when its last turn (unanswered) is asked. With one
     turn it is `build_layout`'s (stale labels left to the caller); with more, `head` is the
-    prefix of the answered turns and the segments and labels are the last turn's pages
-    (page i its i-th), its labels text rows."""
+    prefix of the answered turns (`history_ids`) and the segments and labels are the last
+    turn's pages (page i its i-th), its labels text rows."""
     *done, asked = turns
     if asked.answer is not None or any(t.answer is None for t in done):
         raise ValueError("every turn but the last must be answered, and the last not")
