@@ -123,7 +123,8 @@ class WorkerContext:
                 self._engine = AnswerEngine(
                     lambda: self.runtime, max_active=s.worker.max_active_answers,
                     max_kv_tokens=s.worker.max_kv_tokens_in_flight,
-                    queue_wait_s=s.worker.answer_queue_wait_s, model_lock=self.model_lock)
+                    queue_wait_s=s.worker.answer_queue_wait_s, model_lock=self.model_lock,
+                    prefill_share=s.worker.prefill_share)
             return self._engine
 
     @property

@@ -8,11 +8,12 @@ across tenants under the slot and KV budgets, at most one unit of prefill work, 
 batch). Execute: under `model_lock`, outside the engine's lock, the step runs phases of
 the prefilling question (`ReuseRuntime.prefill_steps`: page-KV assembly and re-rotation;
 scoring pass and selection; refresh and first-token logits; the two passes cut into groups of
-`layer_group` decoder layers, each group a phase), as many as fit in the last decode step's
-time and at least one (all of them when no answer is decoding), or one queued model job
+`layer_group` decoder layers, each group a phase), as many as fit in the step's prefill
+budget and at least one (`worker.prefill_pace`: a share of the running batch's decode step
+time; all of them when no answer is decoding), or one queued model job
 (`run`), then one batched decode step of every running answer (`ReuseRuntime.step`), the
-newcomer whose prefill just ended among them. So a running answer gets a token after about
-one decode step's worth of prefill work, however many questions arrive. Update: finished and
+newcomer whose prefill just ended among them. So a running answer waits between two tokens
+for about `1 + prefill_share` decode steps, however many questions arrive. Update: finished and
 failed answers leave the batch and are handed their results. `model_lock` is also taken by
 code outside the engine that uses the runtime directly (the lab's evaluation harness).
 
@@ -38,6 +39,7 @@ from conduit_core.answer_types import AnswerRequest, AnswerResult, TokenCallback
 from conduit_core.runtime import ReuseRuntime
 from worker import engine_metrics as metrics
 from worker.errors import AnswerCancelledError, AnswerQueueFullError, AnswerTooLargeError
+from worker.prefill_pace import PrefillPace
 from worker.scheduler import Scheduler, SchedulerOutput, Ticket, kv_tokens_needed
 
 log = logging.getLogger(__name__)
@@ -66,12 +68,12 @@ class EngineStats:
 
 class AnswerEngine:
     """Batches concurrent questions over one model; see the module docstring.
-    `prefill_budget_s`: the prefill time a step runs before its decode step (None: the last
-    decode step's; 0: one phase a step)."""
+    `prefill_share`: a step's prefill budget over the running batch's decode step time;
+    `prefill_budget_s`: a fixed budget in its place (0: one phase a step)."""
 
     def __init__(self, runtime: Callable[[], ReuseRuntime], *, max_active: int = 16,
                  max_kv_tokens: int = 65536, queue_wait_s: float = 60.0,
-                 model_lock: Any | None = None,
+                 model_lock: Any | None = None, prefill_share: float = 0.5,
                  prefill_budget_s: float | None = None) -> None:
         self._runtime_fn = runtime
         self._model_lock = model_lock if model_lock is not None else threading.Lock()
@@ -79,8 +81,7 @@ class AnswerEngine:
         self._scheduler = Scheduler(max_active=max_active, max_kv_tokens=max_kv_tokens,
                                     queue_wait_s=queue_wait_s)
         self._closed = False
-        self._decode_s = 0.0  # wall time of the last decode step
-        self._budget_s = prefill_budget_s
+        self._pace = PrefillPace(prefill_share, prefill_budget_s)
         self._thread = threading.Thread(target=self._loop, name="conduit-engine", daemon=True)
         self._thread.start()
 
@@ -185,9 +186,8 @@ class AnswerEngine:
         rt = self._runtime_fn()
         with self._model_lock:
             if out.prefill is not None:
-                budget = (float("inf") if not out.decode else self._decode_s
-                          if self._budget_s is None else self._budget_s)
-                self._prefill_phases(rt, out.prefill, outcome, budget)
+                self._prefill_phases(rt, out.prefill, outcome,
+                                     self._pace.budget(bool(out.decode), out.backlog))
             if out.job is not None:
                 fn, future = out.job
                 try:
@@ -211,18 +211,19 @@ class AnswerEngine:
                 metrics.BATCH_SIZE.observe(len(running))
                 began = time.perf_counter()
                 rt.step(running)
-                self._decode_s = time.perf_counter() - began
-                metrics.STEP_SECONDS.observe(self._decode_s)
+                took = time.perf_counter() - began
+                self._pace.decoded(took)
+                metrics.STEP_SECONDS.observe(took)
             for t in batch:  # decode slots of the answers that ended (the lock guards the pool)
                 if t.state is not None and t.state.done:
                     rt.release(t.state)
         return outcome
 
-    @staticmethod
-    def _prefill_phases(rt: ReuseRuntime, ticket: Ticket, outcome: StepOutcome,
+    def _prefill_phases(self, rt: ReuseRuntime, ticket: Ticket, outcome: StepOutcome,
                         budget_s: float) -> None:
         """Phases of `ticket`'s prefill, at least one, until it ends, its client is gone or
-        they took `budget_s`; a failure (or its client gone) ends it alone."""
+        the next would not fit in `budget_s`; a failure (or its client gone) ends it
+        alone."""
         began = start = time.perf_counter()
         try:
             if ticket.cancelled:
@@ -233,12 +234,16 @@ class AnswerEngine:
                 phase = next(ticket.steps)
                 now = time.perf_counter()
                 metrics.PHASE_SECONDS.labels(phase).observe(now - start)
-                if now - began >= budget_s or ticket.cancelled:
+                self._pace.ran(ticket.phase, now - start)
+                ticket.phase = phase
+                if ticket.cancelled or not self._pace.fits(phase, now - began, budget_s):
                     break
                 start = now
         except StopIteration as done:
             last = metrics.PREFILL_PHASES[-1]
-            metrics.PHASE_SECONDS.labels(last).observe(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            metrics.PHASE_SECONDS.labels(last).observe(took)
+            self._pace.ran(ticket.phase, took)
             outcome.prefilled = (ticket, done.value)
         except BaseException as exc:  # noqa: BLE001 - handed to the question's caller
             if ticket.steps is not None:

@@ -8,9 +8,10 @@ answers in the batch, each counted from `kv_tokens_needed` until its cache exist
 the cache itself); nobody overtakes the question whose turn it is, and a question waits
 until the previous newcomer's prefill is done. Expiry: a queued question whose client went
 away is dropped, one that waited longer than `queue_wait_s` is refused. Prefill work: at most
-one unit a step, either the prefilling question (the engine runs its phases for about one
-decode step's time) or one model job (an ingest page batch), taking turns when both wait, so
-the running batch decodes after every unit and its streams keep flowing. Retirement: answers
+one unit a step, either the prefilling question (the engine runs its phases within the
+step's prefill budget, `worker.prefill_pace`) or one model job (an ingest page batch), taking
+turns when both wait, so the running batch decodes after every unit and its streams keep
+flowing. Retirement: answers
 that ended, or failed, leave the batch.
 
 Not thread-safe: the engine calls it under its own lock.
@@ -62,6 +63,7 @@ class Ticket:
     queued_at: float = field(default_factory=time.perf_counter)
     admitted_at: float = 0.0
     steps: PrefillSteps | None = None  # its prefill, between admission and first logits
+    phase: str | None = None  # the last phase of its prefill that ran
     state: AnswerState | None = None  # its decode state, from its first logits
     future: Future[Any] = field(default_factory=Future)  # its AnswerResult or error
 
@@ -84,6 +86,7 @@ class SchedulerOutput:
     job: Job | None  # runs one model job (never in the same step as a prefill phase)
     decode: list[Ticket]  # the running batch: one batched decode step
     expired: list[tuple[Ticket, BaseException]]  # left the queue; told why, nothing run
+    backlog: int = 0  # questions queued beyond the free slots: the batch cannot take them all
 
     @property
     def idle(self) -> bool:
@@ -137,8 +140,9 @@ class Scheduler:
         elif job is not None:
             self._job_turn = False
         decode = [t for t in self.active if t.running]
+        backlog = max(0, len(self.queue) - (self.max_active - len(self.active)))
         return SchedulerOutput(admitted=admitted, prefill=prefill, job=job, decode=decode,
-                               expired=expired)
+                               expired=expired, backlog=backlog)
 
     def _expire(self, now: float) -> list[tuple[Ticket, BaseException]]:
         out: list[tuple[Ticket, BaseException]] = []

@@ -25,7 +25,7 @@ EVERY_KEY: dict[str, Any] = {
     "never_above_full": False, "max_active_answers": 4, "torch_threads": 3,
     "max_kv_tokens_in_flight": 200_000, "decode_compile": "off",
     "compile_passes": "on", "compile_warmup_pages": 4, "compile_warmup_s": 90.5,
-    "prefill_layer_group": 3,
+    "prefill_layer_group": 3, "prefill_share": 0.75,
     "conversation_prefixes": 4, "conversation_prefix_bytes": 2**28,
     "kv_workspace_bytes": 2**27,
     "conversation_max_turns": 6, "conversation_max_tokens": 9000,

@@ -127,6 +127,13 @@ class WorkerSettings(BaseSettings):
         "engine admits in turn.",
         keyed="half of max_active_answers (at least 1)",
     )
+    prefill_share: float = Field(
+        0.5, ge=0.0, le=100.0, description="A new question's prefill time one engine step "
+        "runs before the running answers' decode step, over that decode step's time (the "
+        "median of the last few): a running answer waits about 1 + prefill_share decode steps "
+        "between two tokens while questions arrive. Larger: newcomers reach their first "
+        "token sooner, streams stutter more; 0 = one prefill phase a step.",
+    )
     max_kv_tokens_in_flight: int = Field(
         65536, ge=1024, le=16_777_216, description="KV cache positions (prompt + answer) one "
         "process's active answers may hold together; a question waits until its cache fits, "
