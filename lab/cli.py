@@ -200,8 +200,8 @@ def _parser() -> argparse.ArgumentParser:
     gaps.add_argument("--repeats", type=int, default=3, help="arrival trials an engine")
     gaps.add_argument("--running", type=int, default=8, help="answers decoding")
     gaps.add_argument("--arriving", type=int, default=8, help="questions arriving at once")
-    gaps.add_argument("--running-tokens", type=int, default=160)
-    gaps.add_argument("--arriving-tokens", type=int, default=32)
+    gaps.add_argument("--running-tokens", type=int, default=400)
+    gaps.add_argument("--arriving-tokens", type=int, default=128)
     gaps.add_argument("--slots", type=int, default=16, help="answer slots")
     gaps.add_argument("--pairs", type=int, default=2, help="throughput runs an engine")
     gaps.add_argument("--clients", type=int, default=32)
@@ -212,6 +212,9 @@ def _parser() -> argparse.ArgumentParser:
     gaps.add_argument("--layer-group", type=int, default=None,
                       help="decoder layers a prefill unit of the 'after' engine runs "
                       "(default: CONDUIT_PREFILL_LAYER_GROUP's; 'before' runs whole passes)")
+    gaps.add_argument("--share", type=float, default=None,
+                      help="the 'after' engine's prefill budget a step over its decode step "
+                      "(default: CONDUIT_PREFILL_SHARE's)")
     gaps.add_argument("--out", type=Path, default=results("load") / "gaps.json")
     gaps.set_defaults(func=_bench_gaps)
 
@@ -342,6 +345,7 @@ def _bench_gaps(args: argparse.Namespace) -> int:
               arriving_tokens=args.arriving_tokens, clients=args.clients,
               warmup_s=args.warmup, duration_s=args.duration,
               max_new_tokens=args.max_new_tokens, layer_group=args.layer_group,
+              share=args.share,
               out=args.out, command=command_line())
     return 0
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from prometheus_client import REGISTRY
 
@@ -93,10 +94,11 @@ def baseline_module(commit: str) -> ModuleType:
     return module
 
 
-def _factory(module: ModuleType) -> EngineFactory:
+def _factory(module: ModuleType, **options: Any) -> EngineFactory:
     def make(rt: ReuseRuntime, slots: int) -> Engine:
         engine: Engine = module.AnswerEngine(lambda: rt, max_active=slots,
-                                             max_kv_tokens=1 << 20, queue_wait_s=3600.0)
+                                             max_kv_tokens=1 << 20, queue_wait_s=3600.0,
+                                             **options)
         return engine
     return make
 
@@ -142,60 +144,99 @@ def _engine_seconds() -> dict[str, tuple[float, float]]:
 def arrivals(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, running: int,
              arriving: int, slots: int, running_tokens: int, arriving_tokens: int
              ) -> dict[str, Any]:
-    """One trial: the running answers' token gaps before and during the arrivals."""
+    """One trial: every token's time and stream, in the engine's order (streams 0..running-1
+    run from the start, the others arrive together), cut into its parts (`trial_gaps`)."""
     engine = make(rt, slots)
-    times: list[list[float]] = [[] for _ in range(running)]
-    firsts: list[float] = []  # each newcomer's first token (token callbacks run on the
-    got = [False] * arriving  # engine's one thread)
+    log: list[tuple[float, int]] = []  # token callbacks run on the engine's one thread
+    counts = [0] * (running + arriving)
 
     def stamp(i: int) -> Callable[[int, str], None]:
-        return lambda _tok, _piece: times[i].append(time.perf_counter())
-
-    def first_of(k: int) -> Callable[[int, str], None]:
         def cb(_tok: int, _piece: str) -> None:
-            if not got[k]:
-                got[k] = True
-                firsts.append(time.perf_counter())
+            log.append((time.perf_counter(), i))
+            counts[i] += 1
         return cb
 
     try:
         before = _engine_seconds()
         runners = _ask_all(engine, [work.request(i, 0, running_tokens) for i in range(running)],
                            [stamp(i) for i in range(running)])
-        while min(len(t) for t in times) < STEADY_TOKENS:
+        while min(counts[:running]) < STEADY_TOKENS:
             if not all(t.is_alive() for t in runners):
                 raise RuntimeError("a running answer ended before the newcomers came")
             time.sleep(0.002)
-        steady_from = max(t[0] for t in times)  # every running answer decoding from here
         submitted = time.perf_counter()
         newcomers = [work.request(running + i, 1, arriving_tokens) for i in range(arriving)]
-        late = _ask_all(engine, newcomers, [first_of(k) for k in range(arriving)])
+        late = _ask_all(engine, newcomers, [stamp(running + k) for k in range(arriving)])
         for t in [*late, *runners]:
             t.join()
     finally:
         engine.close()
     spent = {k: (v[0] - before[k][0], v[1] - before[k][1]) for k, v in _engine_seconds().items()}
-    if min(ts[-1] for ts in times) < max(firsts):
-        raise RuntimeError("a running answer ended before the last newcomer's first token: "
+    return {**trial_gaps(log, running, submitted), "seconds": spent}
+
+
+def decode_steps(log: list[tuple[float, int]]) -> list[list[tuple[float, int]]]:
+    """`log`'s tokens grouped by decode step: a step gives each of its streams one token, so
+    a stream seen again opens the next step (the running answers are in every step)."""
+    steps: list[list[tuple[float, int]]] = []
+    seen: set[int] = set()
+    for t, stream in log:
+        if not steps or stream in seen:
+            steps.append([])
+            seen = set()
+        steps[-1].append((t, stream))
+        seen.add(stream)
+    return steps
+
+
+def trial_gaps(log: list[tuple[float, int]], running: int, submitted: float
+               ) -> dict[str, Any]:
+    """The running answers' gaps of one trial, each with the size of the decode step that
+    ended it: `steady` (all of them decoding, before the newcomers were submitted), `during`
+    (ending after the submission, starting before the last newcomer's first token) and
+    `after` (from then on: decode steps only, the batch shrinking as the newcomers end); and
+    the newcomers' times to first token."""
+    firsts: dict[int, float] = {}
+    for t, stream in log:
+        if stream >= running:
+            firsts.setdefault(stream, t)
+    last_first = max(firsts.values())
+    previous: dict[int, float] = {}
+    steady_from = max(next(t for t, s in log if s == i) for i in range(running))
+    parts: dict[str, list[tuple[float, int]]] = {"steady": [], "during": [], "after": []}
+    for step in decode_steps(log):
+        for t, stream in step:
+            a = previous.get(stream)
+            previous[stream] = t
+            if stream >= running or a is None:
+                continue
+            gap = (t - a, len(step))
+            if a >= steady_from and t <= submitted:
+                parts["steady"].append(gap)
+            elif t > submitted and a < last_first:
+                parts["during"].append(gap)
+            elif a >= last_first:
+                parts["after"].append(gap)
+    if not parts["after"]:
+        raise RuntimeError("the running answers ended with the last newcomer's first token: "
                            "raise --running-tokens")
-    steady, during = split_gaps(times, steady_from, submitted, max(firsts))
-    return {"steady": steady, "during": during,
-            "ttft": [f - submitted for f in sorted(firsts)], "seconds": spent}
+    return {**parts, "ttft": sorted(t - submitted for t in firsts.values())}
 
 
-def split_gaps(times: list[list[float]], steady_from: float, submitted: float,
-               last_first: float) -> tuple[list[float], list[float]]:
-    """The gaps between consecutive tokens of each running answer (`times`), split into the
-    steady ones (within [steady_from, submitted]) and those during the arrivals (ending
-    after `submitted`, starting before `last_first`); the others are neither."""
-    steady, during = [], []
-    for ts in times:
-        for a, b in zip(ts, ts[1:], strict=False):
-            if a >= steady_from and b <= submitted:
-                steady.append(b - a)
-            elif b > submitted and a < last_first:
-                during.append(b - a)
-    return steady, during
+def steady_by_size(gaps: list[tuple[float, int]]) -> dict[int, float]:
+    """The median gap of decode-only steps, by the step's size."""
+    sizes: dict[int, list[float]] = {}
+    for gap, n in gaps:
+        sizes.setdefault(n, []).append(gap)
+    return {n: statistics.median(v) for n, v in sorted(sizes.items())}
+
+
+def over_steady(during: list[tuple[float, int]], steady: dict[int, float]) -> list[float]:
+    """Each gap over the steady gap of a decode step of its size (sizes without decode-only
+    steps of their own read the line between their neighbours, the nearest end beyond)."""
+    sizes = list(steady)
+    ref = np.interp([n for _, n in during], sizes, [steady[n] for n in sizes])
+    return [gap / float(r) for (gap, _), r in zip(during, ref, strict=True)]
 
 
 def throughput(make: EngineFactory, rt: ReuseRuntime, work: Workload, *, slots: int,
@@ -244,11 +285,13 @@ def _ms(values: list[float]) -> dict[str, Any]:
 def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, arriving: int,
         slots: int, running_tokens: int, arriving_tokens: int, clients: int,
         warmup_s: float, duration_s: float, max_new_tokens: int, command: str,
-        layer_group: int | None = None) -> dict[str, Any]:
+        layer_group: int | None = None, share: float | None = None) -> dict[str, Any]:
     """Both engines through both measurements (module docstring)."""
     torch.set_num_threads(1)
     settings = Settings()
-    engines = {"before": _factory(baseline_module(baseline)), "after": _factory(product_engine)}
+    share = settings.worker.prefill_share if share is None else share
+    engines = {"before": _factory(baseline_module(baseline)),
+               "after": _factory(product_engine, prefill_share=share)}
     group = settings.core.prefill_layer_group if layer_group is None else layer_group
     with tempfile.TemporaryDirectory() as tmp:
         vlm = load_vlm(model, device="cpu", dtype=settings.core.torch_dtype, cache_dir=Path(tmp))
@@ -257,14 +300,19 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
             rt.reuse.stop_ids = []  # every answer decodes its max_new_tokens tokens
         work = Workload(rts["after"], settle_policy(settings, None, PolicyOptions()),
                         settings.core.budget)
-        for name, make in engines.items():  # labels cached, decode buckets seen, by both
+        for name, make in engines.items():  # labels cached, the decode pool grown, by both
             warm = make(rts[name], slots)
             for t in _ask_all(warm, [work.request(i, j, 4) for i in range(running + arriving)
                                      for j in range(2)], [None] * 2 * (running + arriving)):
                 t.join()
+            for t in _ask_all(warm, [work.request(i, 2, running_tokens)
+                                     for i in range(running + arriving)],
+                              [None] * (running + arriving)):
+                t.join()
             warm.close()
         gaps: dict[str, dict[str, list[float]]] = {
-            name: {"steady": [], "during": [], "ttft": []} for name in engines}
+            name: {"steady": [], "during": [], "over": [], "literal": [], "ttft": [],
+                   "largest": []} for name in engines}
         spent: dict[str, dict[str, list[float]]] = {name: {} for name in engines}
         for r in range(repeats):
             for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
@@ -272,8 +320,14 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
                                  arriving=arriving,
                                  slots=slots, running_tokens=running_tokens,
                                  arriving_tokens=arriving_tokens)
-                for k in gaps[name]:
-                    gaps[name][k].extend(trial[k])
+                by_size = steady_by_size(trial["steady"] + trial["after"])
+                g = gaps[name]
+                g["steady"].extend(gap for gap, _ in trial["steady"])
+                g["during"].extend(gap for gap, _ in trial["during"])
+                g["over"].extend(over_steady(trial["during"], by_size))
+                g["literal"].extend(gap / by_size[running] for gap, _ in trial["during"])
+                g["largest"].append(by_size[max(by_size)] / by_size[running])
+                g["ttft"].extend(trial["ttft"])
                 for k, (total, count) in trial["seconds"].items():
                     spent[name].setdefault(k, [0.0, 0.0])
                     spent[name][k][0] += total
@@ -288,10 +342,14 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
     rows = {}
     for name in engines:
         g = gaps[name]
-        steady = statistics.median(g["steady"])
-        p99 = percentiles(g["during"])["p99"]
-        rows[name] = {"steady_gap_ms": round(1e3 * steady, 1), "during_ms": _ms(g["during"]),
-                      "p99_over_steady": round(float(p99 or 0.0) / steady, 2),
+        over, literal = percentiles(g["over"]), percentiles(g["literal"])
+        rows[name] = {"steady_gap_ms": round(1e3 * statistics.median(g["steady"]), 1),
+                      "during_ms": _ms(g["during"]),
+                      "over_steady": {k: round(float(over[k] or 0.0), 2)
+                                      for k in ("p50", "p99", "max")},
+                      "p99_over_steady": round(float(over["p99"] or 0.0), 2),
+                      "p99_over_running_steady": round(float(literal["p99"] or 0.0), 2),
+                      "largest_batch_over_running": round(statistics.median(g["largest"]), 2),
                       "newcomer_ttft_ms": _ms(g["ttft"]),
                       "mean_ms": {k: round(1e3 * total / max(count, 1.0), 1)
                                   for k, (total, count) in spent[name].items()},
@@ -304,7 +362,7 @@ def run(*, model: str, baseline: str, repeats: int, pairs: int, running: int, ar
               for a, b in zip(rates["after"], rates["before"], strict=True)]
     return {"model": model, "baseline": baseline, "policy": settings.core.policy,
             "budget": settings.core.budget, "threads": 1, "repeats": repeats, "pairs": pairs,
-            "layer_group": group,
+            "layer_group": group, "prefill_share": share,
             "running": running, "arriving": arriving, "slots": slots,
             "running_tokens": running_tokens, "arriving_tokens": arriving_tokens,
             "clients": clients, "warmup_s": warmup_s, "duration_s": duration_s,
@@ -322,16 +380,27 @@ def markdown(doc: dict[str, Any]) -> str:
              f"one torch thread, on the CPU of a 2-core machine shared with other work. "
              f"`before`: `worker/engine.py` at {doc['baseline']}, each prefill pass whole; "
              f"`after`: this tree's, the scoring pass and refresh in groups of "
-             f"{doc.get('layer_group', 0)} layers.", "",
+             f"{doc.get('layer_group', 0)} layers, a step's prefill budget "
+             f"{doc.get('prefill_share')} of a decode step.", "",
              f"{doc['running']} answers decoding ({doc['running_tokens']} tokens each), "
              f"{doc['arriving']} questions arriving at once ({doc['arriving_tokens']} tokens), "
              f"{doc['slots']} slots, {doc['repeats']} trials an engine:", "",
-             "| engine | steady gap ms | gaps during arrivals: p50 | p99 | max | p99 / steady "
-             "| newcomers' TTFT ms: p50 | max |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| engine | steady gap ms | gaps during arrivals ms: p50 | p99 | max | each over "
+             "the steady gap of its batch size: p50 | **p99** | max | p99 over the "
+             f"{doc['running']}-answer steady gap | newcomers' TTFT ms: p50 | max |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in doc["engines"].items():
-        d, t = row["during_ms"], row["newcomer_ttft_ms"]
+        d, t, o = row["during_ms"], row["newcomer_ttft_ms"], row["over_steady"]
         lines.append(f"| {name} | {row['steady_gap_ms']} | {d['p50']} | {d['p99']} | "
-                     f"{d['max']} | {row['p99_over_steady']}x | {t['p50']} | {t['max']} |")
+                     f"{d['max']} | {o['p50']}x | **{o['p99']}x** | {o['max']}x | "
+                     f"{row['p99_over_running_steady']}x | {t['p50']} | {t['max']} |")
+    lines += ["", "The steady gap of a batch size is the median gap between decode-only steps of "
+              "that many answers in the same trial (before the arrivals, and after the last "
+              "newcomer's first token as the newcomers end); one of the largest batch was "
+              + ", ".join(f"{row['largest_batch_over_running']}x ({name})"
+                          for name, row in doc["engines"].items())
+              + f" the {doc['running']}-answer one: decode on this CPU costs in proportion to "
+              "the batch, so the last column cannot fall below that whatever the prefill does."]
     kinds = list(next(iter(doc["engines"].values()))["mean_ms"])
     lines += ["", "Mean wall time of the engine's units in those trials (ms): a running answer's "
               "gap is a decode step plus the unit of prefill work run before it.", "",

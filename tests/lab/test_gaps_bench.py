@@ -1,7 +1,8 @@
 """The stream-gaps bench (`lab.load.gaps`), short, on the tiny builtin with the product's
-engine: the running answers' gaps are split into the steady ones (before the newcomers are
-submitted) and those during their prefill, every newcomer's first token is timed, and a
-throughput run counts only its window."""
+engine: the tokens are cut into decode steps, the running answers' gaps into the steady ones
+(before the newcomers are submitted), those during their prefill and the decode-only ones
+after, each with its step's size; a gap is compared with the steady gap of its size; every
+newcomer's first token is timed, and a throughput run counts only its window."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from lab.load.gaps import (
     Workload,
     _factory,
     arrivals,
+    decode_steps,
     markdown,
-    split_gaps,
+    over_steady,
+    steady_by_size,
     throughput,
+    trial_gaps,
 )
 from worker import engine as product_engine
 
@@ -39,23 +43,39 @@ def test_arrivals_split_the_running_answers_gaps(bench: tuple[ReuseRuntime, Work
     trial = arrivals(_factory(product_engine), rt, work, running=3, arriving=2, slots=8,
                      running_tokens=60, arriving_tokens=4)
     assert len(trial["ttft"]) == 2 and all(t > 0 for t in trial["ttft"])
-    # every running answer's steady gaps counted from when all of them decode
+    # every running answer's steady gaps counted from when all of them decode, at size 3
     assert len(trial["steady"]) >= 3 * (STEADY_TOKENS // 2)
+    assert {n for _, n in trial["steady"]} == {3}
     # two newcomers, three prefill phases each: at least one gap of each running answer ends
     # while they are prefilled, and no gap is counted twice
-    assert len(trial["during"]) >= 3
-    assert len(trial["steady"]) + len(trial["during"]) <= 3 * (60 - 1)
-    assert min(trial["steady"] + trial["during"]) > 0
+    assert len(trial["during"]) >= 3 and trial["after"]
+    parts = trial["steady"] + trial["during"] + trial["after"]
+    assert len(parts) <= 3 * (60 - 1)
+    assert min(g for g, _ in parts) > 0 and all(1 <= n <= 5 for _, n in parts)
     assert trial["seconds"]["refreshed"][1] == 3 + 2  # each answer's prefill, timed
     assert trial["seconds"]["decode step"][1] >= 60 - 1
 
 
-def test_gaps_are_split_at_the_arrivals() -> None:
-    # two running answers; all decode from 1.0, newcomers at 3.0, the last first token at 5.0
-    times = [[0.0, 1.0, 2.0, 3.0, 4.5, 5.5, 7.0], [1.0, 2.5, 3.5, 4.0, 6.0]]
-    steady, during = split_gaps(times, steady_from=1.0, submitted=3.0, last_first=5.0)
-    assert sorted(steady) == [1.0, 1.0, 1.5]  # 1-2, 2-3 and 1-2.5; not 0-1, not 2.5-3.5
-    assert sorted(during) == [0.5, 1.0, 1.0, 1.5, 2.0]  # 3-4.5, 4.5-5.5, 2.5-3.5, 3.5-4, 4-6
+def test_tokens_are_cut_into_decode_steps_and_gaps_at_the_arrivals() -> None:
+    # running answers 0 and 1 (1 joins at 1.0), newcomers 2 and 3 submitted at 2.5; newcomer
+    # 2's first token at 3.0, 3's at 4.0 (the last), 2's last at 5.0
+    log = [(0.0, 0), (1.0, 0), (1.0, 1), (2.0, 0), (2.0, 1), (3.0, 0), (3.0, 1), (3.0, 2),
+           (4.0, 0), (4.0, 1), (4.0, 2), (4.0, 3), (5.0, 0), (5.0, 1), (5.0, 2), (5.0, 3),
+           (6.0, 0), (6.0, 1), (6.0, 3), (7.0, 0), (7.0, 1)]
+    assert [len(s) for s in decode_steps(log)] == [1, 2, 2, 3, 4, 4, 3, 2]
+    parts = trial_gaps(log, running=2, submitted=2.5)
+    assert sorted(parts["steady"]) == [(1.0, 2)] * 2  # 1-2 of both; not 0-1 (1 not yet in)
+    assert sorted(parts["during"]) == [(1.0, 3)] * 2 + [(1.0, 4)] * 2  # ending 3.0 and 4.0
+    assert sorted(parts["after"]) == [(1.0, 2)] * 2 + [(1.0, 3)] * 2 + [(1.0, 4)] * 2
+    assert parts["ttft"] == [0.5, 1.5]
+
+
+def test_each_gap_is_compared_with_the_steady_gap_of_its_size() -> None:
+    steady = steady_by_size([(0.02, 8), (0.03, 8), (0.025, 8), (0.04, 16), (0.04, 16)])
+    assert steady == {8: 0.025, 16: 0.04}
+    ratios = over_steady([(0.05, 8), (0.08, 16), (0.065, 12), (0.05, 4), (0.08, 20)], steady)
+    # size 12 reads the line between 8 and 16; sizes beyond read the nearest end
+    assert ratios == pytest.approx([2.0, 2.0, 2.0, 2.0, 2.0])
 
 
 def test_a_throughput_run_counts_its_window(bench: tuple[ReuseRuntime, Workload]) -> None:
@@ -69,7 +89,9 @@ def test_a_throughput_run_counts_its_window(bench: tuple[ReuseRuntime, Workload]
 
 def test_markdown_names_both_engines() -> None:
     row = {"steady_gap_ms": 10.0, "during_ms": {"p50": 12.0, "p99": 15.0, "max": 16.0},
-           "p99_over_steady": 1.5, "newcomer_ttft_ms": {"p50": 30.0, "max": 40.0},
+           "over_steady": {"p50": 1.1, "p99": 1.5, "max": 1.6}, "p99_over_steady": 1.5,
+           "p99_over_running_steady": 1.8, "largest_batch_over_running": 1.3,
+           "newcomer_ttft_ms": {"p50": 30.0, "max": 40.0},
            "mean_ms": {"decode step": 9.0, "refreshed": 20.0},
            "answers_per_s": [1.0], "tokens_per_s": [64.0], "rows_per_step": [3.5],
            "steps_per_prefill": [4.0]}
@@ -80,6 +102,7 @@ def test_markdown_names_both_engines() -> None:
            "max_new_tokens": 64, "pairs": 1, "engines": {"before": row, "after": row},
            "tokens_per_s_after_over_before": [1.0], "throughput_after_over_before": 1.0}
     text = markdown(doc)
-    assert "| before | 10.0 | 12.0 | 15.0 | 16.0 | 1.5x |" in text and "| after |" in text
+    assert "| before | 10.0 | 12.0 | 15.0 | 16.0 | 1.1x | **1.5x** | 1.6x | 1.8x | 30.0 |" in text
+    assert "| after |" in text and "1.3x (before)" in text
     assert "| engine | decode step | refreshed |" in text and "| before | 9.0 | 20.0 |" in text
     assert "| after | 1.0 | 64.0 | 3.5 | 4.0 |" in text
