@@ -15,8 +15,9 @@ A growing pool (the default, for the eager step) is one tier that grows (slots d
 `slots * capacity <= max_positions`; it admits an answer by its whole need (prompt and
 longest answer), and one it cannot hold decodes from its own cache on the per-sequence path
 of `batch_forward.forward_step`. Positions past an answer's keys are zero in its slot (masked,
-but never NaN from uninitialised memory), and the tensors are dropped when the last answer
-leaves, so an idle pool holds no memory.
+but never NaN from uninitialised memory). The tier keeps its largest shape when answers leave
+(at most `max_positions` positions): growing copies every occupied slot while the others
+wait for their next token, so a burst pays it once, not each time the batch refills.
 
 A fixed pool (`fixed=True`, what a captured or compiled decode step needs:
 `conduit_core.passes.step_graphs`) is a ladder of tiers allocated once and kept while the
@@ -135,15 +136,13 @@ class SlotTier:
 
     def vacate(self, slot: int) -> None:
         """Drop the owner of `slot` from this tier (its fields untouched): the last slot's
-        answer moves into it; a growing tier's tensors go with its last answer."""
+        answer moves into it."""
         last = self.owners.pop()
         if slot < len(self.owners):
             self.owners[slot] = last
             self._place(slot, last.cache, _used(last) + 1)  # + its next row, if written
             last.slot = slot
             last.cache = self._view(slot)
-        if not self.owners and self.capacity is None:
-            self.keys = self.values = None
 
     def _view(self, slot: int) -> KVCache:
         assert self.keys is not None and self.values is not None
