@@ -24,6 +24,7 @@ charges each row its group's key count.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +69,8 @@ def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int
     reads all `n_keys` (its rows are never read: on an accelerator they may be a choice the
     device made, and reading them back would stall its queue). A pure function of its
     arguments, computed on the host in numpy (the FLOPs accounting calls it too, and it
-    launches nothing on the device)."""
+    launches nothing on the device); the cuts are remembered for the keys read at the
+    candidates (a forward and its accounting ask for the same rows several times)."""
     if groups < 1:
         raise ValueError("groups must be >= 1")
     if groups == 1:
@@ -78,11 +80,29 @@ def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int
     if r == 0:
         return []
     limit = np.minimum(np.maximum.accumulate(host) + 1, n_keys)  # (R,) keys up to entry i
-    cuts = np.unique(np.rint(np.linspace(0, r, CUT_CANDIDATES + 1)).astype(np.int64))  # (C,)
-    lim = limit[np.maximum(cuts - 1, 0)].astype(np.float64)  # (C,) keys of a run ending there
+    lim = limit[np.maximum(_candidates(r) - 1, 0)]  # (C,) keys of a run ending at each
+    return list(_least_cost(r, tuple(lim.tolist()), groups, CALL_ROWS))
+
+
+@functools.lru_cache(maxsize=256)
+def _candidates(r: int) -> np.ndarray:
+    """The cut candidates of `r` rows: `CUT_CANDIDATES` evenly spaced places (C,), 0 and r
+    included (read-only: shared by every call)."""
+    cuts = np.unique(np.rint(np.linspace(0, r, CUT_CANDIDATES + 1)).astype(np.int64))
+    cuts.flags.writeable = False
+    return cuts
+
+
+@functools.lru_cache(maxsize=1024)
+def _least_cost(r: int, limits: tuple[int, ...], groups: int,
+                call_rows: float) -> tuple[tuple[int, int, int], ...]:
+    """`group_bounds` of `r` rows whose runs ending at each candidate read `limits` keys, a
+    call costing `call_rows` rows' reads of its keys."""
+    cuts = _candidates(r)  # (C,)
+    lim = np.array(limits, dtype=np.float64)  # (C,)
     span = cuts.reshape(1, -1) - cuts.reshape(-1, 1)  # (C, C) rows of run (i, j)
     # (C, C) cost of run (i, j): its rows' keys, and its call's own read of its keys
-    cost = np.where(span > 0, (span + CALL_ROWS) * lim.reshape(1, -1), np.inf)
+    cost = np.where(span > 0, (span + call_rows) * lim.reshape(1, -1), np.inf)
     best = np.full(cuts.size, np.inf)  # (C,) least cost covering [0, cuts[j])
     best[0] = 0.0
     back, ends = [], []
@@ -97,7 +117,7 @@ def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int
         i = int(came[j])
         out.append((int(cuts[i]), int(cuts[j]), int(lim[j])))
         j = i
-    return out[::-1]
+    return tuple(out[::-1])
 
 
 def row_blocks(rows: torch.Tensor, n_keys: int, groups: int, dtype: torch.dtype,
