@@ -200,12 +200,12 @@ def complete_prefix(adapter: VLMAdapter, costs: RowCosts,
 
 
 def assemble_turn(adapter: VLMAdapter, layout: Layout, pages: Sequence[PageInput],
-                  prefix: HeadKV, extra_capacity: int, namespace: str) -> Assembly:
-    """A follow-up's assembly: `prefix`'s exact K/V in rows [0, layout.head) as the head,
-    the pages it adds loaded and re-rotated into their segments (module docstring)."""
+                  prefix: HeadKV, cache: KVCache, namespace: str) -> Assembly:
+    """A follow-up's assembly in `cache`: `prefix`'s exact K/V in rows [0, layout.head) as
+    the head, the pages it adds loaded and re-rotated into their segments (module
+    docstring)."""
     if prefix.n != layout.head:
         raise ValueError(f"a prefix of {prefix.n} rows under a head of {layout.head}")
-    cache = KVCache.allocate(adapter, 1, layout.n + extra_capacity)
     embeds = adapter.embed_tokens(layout.token_ids)  # (N, hidden)
     assembly = Assembly(layout=layout, cache=cache, embeds=embeds,
                         image_grids=[p.kv.image_grid for p in pages], last_only=True,

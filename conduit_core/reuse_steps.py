@@ -93,19 +93,24 @@ class ReuseSteps:
                               [p.kv.token_ids for p in pages], grids, question,
                               stale_labels=self.labels is not None and bool(pages),
                               label_refresh=self.label_refresh)
-        capacity = layout.n + extra_capacity
-        if layer_graphs(self.adapter) is not None or self.workspace.max_bytes:
-            # room for the passes' key bucket, and a capacity from a small set: the compiled
-            # layers' graphs are specialised on the cache's strides, which follow from it,
-            # and the workspace reuses a cache for the next request of its capacity
-            capacity = max(key_bucket(layout.n), key_bucket(capacity - 1))
-        cache = self.workspace.take(capacity)
+        cache = self.take_cache(layout.n, extra_capacity)
         try:
             return self._fill(pages, layout, cache, grids, last_only=last_only,
                               labels=labels, namespace=namespace)
         except BaseException:  # its cache goes back: nothing of this request reads it
             self.workspace.give(cache)
             raise
+
+    def take_cache(self, n: int, extra_capacity: int) -> KVCache:
+        """A cache from the workspace for a layout of `n` rows and `extra_capacity` more (an
+        answer's tokens), lent until given back."""
+        capacity = n + extra_capacity
+        if layer_graphs(self.adapter) is not None or self.workspace.max_bytes:
+            # room for the passes' key bucket, and a capacity from a small set: the compiled
+            # layers' graphs are specialised on the cache's strides, which follow from it,
+            # and the workspace reuses a cache for the next request of its capacity
+            capacity = max(key_bucket(n), key_bucket(capacity - 1))
+        return self.workspace.take(capacity)
 
     def _fill(self, pages: list[PageInput], layout: Layout, cache: KVCache,
               grids: list[torch.Tensor], *, last_only: bool, labels: bool,

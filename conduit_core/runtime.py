@@ -191,26 +191,25 @@ class ReuseRuntime:
             return self.reuse.assemble(request.prefix, request.pages, request.question,
                                        extra_capacity=request.max_new_tokens, last_only=True,
                                        labels=False, namespace=request.namespace), ""
-        layout = self._turn_layout(request)
+        layout = turn_layout(self.adapter, request.prefix,
+                             turn_texts(request.history, request.pages, request.question))
         prefix, how, spent = self._prefix(request, layout.token_ids[:layout.head])
         assembly = self._assemble_after(request, prefix, layout)
         assembly.fill_flops += spent
         return assembly, how
 
-    def _turn_layout(self, request: AnswerRequest) -> Layout:
-        """A follow-up's layout: its whole conversation."""
-        return turn_layout(self.adapter, request.prefix,
-                           turn_texts(request.history, request.pages, request.question))
-
     def _assemble_after(self, request: AnswerRequest, prefix: HeadKV,
-                        layout: Layout | None = None) -> Assembly:
-        """A follow-up's assembly after its conversation's `prefix` (`layout`: its own, if
-        laid out already)."""
+                        layout: Layout) -> Assembly:
+        """A follow-up's assembly of `layout` after its conversation's `prefix`."""
         for p in request.pages:
             p.kv.check_fingerprint(self.vlm.fingerprint)
-        layout = self._turn_layout(request) if layout is None else layout
-        return assemble_turn(self.adapter, layout, request.pages, prefix,
-                             request.max_new_tokens, request.namespace)
+        cache = self.reuse.take_cache(layout.n, request.max_new_tokens)
+        try:
+            return assemble_turn(self.adapter, layout, request.pages, prefix, cache,
+                                 request.namespace)
+        except BaseException:  # its cache goes back: nothing of this request reads it
+            self.reuse.workspace.give(cache)
+            raise
 
     def _refresh_steps(self, assembly: Assembly,
                        request: AnswerRequest) -> Generator[str, None, _Refreshed]:
@@ -300,8 +299,9 @@ class ReuseRuntime:
             turn = request.history[k]
             sub = replace(request, history=request.history[:k], pages=list(turn.pages),
                           question=turn.question, keep=True)
-            assembly = (self._assemble(sub)[0] if prefix is None
-                        else self._assemble_after(sub, prefix))
+            assembly = (self._assemble(sub)[0] if prefix is None else self._assemble_after(
+                sub, prefix, turn_layout(self.adapter, sub.prefix, turn_texts(
+                    sub.history, sub.pages, sub.question))))
             done = drain(self._refresh_steps(assembly, sub))
             self._account(assembly, done)
             spent += done.extra + assembly.fill_flops + done.refresh_lm

@@ -84,6 +84,21 @@ def test_a_kept_follow_up_computes_its_own_rows_as_one_pass_would(
     answering.finish(rt, follow)
 
 
+def test_follow_ups_assemble_in_the_workspace(model_cache: Path) -> None:
+    """A follow-up's cache comes from the runtime's workspace, as a first turn's does: the
+    same follow-up asked again writes into the storage the first one gave back."""
+    rt, pages = _setup("builtin:tiny-qwen2-vl", model_cache)
+    r1 = answering.answer(rt, _ask(pages[:2], Q1))
+    follow = _ask([], Q2, (Turn(tuple(pages[:2]), Q1, r1.text),))
+    storage = []
+    for _ in range(2):
+        state = answering.start_answer(rt, follow)
+        assert state.conversation == "hit"
+        storage.append(state.decode.cache.keys.data_ptr())
+        answering.finish(rt, state)  # its cache goes back at its first step into a slot
+    assert storage[0] == storage[1]
+
+
 @pytest.mark.parametrize("pooled", [True, False])
 @pytest.mark.parametrize("name", TWO_FAMILIES)
 def test_a_kept_prefix_takes_its_answer_rows_from_the_decode(
