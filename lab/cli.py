@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
     conv = bench.add_parser("conversation", help="a conversation's follow-ups against its "
                             "first turn: TTFT and LM FLOPs of kept, rebuilt and new-page turns")
-    conv.add_argument("--repeats", type=int, default=3)
+    conv.add_argument("--repeats", type=int, default=5)
     conv.add_argument("--turns", type=int, default=5)
     conv.add_argument("--max-new-tokens", type=int, default=64)
     conv.add_argument("--out", type=Path,

@@ -131,7 +131,7 @@ SECTIONS = [
             "lab/ttft/results/default_model.json", _default_model),
     Section("A conversation's follow-ups",
             "`conduit-lab bench conversation`: the default builtin, 3 pages, 5 turns of "
-            "64-token answers, one thread, medians of 3 rounds; LM FLOPs over a full prefill "
+            "64-token answers, one thread, medians of 5 rounds; LM FLOPs over a full prefill "
             "of the whole conversation at that turn, TTFT against turn 1 of the same round.",
             "lab/conversation/results/conversation.json", _conversation),
     Section("Time to first token, CPU bench",
