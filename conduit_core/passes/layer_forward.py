@@ -31,7 +31,7 @@ the last layer in full); the loop over layers and the observer stay in Python.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +44,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
 from conduit_core.passes.buckets import clear_tail, fits, pad_rows
 from conduit_core.passes.layer_graphs import LayerGraphs, layer_graphs
+from conduit_core.passes.layer_groups import drain
 from conduit_core.passes.row_attention import (
     RowBlock,
     blocked_attention,
@@ -168,7 +169,8 @@ def forward_rows(
     setup: RowSetup | None = None,
 ) -> torch.Tensor:
     """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
-    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`.
+    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`
+    (`forward_rows_steps` run to its end).
 
     `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
     last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
@@ -177,6 +179,30 @@ def forward_rows(
     layer's write; what it returns, if not None, is the layer's attention output
     (B, R, heads, hd) of every row.
     """
+    return drain(forward_rows_steps(adapter, cache, hidden, rows, position_ids, n_keys=n_keys,
+                                    plain_causal=plain_causal, observer=observer,
+                                    layers=layers, outputs=outputs, setup=setup))
+
+
+def forward_rows_steps(
+    adapter: VLMAdapter,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    rows: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    n_keys: int,
+    plain_causal: bool = False,
+    observer: LayerObserver | None = None,
+    layers: range | None = None,
+    outputs: torch.Tensor | None = None,
+    setup: RowSetup | None = None,
+    halves: bool = False,
+) -> Generator[str, None, torch.Tensor]:
+    """`forward_rows` as a generator that, with `halves` on the eager path, yields "half"
+    between each layer's attention and its MLP (but in a last layer that computes only
+    `outputs`), so that a scheduler can run other work inside a layer; the operations are
+    `forward_rows`' own."""
     impl = _attn_impl(adapter)
     if setup is None:
         setup = setup_rows(adapter, hidden.dtype, rows, position_ids, n_keys=n_keys,
@@ -214,6 +240,8 @@ def forward_rows(
                 is_causal=mask is None and r > 1,
             )  # (B, R, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, r, -1))
+        if halves:
+            yield "half"
         residual = hidden
         hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     return hidden

@@ -7,7 +7,10 @@ answer engine can run a decode step of the answers already streaming before the 
 A group is the same layers a whole pass would run, in the same order and with the same
 operations: cutting a pass changes when its layers run, never what they compute.
 
-`size` 0 (or at least the pass's layers) runs the pass as one group, yielding nothing.
+`size` 0 (or at least the pass's layers) runs the pass as one group, yielding nothing. With
+`size` 1 the refresh also yields between a layer's attention and its MLP
+(`layer_forward.forward_rows_steps`): on the CPU one refresh layer of a few pages costs about
+a decode step of a full batch, and its halves about half of one each.
 """
 
 from __future__ import annotations
@@ -33,3 +36,14 @@ def drain(steps: Generator[str, None, T]) -> T:
         except StopIteration as stop:
             done: T = stop.value
             return done
+
+
+def renamed(steps: Generator[str, None, T], name: str) -> Generator[str, None, T]:
+    """`steps` yielding `name` for each of its phases; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            done: T = stop.value
+            return done
+        yield name

@@ -15,8 +15,8 @@ import torch
 
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.assembly import Assembly
-from conduit_core.passes.layer_forward import forward_rows, setup_rows
-from conduit_core.passes.layer_groups import layer_groups
+from conduit_core.passes.layer_forward import forward_rows_steps, setup_rows
+from conduit_core.passes.layer_groups import layer_groups, renamed
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.prompt.layout import Layout
 
@@ -118,7 +118,8 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     the visual rows and stale labels at layer 0. With `resume` (a policy already ran every token
     through the first layers), the rows start from its hidden states at layer
     `resume.layer`. With `assembly.last_only` only the last row's state is returned. It
-    yields "refresh" after each group of `group` layers but the last
+    yields "refresh" after each group of `group` layers but the last, and with groups of
+    one layer between a layer's attention and its MLP too
     (`conduit_core.passes.layer_groups`)."""
     layout = assembly.layout
     stale = assembly.stale
@@ -158,10 +159,11 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     n_layers = len(adapter.layers)
     outputs = torch.tensor([n_rows - 1]) if assembly.last_only else None
     for g in layer_groups(range(first, n_layers), group):
-        hidden = forward_rows(adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
-                              plain_causal=everything, layers=g, setup=setup,
-                              outputs=outputs if g.stop == n_layers
-                              else None)  # (1, R_c | 1, hidden)
+        hidden = yield from renamed(forward_rows_steps(
+            adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
+            plain_causal=everything, layers=g, setup=setup,
+            outputs=outputs if g.stop == n_layers else None,
+            halves=group == 1), "refresh")  # (1, R_c | 1, hidden)
         if g.stop < n_layers:
             yield "refresh"
     out = hidden[0]  # (R_c | 1, hidden)
