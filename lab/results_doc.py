@@ -123,6 +123,18 @@ def _conversation(doc: dict[str, Any]) -> Table:
     return rows
 
 
+def _gaps(doc: dict[str, Any]) -> Table:
+    rows = [["engine", "steady gap ms", "p99 gap / steady of its batch size",
+             f"p99 gap / {doc['running']}-answer steady", "newcomers' TTFT p50 ms",
+             "tokens/s at 32 clients"]]
+    for name, r in doc["engines"].items():
+        rows.append([name, _f(r["steady_gap_ms"], 1), _f(r["p99_over_steady"], 2) + "x",
+                     _f(r["p99_over_running_steady"], 2) + "x",
+                     _f(r["newcomer_ttft_ms"]["p50"], 0),
+                     ", ".join(_f(t, 1) for t in r["tokens_per_s"])])
+    return rows
+
+
 SECTIONS = [
     Section("The default model on a 3-page question",
             "`builtin:small-qwen2-vl` (random weights), 3 pages of 496 visual tokens, 64-token "
@@ -151,6 +163,13 @@ SECTIONS = [
             "`conduit-lab bench load` with the tiny builtin, 64-token answers over 2 pages; "
             "the serial engine answers one question at a time, the batched one is the default.",
             "lab/load/results/matrix_tiny_2026-12-05.jsonl", _load),
+    Section("Streams while questions arrive",
+            "`conduit-lab bench gaps`: the default builtin, 8 answers decoding and 8 questions "
+            "arriving at once, one thread; `before` the engine that ran each prefill pass "
+            "whole, `after` this tree's (phases of a layer's attention or MLP within a share "
+            "of the decode step); throughput with 32 clients and 16 slots, pairs run back to "
+            "back.",
+            "lab/load/results/gaps.json", _gaps),
     Section("KV store tiers",
             "16 pages of 256 tokens at 7B shapes in bfloat16, best of 7; raw is the same bytes "
             "moved without the store (the memory tier holds objects, no copy).",
