@@ -44,7 +44,7 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
 from conduit_core.passes.buckets import clear_tail, fits, pad_rows
 from conduit_core.passes.layer_graphs import LayerGraphs, layer_graphs
-from conduit_core.passes.layer_groups import drain
+from conduit_core.passes.layer_groups import drained
 from conduit_core.passes.row_attention import (
     RowBlock,
     blocked_attention,
@@ -154,36 +154,6 @@ def setup_rows(adapter: VLMAdapter, dtype: torch.dtype, rows: torch.Tensor,
     return RowSetup(rows.to(adapter.device), blocks, mask, cos, sin)
 
 
-def forward_rows(
-    adapter: VLMAdapter,
-    cache: KVCache,
-    hidden: torch.Tensor,
-    rows: torch.Tensor,
-    position_ids: torch.Tensor,
-    *,
-    n_keys: int,
-    plain_causal: bool = False,
-    observer: LayerObserver | None = None,
-    layers: range | None = None,
-    outputs: torch.Tensor | None = None,
-    setup: RowSetup | None = None,
-) -> torch.Tensor:
-    """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
-    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`
-    (`forward_rows_steps` run to its end).
-
-    `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
-    last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
-    `observer(layer, q, keys, values)` sees each layer's rotated queries
-    (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
-    layer's write; what it returns, if not None, is the layer's attention output
-    (B, R, heads, hd) of every row.
-    """
-    return drain(forward_rows_steps(adapter, cache, hidden, rows, position_ids, n_keys=n_keys,
-                                    plain_causal=plain_causal, observer=observer,
-                                    layers=layers, outputs=outputs, setup=setup))
-
-
 def forward_rows_steps(
     adapter: VLMAdapter,
     cache: KVCache,
@@ -197,12 +167,21 @@ def forward_rows_steps(
     layers: range | None = None,
     outputs: torch.Tensor | None = None,
     setup: RowSetup | None = None,
-    halves: bool = False,
+    half: str | None = None,
 ) -> Generator[str, None, torch.Tensor]:
-    """`forward_rows` as a generator that, with `halves` on the eager path, yields "half"
-    between each layer's attention and its MLP (but in a last layer that computes only
-    `outputs`), so that a scheduler can run other work inside a layer; the operations are
-    `forward_rows`' own."""
+    """Run `hidden` (B, R, hidden) of sequence indices `rows` (R,) at `position_ids`
+    (P, B, R) through the decoder layers (all, or `layers`), writing their K/V into `cache`;
+    with `half` on the eager path, yield it between each layer's attention and its MLP (but
+    in a last layer that computes only `outputs`), so that a scheduler can run other work
+    inside a layer. `forward_rows` runs the same to its end.
+
+    `plain_causal=True` declares that the rows are either all of [0, n_keys) or the single
+    last position n_keys - 1: sdpa then takes its own causal path (no mask tensor).
+    `observer(layer, q, keys, values)` sees each layer's rotated queries
+    (B, heads, R, hd) and the cache keys/values (B, kv_heads, n_keys, hd) after this
+    layer's write; what it returns, if not None, is the layer's attention output
+    (B, R, heads, hd) of every row.
+    """
     impl = _attn_impl(adapter)
     if setup is None:
         setup = setup_rows(adapter, hidden.dtype, rows, position_ids, n_keys=n_keys,
@@ -240,11 +219,14 @@ def forward_rows_steps(
                 is_causal=mask is None and r > 1,
             )  # (B, R, heads, hd)
         hidden = residual + attn.o_proj(out.reshape(b, r, -1))
-        if halves:
-            yield "half"
+        if half is not None:
+            yield half
         residual = hidden
         hidden = residual + adapter.mlp(layer.mlp, layer.post_attention_layernorm(hidden))
     return hidden
+
+
+forward_rows = drained(forward_rows_steps)  # the same, run to its end (a function)
 
 
 def _forward_compiled(adapter: VLMAdapter, graphs: LayerGraphs, cache: KVCache,

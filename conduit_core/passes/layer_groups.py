@@ -15,10 +15,11 @@ a decode step of a full batch, and its halves about half of one each.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import TypeVar
+from collections.abc import Callable, Generator
+from typing import ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 def layer_groups(layers: range, size: int) -> list[range]:
@@ -38,12 +39,8 @@ def drain(steps: Generator[str, None, T]) -> T:
             return done
 
 
-def renamed(steps: Generator[str, None, T], name: str) -> Generator[str, None, T]:
-    """`steps` yielding `name` for each of its phases; its result."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as stop:
-            done: T = stop.value
-            return done
-        yield name
+def drained(steps: Callable[P, Generator[str, None, T]]) -> Callable[P, T]:
+    """A function that runs the generator `steps` makes to its end (`drain`)."""
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return drain(steps(*args, **kwargs))
+    return run

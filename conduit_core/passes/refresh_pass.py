@@ -16,7 +16,7 @@ import torch
 from conduit_core.model.adapters.base import VLMAdapter
 from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.layer_forward import forward_rows_steps, setup_rows
-from conduit_core.passes.layer_groups import layer_groups, renamed
+from conduit_core.passes.layer_groups import layer_groups
 from conduit_core.passes.stale_pass import text_from_layer_one
 from conduit_core.prompt.layout import Layout
 
@@ -159,11 +159,11 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     n_layers = len(adapter.layers)
     outputs = torch.tensor([n_rows - 1]) if assembly.last_only else None
     for g in layer_groups(range(first, n_layers), group):
-        hidden = yield from renamed(forward_rows_steps(
+        hidden = yield from forward_rows_steps(
             adapter, assembly.cache, hidden, rows, pos, n_keys=layout.n,
             plain_causal=everything, layers=g, setup=setup,
             outputs=outputs if g.stop == n_layers else None,
-            halves=group == 1), "refresh")  # (1, R_c | 1, hidden)
+            half="refresh" if group == 1 else None)  # (1, R_c | 1, hidden)
         if g.stop < n_layers:
             yield "refresh"
     out = hidden[0]  # (R_c | 1, hidden)
