@@ -23,6 +23,7 @@ makes the count fast while keeping the depth that multiplies it.
 
 Public API:
   LAUNCH_FREE: frozenset[str]   aten op names (overload packets) that are not counted
+  op_name(func) -> str          an aten op's name as counted (`mul_` is `mul`)
   OpCounter()                   a TorchDispatchMode: .total, .by_name (Counter), .reset()
   count_ops(fn) -> (fn's result, OpCounter)
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
@@ -90,7 +91,7 @@ NARROW_SHAPE = replace(SHAPES["tiny"], text={**SHAPES["tiny"].text,
                        notes="Qwen2.5-VL-7B's depth at hidden 64 (op counts)")
 
 
-def _name(func: Any) -> str:
+def op_name(func: Any) -> str:
     """An op's overload-packet name with any in-place underscore dropped (`mul_` -> `mul`;
     `_unsafe_view` keeps its leading one)."""
     name: str = func.overloadpacket.__name__
@@ -115,7 +116,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
-        name = _name(func)
+        name = op_name(func)
         if name not in LAUNCH_FREE:
             self.by_name[name] += 1
         return func(*args, **(kwargs or {}))
