@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -233,44 +234,69 @@ def test_close_refuses_what_waits(rt: ReuseRuntime, tmp_path: Path) -> None:
         engine.answer(AnswerRequest("", [], "q?", max_new_tokens=1))
 
 
-def test_running_answers_decode_between_the_phases_of_a_prefill(
-        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
-    events: list[str] = []
+def _log_phases(rt: ReuseRuntime, events: list[str],
+                on_phase: Callable[[str], None] | None = None) -> Callable[[], None]:
+    """Make `rt.prefill_steps` append "<question head>:<phase>" (then ":state") to
+    `events`; returns the function that puts the real one back."""
     real = rt.prefill_steps
-    cancel_b = threading.Event()
 
     def logged(request: AnswerRequest, on_token=None, t0=None):  # type: ignore[no-untyped-def]
         name = request.question[:18]
         steps = real(request, on_token, t0)
-        try:
-            while True:
+        while True:
+            try:
                 phase = next(steps)
-                events.append(f"{name}:{phase}")
-                if name == requests[1].question[:18]:
-                    cancel_b.set()  # its client goes away during its prefill
-                yield phase
-        except StopIteration as done:
-            events.append(f"{name}:state")
-            return done.value
+            except StopIteration as done:
+                events.append(f"{name}:state")
+                return done.value
+            events.append(f"{name}:{phase}")
+            if on_phase is not None:
+                on_phase(name)
+            yield phase
     rt.prefill_steps = logged  # type: ignore[method-assign]
+
+    def restore() -> None:
+        rt.prefill_steps = real  # type: ignore[method-assign]
+    return restore
+
+
+def _while_a_streams(engine: AnswerEngine, a: AnswerRequest, events: list[str],
+                     during: Callable[[], AnswerResult]) -> AnswerResult:
+    """Run `during` while the long answer `a` streams (its tokens logged as "A:token")."""
+    started = threading.Event()
+
+    def token_a(_t: int, _p: str) -> None:
+        events.append("A:token")
+        started.set()
+    runner = threading.Thread(target=engine.answer, args=(a, token_a))
+    runner.start()
+    assert started.wait(30)
+    got = during()
+    runner.join(30)
+    return got
+
+
+def test_running_answers_decode_between_the_phases_of_a_prefill(
+        rt: ReuseRuntime, requests: list[AnswerRequest]) -> None:
+    events: list[str] = []
+    cancel_b = threading.Event()
+
+    def leave_b(name: str) -> None:
+        if name == requests[1].question[:18]:
+            cancel_b.set()  # its client goes away during its prefill
+    restore = _log_phases(rt, events, leave_b)
     engine = AnswerEngine(lambda: rt, max_active=4, prefill_budget_s=0.0)  # a phase a step
     a, c = dataclasses.replace(requests[5], max_new_tokens=150), requests[3]
     name_a, name_c = a.question[:18], c.question[:18]
-    try:
-        started = threading.Event()
 
-        def token_a(_t: int, _p: str) -> None:
-            events.append("A:token")
-            started.set()
-        runner = threading.Thread(target=engine.answer, args=(a, token_a))
-        runner.start()
-        assert started.wait(30)
+    def b_then_c() -> AnswerResult:
         with pytest.raises(AnswerCancelledError):
             engine.answer(requests[1], cancel=cancel_b)  # leaves at its next phase
-        got = engine.answer(c)[0]
-        runner.join(30)
+        return engine.answer(c)[0]
+    try:
+        got = _while_a_streams(engine, a, events, b_then_c)
     finally:
-        rt.prefill_steps = real  # type: ignore[method-assign]
+        restore()
         engine.close()
     assert got.token_ids == answering.answer(rt, c).token_ids
     phases = [events.index(f"{name_c}:{p}") for p in ("assembled", "chosen", "state")]
@@ -305,34 +331,13 @@ def test_a_step_runs_a_newcomers_phases_within_its_prefill_budget(
     running answer gets no token between them (with a bound of 0, one phase a step: the
     test above)."""
     events: list[str] = []
-    real = rt.prefill_steps
-
-    def logged(request: AnswerRequest, on_token=None, t0=None):  # type: ignore[no-untyped-def]
-        phases = real(request, on_token, t0)
-        while True:
-            try:
-                phase = next(phases)
-            except StopIteration as done:
-                events.append(f"{request.question[:18]}:state")
-                return done.value
-            events.append(f"{request.question[:18]}:{phase}")
-            yield phase
-    rt.prefill_steps = logged  # type: ignore[method-assign]
+    restore = _log_phases(rt, events)
     engine = AnswerEngine(lambda: rt, max_active=4, prefill_budget_s=float("inf"))
     a, c = dataclasses.replace(requests[5], max_new_tokens=150), requests[3]
     try:
-        started = threading.Event()
-
-        def token_a(_t: int, _p: str) -> None:
-            events.append("A:token")
-            started.set()
-        runner = threading.Thread(target=engine.answer, args=(a, token_a))
-        runner.start()
-        assert started.wait(30)
-        got = engine.answer(c)[0]
-        runner.join(30)
+        got = _while_a_streams(engine, a, events, lambda: engine.answer(c)[0])
     finally:
-        rt.prefill_steps = real  # type: ignore[method-assign]
+        restore()
         engine.close()
     assert got.token_ids == answering.answer(rt, c).token_ids
     name = c.question[:18]
