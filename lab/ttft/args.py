@@ -4,7 +4,9 @@ from them on every start; `lab.ttft.bench` checks the names against its shapes a
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SHAPE_NAMES = ["7b", "cpu", "tiny"]  # lab.ttft.model.SHAPES
 DTYPE_NAMES = ["bfloat16", "float16", "float32"]  # lab.ttft.bench.DTYPES
@@ -27,3 +29,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-check", action="store_true")
     p.add_argument("--out", type=Path, default=None)
+
+
+def repeats_main(module: str, doc: str | None, repeats: int, out: Path,
+                 run: Callable[[int], dict[str, Any]],
+                 write: Callable[[dict[str, Any], Path], None],
+                 argv: list[str] | None) -> int:
+    """The command line of a lab script that runs `repeats` times and writes its JSON (and
+    markdown beside it) at `--out`: `python -m MODULE [--repeats N] [--out F]`; prints the
+    markdown."""
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=repeats)
+    p.add_argument("--out", type=Path, default=out)
+    args = p.parse_args(argv)
+    write(run(args.repeats), args.out)
+    print(args.out.with_suffix(".md").read_text())
+    return 0

@@ -17,7 +17,6 @@ Writes JSON and markdown (default lab/ttft/results/kv_workspace.{json,md}).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -35,6 +34,7 @@ from conduit_core.policies import choose_policy
 from conduit_core.policies.choice import DEFAULT_POLICY
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
+from lab.ttft.args import repeats_main
 from lab.ttft.default_model import MODEL, QUESTION, a4_page
 from worker.prompt import ANSWER_PREFIX, page_label
 
@@ -163,15 +163,8 @@ def write(doc: dict[str, Any], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m lab.ttft.kv_workspace [--repeats 15] [--out F]`."""
-    p = argparse.ArgumentParser(prog="python -m lab.ttft.kv_workspace", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=15)
-    p.add_argument("--out", type=Path, default=RESULTS / "kv_workspace.json")
-    args = p.parse_args(argv)
-    doc = run(args.repeats)
-    write(doc, args.out)
-    print(args.out.with_suffix(".md").read_text())
-    return 0
+    return repeats_main("lab.ttft.kv_workspace", __doc__, 15,
+                        RESULTS / "kv_workspace.json", run, write, argv)
 
 
 if __name__ == "__main__":

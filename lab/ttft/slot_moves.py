@@ -19,7 +19,6 @@ lab/ttft/results/slot_moves.{json,md}).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -35,6 +34,7 @@ from conduit_core.decode import DecodeState, Sampler
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.kv_pool import DecodePool
 from conduit_core.model.loader import LoadedVLM
+from lab.ttft.args import repeats_main
 from lab.ttft.model import SHAPES, build_bench_vlm
 
 RESULTS = Path(__file__).parent / "results"
@@ -128,15 +128,8 @@ def write(doc: dict[str, Any], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: `python -m lab.ttft.slot_moves [--repeats 7] [--out F]`."""
-    p = argparse.ArgumentParser(prog="python -m lab.ttft.slot_moves", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--out", type=Path, default=RESULTS / "slot_moves.json")
-    args = p.parse_args(argv)
-    doc = run(args.repeats)
-    write(doc, args.out)
-    print(args.out.with_suffix(".md").read_text())
-    return 0
+    return repeats_main("lab.ttft.slot_moves", __doc__, 7,
+                        RESULTS / "slot_moves.json", run, write, argv)
 
 
 if __name__ == "__main__":
