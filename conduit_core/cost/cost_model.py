@@ -42,7 +42,7 @@ from conduit_core.model.flops import FlopsModel
 from conduit_core.passes.layer_forward import computed_key_counts
 from conduit_core.passes.refresh_pass import refresh_rows
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.passes.stale_pass import fused_layers
+from conduit_core.passes.stale_pass import fused_layers, pass_layers, trimmed_last
 from conduit_core.policies.policy_context import PolicyContext, PolicyCost, RefreshPolicy
 from conduit_core.prompt.layout import Layout
 
@@ -79,12 +79,15 @@ class RowCosts:
         with `last_only` the last layer runs in full for the last row only."""
         return self.rows(rows, layout.n, last_only, start_layer)
 
-    def rows(self, rows: torch.Tensor, n: int, last_only: bool, start_layer: int = 0) -> float:
+    def rows(self, rows: torch.Tensor, n: int, last_only: bool, start_layer: int = 0,
+             stop_layer: int | None = None) -> float:
         """`refresh` over the first `n` keys of any sequence (a label computed after its
-        head: rows [h, h + t), n = h + t)."""
+        head: rows [h, h + t), n = h + t); with `stop_layer`, through layer stop_layer - 1
+        only (`last_only` then trims that layer)."""
         if rows.numel() == 0:
             return 0.0
-        n_layers = len(self.adapter.layers) - start_layer
+        stop = len(self.adapter.layers) if stop_layer is None else stop_layer
+        n_layers = stop - start_layer
         plain = rows.numel() == n
         counts = computed_key_counts(self.adapter, rows, n, plain_causal=plain)
         if not last_only:
@@ -104,17 +107,20 @@ class RowCosts:
 
     def scoring(self, layout: Layout, text_rows: torch.Tensor, config: ScoreConfig,
                 last_only: bool) -> float:
-        """The scoring pass: `text_rows` through every layer, plus the scored question rows'
-        probabilities and the value norms at the scored layers; at the layers where the
-        probabilities give the attention output (`fused_layers`), the rows' attention is
-        that product with the values instead of the layer's own."""
+        """The scoring pass: `text_rows` through its layers (up to the last scored one:
+        `pass_layers`; the last one trimmed to the last row where `trimmed_last`), plus the
+        scored question rows' probabilities and the value norms at the scored layers; at the
+        layers where the probabilities give the attention output (`fused_layers`), the rows'
+        attention is that product with the values instead of the layer's own."""
         n_layers = len(self.adapter.layers)
         layers = range(n_layers)[config.layer_slice(n_layers)]
         n_scored = int(config.scored_rows(int(layout.question_rows().numel()),
                                           layout.prompt).numel())
         extras = self.flops.scoring(n_scored, layout.n, len(layers))
-        cost = self.refresh(layout, text_rows, last_only) + extras
-        fused = len(fused_layers(layers, n_layers, n_scored, int(text_rows.numel()), last_only,
+        trimmed = trimmed_last(config, n_layers, last_only)
+        cost = self.rows(text_rows, layout.n, trimmed,
+                         stop_layer=pass_layers(config, n_layers)) + extras
+        fused = len(fused_layers(layers, n_scored, int(text_rows.numel()), trimmed,
                                  self.adapter.device))
         if fused:
             counts = computed_key_counts(self.adapter, text_rows, layout.n)  # (R,)
@@ -162,7 +168,9 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     if profile is None:  # the policy runs now; a forward pass it ran is spent (extra_flops)
         visual = policy(ctx).to(torch.long).cpu().unique()  # (k,)
         scored = bool(ctx.extra_flops)
-        rows, _ = refresh_rows(layout, exact_rows, visual, scored=scored)
+        passes = ctx.scoring_passes()  # the refresh reuses the last one's text rows
+        reuse = not passes or passes[-1].text_hidden is not None
+        rows, _ = refresh_rows(layout, exact_rows, visual, scored=scored, reuse=reuse)
         refresh = (costs.after_scoring(layout, rows, last_only) if scored and text_from_one
                    else costs.refresh(layout, rows, last_only))
         return RefreshPlan(ctx.extra_flops + refresh, fallback, visual, from_start)
@@ -170,12 +178,15 @@ def plan_refresh(costs: RowCosts, layout: Layout, exact_rows: int, last_only: bo
     guess = place(visual_all, cost.k)  # (k,)
     predicted = 0.0
     scored = cost.scoring is not None
+    reuse = True  # a scoring pass through every layer leaves the refresh its text rows
     if cost.scoring is not None:
         text = layout.text_rows()
         predicted += costs.scoring(layout, text[text >= exact_rows], cost.scoring, last_only)
+        n_layers = len(costs.adapter.layers)
+        reuse = pass_layers(cost.scoring, n_layers) == n_layers
     if cost.check_layers:
         predicted += costs.check(layout, cost.check_layers)
-    rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored)
+    rows, _ = refresh_rows(layout, exact_rows, guess, scored=scored, reuse=reuse)
     refresh = (costs.after_scoring(layout, rows, last_only)
                if scored and text_from_one and not cost.check_layers
                else costs.refresh(layout, rows, last_only, start_layer=cost.check_layers))

@@ -34,7 +34,7 @@ _NO_ROWS = torch.zeros(0, dtype=torch.long)
 
 
 def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
-                scored: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+                scored: bool, reuse: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The rows of a refresh besides its visual rows, on the host: the text rows after the
     head, less those skipped, and the stale labels it recomputes; and how many text rows
     were skipped. After a scoring pass they are decided without reading `visual_rows` (on
@@ -42,7 +42,8 @@ def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
     (`Layout.refreshed_label_rows` of no row), and the text rows skipped are those before
     the first page and before those labels, exact whatever was chosen. With label_refresh
     "page" the labels follow the choice, which is read back, and the text rows skipped are
-    those before the first refreshed row."""
+    those before the first refreshed row. Without `reuse` (a scoring pass that stopped
+    before the last layer: no text row's last-layer state) none is skipped."""
     text = layout.text_rows()
     text = text[text >= exact_rows]  # (T,)
     if not scored:
@@ -55,18 +56,19 @@ def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
         labels = layout.refreshed_label_rows(_NO_ROWS)  # (L,) whatever was chosen
         starts = [layout.n, *(s.start for s in layout.segments[:1]),
                   *(int(labels.min()) for _ in range(min(1, labels.numel())))]
-    first = min(starts)
+    first = min(starts) if reuse else 0
     skipped = int((text < first).sum())  # the text rows before it
     return text[skipped:], labels, skipped
 
 
 def refresh_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
-                 scored: bool) -> tuple[torch.Tensor, int]:
+                 scored: bool, reuse: bool = True) -> tuple[torch.Tensor, int]:
     """Rows a refresh computes, ascending, on the host: text rows after the cached head plus
     `visual_rows` and the stale labels the refresh recomputes (`_fixed_rows`); after a
-    scoring pass the text rows before the first page and before those labels are exact
-    already and skipped. Returns (rows, how many text rows were skipped after the head)."""
-    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored)
+    scoring pass that ran every layer (`reuse`) the text rows before the first page and
+    before those labels are exact already and skipped. Returns (rows, how many text rows
+    were skipped after the head)."""
+    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored, reuse)
     rows = torch.cat([text, labels, visual_rows.to(torch.long).cpu()]).unique(sorted=True)
     return rows, skipped
 
@@ -85,10 +87,10 @@ class _PassRows:
 
 
 def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, scored: bool,
-               device: torch.device) -> _PassRows:
+               reuse: bool, device: torch.device) -> _PassRows:
     """`refresh_rows` without reading `visual_rows` (distinct rows, on the device): the host
     rows joined to them and sorted on the device, their count known on the host."""
-    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored)
+    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored, reuse)
     fresh = torch.sort(torch.cat([labels.to(device),
                                   visual_rows.to(device, torch.long)])).values  # (F,)
     every = torch.cat([text.to(device), fresh])  # (R,) text rows first
@@ -112,8 +114,10 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     every key before t is as the refresh will leave it: text rows before t (by
     induction) and unselected visual rows (stale in both passes). So the text rows before
     the first page (and before the labels every refresh recomputes) are reused from the
-    scoring pass, provided it ran on this cache and nothing wrote since: known on the
-    host, whatever the device chose; the other text rows start at layer 1 from the
+    scoring pass, provided it ran on this cache through the last layer and nothing wrote
+    since: known on the host, whatever the device chose (a pass that stopped early wrote
+    no text row's K/V beyond its stop, so every text row after the head is computed); the
+    other text rows start at layer 1 from the
     scoring pass's layer-0 output (exact: `conduit_core.passes.stale_pass.text_from_layer_one`),
     the visual rows and stale labels at layer 0. With `resume` (a policy already ran every token
     through the first layers), the rows start from its hidden states at layer
@@ -124,16 +128,16 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     layout = assembly.layout
     stale = assembly.stale
     device = adapter.device
-    scored = (stale is not None and stale.text_hidden is not None
-              and assembly.stale_writes == assembly.cache.writes)
-    split = _pass_rows(layout, assembly.exact_rows, visual_rows, scored, device)
+    scored = stale is not None and assembly.stale_writes == assembly.cache.writes
+    whole = scored and stale is not None and stale.text_hidden is not None  # every layer ran
+    split = _pass_rows(layout, assembly.exact_rows, visual_rows, scored, whole, device)
     rows, skipped, n_rows = split.rows, split.skipped, int(split.rows.numel())
     everything = n_rows == layout.n
     reused: list[torch.Tensor] = []  # last-layer states of the rows not computed
     if not assembly.last_only:
         if assembly.head is not None:
             reused.append(assembly.head.hidden)
-        if scored and stale is not None and stale.text_hidden is not None:
+        if whole and stale is not None and stale.text_hidden is not None:
             reused.append(stale.text_hidden[:skipped])
     if n_rows == 0:
         if assembly.last_only:

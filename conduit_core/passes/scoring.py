@@ -27,6 +27,7 @@ heads and value norms are aggregated), validated on construction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -41,8 +42,11 @@ ValueNorm = Literal["raw", "layer"]
 class ScoreConfig:
     """How the per-layer scoring statistics are reduced to one score per token.
 
-    layers:        "all", or a half-open range (start, stop) of decoder layer indices (negative
-                   indices count from the end, Python style); at least one layer must remain.
+    layers:        "all"; a half-open range (start, stop) of decoder layer indices (negative
+                   indices count from the end, Python style), at least one layer remaining;
+                   or a depth f in (0, 1]: the first ceil(f * L) of the model's L layers,
+                   the same share of depth on any model. The scoring pass stops after the
+                   last scored layer (`conduit_core.passes.stale_pass`).
     query_window:  None = every question token; w >= 1 = only the last w question tokens
                    (the SnapKV observation window).
     head_agg:      "mean" or "max" over query heads.
@@ -54,7 +58,7 @@ class ScoreConfig:
                    over the keys, per KV head, so that no layer dominates by its scale.
     """
 
-    layers: str | tuple[int, int] = "all"
+    layers: str | tuple[int, int] | float = "all"
     query_window: int | None = None
     head_agg: HeadAgg = "mean"
     query_rows: QueryRows = "tail"
@@ -63,7 +67,11 @@ class ScoreConfig:
     def __post_init__(self) -> None:
         if isinstance(self.layers, str):
             if self.layers != "all":
-                raise ValueError(f"layers must be 'all' or (start, stop), got {self.layers!r}")
+                raise ValueError(f"layers must be 'all', (start, stop) or a depth in (0, 1], "
+                                 f"got {self.layers!r}")
+        elif isinstance(self.layers, float):
+            if not 0.0 < self.layers <= 1.0:
+                raise ValueError(f"layers depth must be in (0, 1], got {self.layers!r}")
         elif len(self.layers) != 2:
             raise ValueError(f"layers range must be (start, stop), got {self.layers!r}")
         if self.query_window is not None and self.query_window < 1:
@@ -77,7 +85,10 @@ class ScoreConfig:
 
     def layer_slice(self, n_layers: int) -> slice:
         """The selected layers as a slice of [0, n_layers); raises if it is empty."""
-        sl = slice(None) if self.layers == "all" else slice(*self.layers)
+        if isinstance(self.layers, float):  # a depth: rounded to 1e-9 so 0.7 * 10 is 7
+            sl = slice(0, math.ceil(round(self.layers * n_layers, 9)))
+        else:
+            sl = slice(None) if self.layers == "all" else slice(*self.layers)
         if len(range(n_layers)[sl]) == 0:
             raise ValueError(f"layers {self.layers!r} selects no layer of {n_layers}")
         return sl

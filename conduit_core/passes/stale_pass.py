@@ -1,28 +1,31 @@
 """The scoring ("stale") pass: text rows over the assembled, not yet refreshed cache.
 
-All text tokens run through all layers against the stale, re-rotated page KV (exact causal
-mask, writing their own fresh K/V). At each scored layer (only the configured layers and
-question rows are scored) the scored rows' attention probabilities over all N keys are formed
-per query head and reduced at once, with the layer's value norms, into the layer's statistics
-(`conduit_core.passes.scoring.ScoreAccumulator`). No probabilities outlive their layer, and
-the rows are taken in chunks of at most `SCORE_CHUNK_ELEMENTS` probabilities, so memory stays
-bounded however long the question (`ScoreConfig.query_window` may also window it). A layer
-issues a fixed number of operations per chunk; the value norms are taken in one call after
-the pass (a layer's values are final once it has run), or per layer for head_agg "max".
+All text tokens run through the layers up to the last scored one (every layer by default; a
+pass that stops earlier costs that share of the layers) against the stale, re-rotated page
+KV (exact causal mask, writing their own fresh K/V). At each scored layer (only the
+configured layers and question rows are scored) the scored rows' attention probabilities
+over all N keys are formed per query head and reduced at once, with the layer's value norms,
+into the layer's statistics (`conduit_core.passes.scoring.ScoreAccumulator`). No
+probabilities outlive their layer, and the rows are taken in chunks of at most
+`SCORE_CHUNK_ELEMENTS` probabilities, so memory stays bounded however long the question
+(`ScoreConfig.query_window` may also window it). A layer issues a fixed number of operations
+per chunk; the value norms are taken in one call after the pass (a layer's values are final
+once it has run), or per layer for head_agg "max".
 
 The scores (`StaleScores`): `weighted` is CONDUIT's s_j, the mean over scored layers and
 question rows of the heads' aggregate of A[l,h,q,j] ||V[l,g(h),j]||_2 (pre-o_proj values);
-`attention` is the same without the value norm. The pass hands on its text rows' last-layer
-hidden states (of the last row only with `last_only`, the answer path), which the runtime
-reuses for the rows before the first refreshed visual token, and their states after layer 0:
-layer 0's K/V are exact in the stale cache (a page token's layer-0 input is its own
-embedding, its key only re-rotated), so a refresh starts its text rows at layer 1 from them
-(`text_from_layer_one`). Where the scored rows are every text row (the default), their
-probabilities also give each scored layer's attention output, so no layer computes the same
-QK^T twice (`fused_layers`; at the last layer under `last_only` the one output row is
-computed by the layer itself). That holds on the devices of `FUSED_SCORES` (the CPU, where
-QK^T's arithmetic is the cost); an accelerator, bound by the kernels it launches, lets the
-layer's own sdpa call compute the output and forms only the probabilities, which takes fewer
+`attention` is the same without the value norm. A pass through every layer hands on its text
+rows' last-layer hidden states (of the last row only with `last_only`, the answer path),
+which the runtime reuses for the rows before the first refreshed visual token; every pass
+hands on their states after layer 0: layer 0's K/V are exact in the stale cache (a page
+token's layer-0 input is its own embedding, its key only re-rotated), so a refresh starts
+its text rows at layer 1 from them (`text_from_layer_one`). Where the scored rows are every
+text row (the default), their probabilities also give each scored layer's attention output,
+so no layer computes the same QK^T twice (`fused_layers`; at the pass's last layer, where it
+computes one output row, under `last_only` or where it stops early, that row is computed by
+the layer itself). That holds on the devices of `FUSED_SCORES` (the CPU, where QK^T's
+arithmetic is the cost); an accelerator, bound by the kernels it launches, lets the layer's
+own sdpa call compute the output and forms only the probabilities, which takes fewer
 launches (no value cast, product or output copy; issue 65).
 """
 
@@ -58,15 +61,30 @@ class StaleScores:
     probs: torch.Tensor | None = None  # (L', H, Q', N) only when asked for (tests, diagnostics)
 
 
-def fused_layers(scored_layers: range, n_layers: int, n_scored: int, n_text: int,
-                 last_only: bool, device: torch.device | str) -> list[int]:
+def pass_layers(config: ScoreConfig, n_layers: int) -> int:
+    """How many decoder layers the scoring pass under `config` runs: up to its last scored
+    layer (all `n_layers` when that is the model's last)."""
+    return range(n_layers)[config.layer_slice(n_layers)].stop
+
+
+def trimmed_last(config: ScoreConfig, n_layers: int, last_only: bool) -> bool:
+    """Whether the pass's last layer computes its last row's output only: under
+    `last_only`, or where the pass stops early (nothing reads its output), but not where
+    that layer is layer 0 of a deeper model (its every output is kept: `after_first`)."""
+    stop = pass_layers(config, n_layers)
+    return (last_only or stop < n_layers) and (stop > 1 or n_layers == 1)
+
+
+def fused_layers(scored_layers: range, n_scored: int, n_text: int, trimmed: bool,
+                 device: torch.device | str) -> list[int]:
     """The scored layers at which the scoring pass's probabilities are the layer's attention
     on `device`: none off `FUSED_SCORES`; else all of them when the scored rows are every
-    text row of the pass (none otherwise), but the last layer under `last_only` (only its
-    last row's output is computed there)."""
+    text row of the pass (none otherwise), but the pass's last layer where it computes only
+    its last row's output (`trimmed`: `trimmed_last`)."""
     if torch.device(device).type not in FUSED_SCORES or n_text == 0 or n_scored != n_text:
         return []
-    return [layer for layer in scored_layers if not (last_only and layer == n_layers - 1)]
+    stop = scored_layers.stop
+    return [layer for layer in scored_layers if not (trimmed and layer == stop - 1)]
 
 
 @torch.no_grad()
@@ -87,7 +105,10 @@ def stale_steps(
     """Run `text_rows` over the cache (embeds (N, hidden), position_ids (P, N)) and reduce
     the attention of `question_rows` (a subset of text_rows, the last `n_prompt` of them the
     generation prompt) layer by layer, yielding "scoring" after each group of `group`
-    layers but the last (`conduit_core.passes.layer_groups`)."""
+    layers but the last (`conduit_core.passes.layer_groups`). The pass stops after the
+    last scored layer (`pass_layers`); where that is before the model's last layer, the
+    text rows' K/V at the later layers are not written and no last-layer states are handed
+    on (`StaleScores.text_hidden` None)."""
     config = config or ScoreConfig()
     device = adapter.device
     host_text, host_question = text_rows, question_rows  # the layout's, on the host
@@ -109,8 +130,10 @@ def stale_steps(
     # keys before the earliest scored row are visible to every scored row: only the columns
     # from there on need the causal mask
     first = int(host_scored.min()) if n_q else n_keys
-    fused = fused_layers(acc.layers, len(adapter.layers), n_q, text_rows.numel(), last_only,
-                         device)
+    n_layers = len(adapter.layers)
+    stop = pass_layers(config, n_layers)
+    trimmed = trimmed_last(config, n_layers, last_only) and text_rows.numel() > 0
+    fused = fused_layers(acc.layers, n_q, text_rows.numel(), trimmed, device)
     starts = range(0, n_q, chunk)
     # where small, each chunk's mask over all keys is made once for all layers and added by
     # the QK^T call itself; else the columns from `first` on are masked in each layer
@@ -172,11 +195,10 @@ def stale_steps(
 
     hidden = embeds[text_rows].unsqueeze(0)  # (1, N_t, hidden)
     pos = position_ids[:, host_text].unsqueeze(1)  # (P, 1, N_t)
-    outputs = torch.tensor([text_rows.numel() - 1]) if last_only and text_rows.numel() else None
-    n_layers = len(adapter.layers)
+    outputs = torch.tensor([text_rows.numel() - 1]) if trimmed else None
     setup = setup_rows(adapter, hidden.dtype, host_text, pos, n_keys=n_keys)  # every call's
     after_first = None
-    groups = layer_groups(range(n_layers), group)
+    groups = layer_groups(range(stop), group)
     for g in groups:
         if g.start == 0 and n_layers > 1:  # layer 0 alone first, to keep its output
             hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
@@ -187,11 +209,11 @@ def stale_steps(
         if len(g):  # the last layer's output only for the rows read (`outputs`)
             hidden = forward_rows(adapter, cache, hidden, text_rows, pos, n_keys=n_keys,
                                   observer=observe, layers=g, setup=setup,
-                                  outputs=outputs if g.stop == n_layers
+                                  outputs=outputs if g.stop == stop
                                   else None)  # (1, N_t | 1, hidden)
-        if g.stop < n_layers:
+        if g.stop < stop:
             yield "scoring"
-    out = hidden  # (1, N_t | 1, hidden)
+    out = hidden if stop == n_layers else None  # (1, N_t | 1, hidden)
     if mean and n_q and len(acc.layers):  # a layer's values are final once it has run
         scored = slice(acc.layers.start, acc.layers.stop, acc.layers.step)
         torch.linalg.vector_norm(cache.values[scored, 0, :, :n_keys], dim=-1,
@@ -199,7 +221,8 @@ def stale_steps(
                                  out=acc.all_norms(heads, kv_heads))  # (L', G, N)
     weighted, attention = acc.result()
     return StaleScores(weighted=weighted, attention=attention, config=config,
-                       question_rows=question_rows, text_rows=host_text, text_hidden=out[0],
+                       question_rows=question_rows, text_rows=host_text,
+                       text_hidden=None if out is None else out[0],
                        after_first=after_first, probs=torch.stack(kept) if kept else None)
 
 

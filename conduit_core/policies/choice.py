@@ -29,13 +29,15 @@ class PolicyOptions:
     `conduit_core.policies.conduit.ConduitConfig`).
 
     gamma:         amplification exponent >= 0 (0 = no image-level amplification).
-    score_layers:  "all" or a half-open (start, stop) range of decoder layers to score with.
+    score_layers:  "all", a half-open (start, stop) range of decoder layers to score with,
+                   or a depth f in (0, 1]: the first ceil(f * L) of the model's L layers (the
+                   scoring pass stops after its last scored layer).
     query_window:  score with only the last w question tokens (None = all of them).
     head_agg:      "mean" or "max" over query heads.
     """
 
     gamma: float | None = None
-    score_layers: str | tuple[int, int] | None = None
+    score_layers: str | tuple[int, int] | float | None = None
     query_window: int | None = None
     head_agg: str | None = None
 

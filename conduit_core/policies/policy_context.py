@@ -92,6 +92,10 @@ class PolicyContext:
         self._scores[config] = scores
         self.extra_flops += flops
 
+    def scoring_passes(self) -> list[StaleScores]:
+        """The scoring passes run for this context, in the order they ran."""
+        return list(self._scores.values())
+
     def needs_scores(self, config: ScoreConfig | None) -> bool:
         """Whether a scoring pass for `config` is still to run (None: none asked for)."""
         return config is not None and config not in self._scores

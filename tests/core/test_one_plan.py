@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -146,6 +148,35 @@ def test_a_flop_counter_agrees_with_the_charge(vlm: LoadedVLM, pages: dict[str, 
         counted = counter.get_total_flops() - logits_row + terms.extra
         assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (scope, policy, budget)
         assert (result.fill_flops_lm == 0.0) == warm, (scope, policy, budget)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_short_scoring_pass_is_charged_as_counted(vlm: LoadedVLM, pages: dict[str, PageKV],
+                                                    warm: bool) -> None:
+    """A scoring pass that stops after its last scored layer (a depth, a range), and the
+    refresh that then computes every text row, are charged what a FLOP counter sees; the
+    same tokens and charge cold and warm, with labels refreshed always or by page."""
+    vocab = int(vlm.model.config.get_text_config().vocab_size)
+    logits_row = 2 * ReuseRuntime(vlm).reuse.flops.lm.hidden * vocab
+    depths: list[float | tuple[int, int]] = [0.5, (0, 1)]
+    for refresh, layers in itertools.product(("always", "page"), depths):
+        rt = ReuseRuntime(vlm, label_refresh=refresh)  # type: ignore[arg-type]
+        request = replace(_request(pages, ("c", "a", "b"), "conduit_per_page", 0.1),
+                          policy=choose_policy("conduit_per_page",
+                                               PolicyOptions(score_layers=layers)))
+        first = answering.answer(rt, request) if warm else None
+        terms = ScoringTerms(rt)
+        counter = FlopCounterMode(display=False, custom_mapping={
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
+        with counter, answering.observing(rt, terms):
+            state = answering.start_answer(rt, request)
+        result = answering.finish(rt, state)
+        assert not result.fallback and terms.extra > 0, (refresh, layers)
+        counted = counter.get_total_flops() - logits_row + terms.extra
+        assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (refresh, layers)
+        if first is not None:
+            assert first.token_ids == result.token_ids
+            assert own_flops(first) == own_flops(result)
 
 
 def test_the_counter_sees_an_uncharged_pass(vlm: LoadedVLM, pages: dict[str, PageKV],

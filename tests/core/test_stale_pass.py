@@ -132,7 +132,7 @@ def test_the_scoring_probabilities_give_the_layers_attention(
         ref = rt.reuse.assemble("New prefix.", inputs, QUESTION, last_only=last_only)
         text, layout = asm.fresh_text_rows(), asm.layout
         assert torch.equal(text, layout.question_rows())  # every text row is scored
-        fused = fused_layers(range(n_layers), n_layers, text.numel(), text.numel(), last_only,
+        fused = fused_layers(range(n_layers), text.numel(), text.numel(), last_only,
                              rt.adapter.device)
         assert fused == list(range(n_layers - 1 if last_only else n_layers))
         scores, charged = rt.reuse.scoring(asm)
