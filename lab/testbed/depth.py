@@ -1,0 +1,136 @@
+"""A shorter scoring pass (issues 65 and 67): CONDUIT's rules scoring only the first layers.
+
+A scoring pass stops after its last scored layer (`conduit_core.passes.stale_pass`), so
+scoring the first ceil(f * L) layers (`ScoreConfig.layers` as a depth f) costs that share
+of the pass's layers, and its launching operations with it. Two measurements:
+
+  * answers: the depth candidates (`DEPTHS`: the default `conduit_per_page`, and the
+    cheaper-count rules `cv_page_knee` and `conduit_adaptive`, at depths 0.6 and 0.8)
+    registered beside `lab.testbed.variants`' own and probed by it (the same arguments);
+  * launching ops a layer of the prefill half, on the accelerator's path in bf16 on the
+    narrow 28-layer model, as `tests/core/test_op_counts.py` counts them
+    (`lab.ttft.op_count`), for `conduit_per_page` at each depth against full prefill, at
+    2 / 8 / 32 pages.
+
+    python -m lab.testbed.depth variants --weights W --seed 28 --budgets 0.1 --n 300 \
+        --policies conduit_per_page --candidates cv_depth_08,cv_depth_06 --out FILE
+    python -m lab.testbed.depth ops --out lab/testbed/results/depth_ops.json
+
+Results: `lab/testbed/NOTES.md` ("A shorter scoring pass").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from conduit_core.policies import choose_policy, get_policy
+from conduit_core.policies.choice import PolicyChoice, PolicyOptions
+from conduit_core.policies.conduit import ConduitPolicy
+from lab import answering
+from lab.testbed.cheaper import CHEAPER
+
+
+def _at(policy: object, depth: float) -> ConduitPolicy:
+    assert isinstance(policy, ConduitPolicy)
+    return policy.with_options(PolicyOptions(score_layers=depth))
+
+
+def depth_candidates() -> dict[str, ConduitPolicy]:
+    """The depth candidates by name (module docstring); the lab's ablations registered."""
+    import lab.ablations  # noqa: F401 (registers `conduit_adaptive`)
+    bases = {"depth": get_policy("conduit_per_page"), "page_knee": CHEAPER["cv_page_knee"],
+             "adaptive": get_policy("conduit_adaptive")}
+    return {f"cv_{name}_{round(depth * 10):02d}": _at(base, depth)
+            for name, base in bases.items() for depth in (0.8, 0.6)}
+
+
+def _count(runtime: Any, kvs: list[Any], choice: PolicyChoice) -> tuple[float, float]:
+    """Ops a layer of the prefill half and of its passes alone, as `count_prefill` counts
+    them (head and labels warm, the second run counted, on the accelerator's path)."""
+    from lab.ttft.op_count import (
+        NARROW_LAYERS,
+        PhaseCounting,
+        accelerator_path,
+        answer_request,
+        prefill_ops,
+    )
+    request = replace(answer_request(runtime.vlm, kvs, "conduit_per_page"), policy=choice)
+    answering.warm_labels(runtime, request.prefix, request.pages)
+    phases = PhaseCounting()
+    with answering.observing(runtime, phases), accelerator_path():
+        prefill_ops(runtime, request)
+        phases.reset()
+        ops = prefill_ops(runtime, request)
+    return ops.total / NARROW_LAYERS, phases.passes.total / NARROW_LAYERS
+
+
+def depth_ops(pages: tuple[int, ...] = (2, 8, 32),
+              depths: tuple[float, ...] = (1.0, 0.8, 0.6)) -> list[dict[str, Any]]:
+    """Per page count and depth: `conduit_per_page`'s ops a layer (whole prefill half and
+    passes alone) in bf16 and their ratio to full prefill's."""
+    from lab.ttft.op_count import narrow_runtime
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rt, kvs = narrow_runtime(max(pages), dtype=torch.bfloat16)
+        rows = []
+        for n in pages:
+            full = _count(rt, kvs[:n], choose_policy("full_prefill"))
+            for depth in depths:
+                whole, passes = _count(rt, kvs[:n], choose_policy(
+                    "conduit_per_page", PolicyOptions(score_layers=depth)))
+                rows.append({"pages": n, "depth": depth, "whole": round(whole, 2),
+                             "passes": round(passes, 2), "full_whole": round(full[0], 2),
+                             "full_passes": round(full[1], 2),
+                             "ratio_whole": round(whole / full[0], 3),
+                             "ratio_passes": round(passes / full[1], 3)})
+        return rows
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _ops_markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = ["# Launching ops a layer of a shorter scoring pass (bf16, accelerator path)", "",
+             "Produced by:", "", "```", command, "```", "",
+             "`conduit_per_page` at 10% scoring the first ceil(depth * 28) layers of the narrow "
+             "28-layer model, against full prefill from cached pages; ops a layer as "
+             "`tests/core/test_op_counts.py` counts them.", "",
+             "| pages | depth | whole | full prefill | ratio | passes | full prefill | ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['pages']} | {r['depth']} | {r['whole']} | {r['full_whole']} | "
+              f"{r['ratio_whole']} | {r['passes']} | {r['full_passes']} | "
+              f"{r['ratio_passes']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """`variants ...`: `lab.testbed.variants` with the depth candidates; `ops --out F`:
+    the op counts (module docstring)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "variants":
+        from lab.testbed import variants
+        variants.CANDIDATES.update(depth_candidates())
+        sys.argv = [sys.argv[0], *sys.argv[2:]]
+        variants.main()
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["ops"])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    rows = depth_ops()
+    command = "python -m lab.testbed.depth " + shlex.join(sys.argv[1:])
+    args.out.write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(_ops_markdown(rows, command))
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
