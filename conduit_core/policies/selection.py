@@ -109,17 +109,15 @@ def _single_tokens(ratio: np.ndarray, active: np.ndarray, room: np.ndarray,
 def _kept_in_page(order: torch.Tensor, page_of: np.ndarray, counts: np.ndarray,
                   device: torch.device) -> torch.Tensor:
     """Positions `order` (N,) sorted by page (stably), on `device`: the first `counts[m]`
-    of each page m kept (page_of (N,) and counts (M,) on the host), ascending. The kept
-    ones' number is known on the host, so nothing is read back: the others are pushed past
-    the end by one sort."""
-    n = int(order.numel())
+    of each page m kept (page_of (N,) and counts (M,) on the host), ascending. Sorted by
+    page, place i of `order` holds page p's (i - p's first place)-th entry whatever the
+    scores, so the places kept follow from the host data alone: nothing is read back, and
+    the device gathers them and sorts them (two operations)."""
     sizes = np.bincount(page_of, minlength=counts.size)  # (M,)
-    starts = torch.from_numpy(sizes.cumsum() - sizes).to(device)  # (M,) each page's first
-    pages = torch.from_numpy(page_of).to(device)[order]  # (N,) page of each entry of order
-    rank = torch.arange(n, device=device) - starts[pages]  # (N,) rank within its page
-    keep = rank < torch.from_numpy(counts).to(device)[pages]  # (N,)
-    kept = int(np.minimum(counts, sizes).sum())
-    return torch.where(keep, order, n).sort().values[:kept]  # (kept,)
+    firsts = np.repeat(sizes.cumsum() - sizes, sizes)  # (N,) first place of each's page
+    rank = np.arange(page_of.size) - firsts  # (N,) rank within its page
+    places = np.flatnonzero(rank < np.repeat(counts, sizes))  # (kept,) places kept
+    return order[torch.from_numpy(places).to(device)].sort().values  # (kept,)
 
 
 def per_page_topk(scores: torch.Tensor, page_of: torch.Tensor,
