@@ -54,11 +54,35 @@ class RowBlock:
 
 def causal_row_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask (1, 1, R, n_keys): 0 where key index <= row index, else dtype min."""
-    keys = torch.arange(n_keys, device=rows.device)  # (n_keys,)
-    allowed = keys.view(1, -1) <= rows.view(-1, 1)  # (R, n_keys)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=rows.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask.view(1, 1, *allowed.shape)  # (1, 1, R, n_keys)
+    return additive_mask(rows, n_keys, dtype, rows.device).view(1, 1, -1, n_keys)
+
+
+def additive_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype,
+                  device: torch.device | str) -> torch.Tensor:
+    """Additive mask (R, n_keys) in `dtype` on `device`: 0 where a key's index is <= its
+    row's (rows (R,)), dtype min where it comes after. Two operations: the key indices and
+    the two fill values are made once per device (`_key_indices`, `_fills`)."""
+    device = torch.device(device)
+    later = key_indices(n_keys, device).view(1, -1) > rows.to(device).view(-1, 1)  # (R, n_keys)
+    seen, hidden = _fills(dtype, device)
+    return torch.where(later, hidden, seen)  # (R, n_keys)
+
+
+def key_indices(n: int, device: torch.device) -> torch.Tensor:
+    """arange(n) (n,) int64 on `device`: a view of one made once per power of two."""
+    return _key_indices(1 << max(n - 1, 0).bit_length(), device)[:n]
+
+
+@functools.lru_cache(maxsize=64)
+def _key_indices(size: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(size, device=device)  # (size,) read-only by contract
+
+
+@functools.lru_cache(maxsize=16)
+def _fills(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """An additive mask's two values, 0 and dtype min, as 0-d tensors (read-only)."""
+    return (torch.zeros((), dtype=dtype, device=device),
+            torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device))
 
 
 def group_bounds(rows: torch.Tensor, n_keys: int, groups: int) -> list[tuple[int, int, int]]:
@@ -131,26 +155,17 @@ def row_blocks(rows: torch.Tensor, n_keys: int, groups: int, dtype: torch.dtype,
     if not bounds:
         return out
     if groups == 1:  # every key, under the mask (the rows stay where they are)
-        return [RowBlock(0, bounds[0][1], n_keys, _hidden_mask(rows, n_keys, dtype, device))]
+        return [RowBlock(0, bounds[0][1], n_keys, additive_mask(rows, n_keys, dtype, device))]
     host = rows.cpu()
     needs = [int(host[start:stop].min()) + 1 < limit  # some row misses a key of its group
              for start, stop, limit in bounds]
     mask = None
     if any(needs):
-        mask = _hidden_mask(rows, max(limit for _, _, limit in bounds), dtype, device)
+        mask = additive_mask(rows, max(limit for _, _, limit in bounds), dtype, device)
     for (start, stop, limit), masked in zip(bounds, needs, strict=True):
         part = mask[start:stop, :limit] if masked and mask is not None else None
         out.append(RowBlock(start, stop, limit, part))
     return out
-
-
-def _hidden_mask(rows: torch.Tensor, n_keys: int, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
-    """Additive mask (R, n_keys) in `dtype`: dtype min where a key comes after its row."""
-    hidden = (torch.arange(n_keys, device=device).view(1, -1)
-              > rows.to(device).view(-1, 1))  # (R, n_keys) keys a row does not see
-    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(
-        hidden, torch.finfo(dtype).min)  # (R, n_keys)
 
 
 def blocked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
