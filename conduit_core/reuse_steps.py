@@ -42,7 +42,7 @@ from conduit_core.model.flops import FlopsModel
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.pass_observer import UNOBSERVED, PassObserver, Phase
 from conduit_core.passes.assembly import Assembly
-from conduit_core.passes.buckets import key_bucket
+from conduit_core.passes.buckets import key_bucket, lent
 from conduit_core.passes.layer_forward import logits_of
 from conduit_core.passes.layer_graphs import layer_graphs
 from conduit_core.passes.layer_groups import drain
@@ -110,7 +110,9 @@ class ReuseSteps:
             # layers' graphs are specialised on the cache's strides, which follow from it,
             # and the workspace reuses a cache for the next request of its capacity
             capacity = max(key_bucket(n), key_bucket(capacity - 1))
-        return self.workspace.take(capacity)
+        cache = self.workspace.take(capacity)
+        lent(cache)  # what its last user left there is cleared before a compiled pass reads it
+        return cache
 
     def _fill(self, pages: list[PageInput], layout: Layout, cache: KVCache,
               grids: list[torch.Tensor], *, last_only: bool, labels: bool,

@@ -8,21 +8,26 @@ to about log2 of the largest shape per axis (a few tens in all at 32 pages of 25
 and the padding to less than the shape itself; finer steps (1.5x) halve the padding and
 double the graphs, each a compilation at startup (docs/DECISIONS.md).
 
-Inertness: padded rows are zero hidden states at position 0 that attend to key 0 alone (a
-finite softmax) and write their K/V to the scratch position K_b - 1, which no real row sees
-(real rows are < n <= K_b - 1); their outputs are dropped. Keys from n to K_b - 1 are masked
-for every real row and zeroed before the forward (`clear_tail`), so that whatever the cache
-held there stays out of the softmax. The cache positions from n on therefore hold nothing a
-forward's caller needs (assembly and decode write them before reading them).
+Inertness: padded rows are zero hidden states at position 0 that write their K/V to the
+scratch position K_b - 1, which no real row sees (real rows are < n <= K_b - 1), and attend
+to the keys up to it (a finite softmax); their outputs are dropped. Keys from n to K_b - 1
+are masked for every real row and hold finite values (a masked key's weight is then an exact
+0): the first compiled forward over a cache lent anew zeroes them at every layer
+(`clear_tail`), and every later write there is a K/V the model computed. The cache positions
+from n on therefore hold nothing a forward's caller needs (assembly and decode write them
+before reading them).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from conduit_core.kv.kv_cache import KVCache
+from conduit_core.passes.row_attention import additive_mask
 
 MIN_ROWS = 16
 MIN_KEYS = 64
@@ -46,7 +51,7 @@ class PaddedRows:
     n_rows: int  # R, the real rows (the first R of every padded tensor)
     n_keys: int  # n, the real keys
     writes: torch.Tensor  # (R_b,) cache positions written: the rows, then the scratch slot
-    mask: torch.Tensor  # (1, 1, R_b, K_b) additive: causal for real rows, key 0 for padding
+    mask: torch.Tensor  # (1, 1, R_b, K_b) additive: causal, padding up to the scratch slot
     cos: torch.Tensor  # (B, R_b, hd)
     sin: torch.Tensor  # (B, R_b, hd)
 
@@ -57,31 +62,20 @@ class PaddedRows:
 
     def pad(self, hidden: torch.Tensor) -> torch.Tensor:
         """`hidden` (B, R, d) with zero rows appended: (B, R_b, d)."""
-        b, _, d = hidden.shape
-        out = hidden.new_zeros(b, self.writes.numel(), d)  # (B, R_b, d)
-        out[:, :self.n_rows] = hidden
-        return out
+        return F.pad(hidden, (0, 0, 0, self.writes.numel() - self.n_rows))  # (B, R_b, d)
 
 
 def pad_rows(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_keys: int,
              dtype: torch.dtype) -> PaddedRows:
-    """Rows (R,) with their rotary cos/sin (B, R, hd), over `n_keys` keys, at their bucket.
-    Shapes only come from R and n_keys: nothing is read back from the device."""
+    """Rows (R,) with their rotary cos/sin (B, R, hd), over `n_keys` keys, at their bucket,
+    in five operations. Shapes only come from R and n_keys: nothing is read back from the
+    device."""
     r = int(rows.numel())
     r_b, k_b = row_bucket(r), key_bucket(n_keys)
-    device = rows.device
-    writes = torch.full((r_b,), k_b - 1, dtype=torch.long, device=device)  # (R_b,)
-    writes[:r] = rows
-    seen = torch.zeros(r_b, dtype=torch.long, device=device)  # (R_b,) last key each row sees
-    seen[:r] = rows
-    keys = torch.arange(k_b, device=device)  # (K_b,)
-    allowed = keys.view(1, -1) <= seen.view(-1, 1)  # (R_b, K_b)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    b, _, hd = cos.shape
-    pcos = cos.new_ones(b, r_b, hd)  # (B, R_b, hd) padding at position 0: cos 1, sin 0
-    psin = sin.new_zeros(b, r_b, hd)
-    pcos[:, :r], psin[:, :r] = cos, sin
+    writes = F.pad(rows, (0, r_b - r), value=k_b - 1)  # (R_b,)
+    mask = additive_mask(writes, k_b, dtype, rows.device)  # (R_b, K_b)
+    pcos = F.pad(cos, (0, 0, 0, r_b - r), value=1.0)  # (B, R_b, hd) padding at position 0:
+    psin = F.pad(sin, (0, 0, 0, r_b - r))  # cos 1, sin 0
     return PaddedRows(r, n_keys, writes, mask.view(1, 1, r_b, k_b), pcos, psin)
 
 
@@ -90,11 +84,24 @@ def fits(cache: KVCache, n_keys: int) -> bool:
     return cache.capacity >= key_bucket(n_keys)
 
 
-def clear_tail(cache: KVCache, layers: range, n_keys: int) -> None:
-    """Zero the keys and values of positions [n_keys, K_b) of `layers` (see module docstring)."""
-    if not len(layers):
+# each cache's cleared tail (module docstring): id -> (the cache, its n_keys)
+_CLEARED: dict[int, tuple[weakref.ref[KVCache], int]] = {}
+
+
+def clear_tail(cache: KVCache, n_keys: int) -> None:
+    """Zero the keys and values of positions [n_keys, K_b) of every layer, unless done
+    already for `n_keys` since the cache was lent (`lent`; see the module docstring)."""
+    done = _CLEARED.get(id(cache))
+    if done is not None and done[0]() is cache and done[1] == n_keys:
         return
     k_b = key_bucket(n_keys)
-    span = slice(layers.start, layers.stop, layers.step)
-    cache.keys[span, :, :, n_keys:k_b].zero_()
-    cache.values[span, :, :, n_keys:k_b].zero_()
+    cache.keys[:, :, :, n_keys:k_b].zero_()
+    cache.values[:, :, :, n_keys:k_b].zero_()
+    key = id(cache)
+    _CLEARED[key] = (weakref.ref(cache, lambda _: _CLEARED.pop(key, None)), n_keys)
+
+
+def lent(cache: KVCache) -> None:
+    """`cache` is lent anew (its last user's writes are not trusted): the next compiled
+    forward over it clears its tail again."""
+    _CLEARED.pop(id(cache), None)

@@ -11,8 +11,9 @@ off takes the one-mask reference path instead, for A/B measurements and tests); 
 the model's own attention function with one mask. Other attention implementations
 (flash_attention_2, flex_attention, ...) are refused (`UnsupportedModelError`): they would
 get a dense additive mask they do not honour, or a wrong one. What every layer of a forward
-shares (its row groups or mask, its rotary cos/sin) is built once (`RowSetup`), and a caller
-that runs the same rows in two calls builds it once for both.
+shares (its rotary cos/sin; its row groups or mask on the eager path, its padded rows on the
+compiled one, each built when a forward first needs it) is built once (`RowSetup`), and a
+caller that runs the same rows in two calls builds it once for both.
 
 A layer observer sees each layer's queries and the cache after the layer's write; if it
 computed the layer's attention output of every row (the scoring pass forms their
@@ -33,7 +34,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.adapters.base import VLMAdapter, check_attention
-from conduit_core.passes.buckets import clear_tail, fits, pad_rows
+from conduit_core.passes.buckets import PaddedRows, clear_tail, fits, pad_rows
 from conduit_core.passes.layer_graphs import LayerGraphs, layer_graphs
 from conduit_core.passes.layer_groups import drained
 from conduit_core.passes.row_attention import (
@@ -97,28 +98,55 @@ def computed_key_counts(adapter: VLMAdapter, rows: torch.Tensor, n_keys: int,
     return torch.full_like(rows, n_keys)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class RowSetup:
-    """What every layer of a forward of one row set shares, built once (`setup_rows`)."""
+    """What every layer of a forward of one row set shares, built once for every forward of
+    those rows (`setup_rows`): the rows and their rotary cos/sin at once; the eager path's
+    attention groups or mask (`attention`) and the compiled path's padded rows (`padded`)
+    where a forward first needs them, so that neither path builds the other's."""
 
-    rows: torch.Tensor  # (R,) sequence indices, on the adapter's device
-    blocks: list[RowBlock] | None  # the sdpa groups of a masked subset (None: not grouped)
-    mask: torch.Tensor | None  # (1, 1, R, n_keys) additive, where not grouped and needed
+    adapter: VLMAdapter
+    given: torch.Tensor  # (R,) sequence indices as the caller gave them (host or device)
+    rows: torch.Tensor  # (R,) the same, on the adapter's device
     cos: torch.Tensor  # (B, R, hd) rotary cos of the rows' positions
     sin: torch.Tensor  # (B, R, hd)
+    n_keys: int
+    dtype: torch.dtype  # the hidden states'
+    plain_causal: bool = False
+    parent: tuple[RowSetup, torch.Tensor] | None = None  # (setup, places): a subset of it
+    _attention: tuple[list[RowBlock] | None, torch.Tensor | None] | None = None
+    _padded: dict[int, PaddedRows] = field(default_factory=dict)
+
+    def attention(self) -> tuple[list[RowBlock] | None, torch.Tensor | None]:
+        """The sdpa groups of a masked subset (None: not grouped) and the one additive mask
+        (1, 1, R, n_keys) where not grouped and needed, built on first use; a subset's
+        group taken from its parent's where that is one masked group (`_one_group_rows`)."""
+        if self._attention is None:
+            blocks = None
+            if self.parent is not None:
+                setup, places = self.parent
+                blocks = _one_group_rows(self.adapter, setup.attention()[0], places,
+                                         self.n_keys)
+            self._attention = (blocks, None) if blocks is not None else _attention_setup(
+                self.adapter, self.given, self.n_keys, self.plain_causal, self.dtype)
+        return self._attention
+
+    def padded(self, n_keys: int) -> PaddedRows:
+        """The rows at their shape bucket over `n_keys` keys (`buckets.pad_rows`), built on
+        first use."""
+        if n_keys not in self._padded:
+            self._padded[n_keys] = pad_rows(self.rows, self.cos, self.sin, n_keys, self.dtype)
+        return self._padded[n_keys]
 
     def subset(self, adapter: VLMAdapter, places: torch.Tensor, n_keys: int) -> RowSetup:
         """The setup of rows `rows[places]` (places (R',) int64): cos/sin taken from this one
         (one gather each instead of the rotary embedding), attention groups built for them
-        (taken from this one's where it is one group over `n_keys`: `_one_group_rows`)."""
+        when first needed (taken from this one's where it is one group over `n_keys`)."""
         places = places.to(self.rows.device)
         rows = self.rows[places]  # (R',)
         cos, sin = self.cos[:, places], self.sin[:, places]  # (B, R', hd) each
-        blocks = _one_group_rows(adapter, self.blocks, places, n_keys)
-        mask = None
-        if blocks is None:
-            blocks, mask = _attention_setup(adapter, rows, n_keys, False, cos.dtype)
-        return RowSetup(rows, blocks, mask, cos, sin)
+        return RowSetup(adapter, rows, rows, cos, sin, n_keys, self.dtype,
+                        parent=(self, places))
 
 
 def _one_group_rows(adapter: VLMAdapter, blocks: list[RowBlock] | None, places: torch.Tensor,
@@ -148,10 +176,10 @@ def setup_rows(adapter: VLMAdapter, dtype: torch.dtype, rows: torch.Tensor,
                plain_causal: bool = False) -> RowSetup:
     """The `RowSetup` of rows (R,) at `position_ids` (P, B, R) for hidden states of `dtype`
     (see `forward_rows` for `plain_causal`)."""
-    blocks, mask = _attention_setup(adapter, rows, n_keys, plain_causal, dtype)
     like = torch.empty(0, dtype=dtype, device=adapter.device)  # the rotary reads its dtype
     cos, sin = adapter.rotary(like, position_ids.to(adapter.device))  # (B, R, hd) each
-    return RowSetup(rows.to(adapter.device), blocks, mask, cos, sin)
+    return RowSetup(adapter, rows, rows.to(adapter.device), cos, sin, n_keys, dtype,
+                    plain_causal)
 
 
 def forward_rows_steps(
@@ -191,7 +219,8 @@ def forward_rows_steps(
     if graphs is not None and fits(cache, n_keys):
         return _forward_compiled(adapter, graphs, cache, hidden, setup, n_keys, impl, run,
                                  observer, outputs)
-    rows, blocks, mask, cos, sin = setup.rows, setup.blocks, setup.mask, setup.cos, setup.sin
+    rows, cos, sin = setup.rows, setup.cos, setup.sin
+    blocks, mask = setup.attention()
     b, r, _ = hidden.shape
     last = run[-1] if len(run) else -1
     for li in run:
@@ -237,8 +266,8 @@ def _forward_compiled(adapter: VLMAdapter, graphs: LayerGraphs, cache: KVCache,
     (`conduit_core.passes.buckets`): every row computes the last layer in full, the
     `outputs` rows are taken after it."""
     b, r, _ = hidden.shape
-    padded = pad_rows(setup.rows, setup.cos, setup.sin, n_keys, hidden.dtype)
-    clear_tail(cache, run, n_keys)
+    padded = setup.padded(n_keys)
+    clear_tail(cache, n_keys)
     attention = _attention_fn(adapter.layers[0].self_attn, impl)
     k_b = padded.keys
     state = padded.pad(hidden)  # (B, R_b, hidden)
