@@ -60,10 +60,10 @@ class Assembly:
         it read (measured: lab/testbed/NOTES.md, "Citations")."""
         if self.stale is None or not self.layout.segments:
             return ()
-        attention = self.stale.attention.float().cpu()  # (N,)
-        rows, page_of = self.layout.visual_rows(), self.layout.page_of_visual()  # (N_v,) each
-        peaks = torch.full((len(self.layout.segments),), -math.inf).scatter_reduce(
-            0, page_of, attention[rows], "amax")  # (M,) each page's most attended token
-        totals = peaks.tolist()
+        attention = self.stale.attention.float().cpu().numpy()  # (N,) host arithmetic
+        totals = [-math.inf] * len(self.layout.segments)  # (M,) each page's most attended token
+        for s in self.layout.segments:
+            if s.length:
+                totals[s.page] = max(totals[s.page], float(attention[s.start:s.stop].max()))
         whole = sum(totals)
         return tuple(t / whole for t in totals) if whole > 0 else ()
