@@ -118,9 +118,10 @@ class QueryIn(BaseModel):
     gamma: float | None = Field(None, ge=0.0, le=100.0,
                                 description="CONDUIT amplification exponent.")
     score_layers: Literal["all"] | tuple[Annotated[int, Field(ge=0, le=MAX_LAYER)],
-                                         Annotated[int, Field(ge=0, le=MAX_LAYER)]] | None = Field(
-        None, description="'all' or a [start, stop) pair of decoder layers CONDUIT scores with."
-    )
+                                         Annotated[int, Field(ge=0, le=MAX_LAYER)]] | Annotated[
+        float, Field(gt=0.0, le=1.0)] | None = Field(
+        None, description="'all', a [start, stop) pair of decoder layers CONDUIT scores with, "
+        "or a depth f in (0, 1]: the first ceil(f * L) layers (the scoring pass stops there).")
     query_window: int | None = Field(None, ge=1, le=65536,
                                      description="Score with the last w question tokens.")
     head_agg: Literal["mean", "max"] | None = Field(None, description="Head aggregation.")
