@@ -23,7 +23,9 @@ What the runtime decides (its options):
       pages it refreshes whole, "always" every stale label (the scoring pass reads them stale;
       the first, right after the head, is exact as cached; `Layout.label_refresh`; the
       default, as the service's `CONDUIT_LABEL_REFRESH`), "budget" the same labels, their
-      rows counted against the refresh budget.
+      rows counted against the refresh budget, "read" after a scoring pass only the labels
+      the question reads most, chosen from its scores on the device
+      (`Layout.read_label_rows`), without one as "always".
   never_above_full: before a policy runs, its LM FLOPs are predicted
       (`conduit_core.cost.cost_model`); where they exceed a full prefill from the cached page
       embeddings, that runs instead (`AnswerResult.fallback`).

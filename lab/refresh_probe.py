@@ -38,8 +38,8 @@ class RefreshProbe:
     """One request's refreshed set and the logits of every recomputed row."""
 
     visual_rows: torch.Tensor  # (k,) refreshed visual sequence indices, ascending
-    rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual + the labels of
-    # pages refreshed whole, when labels are stale), ascending
+    rows: torch.Tensor  # (R,) all recomputed sequence indices (text + visual + the stale
+    # labels the refresh recomputed, when labels are stale), ascending
     logits: torch.Tensor  # (R | 1, vocab) float32, row order of `rows`; [-1] predicts token 1
     extra_flops: float  # FLOPs the policy itself spent (scoring pass, check layers)
     choice_seconds: float  # wall time of the policy's decision (incl. its scoring pass)
@@ -71,8 +71,7 @@ def probe_refresh(runtime: ReuseRuntime, request: AnswerRequest,
     seconds = time.perf_counter() - t0
     hidden, computed = runtime.reuse.refresh(assembly, visual, ctx.resume)  # (R, hidden), (R_c,)
     layout = assembly.layout
-    rows = torch.cat([layout.text_rows(), visual,
-                      layout.refreshed_label_rows(visual)]).unique()  # (R,)
+    rows = torch.cat([layout.text_rows(), visual, computed.cpu()]).unique()  # (R,)
     return RefreshProbe(visual_rows=visual, rows=rows, logits=_logits(runtime, hidden, logits),
                         extra_flops=ctx.extra_flops, choice_seconds=seconds,
                         computed_rows=computed,

@@ -34,7 +34,8 @@ _NO_ROWS = torch.zeros(0, dtype=torch.long)
 
 
 def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
-                scored: bool, reuse: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+                scored: bool, reuse: bool = True,
+                weighted: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The rows of a refresh besides its visual rows, on the host: the text rows after the
     head, less those skipped, and the stale labels it recomputes; and how many text rows
     were skipped. After a scoring pass they are decided without reading `visual_rows` (on
@@ -42,8 +43,11 @@ def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
     (`Layout.refreshed_label_rows` of no row), and the text rows skipped are those before
     the first page and before those labels, exact whatever was chosen. With label_refresh
     "page" the labels follow the choice, which is read back, and the text rows skipped are
-    those before the first refreshed row. Without `reuse` (a scoring pass that stopped
-    before the last layer: no text row's last-layer state) none is skipped."""
+    those before the first refreshed row; with "read" the labels are those the scoring
+    pass's scores `weighted` choose, on their device (`Layout.read_label_rows`; without
+    them, as the cost model asks, its guess), the text rows skipped as with "always".
+    Without `reuse` (a scoring pass that stopped before the last layer: no text row's
+    last-layer state) none is skipped."""
     text = layout.text_rows()
     text = text[text >= exact_rows]  # (T,)
     if not scored:
@@ -56,6 +60,8 @@ def _fixed_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor,
         labels = layout.refreshed_label_rows(_NO_ROWS)  # (L,) whatever was chosen
         starts = [layout.n, *(s.start for s in layout.segments[:1]),
                   *(int(labels.min()) for _ in range(min(1, labels.numel())))]
+        if layout.label_refresh == "read":  # the labels the question reads most
+            labels = layout.read_label_rows(weighted)  # (C,) on the scores' device
     first = min(starts) if reuse else 0
     skipped = int((text < first).sum())  # the text rows before it
     return text[skipped:], labels, skipped
@@ -87,10 +93,12 @@ class _PassRows:
 
 
 def _pass_rows(layout: Layout, exact_rows: int, visual_rows: torch.Tensor, scored: bool,
-               reuse: bool, device: torch.device) -> _PassRows:
+               reuse: bool, device: torch.device,
+               weighted: torch.Tensor | None = None) -> _PassRows:
     """`refresh_rows` without reading `visual_rows` (distinct rows, on the device): the host
     rows joined to them and sorted on the device, their count known on the host."""
-    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored, reuse)
+    text, labels, skipped = _fixed_rows(layout, exact_rows, visual_rows, scored, reuse,
+                                        weighted)
     fresh = torch.sort(torch.cat([labels.to(device),
                                   visual_rows.to(device, torch.long)])).values  # (F,)
     every = torch.cat([text.to(device), fresh])  # (R,) text rows first
@@ -130,7 +138,8 @@ def refresh_steps(adapter: VLMAdapter, assembly: Assembly, visual_rows: torch.Te
     device = adapter.device
     scored = stale is not None and assembly.stale_writes == assembly.cache.writes
     whole = scored and stale is not None and stale.text_hidden is not None  # every layer ran
-    split = _pass_rows(layout, assembly.exact_rows, visual_rows, scored, whole, device)
+    split = _pass_rows(layout, assembly.exact_rows, visual_rows, scored, whole, device,
+                       stale.weighted if scored and stale is not None else None)
     rows, skipped, n_rows = split.rows, split.skipped, int(split.rows.numel())
     everything = n_rows == layout.n
     reused: list[torch.Tensor] = []  # last-layer states of the rows not computed

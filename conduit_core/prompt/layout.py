@@ -13,7 +13,10 @@ a label only with its whole page; "always" every label whatever it refreshes of 
 (the scoring pass still reads them stale) but the first when it directly follows the head,
 unless its page is refreshed whole: the label cache computed it in that exact context, so
 it is not stale; "budget" the same labels as "always", their rows counted against the
-refresh budget (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`).
+refresh budget (`budget_label_rows`, taken off the visual tokens by `PolicyContext.k`);
+"read", after a scoring pass, only the `read_labels` stale labels whose keys the question
+reads most (`read_label_rows`: chosen from the scores on their device, never read back), and
+without one (no scores to choose from) the same labels as "always".
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import torch
 
 from conduit_core.model.adapters.base import VLMAdapter
 
-LabelRefresh = Literal["page", "always", "budget"]
+LabelRefresh = Literal["page", "always", "budget", "read"]
 LABEL_REFRESH: tuple[LabelRefresh, ...] = get_args(LabelRefresh)
+READ_LABELS = 2  # the stale labels a scored refresh recomputes under "read"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Layout:
     labels: list[Segment] = field(default_factory=list)  # page i's label span, page order
     stale_labels: bool = False  # labels come from the label cache, stale like their pages
     label_refresh: LabelRefresh = "page"  # with stale_labels: which labels a refresh recomputes
+    read_labels: int = READ_LABELS  # with "read": how many stale labels a scored refresh takes
 
     @property
     def n(self) -> int:
@@ -77,7 +82,8 @@ class Layout:
     def refreshed_label_rows(self, visual_rows: torch.Tensor) -> torch.Tensor:
         """Stale label rows a refresh of `visual_rows` recomputes, ascending: the labels of
         the pages it refreshes whole, and unless `label_refresh` is "page" every other label
-        but one right after the head (exact as cached; none unless `stale_labels`)."""
+        but one right after the head (exact as cached; none unless `stale_labels`). Under
+        "read" these are a refresh's without a scoring pass (`read_label_rows` after one)."""
         every = self.label_refresh != "page"
         if not self.stale_labels or (visual_rows.numel() == 0 and not every):
             return torch.zeros(0, dtype=torch.long)
@@ -91,6 +97,40 @@ class Layout:
         """The labels whose cached K/V are stale: all but one right after the head, which
         was cached in its exact context (the head alone precedes it)."""
         return [s for s in self.labels if s.start != self.head]
+
+    def read_label_count(self) -> int:
+        """Rows `read_label_rows` returns: those of the `read_labels` longest stale labels
+        (0 unless `stale_labels`), known on the host whatever the scores choose."""
+        if not self.stale_labels:
+            return 0
+        lengths = sorted((s.length for s in self._stale_labels()), reverse=True)
+        return sum(lengths[:max(0, self.read_labels)])
+
+    def read_label_rows(self, weighted: torch.Tensor | None = None) -> torch.Tensor:
+        """The stale label rows a refresh after a scoring pass recomputes under "read",
+        ascending, `read_label_count` of them: the labels ranked by the scores `weighted`
+        (N,) summed over each label's rows (the key mass the scored rows read there; ties
+        to the earlier label), their rows taken in rank order, on the scores' device with
+        nothing read back. Where lengths differ, the count can end inside the next label
+        (a subset of a label is recomputed: exact as any subset). Without `weighted` (a
+        prediction before the pass) the ranking spreads `read_labels` labels evenly."""
+        stale = self._stale_labels() if self.stale_labels else []
+        count = self.read_label_count()
+        if count == 0:
+            return torch.zeros(0, dtype=torch.long)
+        index = torch.from_numpy(_span_table(stale))  # (S, W) rows, -1 past a label's end
+        if weighted is not None:  # the scores' device (the guess stays on the host)
+            index = index.to(weighted.device)
+        else:  # the prediction's stand-in for the scores
+            picks = np.linspace(0, len(stale) - 1, min(self.read_labels, len(stale)))
+            weighted = torch.from_numpy(
+                _spans_mask(self.n, [stale[int(i)] for i in np.round(picks)]).astype(np.float32))
+        mass = (weighted[index.clamp(min=0)] * (index >= 0)).sum(1)  # (S,) read per label
+        order = torch.argsort(mass, descending=True, stable=True)  # (S,) most read first
+        ranked = index[order].reshape(-1)  # (S * W,) label rows in rank order, -1 gaps
+        slot = torch.ones_like(ranked).cumsum(0) - 1  # (S * W,) 0, 1, ... beside `ranked`
+        first = torch.argsort(torch.where(ranked >= 0, slot, slot + ranked.numel()))  # (S * W,)
+        return torch.sort(ranked[first[:count]]).values  # (C,)
 
     def budget_label_rows(self) -> int:
         """Label rows every refresh recomputes that count against its budget (0 unless
@@ -134,6 +174,14 @@ def _spans_mask(n: int, spans: list[Segment]) -> np.ndarray:
     for s in spans:
         mask[s.start:s.stop] = True
     return mask
+
+
+def _span_table(spans: list[Segment]) -> np.ndarray:
+    """(len(spans), longest) int64 numpy: row i holds span i's rows, then -1."""
+    table = np.full((len(spans), max(s.length for s in spans)), -1, dtype=np.int64)
+    for i, s in enumerate(spans):
+        table[i, :s.length] = np.arange(s.start, s.stop)
+    return table
 
 
 def _span_rows(spans: list[Segment]) -> torch.Tensor:

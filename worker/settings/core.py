@@ -48,13 +48,15 @@ class CoreSettings(BaseSettings):
         True, description="Compute each page label once after the prompt head and reuse it "
         "stale like its page (recomputed with its whole page); off = labels are text rows, "
         "computed in both passes. Off whenever head_cache is off.")
-    label_refresh: Literal["page", "always", "budget"] = Field(
+    label_refresh: Literal["page", "always", "budget", "read"] = Field(
         "always", description="With the label cache, the labels a refresh recomputes: "
         "'always' every stale one (the scoring pass reads them stale; the first, right after "
         "the head, is exact as cached), 'page' only those of the pages it refreshes whole "
         "(fewer rows computed; a model that reads the labels answers worse: measured, "
         "lab/testbed/NOTES.md), 'budget' the same labels as 'always' with their rows counted "
-        "against the refresh budget (fewer visual tokens refreshed, the same share of rows).")
+        "against the refresh budget (fewer visual tokens refreshed, the same share of rows), "
+        "'read' after a scoring pass only the two the question's scores read most (chosen on "
+        "the device), without one as 'always'.")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "
