@@ -41,7 +41,7 @@ FLAT = 0.10  # largest / smallest count across the page counts, less 1
 # and on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
 # float32 probabilities (keys cast, queries cast and folded for GQA, QK^T with the mask,
 # softmax, row sum; 4 in float32, where the keys need no cast; the layer's own sdpa call
-# gives its output), so CONDUIT's two passes come to 2.13x (whole) and 2.15x (passes)
+# gives its output), so CONDUIT's two passes come to 2.12x (whole) and 2.15x (passes)
 # measured (lab/ttft/NOTES.md); one more op a layer in the scoring pass crosses the bound.
 RATIO_BOUND = {"float32": 2.15, "bfloat16": 2.16}
 CPU_LOAD_PER_PAGE = 1.0  # the CPU's in-place page load, ops a layer a page
