@@ -16,6 +16,10 @@ that count then split over the pages by the same quota rule (`each_page=False`):
 
 With flat scores (random weights) both reach the cap, and the policy is `conduit_per_page`.
 The count is read back from the scores (a host sync the product's CONDUIT never makes).
+
+`ReadLabels(base, labels)` is `base` with the runtime's `label_refresh="read"` recomputing
+`labels` stale labels instead of `READ_LABELS` (a lab knob: it sets the answer's
+`Layout.read_labels` when the cost model asks for its profile, before anything reads it).
 Results on the development seed: `lab/testbed/NOTES.md` ("Cheaper default").
 """
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit_core.policies.conduit import ConduitChoice, ConduitConfig, ConduitPolicy
-from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import per_page_topk, quota_split
 from lab.ablations.conduit_adaptive import mass_k
 
@@ -101,10 +105,33 @@ class CountedPerPage(ConduitPolicy):
         return ConduitChoice(rows=rows[pos], scores=scores, amplification=c)
 
 
-CHEAPER: dict[str, ConduitPolicy] = {
+@dataclass(frozen=True)
+class ReadLabels:
+    """`base` with `labels` stale labels recomputed under label_refresh "read"."""
+
+    base: ConduitPolicy
+    labels: int
+
+    def cost_profile(self, ctx: PolicyContext) -> PolicyCost:
+        """`base`'s profile, the layout's read count set first (the plan reads it)."""
+        ctx.layout.read_labels = self.labels
+        return self.base.cost_profile(ctx)
+
+    def __call__(self, ctx: PolicyContext) -> torch.Tensor:
+        """`base`'s choice (the refresh then takes `labels` labels)."""
+        ctx.layout.read_labels = self.labels
+        return self.base(ctx)
+
+
+CHEAPER: dict[str, ConduitPolicy | ReadLabels] = {
     "cv_page_mass_50": CountedPerPage(count=MassCount(0.5)),
     "cv_quota_mass_50": CountedPerPage(count=MassCount(0.5), each_page=False),
     "cv_quota_mass_70": CountedPerPage(count=MassCount(0.7), each_page=False),
     "cv_page_knee": CountedPerPage(count=KneeCount(0.25)),
     "cv_quota_knee": CountedPerPage(count=KneeCount(0.25), each_page=False),
+}
+CHEAPER |= {  # one label read instead of two (`ReadLabels`; run with label_refresh "read")
+    "cv_quota_mass_50_read1": ReadLabels(CountedPerPage(count=MassCount(0.5),
+                                                        each_page=False), 1),
+    "cv_page_knee_read1": ReadLabels(CountedPerPage(count=KneeCount(0.25)), 1),
 }

@@ -10,10 +10,12 @@ wins on the development seed and holds on the final seed is registered in
 
     python -m lab.testbed.variants (--weights W | --model builtin:NAME) --n 200 \
         --pages distractors --out FILE [--policies REGISTERED,...] \
-        [--candidates CANDIDATE,...] [--records FILE] [--label-refresh always|page|budget]
+        [--candidates CANDIDATE,...] [--records FILE] \
+        [--label-refresh always|page|budget|read]
 
 The candidates for a cheaper default (issue 67: the default's per-page quota, each page's
-count from the scores) are in `cheaper.py` and registered here with the rest.
+count from the scores) are in `cheaper.py` and registered here with the rest; those ending
+in `_read1` recompute one label under `--label-refresh read` (`ReadLabels`), not two.
 
 A candidate beyond those choices, from the split oracle (`results/split_oracle.md`): a split
 record's key reads the value ending the page before among that page's last rows, and with
@@ -70,7 +72,7 @@ from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.policies.selection import topk_positions
 from conduit_core.prompt.layout import LABEL_REFRESH
 from lab.ablations.conduit_adaptive import AdaptiveConduitPolicy
-from lab.testbed.cheaper import CHEAPER
+from lab.testbed.cheaper import CHEAPER, ReadLabels
 
 _Q = ScoreConfig(query_rows="question")
 _L = ScoreConfig(value_norm="layer")
@@ -222,6 +224,7 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_second_hop_80_l2": SecondHop(get_policy("conduit_per_page"), 0.8, layers=2),
     # the default's quota, spending less where attention is concentrated (`cheaper.py`)
     **CHEAPER,
+    "conduit_adaptive_read1": ReadLabels(AdaptiveConduitPolicy(), 1),  # as conduit_adaptive
 }
 
 
