@@ -41,9 +41,11 @@ FLAT = 0.10  # largest / smallest count across the page counts, less 1
 # and on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
 # float32 probabilities (keys cast, queries cast and folded for GQA, QK^T with the mask,
 # softmax, row sum; 4 in float32, where the keys need no cast; the layer's own sdpa call
-# gives its output), so CONDUIT's two passes come to 2.12x (whole) and 2.15x (passes)
-# measured (lab/ttft/NOTES.md); one more op a layer in the scoring pass crosses the bound.
-RATIO_BOUND = {"float32": 2.15, "bfloat16": 2.16}
+# gives its output), so CONDUIT's two passes come to 2.12x (whole: 90.8 against 42.8 in bf16,
+# 81.5 against 38.6 in float32) and 2.15x (passes: 82.4 against 38.4, 73.2 against 34.2)
+# measured (lab/ttft/NOTES.md); one more op a layer in CONDUIT crosses each bound.
+RATIO_BOUND = {"float32": {"whole": 2.12, "passes": 2.15},
+               "bfloat16": {"whole": 2.13, "passes": 2.16}}
 CPU_LOAD_PER_PAGE = 1.0  # the CPU's in-place page load, ops a layer a page
 
 Counts = dict[str, dict[str, list[float]]]  # policy -> "whole" | "passes" | "load" | "cpu_load"
@@ -98,7 +100,7 @@ def test_conduit_stays_within_the_bound_of_full_prefill(counted: Counts, dtype: 
                                                         policy: str, part: str) -> None:
     for pages, ours, full in zip(PAGES, counted[policy][part],
                                  counted["full_prefill"][part], strict=True):
-        assert ours <= RATIO_BOUND[dtype] * full, (policy, part, pages, ours, full)
+        assert ours <= RATIO_BOUND[dtype][part] * full, (policy, part, pages, ours, full)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
