@@ -47,9 +47,10 @@ class Assembly:
         return self.head.n if self.head is not None else 0
 
     def fresh_text_rows(self) -> torch.Tensor:
-        """Text rows a pass computes: those after the cached head, ascending (N_t',)."""
-        text = self.layout.text_rows()
-        return text[text >= self.exact_rows]
+        """Text rows a pass computes: those after the cached head, ascending (N_t',), on the
+        host (numpy arithmetic on the layout's rows)."""
+        text = self.layout.text_rows().numpy()  # (N_t,)
+        return torch.from_numpy(text[text >= self.exact_rows])
 
     def page_attention(self) -> tuple[float, ...]:
         """How much the question looked at each page in the scoring pass: the page's most
