@@ -28,7 +28,7 @@ from lab.ttft.op_count import NARROW_LAYERS, narrow_runtime
 PAGES = (2, 8)
 POLICIES = ("full_prefill", "conduit_per_page", "conduit")
 FLAT = 0.10  # largest / smallest count across the page counts, less 1
-# CONDUIT's launches a layer over full prefill's. Issue 65 asks 2.0; measured 2.39 (38.1-38.2
+# CONDUIT's launches a layer over full prefill's. Issue 65 asks 2.0; measured 2.39 (38.0-38.1
 # against 16.0): compiling shrinks a layer body to 10 launches (5 kernels, 5 extern) while
 # the scoring pass's probabilities stay eager (5 ops a layer), its layer splits in two
 # around them (one kernel more) and the work around the passes (selection, plans, row

@@ -41,8 +41,8 @@ FLAT = 0.10  # largest / smallest count across the page counts, less 1
 # and on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
 # float32 probabilities (keys cast, queries cast and folded for GQA, QK^T with the mask,
 # softmax, row sum; 4 in float32, where the keys need no cast; the layer's own sdpa call
-# gives its output), so CONDUIT's two passes come to 2.12x (whole: 90.8 against 42.8 in bf16,
-# 81.5 against 38.6 in float32) and 2.15x (passes: 82.4 against 38.4, 73.2 against 34.2)
+# gives its output), so CONDUIT's two passes come to 2.12x (whole: 90.7 against 42.8 in bf16,
+# 81.4 against 38.6 in float32) and 2.15x (passes: 82.4 against 38.4, 73.2 against 34.2)
 # measured (lab/ttft/NOTES.md); one more op a layer in CONDUIT crosses each bound.
 RATIO_BOUND = {"float32": {"whole": 2.12, "passes": 2.15},
                "bfloat16": {"whole": 2.13, "passes": 2.16}}
