@@ -15,6 +15,10 @@ of the pass's layers, and its launching operations with it. Two measurements:
     python -m lab.testbed.depth variants --weights W --seed 28 --budgets 0.1 --n 300 \
         --policies conduit_per_page --candidates cv_depth_08,cv_depth_06 --out FILE
     python -m lab.testbed.depth ops --out lab/testbed/results/depth_ops.json
+    python -m lab.testbed.depth flops --weights W --seed 28 --n 20 --out FILE
+
+`flops` splits an answer's LM FLOPs (as shares of full prefill's) into the scoring pass and
+the refresh at each depth, for `conduit_per_page` at 10% on the testbed's probe questions.
 
 Results: `lab/testbed/NOTES.md` ("A shorter scoring pass").
 """
@@ -97,6 +101,54 @@ def depth_ops(pages: tuple[int, ...] = (2, 8, 32),
         torch.set_num_threads(saved)
 
 
+def depth_flops(weights: Path, seed: int, n: int,
+                depths: tuple[float, ...] = (1.0, 0.8, 0.6)) -> list[dict[str, Any]]:
+    """Per probe question (distractors) and depth: the charged scoring pass and refresh of
+    `conduit_per_page` at 10% as shares of a full prefill's LM FLOPs, and the rows they ran."""
+    from conduit_core.answer_types import PageInput
+    from conduit_core.runtime import ReuseRuntime
+    from lab.testbed.batches import page_image
+    from lab.testbed.probe import load_checkpoint_vlm, probe_samples
+    from worker.prompt import ANSWER_PREFIX, page_label
+    rt = ReuseRuntime(load_checkpoint_vlm(weights), never_above_full=False)
+    policy = get_policy("conduit_per_page")
+    rows = []
+    for i, s in enumerate(probe_samples(n, seed, "distractors")):
+        kvs = rt.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
+        inputs = [PageInput(page_label(s.doc_name, p + 1), kv)
+                  for p, kv in zip(s.pages, kvs, strict=True)]
+        answering.warm_labels(rt, ANSWER_PREFIX, inputs)
+        for depth in depths:
+            asm = rt.reuse.assemble(ANSWER_PREFIX, inputs, s.text, last_only=True)
+            full = rt.reuse.costs.refresh(asm.layout, torch.arange(asm.layout.n), True)
+            choice = _at(policy, depth)
+            ctx = rt.reuse.policy_context(asm, 0.1)
+            chosen = choice(ctx)
+            _, computed = rt.reuse.refresh(asm, chosen)
+            rows.append({"question": i, "depth": depth,
+                         "text_rows": int(asm.fresh_text_rows().numel()),
+                         "refresh_rows": int(computed.numel()),
+                         "scoring": ctx.extra_flops / full,
+                         "refresh": rt.reuse.refresh_flops(asm, computed) / full})
+    return rows
+
+
+def _flops_markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = ["# Where a shorter scoring pass's LM FLOPs go (testbed, conduit_per_page at 10%)",
+             "", "Produced by:", "", "```", command, "```", "",
+             "Means over the probe questions; shares of a full prefill's LM FLOPs.", "",
+             "| depth | questions | text rows | refresh rows | scoring pass | refresh | sum |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for depth in sorted({r["depth"] for r in rows}, reverse=True):
+        at = [r for r in rows if r["depth"] == depth]
+        mean = {k: sum(r[k] for r in at) / len(at)
+                for k in ("text_rows", "refresh_rows", "scoring", "refresh")}
+        lines.append(f"| {depth} | {len(at)} | {mean['text_rows']:.1f} | "
+                     f"{mean['refresh_rows']:.1f} | {mean['scoring']:.4f} | "
+                     f"{mean['refresh']:.4f} | {mean['scoring'] + mean['refresh']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _ops_markdown(rows: list[dict[str, Any]], command: str) -> str:
     lines = ["# Launching ops a layer of a shorter scoring pass (bf16, accelerator path)", "",
              "Produced by:", "", "```", command, "```", "",
@@ -121,13 +173,24 @@ def main() -> None:
         variants.main()
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["ops"])
+    ap.add_argument("what", choices=["ops", "flops"])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--weights", type=Path, help="flops: the testbed checkpoint")
+    ap.add_argument("--seed", type=int, default=28)
+    ap.add_argument("--n", type=int, default=20)
     args = ap.parse_args()
-    rows = depth_ops()
     command = "python -m lab.testbed.depth " + shlex.join(sys.argv[1:])
+    if args.what == "flops":
+        if args.weights is None:
+            ap.error("flops needs --weights")
+        torch.set_num_threads(1)
+        rows = depth_flops(args.weights, args.seed, args.n)
+        markdown = _flops_markdown(rows, command)
+    else:
+        rows = depth_ops()
+        markdown = _ops_markdown(rows, command)
     args.out.write_text(json.dumps({"command": command, "rows": rows}, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(_ops_markdown(rows, command))
+    args.out.with_suffix(".md").write_text(markdown)
     for row in rows:
         print(json.dumps(row))
 
