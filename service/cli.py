@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--policy", default=None)
     ask.add_argument("--budget", type=float, default=None)
     ask.add_argument("--gamma", type=float, default=None, help="CONDUIT amplification exponent")
-    ask.add_argument("--score-layers", default=None, help="'all' or 'start:stop'")
+    ask.add_argument("--score-layers", default=None, help="'all', 'start:stop' or a depth "
+                     "in (0, 1] (the first share of the layers)")
     ask.add_argument("--query-window", type=int, default=None)
     ask.add_argument("--head-agg", choices=["mean", "max"], default=None)
     ask.add_argument("--json", action="store_true", help="print the full answer as JSON")

@@ -13,10 +13,13 @@ from conduit_core.policies.choice import PolicyOptions
 from worker.settings import Settings
 
 
-def parse_layers(text: str | None) -> str | tuple[int, int] | None:
-    """'all' or 'start:stop' (from settings or the CLI) as a `PolicyOptions.score_layers`."""
+def parse_layers(text: str | None) -> str | tuple[int, int] | float | None:
+    """'all', 'start:stop' or a depth such as '0.6' (from settings or the CLI) as a
+    `PolicyOptions.score_layers`."""
     if text is None or text == "all":
         return text
+    if ":" not in text:
+        return float(text)
     start, _, stop = text.partition(":")
     return int(start), int(stop)
 

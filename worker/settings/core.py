@@ -70,8 +70,9 @@ class CoreSettings(BaseSettings):
         None, ge=0.0, description="CONDUIT amplification exponent; unset = 1 (0 = off)."
     )
     score_layers: str | None = Field(
-        None, pattern=r"^(all|-?\d+:-?\d+)$",
-        description="Layers CONDUIT scores with: 'all' or 'start:stop'; unset = all.",
+        None, pattern=r"^(all|-?\d+:-?\d+|0?\.\d*[1-9]\d*|1(\.0*)?)$",
+        description="Layers CONDUIT scores with: 'all', 'start:stop', or a depth f in (0, 1] "
+        "(the first ceil(f * layers), where the scoring pass stops); unset = all.",
     )
     query_window: int | None = Field(
         None, ge=1, description="Score with the last w question tokens; unset = all of them "
