@@ -19,13 +19,14 @@ What the runtime decides (its options):
       pages (`conduit_core.label_cache`; needs head_cache); False computes them as text rows
       in every pass. A label computed for an answer is charged to it. label_entries: labels
       kept (least recently used dropped).
-  label_refresh: with the label cache, which labels a refresh recomputes: "page" those of the
-      pages it refreshes whole, "always" every stale label (the scoring pass reads them stale;
-      the first, right after the head, is exact as cached; `Layout.label_refresh`; the
-      default, as the service's `CONDUIT_LABEL_REFRESH`), "budget" the same labels, their
-      rows counted against the refresh budget, "read" after a scoring pass only the labels
-      the question reads most, chosen from its scores on the device
-      (`Layout.read_label_rows`), without one as "always".
+  label_refresh: with the label cache, which labels a refresh recomputes
+      (`Layout.label_refresh`): "read" (the default, as the service's
+      `CONDUIT_LABEL_REFRESH`) after a scoring pass only the labels the question reads most,
+      chosen from its scores on the device (`Layout.read_label_rows`), without one as
+      "always"; "always" every stale label (the scoring pass reads them stale; the first,
+      right after the head, is exact as cached); "page" those of the pages it refreshes
+      whole; "budget" the same labels as "always", their rows counted against the refresh
+      budget.
   never_above_full: before a policy runs, its LM FLOPs are predicted
       (`conduit_core.cost.cost_model`); where they exceed a full prefill from the cached page
       embeddings, that runs instead (`AnswerResult.fallback`).
@@ -105,7 +106,7 @@ class ReuseRuntime:
 
     def __init__(self, vlm: LoadedVLM, *, page_batch_size: int = 8, head_cache: bool = True,
                  label_cache: bool = True, label_entries: int = 1024,
-                 label_refresh: LabelRefresh = "always",
+                 label_refresh: LabelRefresh = "read",
                  never_above_full: bool = True,
                  decode_slots: int = 16, decode_positions: int = 65536,
                  decode_compile: str = "off", conversation_prefixes: int = 8,

@@ -121,7 +121,9 @@ class QueryIn(BaseModel):
                                          Annotated[int, Field(ge=0, le=MAX_LAYER)]] | Annotated[
         float, Field(gt=0.0, le=1.0)] | None = Field(
         None, description="'all', a [start, stop) pair of decoder layers CONDUIT scores with, "
-        "or a depth f in (0, 1]: the first ceil(f * L) layers (the scoring pass stops there).")
+        "or a depth f in (0, 1]: the first ceil(f * L) layers (the scoring pass stops there); "
+        "unset = the deployment's, else the policy's own: 'all' for conduit, 0.6 for "
+        "conduit_per_page.")
     query_window: int | None = Field(None, ge=1, le=65536,
                                      description="Score with the last w question tokens.")
     head_agg: Literal["mean", "max"] | None = Field(None, description="Head aggregation.")

@@ -49,14 +49,14 @@ class CoreSettings(BaseSettings):
         "stale like its page (recomputed with its whole page); off = labels are text rows, "
         "computed in both passes. Off whenever head_cache is off.")
     label_refresh: Literal["page", "always", "budget", "read"] = Field(
-        "always", description="With the label cache, the labels a refresh recomputes: "
-        "'always' every stale one (the scoring pass reads them stale; the first, right after "
-        "the head, is exact as cached), 'page' only those of the pages it refreshes whole "
-        "(fewer rows computed; a model that reads the labels answers worse: measured, "
-        "lab/testbed/NOTES.md), 'budget' the same labels as 'always' with their rows counted "
-        "against the refresh budget (fewer visual tokens refreshed, the same share of rows), "
-        "'read' after a scoring pass only the two the question's scores read most (chosen on "
-        "the device), without one as 'always'.")
+        "read", description="With the label cache, the labels a refresh recomputes: 'read' "
+        "(the default) after a scoring pass only the two stale ones the question's scores "
+        "read most (chosen on the device), without one as 'always'; 'always' every stale one "
+        "(the scoring pass reads them stale; the first, right after the head, is exact as "
+        "cached); 'page' only those of the pages it refreshes whole (fewer rows computed; a "
+        "model that reads the labels answers worse: measured, lab/testbed/NOTES.md); "
+        "'budget' the same labels as 'always' with their rows counted against the refresh "
+        "budget (fewer visual tokens refreshed, the same share of rows).")
     label_cache_entries: int = Field(
         1024, ge=1, le=1_000_000, description="Page labels the label cache keeps per model "
         "process (least recently used dropped first). A label's K/V take layers x 2 x "
@@ -72,7 +72,8 @@ class CoreSettings(BaseSettings):
     score_layers: str | None = Field(
         None, pattern=r"^(all|-?\d+:-?\d+|0?\.\d*[1-9]\d*|1(\.0*)?)$",
         description="Layers CONDUIT scores with: 'all', 'start:stop', or a depth f in (0, 1] "
-        "(the first ceil(f * layers), where the scoring pass stops); unset = all.",
+        "(the first ceil(f * layers), where the scoring pass stops); unset = the policy's "
+        "own: 'all' for conduit, 0.6 for conduit_per_page.",
     )
     query_window: int | None = Field(
         None, ge=1, description="Score with the last w question tokens; unset = all of them "
