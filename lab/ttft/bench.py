@@ -23,6 +23,10 @@ tokens. Methods, each timed to the first generated token:
   conduit_labels_budget        conduit with every label recomputed inside the 10% budget
                                (`label_refresh="budget"`: fewer visual tokens)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
+  default_all_always           `conduit_per_page` scoring every layer, every label refreshed
+                               (the product default before issue 65's depth round)
+  default_06_read              `conduit_per_page` scoring the first 0.6 of the layers, the
+                               labels the question reads refreshed (the product default since)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
 phases of a noisy machine hit all methods alike. Reported per cell: median TTFT; speedup over
@@ -38,14 +42,6 @@ records TTFT, FLOPs and peak memory (CUDA: peak allocated; CPU: peak RSS above t
 before the request, Linux VmHWM reset through /proc/self/clear_refs), and the scoring pass's
 own peak memory (`scoring_peak_mb`, CONDUIT rows).
 
-Public API:
-  METHODS; Method(name, policy, budget, head_cache=True, label_cache=True,
-                  label_refresh="always")
-  run_ttft_bench(*, model_shape="cpu", pages=8, tokens_per_page=256, question_tokens=32,
-                 tiers=("memory", "disk", "redis"), repeats=5, warmup=1, pages_sweep=None,
-                 out=None, device="cpu", dtype="float32", threads=1, sweep_repeats=None,
-                 check=True, command=None, workdir=None) -> dict
-  check_budget_one(rt, work, images, kvs) -> dict   budget 1.0 against full prefill
 Command line: `conduit-lab bench ttft` (options in `lab.ttft.args`).
 """
 
@@ -72,6 +68,7 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import DTYPES
 from conduit_core.page_kv import PageKV
 from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import PolicyOptions
 from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -94,6 +91,7 @@ class Method:
     head_cache: bool = True  # the prompt head from the runtime's head cache
     label_cache: bool = True  # page labels stale from the runtime's label cache
     label_refresh: LabelRefresh = "always"  # which cached labels a refresh recomputes
+    score_layers: str | float | None = None  # the policy's scored layers (None: its own)
 
 
 METHODS = (Method("full_prefill", None, 1.0),
@@ -104,7 +102,10 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit_labels_off", "conduit", 0.10, label_cache=False),
            Method("conduit_labels_page", "conduit", 0.10, label_refresh="page"),
            Method("conduit_labels_budget", "conduit", 0.10, label_refresh="budget"),
-           Method("cacheblend", "cacheblend", 0.15))
+           Method("cacheblend", "cacheblend", 0.15),
+           Method("default_all_always", "conduit_per_page", 0.10, score_layers="all"),
+           Method("default_06_read", "conduit_per_page", 0.10, label_refresh="read",
+                  score_layers=0.6))
 _BY_NAME = {m.name: m for m in METHODS}
 
 
@@ -203,10 +204,12 @@ class _Runner:
                 kvs, load_s = self.tiers.load(tier, self.keys)
                 pages = [PageInput(label, kv) for label, kv in zip(w.labels, kvs, strict=True)]
                 runtime = self.variants.get(_variant(method), rt)
+                policy = choose_policy(method.policy,
+                                       PolicyOptions(score_layers=method.score_layers))
                 res = answering.answer(runtime, AnswerRequest(w.prefix, pages, w.question,
-                                                   policy=choose_policy(method.policy),
+                                                              policy=policy,
                                                               budget=method.budget,
-                                                   max_new_tokens=1))
+                                                              max_new_tokens=1))
         return Sample(ttft_s=load_s + res.ttft_s, load_s=load_s,
                       flops_ratio_lm=res.flops_ratio_lm, flops_ratio_total=res.flops_ratio_total,
                       flops_used=res.flops_used, flops_full=res.flops_full,
