@@ -4,9 +4,10 @@ A scoring pass stops after its last scored layer (`conduit_core.passes.stale_pas
 scoring the first ceil(f * L) layers (`ScoreConfig.layers` as a depth f) costs that share
 of the pass's layers, and its launching operations with it. Two measurements:
 
-  * answers: the depth candidates (`DEPTHS`: the default `conduit_per_page`, and the
+  * answers: the depth candidates (`depth_candidates`: the default `conduit_per_page`, and the
     cheaper-count rules `cv_page_knee` and `conduit_adaptive`, at depths 0.6 and 0.8; the
-    default at 0.4 too)
+    default at 0.4 too, and at 1.0, every layer, as it was before its depth became 0.6:
+    `cv_depth_10`; `cv_depth_06` is now the default itself)
     registered beside `lab.testbed.variants`' own and probed by it (the same arguments);
   * launching ops a layer of the prefill half, on the accelerator's path in bf16 on the
     narrow 28-layer model, as `tests/core/test_op_counts.py` counts them
@@ -53,7 +54,7 @@ def depth_candidates() -> dict[str, ConduitPolicy]:
     import lab.ablations  # noqa: F401 (registers `conduit_adaptive`)
     bases = {"depth": get_policy("conduit_per_page"), "page_knee": CHEAPER["cv_page_knee"],
              "adaptive": get_policy("conduit_adaptive")}
-    depths = {"depth": (0.8, 0.6, 0.4), "page_knee": (0.8, 0.6), "adaptive": (0.8, 0.6)}
+    depths = {"depth": (1.0, 0.8, 0.6, 0.4), "page_knee": (0.8, 0.6), "adaptive": (0.8, 0.6)}
     return {f"cv_{name}_{round(depth * 10):02d}": _at(base, depth)
             for name, base in bases.items() for depth in depths[name]}
 

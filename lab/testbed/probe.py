@@ -114,15 +114,15 @@ def refreshed_cells(runtime: ReuseRuntime, assembly: Assembly, s: Sample, policy
 def probe(vlm: LoadedVLM, n: int = 200, seed: int = 7,
           policies: tuple[str, ...] = ("full_reuse", "conduit", "random"),
           budgets: tuple[float, ...] = (0.1,), pages: str = "gold",
-          label_cache: bool = True, label_refresh: LabelRefresh = "always",
+          label_cache: bool = True, label_refresh: LabelRefresh = "read",
           records: list[dict[str, object]] | None = None,
           first: int = 0) -> list[dict[str, object]]:
     """Exact match per family for full prefill and each policy x budget, over the pages of
     `probe_samples(n, seed, pages)`; with the share of questions whose asked key cells were
     all refreshed and the mean LM FLOPs ratio to a full prefill. `label_cache`: page labels
     stale from the runtime's label cache, computed with the pages (charged to no policy);
-    `label_refresh`: which of them a refresh recomputes (the runtime's option). `first`:
-    the samples before it are drawn and skipped (a run that extends an earlier one)."""
+    `label_refresh`: which of them a refresh recomputes (the runtime's option and default).
+    `first`: the samples before it are drawn and skipped (a run that extends an earlier one)."""
     runtime = ReuseRuntime(vlm, never_above_full=False,  # each policy's own choice
                            label_cache=label_cache, label_refresh=label_refresh)
     hits: dict[tuple[str, str, float], list[bool]] = defaultdict(list)

@@ -11,7 +11,7 @@ wins on the development seed and holds on the final seed is registered in
     python -m lab.testbed.variants (--weights W | --model builtin:NAME) --n 200 \
         --pages distractors --out FILE [--policies REGISTERED,...] \
         [--candidates CANDIDATE,...] [--records FILE] \
-        [--label-refresh always|page|budget|read]
+        [--label-refresh read|always|page|budget]
 
 The candidates for a cheaper default (issue 67: the default's per-page quota, each page's
 count from the scores) are in `cheaper.py` and registered here with the rest; those ending
@@ -260,8 +260,9 @@ def main() -> None:
     ap.add_argument("--no-label-cache", dest="label_cache", action="store_false",
                     help="page labels as text rows (before 2026-12-02), not stale from the "
                     "label cache (conduit_core.label_cache)")
-    ap.add_argument("--label-refresh", choices=LABEL_REFRESH, default="always",
-                    help="which stale page labels a refresh recomputes (the runtime's option)")
+    ap.add_argument("--label-refresh", choices=LABEL_REFRESH, default="read",
+                    help="which stale page labels a refresh recomputes (the runtime's option "
+                    "and default; 'always' before 2026-12-07)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--records", type=Path, default=None,
                     help="also write every answer's score here, for `testbed paired`")

@@ -1,6 +1,6 @@
 """The cheaper-default candidates (`lab.testbed.cheaper`): their count rules by hand, and on
 random weights (diffuse attention) every candidate reaches its cap, choosing what
-`conduit_per_page` chooses."""
+`conduit_per_page` chooses scoring, as they do, every layer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch
 from conduit_core.answer_types import PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import get_policy
+from conduit_core.policies.choice import PolicyOptions
+from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.runtime import ReuseRuntime
 from lab.testbed.cheaper import CHEAPER, KneeCount, MassCount, knee_k
 from tests.policies.conftest import PAGE_SIZES, text_page
@@ -44,7 +46,9 @@ def test_random_weights_reach_the_cap(runtime_and_pages: tuple[ReuseRuntime, lis
     runtime, pages = runtime_and_pages
     assembly = runtime.reuse.assemble("Archive pages.", pages, "Which page names the ledger?")
     ctx = runtime.reuse.policy_context(assembly, budget, 0)
-    default = get_policy("conduit_per_page")(ctx)
+    per_page = get_policy("conduit_per_page")
+    assert isinstance(per_page, ConduitPolicy)
+    default = per_page.with_options(PolicyOptions(score_layers="all"))(ctx)
     assert 0 < default.numel() == ctx.k
     for name, policy in CHEAPER.items():
         assert torch.equal(policy(ctx), default), name

@@ -17,11 +17,11 @@ def test_each_candidate_is_its_rule_at_a_depth() -> None:
     bases = {"depth": get_policy("conduit_per_page"), "page_knee": CHEAPER["cv_page_knee"],
              "adaptive": get_policy("conduit_adaptive")}
     depths = {n: (("08", 0.8), ("06", 0.6)) for n in bases} | {
-        "depth": (("08", 0.8), ("06", 0.6), ("04", 0.4))}
+        "depth": (("10", 1.0), ("08", 0.8), ("06", 0.6), ("04", 0.4))}
     assert set(got) == {f"cv_{n}_{tag}" for n in bases for tag, _ in depths[n]}
     for name, base in bases.items():
         assert isinstance(base, ConduitPolicy)
         for tag, depth in depths[name]:
             want = replace(base, config=replace(base.config, score=ScoreConfig(layers=depth)))
             assert got[f"cv_{name}_{tag}"] == want, name
-            assert got[f"cv_{name}_{tag}"] != base
+            assert (got[f"cv_{name}_{tag}"] == base) == (base.config.score.layers == depth)
