@@ -68,7 +68,7 @@ def test_run_ttft_bench_tiny_end_to_end(tmp_path: Path) -> None:
 def test_the_default_spends_at_most_0_15_of_a_full_prefill_at_the_cpu_shape() -> None:
     """Issue 26's FLOPs target, as `conduit-lab bench ttft` measures it: at the CPU shape (8
     pages x 256 visual tokens, a 32-token question), CONDUIT at 10% with the runtime's
-    defaults (the service's: head and label caches, every stale label recomputed) spends at
+    defaults (the service's: head and label caches, the labels it reads recomputed) spends at
     most 0.15 of a full prefill's language-model FLOPs once its labels are cached (0.151
     before the scoring pass took its rows' attention from its own probabilities)."""
     torch.manual_seed(0)
