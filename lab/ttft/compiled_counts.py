@@ -40,6 +40,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from conduit_core.page_kv import PageKV
 from conduit_core.passes.layer_graphs import compile_layers, layer_graphs
+from conduit_core.policies.choice import PolicyChoice
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.ttft.op_count import LAUNCH_FREE, OpCounter, accelerator_path, answer_request, op_name
@@ -132,7 +133,8 @@ class CompiledLaunches:
 
 
 @torch.no_grad()
-def compiled_launches(rt: ReuseRuntime, kvs: list[PageKV], policy: str) -> CompiledLaunches:
+def compiled_launches(rt: ReuseRuntime, kvs: list[PageKV],
+                      policy: str | PolicyChoice) -> CompiledLaunches:
     """The launches of the prefill half of the TTFT workload's request over `kvs` under
     `policy` with the layer bodies compiled by inductor (module docstring); head and labels
     computed ahead. The graphs must compile here, with kernel profiling on: an adapter

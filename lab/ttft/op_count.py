@@ -29,6 +29,7 @@ Public API:
   NARROW_LAYERS = 28, NARROW_SHAPE   the narrow model's shape (`lab.ttft.model.ModelShape`)
   narrow_vlm(tokens_per_page=256, layers=NARROW_LAYERS, dtype=float32) -> LoadedVLM
   answer_request(vlm, kvs, policy, budget=0.1, question_tokens=32) -> AnswerRequest
+      (policy: a registered name or a `PolicyChoice`)
   PhaseCounting()   a `PassObserver` (`conduit_core.pass_observer`): the ops of the runtime's
       passes alone (`.passes`: scoring pass, refresh, first-token logits) and of its page
       loads (`.load`), counted while it observes the runtime (`lab.answering.observing`)
@@ -66,6 +67,7 @@ from conduit_core.passes.assembly import Assembly
 from conduit_core.passes.row_attention import ROW_GROUPS
 from conduit_core.passes.stale_pass import FUSED_SCORES
 from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import PolicyChoice
 from conduit_core.prompt.rotation import ROTATE_CHUNK_ELEMENTS
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -164,13 +166,14 @@ def narrow_vlm(tokens_per_page: int = 256, layers: int = NARROW_LAYERS,
                            dtype=dtype)
 
 
-def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str, budget: float = 0.1,
-                   question_tokens: int = 32) -> AnswerRequest:
-    """The TTFT workload's request over cached pages `kvs` (one token to generate)."""
+def answer_request(vlm: LoadedVLM, kvs: list[PageKV], policy: str | PolicyChoice,
+                   budget: float = 0.1, question_tokens: int = 32) -> AnswerRequest:
+    """The TTFT workload's request over cached pages `kvs` (one token to generate) under
+    `policy`, a registered name (its own options) or a chosen policy."""
     work = make_workload(vlm, len(kvs), question_tokens)
     pages = [PageInput(label, kv) for label, kv in zip(work.labels, kvs, strict=True)]
-    return AnswerRequest(work.prefix, pages, work.question,
-                         policy=choose_policy(policy), budget=budget,
+    chosen = policy if isinstance(policy, PolicyChoice) else choose_policy(policy)
+    return AnswerRequest(work.prefix, pages, work.question, policy=chosen, budget=budget,
                          max_new_tokens=1)
 
 
@@ -227,7 +230,7 @@ def accelerator_path() -> Iterator[None]:
 
 
 @torch.no_grad()
-def count_prefill(runtime: ReuseRuntime, kvs: list[PageKV], policy: str,
+def count_prefill(runtime: ReuseRuntime, kvs: list[PageKV], policy: str | PolicyChoice,
                   budget: float = 0.1) -> PrefillCount:
     """The prefill half of the TTFT workload's request over `kvs` under `policy`: head and
     labels computed ahead, one run to warm the choice history (as in service), then the

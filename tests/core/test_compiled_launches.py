@@ -8,13 +8,15 @@ random-weight Qwen2.5-VL in bf16 (28 decoder layers at hidden 64, 256-token page
 thread), on the accelerator's path: the kernels inductor generated, the aten operations the
 compiled code dispatches (matmuls, sdpa) and the aten operations run eagerly around the
 compiled layer bodies, counted on a third run after two that compile every bucket. Counted
-at 2 and 8 pages for CONDUIT at 10% (`conduit_per_page`, the default, and `conduit`) and a
-full prefill from the cached page embeddings, which runs its own compiled layer bodies:
+at 2 and 8 pages for CONDUIT at 10% (the product default, `conduit_per_page` on the
+runtime's defaults: the first 0.6 of the layers scored, label_refresh "read"; and
+`conduit`, every layer scored) and a full prefill from the cached page embeddings, which
+runs its own compiled layer bodies:
 * the layers ran compiled, their kernels were seen, and the counted run compiled nothing;
 * each policy's launches a layer stay within 10% across the page counts (slow);
-* CONDUIT's are at most `RATIO_BOUND` times full prefill's (not issue 65's 2.0: see the
-  bound's comment); the fast variant checks the default policy at 2 pages, the slow one
-  both CONDUIT policies at every page count.
+* each CONDUIT policy's are at most its `RATIO_BOUND` times full prefill's (not issue 65's
+  2.0, even for the default: see the bound's comment); the fast variant checks the default
+  at 2 pages, the slow one both CONDUIT policies at every page count.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from lab.ttft.op_count import NARROW_LAYERS, narrow_runtime
 PAGES = (2, 8)
 POLICIES = ("full_prefill", "conduit_per_page", "conduit")
 FLAT = 0.10  # largest / smallest count across the page counts, less 1
-# CONDUIT's launches a layer over full prefill's. Issue 65 asks 2.0; measured 2.39 (38.0-38.1
-# against 16.0): compiling shrinks a layer body to 10 launches (5 kernels, 5 extern) while
-# the scoring pass's probabilities stay eager (5 ops a layer), its layer splits in two
-# around them (one kernel more) and the work around the passes (selection, plans, row
-# setups, padding) comes to about 12 ops a layer against full prefill's 6 (lab/ttft/NOTES.md,
-# docs/DECISIONS.md); one more launch a layer in CONDUIT crosses the bound.
-RATIO_BOUND = 2.42
+# CONDUIT's launches a layer over full prefill's. Issue 65 asks 2.0. Compiling shrinks a layer
+# body to 10 launches (5 kernels, 5 extern) while the scoring pass's probabilities stay eager
+# (5 ops a scored layer), its layers split in two around them (one kernel more) and the work
+# around the passes (selection, plans, row setups, padding, the "read" labels) comes to about
+# 12 ops a layer against full prefill's 6 (lab/ttft/NOTES.md, docs/DECISIONS.md): `conduit`
+# 2.46x (39.3 against 16.0), the default, scoring 17 of the 28 layers, 2.06x (32.9), over
+# issue 65's 2.0 by about one launch a layer. One more launch a layer crosses each bound.
+RATIO_BOUND = {"conduit_per_page": 2.09, "conduit": 2.49}
 
 Counts = dict[str, list[CompiledLaunches]]  # policy -> one count a page count
 
@@ -70,7 +73,7 @@ def _per_layer(counts: list[CompiledLaunches]) -> list[float]:
 def _within_bound(counted: Counts, policy: str, pages: tuple[int, ...]) -> None:
     for n, ours, full in zip(pages, _per_layer(counted[policy]),
                              _per_layer(counted["full_prefill"]), strict=True):
-        assert ours <= RATIO_BOUND * full, (policy, n, ours, full)
+        assert ours <= RATIO_BOUND[policy] * full, (policy, n, ours, full)
 
 
 @pytest.mark.parametrize("policy", POLICIES[:2])

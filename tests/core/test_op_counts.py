@@ -11,11 +11,14 @@ and counted as
 path (`lab.ttft.op_count.accelerator_path`: one sdpa call a layer for a masked row subset,
 pages in one batched copy, re-rotation in an accelerator's steps, the scoring pass's layers
 computing their own attention output). Counted at 2, 8 and 32
-pages, for CONDUIT at 10% (the registry's default `conduit_per_page`, and the paper's
-`conduit`) and for a full prefill from the cached page embeddings (policy `full_prefill`):
+pages, for CONDUIT at 10% (the product default, the registry's `conduit_per_page` on the
+runtime's defaults: the first 0.6 of the layers scored, label_refresh "read"; and the
+paper's `conduit`, every layer scored) and for a full prefill from the cached page
+embeddings (policy `full_prefill`):
 * the whole prefill half (`lab.answering.start_answer`: layout, page and label loads, plan,
   scoring pass, selection, refresh, first-token logits) stays within 10% across the page
-  counts, and CONDUIT's is at most `RATIO_BOUND` times full prefill's;
+  counts, and each CONDUIT policy's is at most its `RATIO_BOUND` times full prefill's; the
+  default's at most issue 65's `ISSUE_BOUND` (2.0);
 * the passes alone (scoring pass, refresh, logits: `PhaseCounting.passes`, counted through
   the runtime's observer) do too;
 * the page load (`load_pages`) issues the same operations at every page count (one batched
@@ -36,22 +39,31 @@ from lab.ttft.op_count import NARROW_LAYERS, count_prefill, narrow_runtime
 PAGES = (2, 8, 32)
 POLICIES = ("full_prefill", "conduit_per_page", "conduit")
 FLAT = 0.10  # largest / smallest count across the page counts, less 1
+DTYPES = ("float32", "bfloat16")
 # CONDUIT's ops a layer over full prefill's: 2 + the scoring pass's ops beyond a layer's own
-# over a pass's. Issue 65 asks 2.0 in bf16, not reached: a pass is about 38 ops a layer there,
-# and on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
+# over a pass's, for a pass through every layer. A pass is about 38 ops a layer in bf16, and
+# on an accelerator's path the scoring pass spends 5 more than a plain layer to form its
 # float32 probabilities (keys cast, queries cast and folded for GQA, QK^T with the mask,
-# softmax, row sum; 4 in float32, where the keys need no cast; the layer's own sdpa call
-# gives its output), so CONDUIT's two passes come to 2.12x (whole: 90.7 against 42.8 in bf16,
-# 81.4 against 38.6 in float32) and 2.15x (passes: 82.4 against 38.4, 73.2 against 34.2)
-# measured (lab/ttft/NOTES.md); one more op a layer in CONDUIT crosses each bound.
-RATIO_BOUND = {"float32": {"whole": 2.12, "passes": 2.15},
-               "bfloat16": {"whole": 2.13, "passes": 2.16}}
+# softmax, row sum; 4 in float32); the "read" label refresh adds about one a layer. `conduit`
+# comes to 2.15x (whole: 91.9 against 42.8 in bf16; float32 82.5 against 38.6, 2.14x) and
+# 2.16x (passes: 83.0 against 38.4; float32 73.8 against 34.2). The default's scoring pass
+# stops after 17 of the 28 layers, so it is about 1.6 passes: 1.76x (75.3 against 42.8 in
+# bf16; float32 67.9 against 38.6) and 1.73x (passes: 66.5 against 38.4; float32 59.2
+# against 34.2), within issue 65's 2.0 (lab/ttft/NOTES.md). One more op a layer crosses
+# each bound.
+ISSUE_BOUND = 2.0  # issue 65: the prefill half's ops a layer over full prefill's, bf16
+RATIO_BOUND = {
+    "conduit_per_page": {"float32": {"whole": 1.77, "passes": 1.74},
+                         "bfloat16": {"whole": 1.77, "passes": 1.74}},
+    "conduit": {"float32": {"whole": 2.15, "passes": 2.17},
+                "bfloat16": {"whole": 2.16, "passes": 2.18}},
+}
 CPU_LOAD_PER_PAGE = 1.0  # the CPU's in-place page load, ops a layer a page
 
 Counts = dict[str, dict[str, list[float]]]  # policy -> "whole" | "passes" | "load" | "cpu_load"
 
 
-@pytest.fixture(scope="module", params=list(RATIO_BOUND))
+@pytest.fixture(scope="module", params=DTYPES)
 def dtype(request: pytest.FixtureRequest) -> str:
     """The narrow model's dtype, each in turn."""
     name: str = request.param
@@ -94,13 +106,23 @@ def test_the_prefill_half_does_not_grow_with_pages(counted: Counts, policy: str,
     assert _flat(counts), (policy, part, dict(zip(PAGES, counts, strict=True)))
 
 
+def _ratios(counted: Counts, policy: str, part: str) -> dict[int, float]:
+    return {pages: ours / full for pages, ours, full in zip(
+        PAGES, counted[policy][part], counted["full_prefill"][part], strict=True)}
+
+
 @pytest.mark.parametrize("part", ["whole", "passes"])
-@pytest.mark.parametrize("policy", ["conduit_per_page", "conduit"])
+@pytest.mark.parametrize("policy", list(RATIO_BOUND))
 def test_conduit_stays_within_the_bound_of_full_prefill(counted: Counts, dtype: str,
                                                         policy: str, part: str) -> None:
-    for pages, ours, full in zip(PAGES, counted[policy][part],
-                                 counted["full_prefill"][part], strict=True):
-        assert ours <= RATIO_BOUND[dtype][part] * full, (policy, part, pages, ours, full)
+    ratios = _ratios(counted, policy, part)
+    assert max(ratios.values()) <= RATIO_BOUND[policy][dtype][part], (policy, part, ratios)
+
+
+@pytest.mark.parametrize("part", ["whole", "passes"])
+def test_the_default_meets_issue_65s_bound(counted: Counts, part: str) -> None:
+    ratios = _ratios(counted, "conduit_per_page", part)
+    assert max(ratios.values()) <= ISSUE_BOUND, (part, ratios)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
