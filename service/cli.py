@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--gamma", type=float, default=None, help="CONDUIT amplification exponent")
     ask.add_argument("--score-layers", default=None, help="'all', 'start:stop' or a depth "
                      "in (0, 1] (the first share of the layers); unset: the policy's own "
-                     "('all' for conduit, 0.6 for conduit_per_page)")
+                     "('all' for conduit, 0.8 for conduit_per_page)")
     ask.add_argument("--query-window", type=int, default=None)
     ask.add_argument("--head-agg", choices=["mean", "max"], default=None)
     ask.add_argument("--json", action="store_true", help="print the full answer as JSON")

@@ -122,7 +122,7 @@ class QueryIn(BaseModel):
         float, Field(gt=0.0, le=1.0)] | None = Field(
         None, description="'all', a [start, stop) pair of decoder layers CONDUIT scores with, "
         "or a depth f in (0, 1]: the first ceil(f * L) layers (the scoring pass stops there); "
-        "unset = the deployment's, else the policy's own: 'all' for conduit, 0.6 for "
+        "unset = the deployment's, else the policy's own: 'all' for conduit, 0.8 for "
         "conduit_per_page.")
     query_window: int | None = Field(None, ge=1, le=65536,
                                      description="Score with the last w question tokens.")

@@ -4,14 +4,14 @@ one global top-k (each page refreshes its size-proportional share of k), scored 
 ceil(DEPTH * L) layers; a request's or deployment's `score_layers` overrides it). A quota
 makes page amplification irrelevant (a page's scores scaled by one factor keep their order
 within the page), so the variant is defined with gamma = 0 and refuses a `gamma` option.
-Why this depth: docs/DECISIONS.md ("The default scores 0.6 of the layers...")."""
+Why this depth: docs/DECISIONS.md ("The default scores 0.8 of the layers...")."""
 
 from __future__ import annotations
 
 from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
 
-DEPTH = 0.6  # the share of the decoder layers the default scores with
+DEPTH = 0.8  # the share of the decoder layers the default scores with
 
 select = ConduitPolicy(ConduitConfig(gamma=0.0, score=ScoreConfig(layers=DEPTH), per_page=True),
                        fixed=frozenset({"gamma"}))

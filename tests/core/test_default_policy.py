@@ -1,5 +1,5 @@
 """The product default (issues 65 and 67): a runtime with its default options running the
-default policy (`DEFAULT_POLICY`, `conduit_per_page`) scores with the first ceil(0.6 L) of the
+default policy (`DEFAULT_POLICY`, `conduit_per_page`) scores with the first ceil(0.8 L) of the
 model's L decoder layers, its scoring pass stopping there, and its refresh recomputes only the
 stale labels the question reads most (`label_refresh` "read"), not every stale label.
 """
@@ -7,12 +7,14 @@ stale labels the question reads most (`label_refresh` "read"), not every stale l
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.policies import choose_policy
 from conduit_core.policies.choice import DEFAULT_POLICY
+from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES
 
 PREFIX = "You answer questions about the document pages shown. Cite pages by their labels."
@@ -21,13 +23,15 @@ LABELS = ["[report.pdf p.1]", "[report.pdf p.2]", "[annex.pdf p.7]", "[memo.pdf 
 
 
 def test_the_default_scores_the_first_layers_and_refreshes_the_labels_read(
-        runtime: ReuseRuntime) -> None:
+        model_cache: Path) -> None:
+    # the embedded default's 8 layers tell a short pass from a whole one (ceil(0.8 * 4) = 4)
+    runtime = ReuseRuntime(load_builtin("builtin:small-qwen2-vl", model_cache))
     kvs = runtime.prefill_pages([IMAGES[k] for k in "abca"])
     pages = [PageInput(label, kv) for label, kv in zip(LABELS, kvs, strict=True)]
     asm = runtime.reuse.assemble(PREFIX, pages, QUESTION, last_only=True)
     n_layers = len(runtime.adapter.layers)
-    stop = math.ceil(0.6 * n_layers)
-    assert stop < n_layers  # the tiny models' depth tells a short pass from a whole one
+    stop = math.ceil(0.8 * n_layers)
+    assert stop < n_layers
     text = asm.fresh_text_rows().to(asm.cache.keys.device)
     asm.cache.keys[:, :, :, text] = 7.0  # a finite mark where the scoring pass writes
     ctx = runtime.reuse.policy_context(asm, 0.1, 0)

@@ -73,7 +73,7 @@ class CoreSettings(BaseSettings):
         None, pattern=r"^(all|-?\d+:-?\d+|0?\.\d*[1-9]\d*|1(\.0*)?)$",
         description="Layers CONDUIT scores with: 'all', 'start:stop', or a depth f in (0, 1] "
         "(the first ceil(f * layers), where the scoring pass stops); unset = the policy's "
-        "own: 'all' for conduit, 0.6 for conduit_per_page.",
+        "own: 'all' for conduit, 0.8 for conduit_per_page.",
     )
     query_window: int | None = Field(
         None, ge=1, description="Score with the last w question tokens; unset = all of them "
