@@ -26,7 +26,7 @@ tokens. Methods, each timed to the first generated token:
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
   default_all_always           `conduit_per_page` scoring every layer, every label refreshed
                                (the product default before issue 65's depth round)
-  default_06_read              `conduit_per_page` scoring the first 0.6 of the layers, the
+  default_08_read              `conduit_per_page` scoring the first 0.8 of the layers, the
                                labels the question reads refreshed (the product default since)
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
@@ -105,8 +105,8 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit_labels_budget", "conduit", 0.10, label_refresh="budget"),
            Method("cacheblend", "cacheblend", 0.15),
            Method("default_all_always", "conduit_per_page", 0.10, score_layers="all"),
-           Method("default_06_read", "conduit_per_page", 0.10, label_refresh="read",
-                  score_layers=0.6))
+           Method("default_08_read", "conduit_per_page", 0.10, label_refresh="read",
+                  score_layers=0.8))
 _BY_NAME = {m.name: m for m in METHODS}
 
 
