@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from conduit_core import PageInput, ReuseRuntime
 from conduit_core.answer_types import AnswerRequest
@@ -24,7 +23,7 @@ from lab.ttft.host_syncs import count_prefill_syncs
 from lab.ttft.model import bench_pages
 from lab.ttft.op_count import accelerator_path, narrow_vlm
 from tests.core.helpers import IMAGES, own_flops
-from tests.core.test_one_plan import ScoringTerms, _cpu_sdpa
+from tests.core.test_one_plan import counted_answer
 
 PREFIX = "You answer questions about the document pages shown. Cite pages by their labels."
 QUESTION = "What is the total amount due, and who signed?"
@@ -97,14 +96,7 @@ def test_predicted_and_charged_as_computed(runtime: ReuseRuntime) -> None:
                             budget=0.1, max_new_tokens=1)
     warm = answering.answer(rt, request)
     assert warm.predicted_flops_lm == pytest.approx(own_flops(warm), rel=0.05)
-    terms = ScoringTerms(rt)
-    counter = FlopCounterMode(display=False, custom_mapping={
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
-    with counter, answering.observing(rt, terms):
-        state = answering.start_answer(rt, request)
-    result = answering.finish(rt, state)
-    vocab = int(rt.vlm.model.config.get_text_config().vocab_size)
-    counted = counter.get_total_flops() - 2 * rt.reuse.flops.lm.hidden * vocab + terms.extra
+    result, counted = counted_answer(rt, request)
     assert counted == pytest.approx(result.flops_used_lm, rel=0.01)
 
 

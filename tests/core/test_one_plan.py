@@ -128,24 +128,29 @@ class ScoringTerms:
                                 + 2 * shape.kv_heads * shape.head_dim * layout.n)
 
 
+def counted_answer(rt: ReuseRuntime, request: AnswerRequest) -> tuple[AnswerResult, float]:
+    """Answer `request` on `rt` under a FLOP counter: the result, and the prefill's LM FLOPs
+    the counter saw (matmuls, the CPU attention kernel, the scoring pass's element-wise terms;
+    the first token's logits left out), to compare with the charge."""
+    vocab = int(rt.vlm.model.config.get_text_config().vocab_size)
+    terms = ScoringTerms(rt)
+    counter = FlopCounterMode(display=False, custom_mapping={
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
+    with counter, answering.observing(rt, terms):
+        state = answering.start_answer(rt, request)
+    result = answering.finish(rt, state)
+    return result, counter.get_total_flops() - 2 * rt.reuse.flops.lm.hidden * vocab + terms.extra
+
+
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
 def test_a_flop_counter_agrees_with_the_charge(vlm: LoadedVLM, pages: dict[str, PageKV],
                                                warm: bool) -> None:
-    shape: LMShape = ReuseRuntime(vlm).reuse.flops.lm
-    vocab = int(vlm.model.config.get_text_config().vocab_size)
-    logits_row = 2 * shape.hidden * vocab  # the first token's logits: not prefill work
     for scope, policy, budget in GRID:
         rt = ReuseRuntime(vlm)
-        terms = ScoringTerms(rt)
         request = _request(pages, scope, policy, budget)
         if warm:
             answering.answer(rt, request)
-        counter = FlopCounterMode(display=False, custom_mapping={
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
-        with counter, answering.observing(rt, terms):
-            state = answering.start_answer(rt, request)
-        result = answering.finish(rt, state)
-        counted = counter.get_total_flops() - logits_row + terms.extra
+        result, counted = counted_answer(rt, request)
         assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (scope, policy, budget)
         assert (result.fill_flops_lm == 0.0) == warm, (scope, policy, budget)
 
@@ -156,8 +161,6 @@ def test_a_short_scoring_pass_is_charged_as_counted(vlm: LoadedVLM, pages: dict[
     """A scoring pass that stops after its last scored layer (a depth, a range), and the
     refresh that then computes every text row, are charged what a FLOP counter sees; the
     same tokens and charge cold and warm, with labels refreshed always or by page."""
-    vocab = int(vlm.model.config.get_text_config().vocab_size)
-    logits_row = 2 * ReuseRuntime(vlm).reuse.flops.lm.hidden * vocab
     depths: list[float | tuple[int, int]] = [0.5, (0, 1)]
     for refresh, layers in itertools.product(("always", "page"), depths):
         rt = ReuseRuntime(vlm, label_refresh=refresh)  # type: ignore[arg-type]
@@ -165,14 +168,8 @@ def test_a_short_scoring_pass_is_charged_as_counted(vlm: LoadedVLM, pages: dict[
                           policy=choose_policy("conduit_per_page",
                                                PolicyOptions(score_layers=layers)))
         first = answering.answer(rt, request) if warm else None
-        terms = ScoringTerms(rt)
-        counter = FlopCounterMode(display=False, custom_mapping={
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa})
-        with counter, answering.observing(rt, terms):
-            state = answering.start_answer(rt, request)
-        result = answering.finish(rt, state)
-        assert not result.fallback and terms.extra > 0, (refresh, layers)
-        counted = counter.get_total_flops() - logits_row + terms.extra
+        result, counted = counted_answer(rt, request)
+        assert not result.fallback, (refresh, layers)
         assert counted == pytest.approx(result.flops_used_lm, rel=0.01), (refresh, layers)
         if first is not None:
             assert first.token_ids == result.token_ids
