@@ -23,6 +23,9 @@ class KVCache:
     keys: torch.Tensor  # (L, B, kv_heads, capacity, head_dim)
     values: torch.Tensor  # (L, B, kv_heads, capacity, head_dim)
     writes: int = field(default=0, compare=False)  # `write` calls so far
+    # the key count whose bucket tail a compiled forward zeroed since the cache was lent
+    # (`conduit_core.passes.buckets.clear_tail`); None: not since
+    cleared_tail: int | None = field(default=None, compare=False)
 
     @classmethod
     def allocate(cls, adapter: VLMAdapter, batch: int, capacity: int) -> KVCache:

@@ -20,7 +20,6 @@ before reading them).
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -84,24 +83,18 @@ def fits(cache: KVCache, n_keys: int) -> bool:
     return cache.capacity >= key_bucket(n_keys)
 
 
-# each cache's cleared tail (module docstring): id -> (the cache, its n_keys)
-_CLEARED: dict[int, tuple[weakref.ref[KVCache], int]] = {}
-
-
 def clear_tail(cache: KVCache, n_keys: int) -> None:
     """Zero the keys and values of positions [n_keys, K_b) of every layer, unless done
     already for `n_keys` since the cache was lent (`lent`; see the module docstring)."""
-    done = _CLEARED.get(id(cache))
-    if done is not None and done[0]() is cache and done[1] == n_keys:
+    if cache.cleared_tail == n_keys:
         return
     k_b = key_bucket(n_keys)
     cache.keys[:, :, :, n_keys:k_b].zero_()
     cache.values[:, :, :, n_keys:k_b].zero_()
-    key = id(cache)
-    _CLEARED[key] = (weakref.ref(cache, lambda _: _CLEARED.pop(key, None)), n_keys)
+    cache.cleared_tail = n_keys
 
 
 def lent(cache: KVCache) -> None:
     """`cache` is lent anew (its last user's writes are not trusted): the next compiled
     forward over it clears its tail again."""
-    _CLEARED.pop(id(cache), None)
+    cache.cleared_tail = None
