@@ -139,7 +139,9 @@ SECTIONS = [
     Section("The default model on a 3-page question",
             "`builtin:small-qwen2-vl` (random weights), 3 pages of 496 visual tokens, 64-token "
             "answers, one thread, medians after a warm-up; speed-up against a full prefill "
-            "with the vision tower.",
+            "with the vision tower. `default` is the service's default, `default_before` the "
+            "same policy scoring every layer and recomputing every label (the default before "
+            "2026-12-07).",
             "lab/ttft/results/default_model.json", _default_model),
     Section("A conversation's follow-ups",
             "`conduit-lab bench conversation`: the default builtin, 3 pages, 5 turns of "

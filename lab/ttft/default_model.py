@@ -3,14 +3,19 @@
 `python -m lab.ttft.default_model` loads `builtin:small-qwen2-vl` (the service's default),
 prefills three A4 text pages at the service's 100 dpi (about 500 visual tokens each), and
 answers one question with a 64-token answer over them, side by side in rotated rounds:
-  conduit                      CONDUIT at 10% over the cached page KV (the service's default)
+  default                      the service's default at 10% over the cached page KV
+                               (`DEFAULT_POLICY` with its own options, the runtime's label rule)
+  default_before               the default before issue 65's depth round: the same policy
+                               scoring every layer, every stale label recomputed ("always")
   full_reuse                   cached page KV, nothing refreshed
   full_prefill_cached_vision   every row recomputed from the cached page embeddings
   full_prefill                 vision tower and every row (no reuse at all)
 Per method: median TTFT, decode tokens per second over the rest of the answer, LM FLOPs ratio,
-whether the cost model fell back. One torch thread (`torch.set_num_threads(1)`); medians of
-`--repeats` rounds after one warm-up. Writes JSON and markdown (default
-lab/ttft/results/default_model.{json,md}).
+whether the cost model fell back (a fallback runs a full prefill from the cached page
+embeddings instead; `predicted` and `fallback_at` give the policy's predicted LM FLOPs and
+that full prefill's, as ratios of a full prefill's). One torch thread
+(`torch.set_num_threads(1)`); medians of `--repeats` rounds after one warm-up. Writes JSON and
+markdown (default lab/ttft/results/default_model.{json,md}).
 """
 
 from __future__ import annotations
@@ -31,13 +36,16 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyOptions
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
 
 MODEL = "builtin:small-qwen2-vl"
 QUESTION = "What is the total amount due on the invoice, and who signed the contract?"
-METHODS = ("conduit", "full_reuse", "full_prefill_cached_vision", "full_prefill")
+METHODS = ("default", "default_before", "full_reuse", "full_prefill_cached_vision",
+           "full_prefill")
+BEFORE = PolicyOptions(score_layers="all")  # with label_refresh "always": the default before
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -51,34 +59,37 @@ def a4_page(seed: int) -> Image.Image:
     return img
 
 
-def _once(rt: ReuseRuntime, method: str, pages: list[PageInput],
+def _once(rts: dict[str, ReuseRuntime], method: str, pages: list[PageInput],
           images: list[Image.Image], max_new_tokens: int) -> AnswerResult:
+    rt = rts["always"] if method == "default_before" else rts["default"]
     if method == "full_prefill":
         return answering.answer_full_prefill(rt, ANSWER_PREFIX, [(p.label, im) for p, im in
                                                       zip(pages, images, strict=True)],
                                       QUESTION, max_new_tokens=max_new_tokens)
-    policy = {"conduit": "conduit", "full_reuse": "full_reuse",
-              "full_prefill_cached_vision": "full_prefill"}[method]
-    return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION,
-                                              policy=choose_policy(policy),
-                                   max_new_tokens=max_new_tokens))
+    choice = {"default": choose_policy(DEFAULT_POLICY),
+              "default_before": choose_policy(DEFAULT_POLICY, BEFORE),
+              "full_reuse": choose_policy("full_reuse"),
+              "full_prefill_cached_vision": choose_policy("full_prefill")}[method]
+    return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=choice,
+                                              max_new_tokens=max_new_tokens))
 
 
 def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
     """Time every method in rotated rounds; see the module docstring."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        rt = ReuseRuntime(load_vlm(MODEL, cache_dir=Path(tmp)))
+        vlm = load_vlm(MODEL, cache_dir=Path(tmp))
+        rts = {"default": ReuseRuntime(vlm), "always": ReuseRuntime(vlm, label_refresh="always")}
         images = [a4_page(i) for i in range(3)]
-        kvs = rt.prefill_pages(images)
+        kvs = rts["default"].prefill_pages(images)
         pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
         for method in METHODS:  # warm-up
-            _once(rt, method, pages, images, max_new_tokens)
+            _once(rts, method, pages, images, max_new_tokens)
         got: dict[str, list[AnswerResult]] = {m: [] for m in METHODS}
         for rep in range(repeats):
             order = METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]
             for method in order:
-                got[method].append(_once(rt, method, pages, images, max_new_tokens))
+                got[method].append(_once(rts, method, pages, images, max_new_tokens))
     full = statistics.median(r.ttft_s for r in got["full_prefill"])
     rows = []
     for method, results in got.items():
@@ -92,10 +103,12 @@ def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
                      "answer_s_median": round(statistics.median(r.total_s for r in results), 3),
                      "tokens": len(first.token_ids), "flops_ratio_lm": round(
                          first.flops_ratio_lm, 4), "fallback": first.fallback,
+                     "predicted": round(first.predicted_flops_lm / first.flops_full_lm, 4),
+                     "fallback_at": round(first.fallback_flops_lm / first.flops_full_lm, 4),
                      "refreshed": first.refreshed_visual_tokens, "visual": first.visual_tokens,
                      "head_tokens": first.head_tokens})
     return {"model": MODEL, "pages": [kv.num_tokens for kv in kvs],
-            "prompt_tokens": got["conduit"][0].prompt_tokens, "repeats": repeats,
+            "prompt_tokens": got["default"][0].prompt_tokens, "repeats": repeats,
             "max_new_tokens": max_new_tokens, "threads": 1,
             "command": shlex.join(["python", "-m", "lab.ttft.default_model", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
@@ -111,12 +124,13 @@ def write(doc: dict[str, Any], out: Path) -> None:
              f"prompt tokens, {doc['max_new_tokens']}-token answers, one thread, medians of "
              f"{doc['repeats']} rotated rounds after a warm-up.", "",
              "| method | TTFT ms | speed-up vs full prefill | decode tokens/s | answer s | "
-             "LM FLOPs | refreshed | fallback |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "LM FLOPs | refreshed | fallback | predicted / fallback at |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in doc["rows"]:
         lines.append(f"| {r['method']} | {r['ttft_ms_median']} | {r['speedup_vs_full_prefill']}x"
                      f" | {r['decode_tokens_per_s']} | {r['answer_s_median']} | "
                      f"{r['flops_ratio_lm']} | {r['refreshed']} of {r['visual']} | "
-                     f"{r['fallback']} |")
+                     f"{r['fallback']} | {r['predicted']} / {r['fallback_at']} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
