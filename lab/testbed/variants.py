@@ -21,8 +21,11 @@ A candidate beyond those choices, from the split oracle (`results/split_oracle.m
 record's key reads the value ending the page before among that page's last rows, and with
 them stale it takes a neighbour's digit. `BoundaryRule` wraps a policy: where the policy's
 choice starts a page (the page's first token after its opening delimiter), the last
-`tokens` tokens of the page shown before it are refreshed too, inside the same budget (the
-wrapped policy chooses fewer) or, with `inside=False`, on top of it (the oracle's boundary
+`tokens` tokens of the page shown before it are refreshed too, inside the same budget (on
+top of the wrapped policy's choice where both fit in k, as a count rule's under its cap
+usually do; otherwise the wrapped policy chooses fewer, and where the boundary rows alone
+exceed k, the k nearest their pages' ends) or, with `inside=False`, on top of it whatever k
+(the oracle's boundary
 arm; compared with the wrapped policy at the budget of equal mean FLOPs). It needs no
 answer, and no page numbers: the page shown before, whatever document page it is.
 
@@ -99,19 +102,23 @@ class BoundaryRule:
         chosen = self.base(ctx).to(torch.long).cpu()  # (k,)
         picked = set(chosen.tolist())
         segments = ctx.layout.segments
-        extra: set[int] = set()
+        ends: list[tuple[int, int]] = []  # (tokens before its page's end, row)
         for before, page in zip(segments, segments[1:], strict=False):
             if page.start + 1 in picked:  # its first token, after the opening delimiter
-                extra.update(range(max(before.start + 1, before.stop - 1 - self.tokens),
-                                   before.stop - 1))  # before its closing delimiter
-        if not extra or not ctx.k:
+                end = before.stop - 1  # its closing delimiter
+                ends += [(end - r, r) for r in range(max(before.start + 1, end - self.tokens),
+                                                     end)]
+        if not ends or not ctx.k:
             return chosen
-        if not self.inside:
-            return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (> k,)
-        keep = max(0, ctx.k - len(extra - picked))
-        fewer = self.base(at_k(ctx, keep))  # the same scoring pass (its results are shared)
-        rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))])
-        return rows.unique()  # (<= k + rounding,)
+        extra = {r for _, r in (sorted(ends)[:ctx.k] if self.inside else ends)}  # nearest
+        if not self.inside or len(picked | extra) <= ctx.k:  # on top (within k: it fits)
+            return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (picked + extra,)
+        for keep in (ctx.k - len(extra - picked), ctx.k - len(extra)):  # the second where
+            fewer = self.base(at_k(ctx, keep))  # the first's choice left extra rows over k
+            rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))]).unique()
+            if rows.numel() <= ctx.k:  # (the same scoring pass each time: results shared)
+                break
+        return rows  # (<= k,)
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,9 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_boundary_64": BoundaryRule(get_policy("conduit_per_page"), 64),
     "cv_boundary_32_over": BoundaryRule(get_policy("conduit_per_page"), 32, inside=False),
     "cv_no_delimiters": WithoutDelimiters(get_policy("conduit_per_page")),
+    # a count rule's choice and the page boundary on top, within k (issue 67, `cheaper.py`)
+    "cv_adaptive_boundary_32": BoundaryRule(AdaptiveConduitPolicy(), 32),
+    "cv_floor_30_boundary_64": BoundaryRule(CHEAPER["cv_mass_floor_30"], 64),
     # the stale tokens the refreshed ones read: 80% or 60% of the budget first, a probe pass
     "cv_second_hop_80": SecondHop(get_policy("conduit_per_page"), 0.8),
     "cv_second_hop_60": SecondHop(get_policy("conduit_per_page"), 0.6),

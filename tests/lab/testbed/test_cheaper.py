@@ -1,6 +1,7 @@
 """The cheaper-default candidates (`lab.testbed.cheaper`): their count rules by hand, and on
 random weights (diffuse attention) every candidate reaches its cap, choosing what
-`conduit_per_page` chooses scoring, as they do, every layer."""
+`conduit_per_page` chooses scoring, as they do, every layer (the mass floor: at its depth);
+a count rule's choice under its cap keeps the page boundary on top (`BoundaryRule`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from conduit_core.model.loader import load_vlm
 from conduit_core.policies import get_policy
 from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.conduit import ConduitPolicy
+from conduit_core.policies.policy_context import PolicyContext
+from conduit_core.policies.selection import quota_split
 from conduit_core.runtime import ReuseRuntime
-from lab.testbed.cheaper import CHEAPER, KneeCount, MassCount, knee_k
+from lab.testbed.cheaper import CHEAPER, KneeCount, MassCount, MassFloor, knee_k
+from lab.testbed.variants import CANDIDATES, BoundaryRule
+from tests.lab.testbed.test_boundary_rule import _context
 from tests.policies.conftest import PAGE_SIZES, text_page
 
 
@@ -51,4 +56,44 @@ def test_random_weights_reach_the_cap(runtime_and_pages: tuple[ReuseRuntime, lis
     default = per_page.with_options(PolicyOptions(score_layers="all"))(ctx)
     assert 0 < default.numel() == ctx.k
     for name, policy in CHEAPER.items():
-        assert torch.equal(policy(ctx), default), name
+        same = per_page(ctx) if isinstance(policy, MassFloor) else default
+        assert torch.equal(policy(ctx), same), name
+    for name in ("cv_adaptive_boundary_32", "cv_floor_30_boundary_64"):
+        assert CANDIDATES[name](ctx).numel() <= ctx.k, name  # the cap binds
+
+
+def test_mass_floor_counts_by_hand(runtime_and_pages: tuple[ReuseRuntime,
+                                                            list[PageInput]]) -> None:
+    runtime, pages = runtime_and_pages
+    assembly = runtime.reuse.assemble("Archive pages.", pages, "Which page names the ledger?")
+    ctx = runtime.reuse.policy_context(assembly, 0.5, 0)
+    sizes = torch.bincount(ctx.page_of_visual)
+    assert sizes.tolist() == [18, 17, 10] and ctx.k == 22
+    assert quota_split(sizes, 6).tolist() == [3, 2, 1]  # the floor: 0.3 of k, rounded down
+    spike = torch.full((45,), 0.01)
+    spike[[36, 37, 38]] = 10.0  # on the last page: two of them hold half the mass
+    rule = MassFloor(floor=0.3)
+    assert rule.counts(ctx, spike).tolist() == [3, 2, 2]
+    assert rule.counts(ctx, torch.ones(45)).tolist() == quota_split(sizes, 22).tolist()
+    spread = torch.full((45,), 2.4)
+    spread[[0, 1, 2, 3, 18, 19, 20, 36, 37]] = 10.0  # nine hold half, over every floor
+    assert rule.counts(ctx, spread).tolist() == [4, 3, 2]
+    spread = torch.full((45,), 8.0)
+    spread[[*range(12), *range(18, 27)]] = 10.0  # 21 hold half: with the floor 22, the quota
+    assert rule.counts(ctx, spread).tolist() == quota_split(sizes, 22).tolist() != [12, 9, 1]
+
+
+def test_a_count_under_its_cap_keeps_its_choice_and_the_boundary_on_top() -> None:
+    ctx = _context()
+    first, second = ctx.layout.segments[0], ctx.layout.segments[1]
+    calls: list[int] = []
+
+    def base(c: PolicyContext) -> torch.Tensor:  # page 2's first token on: a quarter of k
+        calls.append(c.k)
+        return torch.arange(second.start + 1, second.start + 1 + c.k // 4)
+
+    rows = BoundaryRule(base, 16)(ctx).tolist()
+    assert calls == [ctx.k]  # it fits: the base's own choice, not one at the budget left
+    end = list(range(first.stop - 17, first.stop - 1))  # before page 1's closing delimiter
+    assert rows == sorted(end + base(ctx).tolist())
+    assert CANDIDATES["cv_adaptive_boundary_32"](ctx).numel() <= ctx.k
