@@ -150,8 +150,10 @@ SECTIONS = [
             "lab/conversation/results/conversation.json", _conversation),
     Section("Time to first token, CPU bench",
             "8 pages of 256 visual tokens on a CPU-sized model with 7B ratios, page KV in the "
-            "memory tier, one thread; budgets 0.1 (CacheBlend 0.15).",
-            "lab/ttft/results/ttft_cpu_2026-12-05.json", _ttft_bench),
+            "memory tier, one thread; budgets 0.1 (CacheBlend 0.15). `conduit` rows recompute "
+            "every stale label; `default_08_read` is the product default, `default_all_always` "
+            "the default before 2026-12-07.",
+            "lab/ttft/results/ttft_cpu_2026-12-07.json", _ttft_bench),
     Section("Testbed answers at 10%",
             "The trained testbed model (committed weights), 1,000 questions of a held-out "
             "seed over evidence and distractor pages, through the normal ingest and page-KV "
