@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conduit_core.policies.policy_context import RefreshPolicy
 
-DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
+DEFAULT_POLICY = "conduit_focus"  # the refresh policy of a request that names none
 
 
 @dataclass(frozen=True)
 class PolicyOptions:
-    """Per-request knobs of the CONDUIT family (`conduit`, `conduit_per_page`); None leaves
-    the policy's own value (meanings and bounds: `conduit_core.passes.scoring.ScoreConfig`,
+    """Per-request knobs of the CONDUIT family (`conduit`; `conduit_per_page` and
+    `conduit_focus`, which refuse gamma); None leaves the policy's own value (meanings and
+    bounds: `conduit_core.passes.scoring.ScoreConfig`,
     `conduit_core.policies.conduit.ConduitConfig`).
 
     gamma:         amplification exponent >= 0 (0 = no image-level amplification).

@@ -55,8 +55,9 @@ class ConduitConfig:
 class ConduitChoice:
     """One CONDUIT decision with the quantities behind it."""
 
-    rows: torch.Tensor  # (k,) sequence indices of the refreshed visual tokens, ascending, on
-    # the scores' device (the choice is never read back before the refresh)
+    rows: torch.Tensor  # (<= k,) sequence indices of the refreshed visual tokens, ascending,
+    # on the scores' device (never read back before the refresh), or on the host where a
+    # policy decided it from scores it read (`conduit_focus`)
     scores: torch.Tensor  # (N_v,) amplified scores s'_j in visual-token order
     amplification: torch.Tensor  # (M,) c_m per page
 

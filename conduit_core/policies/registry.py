@@ -2,15 +2,18 @@
 
 A policy maps a `PolicyContext` (see `conduit_core.policies.policy_context`) to the sequence
 indices of the visual tokens to refresh. The registry holds the product's policies: the
-default (`DEFAULT_POLICY`, CONDUIT with a per-page quota), the paper's `conduit`, the bounds
-`full_prefill` and `full_reuse`, `prefix_reuse`, and the published baselines `cacheblend` and
-`epic`. Ablations and candidates register themselves from the lab (`register_policy`), like
-any configured variant (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`).
+default (`DEFAULT_POLICY`, `conduit_focus`: CONDUIT with a per-page quota, refreshing fewer
+tokens where the question's attention is concentrated), `conduit_per_page` (the per-page quota
+at every k, the default before issue 67), the paper's `conduit`, the bounds `full_prefill`
+and `full_reuse`, `prefix_reuse`, and the published baselines `cacheblend` and `epic`.
+Ablations and candidates register themselves from the lab (`register_policy`), like any
+configured variant (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`).
 
 A request's policy is chosen here once (`choose_policy`): the name looked up, the request's
 options laid over the deployment's (`PolicyOptions.over`), and the policy configured with
 them. Only the CONDUIT family (`ConduitPolicy`) takes options; a knob that defines a variant
-(`conduit_per_page`'s gamma) is never taken from the deployment and refused from a request.
+(`conduit_per_page`'s and `conduit_focus`'s gamma) is never taken from the deployment and
+refused from a request.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from conduit_core.errors import InvalidRequestError, UnknownPolicyError
 from conduit_core.policies import (
     cacheblend,
     conduit,
+    conduit_focus,
     conduit_per_page,
     epic,
     full_prefill,
@@ -32,7 +36,8 @@ from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.policies.policy_context import RefreshPolicy
 
 POLICIES: dict[str, RefreshPolicy] = {
-    DEFAULT_POLICY: conduit_per_page.select,
+    DEFAULT_POLICY: conduit_focus.select,
+    "conduit_per_page": conduit_per_page.select,
     "conduit": conduit.select,
     "full_prefill": full_prefill.select,
     "full_reuse": full_reuse.select,
