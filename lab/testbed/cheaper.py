@@ -15,14 +15,14 @@ that count then split over the pages by the same quota rule (`each_page=False`):
                above it (flat scores, diffuse attention) the cap
 
 With flat scores (random weights) both reach the cap, and the policy is `conduit_per_page`.
-The count is read back from the scores (a host sync the product's CONDUIT never makes).
+The count is read back from the scores (a host read, as the product default's one).
 
-`MassFloor(floor)` is the default itself (its depth, its quota) with a count and a floor:
-each page refreshes max(its quota of floor * k rounded down, how many of the question's top m
-tokens it holds), m the fewest holding `mass` of the scores' total (`mass_k`, at most k);
-where those counts reach k, each page's quota of k, the default's choice (so on diffuse
-attention it is `conduit_per_page`, and k stays the cap). `lab.testbed.variants` adds the
-page boundary on top of it and of `conduit_adaptive` (`BoundaryRule`, within k).
+`cv_mass_floor_30` / `_50` are the product default's rule without its boundary rows
+(`conduit_core.policies.conduit_focus.FocusPolicy(floor=0.3 or 0.5, boundary=0)`): each page
+refreshes max(its quota of floor * k rounded down, how many of the question's top m tokens it
+holds), m the fewest holding half the scores' total (at most k); where those counts reach k,
+each page's quota of k. `cv_floor_30_boundary_64` (`lab.testbed.variants`) is the default
+itself, `conduit_focus`, chosen by these rounds.
 
 `ReadLabels(base, labels)` is `base` with the runtime's `label_refresh="read"` recomputing
 `labels` stale labels instead of `READ_LABELS` (a lab knob: it sets the answer's
@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conduit_core.passes.scoring import ScoreConfig
 from conduit_core.policies.conduit import ConduitChoice, ConduitConfig, ConduitPolicy
-from conduit_core.policies.conduit_per_page import DEPTH
+from conduit_core.policies.conduit_focus import FocusPolicy
 from conduit_core.policies.policy_context import PolicyContext, PolicyCost
-from conduit_core.policies.selection import per_page_topk, quota_split, topk_positions
+from conduit_core.policies.selection import per_page_topk, quota_split
 from lab.ablations.conduit_adaptive import mass_k
 
 CountRule = Callable[[torch.Tensor, int], int]
@@ -115,33 +114,6 @@ class CountedPerPage(ConduitPolicy):
 
 
 @dataclass(frozen=True)
-class MassFloor(ConduitPolicy):
-    """`conduit_per_page` with each page's count the larger of its floor and its part of the
-    question's top tokens by score mass (module docstring)."""
-
-    floor: float = 0.3
-    mass: float = 0.5
-    config: ConduitConfig = field(default_factory=lambda: ConduitConfig(
-        gamma=0.0, score=ScoreConfig(layers=DEPTH), per_page=True))
-
-    def counts(self, ctx: PolicyContext, scores: torch.Tensor) -> torch.Tensor:
-        """Each page's count (M,) int64 for the scores (N_v,), summing to at most k."""
-        page_of, k = ctx.page_of_visual, ctx.k  # (N_v,)
-        sizes = torch.bincount(page_of, minlength=ctx.num_pages)  # (M,)
-        host = scores.cpu()  # (N_v,)
-        top = topk_positions(host, mass_k(host, self.mass, k))  # (m,)
-        held = torch.bincount(page_of[top], minlength=ctx.num_pages)  # (M,)
-        counts = torch.maximum(quota_split(sizes, int(self.floor * k)), held)  # (M,)
-        return counts if int(counts.sum()) < k else quota_split(sizes, k)
-
-    def explain(self, ctx: PolicyContext) -> ConduitChoice:
-        """Score as `conduit_per_page`, then each page's top `counts` tokens."""
-        rows, scores, c = self.amplified(ctx)
-        pos = per_page_topk(scores, ctx.page_of_visual, self.counts(ctx, scores))
-        return ConduitChoice(rows=rows[pos], scores=scores, amplification=c)
-
-
-@dataclass(frozen=True)
 class ReadLabels:
     """`base` with `labels` stale labels recomputed under label_refresh "read"."""
 
@@ -165,8 +137,8 @@ CHEAPER: dict[str, ConduitPolicy | ReadLabels] = {
     "cv_quota_mass_70": CountedPerPage(count=MassCount(0.7), each_page=False),
     "cv_page_knee": CountedPerPage(count=KneeCount(0.25)),
     "cv_quota_knee": CountedPerPage(count=KneeCount(0.25), each_page=False),
-    "cv_mass_floor_30": MassFloor(floor=0.3),
-    "cv_mass_floor_50": MassFloor(floor=0.5),
+    "cv_mass_floor_30": FocusPolicy(floor=0.3, boundary=0),
+    "cv_mass_floor_50": FocusPolicy(floor=0.5, boundary=0),
 }
 CHEAPER |= {  # one label read instead of two (`ReadLabels`; run with label_refresh "read")
     "cv_quota_mass_50_read1": ReadLabels(CountedPerPage(count=MassCount(0.5),

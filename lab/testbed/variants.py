@@ -25,9 +25,13 @@ choice starts a page (the page's first token after its opening delimiter), the l
 top of the wrapped policy's choice where both fit in k, as a count rule's under its cap
 usually do; otherwise the wrapped policy chooses fewer, and where the boundary rows alone
 exceed k, the k nearest their pages' ends) or, with `inside=False`, on top of it whatever k
-(the oracle's boundary
-arm; compared with the wrapped policy at the budget of equal mean FLOPs). It needs no
-answer, and no page numbers: the page shown before, whatever document page it is.
+(the oracle's boundary arm; compared with the wrapped policy at the budget of equal mean
+FLOPs). It needs no answer, and no page numbers: the page shown before, whatever document
+page it is. Its rows and its fit within k are the product's (`boundary_rows`, `within_cap`
+in `conduit_core.policies.conduit_focus`): `cv_floor_30_boundary_64`, the floor rule with
+four boundary rows, became the default, and the name now runs `conduit_focus`, which adds no
+boundary rows where the floor rule's counts reach k (diffuse attention: there it is
+`conduit_per_page`), unlike `BoundaryRule` over the floor rule.
 
 `WithoutDelimiters` wraps a CONDUIT-scored policy so that it spends none of its budget on
 the pages' opening and closing delimiters (the wrapped policy's choice at a larger budget,
@@ -69,8 +73,9 @@ from conduit_core.kv.kv_cache import KVCache
 from conduit_core.model.flops import LMShape, rows_flops
 from conduit_core.passes.layer_forward import computed_key_counts, forward_rows
 from conduit_core.passes.scoring import ScoreConfig
-from conduit_core.policies import get_policy, register_policy
+from conduit_core.policies import conduit_focus, get_policy, register_policy
 from conduit_core.policies.conduit import ConduitConfig, ConduitPolicy
+from conduit_core.policies.conduit_focus import boundary_rows, within_cap
 from conduit_core.policies.policy_context import PolicyContext, RefreshPolicy
 from conduit_core.policies.selection import topk_positions
 from conduit_core.prompt.layout import LABEL_REFRESH
@@ -98,27 +103,16 @@ class BoundaryRule:
     inside: bool = True
 
     def __call__(self, ctx: PolicyContext) -> torch.Tensor:
-        """The rows to refresh: the boundary rows, then `base`'s choice at the budget left."""
+        """The rows to refresh: `base`'s choice and the boundary rows (the product's rule:
+        `conduit_core.policies.conduit_focus.boundary_rows`, `within_cap`)."""
         chosen = self.base(ctx).to(torch.long).cpu()  # (k,)
-        picked = set(chosen.tolist())
-        segments = ctx.layout.segments
-        ends: list[tuple[int, int]] = []  # (tokens before its page's end, row)
-        for before, page in zip(segments, segments[1:], strict=False):
-            if page.start + 1 in picked:  # its first token, after the opening delimiter
-                end = before.stop - 1  # its closing delimiter
-                ends += [(end - r, r) for r in range(max(before.start + 1, end - self.tokens),
-                                                     end)]
-        if not ends or not ctx.k:
+        extra = boundary_rows(ctx.layout.segments, set(chosen.tolist()), self.tokens)
+        if not extra or not ctx.k:
             return chosen
-        extra = {r for _, r in (sorted(ends)[:ctx.k] if self.inside else ends)}  # nearest
-        if not self.inside or len(picked | extra) <= ctx.k:  # on top (within k: it fits)
-            return torch.cat([chosen, torch.tensor(sorted(extra))]).unique()  # (picked + extra,)
-        for keep in (ctx.k - len(extra - picked), ctx.k - len(extra)):  # the second where
-            fewer = self.base(at_k(ctx, keep))  # the first's choice left extra rows over k
-            rows = torch.cat([fewer.to(torch.long).cpu(), torch.tensor(sorted(extra))]).unique()
-            if rows.numel() <= ctx.k:  # (the same scoring pass each time: results shared)
-                break
-        return rows  # (<= k,)
+        if not self.inside:  # on top, whatever k
+            return torch.cat([chosen, torch.tensor(extra)]).unique()  # (picked + extra,)
+        return within_cap(chosen, extra, ctx.k,
+                          lambda keep: self.base(at_k(ctx, keep)).to(torch.long).cpu())
 
 
 @dataclass(frozen=True)
@@ -227,7 +221,7 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_no_delimiters": WithoutDelimiters(get_policy("conduit_per_page")),
     # a count rule's choice and the page boundary on top, within k (issue 67, `cheaper.py`)
     "cv_adaptive_boundary_32": BoundaryRule(AdaptiveConduitPolicy(), 32),
-    "cv_floor_30_boundary_64": BoundaryRule(CHEAPER["cv_mass_floor_30"], 64),
+    "cv_floor_30_boundary_64": conduit_focus.select,  # the product default since issue 67
     # the stale tokens the refreshed ones read: 80% or 60% of the budget first, a probe pass
     "cv_second_hop_80": SecondHop(get_policy("conduit_per_page"), 0.8),
     "cv_second_hop_60": SecondHop(get_policy("conduit_per_page"), 0.6),

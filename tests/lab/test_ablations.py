@@ -21,8 +21,8 @@ def test_the_product_registry_holds_what_a_deployer_chooses() -> None:
     names = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                            text=True).stdout.strip().split(",")
     assert set(names) == PRODUCT_POLICIES and len(names) <= 8
-    assert {"conduit_per_page", "conduit", "full_prefill", "full_reuse", "prefix_reuse",
-            "cacheblend", "epic"} == PRODUCT_POLICIES
+    assert {"conduit_focus", "conduit_per_page", "conduit", "full_prefill", "full_reuse",
+            "prefix_reuse", "cacheblend", "epic"} == PRODUCT_POLICIES
     assert not PRODUCT_POLICIES & set(ABLATIONS)
 
 

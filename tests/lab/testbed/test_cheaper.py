@@ -1,7 +1,9 @@
 """The cheaper-default candidates (`lab.testbed.cheaper`): their count rules by hand, and on
 random weights (diffuse attention) every candidate reaches its cap, choosing what
-`conduit_per_page` chooses scoring, as they do, every layer (the mass floor: at its depth);
-a count rule's choice under its cap keeps the page boundary on top (`BoundaryRule`)."""
+`conduit_per_page` chooses scoring, as they do, every layer (the mass floor, the product
+default's rule without its boundary: at its depth; its counts by hand are
+tests/policies/test_conduit_focus.py's); a count rule's choice under its cap keeps the page
+boundary on top (`BoundaryRule`)."""
 
 from __future__ import annotations
 
@@ -12,16 +14,20 @@ import torch
 
 from conduit_core.answer_types import PageInput
 from conduit_core.model.loader import load_vlm
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.policies import get_policy
 from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.conduit import ConduitPolicy
+from conduit_core.policies.conduit_focus import FocusPolicy
 from conduit_core.policies.policy_context import PolicyContext
-from conduit_core.policies.selection import quota_split
 from conduit_core.runtime import ReuseRuntime
-from lab.testbed.cheaper import CHEAPER, KneeCount, MassCount, MassFloor, knee_k
+from lab.testbed.batches import page_image
+from lab.testbed.cheaper import CHEAPER, KneeCount, MassCount, knee_k
+from lab.testbed.probe import load_checkpoint_vlm, probe_samples
 from lab.testbed.variants import CANDIDATES, BoundaryRule
 from tests.lab.testbed.test_boundary_rule import _context
 from tests.policies.conftest import PAGE_SIZES, text_page
+from worker.prompt import ANSWER_PREFIX, page_label
 
 
 def test_knee_by_hand() -> None:
@@ -56,31 +62,10 @@ def test_random_weights_reach_the_cap(runtime_and_pages: tuple[ReuseRuntime, lis
     default = per_page.with_options(PolicyOptions(score_layers="all"))(ctx)
     assert 0 < default.numel() == ctx.k
     for name, policy in CHEAPER.items():
-        same = per_page(ctx) if isinstance(policy, MassFloor) else default
+        same = per_page(ctx) if isinstance(policy, FocusPolicy) else default
         assert torch.equal(policy(ctx), same), name
     for name in ("cv_adaptive_boundary_32", "cv_floor_30_boundary_64"):
         assert CANDIDATES[name](ctx).numel() <= ctx.k, name  # the cap binds
-
-
-def test_mass_floor_counts_by_hand(runtime_and_pages: tuple[ReuseRuntime,
-                                                            list[PageInput]]) -> None:
-    runtime, pages = runtime_and_pages
-    assembly = runtime.reuse.assemble("Archive pages.", pages, "Which page names the ledger?")
-    ctx = runtime.reuse.policy_context(assembly, 0.5, 0)
-    sizes = torch.bincount(ctx.page_of_visual)
-    assert sizes.tolist() == [18, 17, 10] and ctx.k == 22
-    assert quota_split(sizes, 6).tolist() == [3, 2, 1]  # the floor: 0.3 of k, rounded down
-    spike = torch.full((45,), 0.01)
-    spike[[36, 37, 38]] = 10.0  # on the last page: two of them hold half the mass
-    rule = MassFloor(floor=0.3)
-    assert rule.counts(ctx, spike).tolist() == [3, 2, 2]
-    assert rule.counts(ctx, torch.ones(45)).tolist() == quota_split(sizes, 22).tolist()
-    spread = torch.full((45,), 2.4)
-    spread[[0, 1, 2, 3, 18, 19, 20, 36, 37]] = 10.0  # nine hold half, over every floor
-    assert rule.counts(ctx, spread).tolist() == [4, 3, 2]
-    spread = torch.full((45,), 8.0)
-    spread[[*range(12), *range(18, 27)]] = 10.0  # 21 hold half: with the floor 22, the quota
-    assert rule.counts(ctx, spread).tolist() == quota_split(sizes, 22).tolist() != [12, 9, 1]
 
 
 def test_a_count_under_its_cap_keeps_its_choice_and_the_boundary_on_top() -> None:
@@ -97,3 +82,26 @@ def test_a_count_under_its_cap_keeps_its_choice_and_the_boundary_on_top() -> Non
     end = list(range(first.stop - 17, first.stop - 1))  # before page 1's closing delimiter
     assert rows == sorted(end + base(ctx).tolist())
     assert CANDIDATES["cv_adaptive_boundary_32"](ctx).numel() <= ctx.k
+
+
+def test_the_default_is_the_rule_as_measured() -> None:
+    """`cv_floor_30_boundary_64` as measured (the floor rule, `BoundaryRule` on top within k)
+    and the product default choose the same rows on the committed checkpoint's questions,
+    where attention is focused (the default's choice under its cap)."""
+    measured = BoundaryRule(CHEAPER["cv_mass_floor_30"], 64)
+    default = get_policy("conduit_focus")
+    assert CANDIDATES["cv_floor_30_boundary_64"] is default
+    runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS), never_above_full=False)
+    per_page, focused, bounded = get_policy("conduit_per_page"), 0, 0
+    for s in probe_samples(12, 28, "distractors"):
+        kvs = runtime.prefill_pages([page_image(s.doc.pages[p]) for p in s.pages])
+        assembly = runtime.reuse.assemble(ANSWER_PREFIX, [
+            PageInput(page_label(s.doc_name, p + 1), kv)
+            for p, kv in zip(s.pages, kvs, strict=True)], s.text)
+        ctx = runtime.reuse.policy_context(assembly, 0.1, 0)
+        rows = default(ctx).cpu()
+        assert torch.equal(rows, measured(ctx).cpu()), s.text
+        assert rows.numel() <= ctx.k
+        focused += not torch.equal(rows, per_page(ctx).cpu())
+        bounded += rows.numel() > CHEAPER["cv_mass_floor_30"](ctx).numel()
+    assert focused == 12 and bounded > 0  # focused every time, the boundary in some
