@@ -1,4 +1,5 @@
-"""No host read inside an answer's passes; one in a batched decode step (issue 65, point 1).
+"""No host read inside an answer's passes but the default's one; one in a batched decode step
+(issues 65, point 1, and 67).
 
 Counted by `lab.ttft.host_syncs.SyncCounter` (a dispatch mode under a function mode: `.item()`,
 `int()`, `.cpu()`, `.numpy()`, `.tolist()`, boolean-mask indexing, `nonzero`, `unique`,
@@ -6,9 +7,12 @@ Counted by `lab.ttft.host_syncs.SyncCounter` (a dispatch mode under a function m
 Qwen2.5-VL (28 layers, 256-token pages) on the accelerator's path
 (`lab.ttft.op_count.accelerator_path`), set up as the op counts are:
 * the prefill half from the first page copy to the first token's logits reads nothing back,
-  for the paper's `conduit`, the default `conduit_per_page`, `full_reuse` and a full prefill
-  from the cached pages, at 2, 8 and 32 pages (the layout's host numbers are computed before
-  the first page copy; the choice the device makes stays there until the first token);
+  for the paper's `conduit`, `conduit_per_page`, `full_reuse` and a full prefill from the
+  cached pages, at 2, 8 and 32 pages (the layout's host numbers are computed before the first
+  page copy; the choice the device makes stays there until the first token);
+* the default `conduit_focus` reads one thing back there, in its own module: the visual
+  tokens' scores, from which the host decides how many to refresh (docs/DECISIONS.md, "The
+  answer's passes read nothing back...");
 * a batched decode step of 1, 4 and 16 streams reads one thing back (the new token ids).
 """
 
@@ -45,6 +49,16 @@ def test_the_passes_read_nothing_back(narrow: tuple, policy: str, pages: int) ->
         counter = count_prefill_syncs(runtime, kvs[:pages], policy)
     assert counter.opened and counter.closed  # the window ran from page copy to logits
     assert counter.total == 0, dict(counter.sites)
+
+
+@pytest.mark.parametrize("pages", PAGES)
+def test_the_default_reads_its_scores_once(narrow: tuple, pages: int) -> None:
+    runtime, kvs = narrow
+    with accelerator_path():
+        counter = count_prefill_syncs(runtime, kvs[:pages], "conduit_focus")
+    assert counter.opened and counter.closed
+    assert counter.total == 1, dict(counter.sites)
+    assert all("conduit_focus.py" in site for site in counter.sites), dict(counter.sites)
 
 
 @pytest.mark.parametrize("streams", STREAMS)
