@@ -7,6 +7,9 @@ not) and the path's own charged FLOPs (`tests.core.helpers.own_flops`) are the s
 what the caches cost is charged once, to whichever answer filled them (the sum over the grid
 is the same in both orders). A FLOP counter (`torch.utils.flop_counter`) around the prefill
 half of each answer agrees with its charged LM FLOPs within 1%, on cold and warm runtimes.
+The grid holds the default (`conduit_focus`, a product policy), at its cap on these random
+weights; one question on the trained testbed checkpoint holds it where it chooses its own
+count under the cap, predicted from its history.
 """
 
 from __future__ import annotations
@@ -24,17 +27,21 @@ from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.cost.cost_model import RowCosts
 from conduit_core.model.flops import SCORE_PAIR_FLOPS, LMShape
 from conduit_core.model.loader import LoadedVLM
+from conduit_core.model.testbed_model import WEIGHTS
 from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import choose_policy
-from conduit_core.policies.choice import PolicyOptions
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyOptions
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
+from lab.testbed.batches import page_image
+from lab.testbed.probe import load_checkpoint_vlm, probe_samples
 from storage.kv.codec import decode_page, encode_page
 from tests.core.conftest import load_builtin
 from tests.core.helpers import IMAGES, own_flops
+from worker.prompt import ANSWER_PREFIX, page_label
 
 MODEL = "builtin:tiny-qwen2-vl"
 BUDGETS = (0.05, 0.1, 0.3, 1.0)
@@ -174,6 +181,36 @@ def test_a_short_scoring_pass_is_charged_as_counted(vlm: LoadedVLM, pages: dict[
         if first is not None:
             assert first.token_ids == result.token_ids
             assert own_flops(first) == own_flops(result)
+
+
+def test_a_focused_default_is_one_plan_cold_or_warm() -> None:
+    """The grid's random weights leave the default (`conduit_focus`) at its cap; on the
+    committed testbed checkpoint it refreshes fewer than k. Its prediction then learns the
+    share of k it refreshed (the warm answer is predicted lower), while the tokens, the path
+    and the charged FLOPs stay the same cold, warm and on a fresh runtime, and a FLOP counter
+    agrees with the charge."""
+    vlm = load_checkpoint_vlm(WEIGHTS)
+    sample = next(iter(probe_samples(1, 28, "distractors")))
+    rt = ReuseRuntime(vlm)
+    kvs = rt.prefill_pages([page_image(sample.doc.pages[p]) for p in sample.pages])
+    request = AnswerRequest(ANSWER_PREFIX, [
+        PageInput(page_label(sample.doc_name, p + 1), kv)
+        for p, kv in zip(sample.pages, kvs, strict=True)], sample.text,
+        policy=choose_policy(DEFAULT_POLICY), budget=0.1, max_new_tokens=4)
+    asm = rt.reuse.assemble(request.prefix, request.pages, request.question)
+    k = rt.reuse.policy_context(asm, 0.1).k
+    cold, counted = counted_answer(rt, request)
+    warm = answering.answer(rt, request)
+    fresh = answering.answer(ReuseRuntime(vlm), request)
+    assert not cold.fallback and 0 < cold.refreshed_visual_tokens < k
+    assert cold.predicted_flops_lm > 1.2 * own_flops(cold)  # k rows evenly, with no history
+    assert warm.predicted_flops_lm == pytest.approx(own_flops(cold), rel=0.05)  # the share
+    assert fresh.predicted_flops_lm == cold.predicted_flops_lm  # at the cap, no history
+    for other in (warm, fresh):
+        assert other.token_ids == cold.token_ids and other.fallback == cold.fallback
+        assert other.refreshed_visual_tokens == cold.refreshed_visual_tokens
+        assert own_flops(other) == own_flops(cold)
+    assert counted == pytest.approx(cold.flops_used_lm, rel=0.01)
 
 
 def test_the_counter_sees_an_uncharged_pass(vlm: LoadedVLM, pages: dict[str, PageKV],
