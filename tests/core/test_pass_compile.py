@@ -1,13 +1,13 @@
 """The scoring pass and the refresh with their layer bodies compiled per shape bucket
-(`conduit_core.passes.buckets`, `layer_graphs`; issue 65, point 2): over a grid of 60
-requests (1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT and the default
-policy) every layer piece runs at power-of-two rows (>= 16) and keys (>= 64) and compiles at
-most once per bucket it meets (`fullgraph=True`: a graph break raises; the layers share
-their graphs), the grid run again compiles nothing (`error_on_recompile`), and every first
-token's logits equal the eager path's within float32 1e-5 relative, as they do for one
-request of each model family. The grid compiles with `aot_eager` (dynamo and AOT autograd,
-no code generation) to stay within a loaded CI's time; one request compiles with inductor,
-the product's backend, and matches too."""
+(`conduit_core.passes.buckets`, `layer_graphs`; issue 65, point 2): over a grid of 60 requests
+(1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT and the default policy,
+`conduit_focus`) every layer piece runs at power-of-two rows (>= 16) and keys (>= 64) and
+compiles at most once per bucket it meets (`fullgraph=True`: a graph break raises; the layers
+share their graphs), the grid run again compiles nothing (`error_on_recompile`), and every first
+token's logits equal the eager path's within float32 1e-5 relative, as they do for one request
+of each model family. The grid compiles with `aot_eager` (dynamo and AOT autograd, no code
+generation) to stay within a loaded CI's time; one request compiles with inductor, the product's
+backend, and matches too."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ from conduit_core import AnswerRequest, PageInput, ReuseRuntime
 from conduit_core.model.loader import LoadedVLM
 from conduit_core.passes.layer_graphs import compile_layers, layer_graphs
 from conduit_core.policies import choose_policy
+from conduit_core.policies.choice import DEFAULT_POLICY
 from lab import answering
 from tests.core.conftest import FAMILIES, load_builtin
 from tests.core.helpers import page_image
 
 PAGES = (1, 2, 3, 5, 8, 4)
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
-POLICIES = ("conduit", "conduit_per_page")
+POLICIES = ("conduit", DEFAULT_POLICY)
 WORDS = (4, 16, 33)  # questions of 5 to 60 tokens
 
 
