@@ -15,6 +15,7 @@ from conduit_core.errors import InvalidRequestError
 from conduit_core.policies import choose_policy, get_policy
 from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.conduit import ConduitPolicy
+from conduit_core.policies.conduit_focus import BOUNDARY, FocusPolicy
 from conduit_core.prompt.layout import LABEL_REFRESH
 from lab.refresh_probe import probe_refresh
 from tests.policies.conftest import CachedPages
@@ -80,7 +81,8 @@ def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
 
 def test_ablations_keep_their_defining_knobs() -> None:
     """CONDUIT_GAMMA must not turn `conduit_no_amp` back into CONDUIT, nor set a gamma on
-    `conduit_per_page` (the service's default), where quotas make it meaningless."""
+    `conduit_per_page` or the service's default `conduit_focus`, where quotas make it
+    meaningless."""
     settings = Settings(gamma=2.0, head_agg="max")
     no_amp = settle_policy(settings, "conduit_no_amp", PolicyOptions())
     assert no_amp.options.gamma is None and no_amp.options.head_agg == "max"  # the others apply
@@ -92,6 +94,11 @@ def test_ablations_keep_their_defining_knobs() -> None:
     assert per_page.config.score.head_agg == "max"  # type: ignore[attr-defined]
     with pytest.raises(InvalidRequestError, match="gamma"):
         choose_policy("conduit_per_page", PolicyOptions(gamma=1.0))
+    focus = settle_policy(settings, "conduit_focus", PolicyOptions()).select
+    assert isinstance(focus, FocusPolicy) and focus.boundary == BOUNDARY  # its own rule kept
+    assert focus.config.gamma == 0.0 and focus.config.score.head_agg == "max"
+    with pytest.raises(InvalidRequestError, match="gamma"):
+        choose_policy("conduit_focus", PolicyOptions(gamma=1.0))
 
 
 def test_the_runtime_defaults_are_the_services() -> None:
