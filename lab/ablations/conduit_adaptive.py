@@ -16,25 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from conduit_core.policies.conduit import ConduitChoice, ConduitPolicy
+from conduit_core.policies.conduit_focus import mass_count
 from conduit_core.policies.policy_context import PolicyContext
 
 MASS = 0.5
-
-
-def mass_k(scores: torch.Tensor, mass: float, k_max: int) -> int:
-    """The fewest highest-scoring tokens whose scores (N,), non-negative, sum to at least
-    `mass` of the total, at most `k_max` (and `k_max` when every score is 0)."""
-    if not 0.0 < mass <= 1.0:
-        raise ValueError(f"mass must be in (0, 1], got {mass}")
-    total = float(scores.sum())
-    if total <= 0 or k_max <= 0:
-        return max(0, k_max)
-    top = torch.sort(scores.float(), descending=True).values[:k_max]  # (k_max,)
-    reached = torch.nonzero(top.cumsum(0) >= mass * total)  # (r, 1)
-    return int(reached[0, 0]) + 1 if reached.numel() else min(k_max, int(scores.numel()))
 
 
 @dataclass(frozen=True)
@@ -52,7 +38,8 @@ class AdaptiveConduitPolicy(ConduitPolicy):
     def explain(self, ctx: PolicyContext) -> ConduitChoice:
         """Score and amplify as CONDUIT, then take the mass's k (at most the request's)."""
         rows, amplified, c = self.amplified(ctx)
-        pos = self.positions(ctx, amplified, mass_k(amplified, self.mass, ctx.k))
+        m = mass_count(amplified.float().cpu().numpy(), self.mass, ctx.k)  # the host read
+        pos = self.positions(ctx, amplified, m)
         return ConduitChoice(rows=rows[pos], scores=amplified, amplification=c)
 
 

@@ -38,23 +38,22 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit_core.policies.conduit import ConduitChoice, ConduitConfig, ConduitPolicy
-from conduit_core.policies.conduit_focus import FocusPolicy
+from conduit_core.policies.conduit_focus import FocusPolicy, mass_count
 from conduit_core.policies.policy_context import PolicyContext, PolicyCost
 from conduit_core.policies.selection import per_page_topk, quota_split
-from lab.ablations.conduit_adaptive import mass_k
 
 CountRule = Callable[[torch.Tensor, int], int]
 
 
 @dataclass(frozen=True)
 class MassCount:
-    """The fewest top scores holding `mass` of the total (`mass_k`), at most the cap."""
+    """The fewest top scores holding `mass` of the total (`mass_count`), at most the cap."""
 
     mass: float
 
     def __call__(self, scores: torch.Tensor, cap: int) -> int:
         """The count for scores (n,) under `cap`."""
-        return mass_k(scores, self.mass, cap)
+        return mass_count(scores.float().numpy(), self.mass, cap)
 
 
 def knee_k(scores: torch.Tensor, k_max: int, prominence: float) -> int:

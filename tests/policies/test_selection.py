@@ -14,7 +14,6 @@ from conduit_core.policies.selection import (
     quota_split,
     topk_positions,
 )
-from lab.ablations.conduit_adaptive import mass_k
 from tests.core.helpers import token_scores
 
 
@@ -76,18 +75,6 @@ def test_amplification_by_hand() -> None:
     assert torch.allclose(page_amplification(scores, page_of, 2, 1.0), torch.tensor([0.5, 1.5]))
     assert torch.allclose(page_amplification(scores, page_of, 2, 2.0), torch.tensor([.25, 2.25]))
     assert torch.equal(page_amplification(scores, page_of, 2, 0.0), torch.ones(2))
-
-
-def test_mass_k_by_hand() -> None:
-    scores = torch.tensor([0.1, 0.5, 0.0, 0.3, 0.1])  # sorted: .5 .3 .1 .1 0, total 1.0
-    assert mass_k(scores, 0.5, 5) == 1
-    assert mass_k(scores, 0.8, 5) == 2
-    assert mass_k(scores, 0.85, 5) == 3
-    assert mass_k(scores, 0.85, 2) == 2  # the cap holds
-    assert mass_k(scores, 0.95, 5) == 4
-    assert mass_k(torch.zeros(4), 0.5, 3) == 3  # no mass: the cap
-    with pytest.raises(ValueError, match="mass"):
-        mass_k(scores, 0.0, 5)
 
 
 def test_quota_split() -> None:
