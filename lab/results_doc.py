@@ -64,12 +64,22 @@ def _ttft_bench(doc: dict[str, Any]) -> Table:
 
 
 def _testbed(doc: dict[str, Any]) -> Table:
-    rows = [["policy", "budget", "accuracy", "of full prefill", "LM FLOPs", "TTFT speed-up"]]
+    rows = [["policy", "budget", "accuracy", "of full prefill", "split", "legend",
+             "lowest family", "LM FLOPs", "TTFT speed-up"]]
+    family: dict[tuple[str, float], dict[str, float]] = {}
+    for r in doc["rows"]:
+        if r["group"].startswith("family="):
+            family.setdefault((r["policy"], r["budget"]), {})[
+                r["group"].removeprefix("family=")] = r["accuracy_ratio_to_full"]
     for r in doc["rows"]:
         if r["group"] == "all" and (r["budget"] == 0.1 or r["policy"] == "full_prefill"):
+            fam = family.get((r["policy"], r["budget"]), {})
+            low = min(fam, key=fam.__getitem__) if fam else None
             rows.append([r["policy"], _f(r["budget"], 2), _f(r["accuracy"], 3),
-                         _f(r["accuracy_ratio_to_full"], 3), _f(r["flops_ratio_lm"], 3),
-                         _f(r["ttft_speedup_vs_full"], 2) + "x"])
+                         _f(r["accuracy_ratio_to_full"], 3), _f(fam.get("split"), 3),
+                         _f(fam.get("legend"), 3),
+                         f"{_f(fam[low], 3)} ({low})" if low else "-",
+                         _f(r["flops_ratio_lm"], 3), _f(r["ttft_speedup_vs_full"], 2) + "x"])
     return rows
 
 
@@ -139,9 +149,10 @@ SECTIONS = [
     Section("The default model on a 3-page question",
             "`builtin:small-qwen2-vl` (random weights), 3 pages of 496 visual tokens, 64-token "
             "answers, one thread, medians after a warm-up; speed-up against a full prefill "
-            "with the vision tower. `default` is the service's default, `default_before` the "
-            "same policy scoring every layer and recomputing every label (the default before "
-            "2026-12-07).",
+            "with the vision tower. `default` is the service's default (`conduit_focus`), "
+            "`default_before` `conduit_per_page` at its depth 0.8 with the labels the question "
+            "reads (the default before it); on these random weights both refresh the same "
+            "tokens (the default's cap binds).",
             "lab/ttft/results/default_model.json", _default_model),
     Section("A conversation's follow-ups",
             "`conduit-lab bench conversation`: the default builtin, 3 pages, 5 turns of "
@@ -151,8 +162,9 @@ SECTIONS = [
     Section("Time to first token, CPU bench",
             "8 pages of 256 visual tokens on a CPU-sized model with 7B ratios, page KV in the "
             "memory tier, one thread; budgets 0.1 (CacheBlend 0.15). `conduit` rows recompute "
-            "every stale label; `default_08_read` is the product default, `default_all_always` "
-            "the default before 2026-12-07.",
+            "every stale label; `default` is the product default (`conduit_focus`), "
+            "`per_page_08_read` the default before it (`conduit_per_page`), both recomputing "
+            "the labels the question reads.",
             "lab/ttft/results/ttft_cpu_2026-12-07.json", _ttft_bench),
     Section("Testbed answers at 10%",
             "The trained testbed model (committed weights), 1,000 questions of a held-out "

@@ -24,10 +24,10 @@ tokens. Methods, each timed to the first generated token:
   conduit_labels_budget        conduit with every label recomputed inside the 10% budget
                                (`label_refresh="budget"`: fewer visual tokens)
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
-  default_all_always           `conduit_per_page` scoring every layer, every label refreshed
-                               (the product default before issue 65's depth round)
-  default_08_read              `conduit_per_page` scoring the first 0.8 of the layers, the
-                               labels the question reads refreshed (the product default since)
+  default                      the product default (`DEFAULT_POLICY` with its own options), the
+                               labels the question reads refreshed (the service's rule)
+  per_page_08_read             `conduit_per_page` the same way (its own depth 0.8): the
+                               product default before `conduit_focus`
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
 phases of a noisy machine hit all methods alike. Reported per cell: median TTFT; speedup over
@@ -69,7 +69,7 @@ from conduit_core.answer_types import AnswerRequest, PageInput
 from conduit_core.model.loader import DTYPES
 from conduit_core.page_kv import PageKV
 from conduit_core.policies import choose_policy
-from conduit_core.policies.choice import PolicyOptions
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyOptions
 from conduit_core.prompt.layout import LabelRefresh
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -104,9 +104,8 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit_labels_page", "conduit", 0.10, label_refresh="page"),
            Method("conduit_labels_budget", "conduit", 0.10, label_refresh="budget"),
            Method("cacheblend", "cacheblend", 0.15),
-           Method("default_all_always", "conduit_per_page", 0.10, score_layers="all"),
-           Method("default_08_read", "conduit_per_page", 0.10, label_refresh="read",
-                  score_layers=0.8))
+           Method("default", DEFAULT_POLICY, 0.10, label_refresh="read"),
+           Method("per_page_08_read", "conduit_per_page", 0.10, label_refresh="read"))
 _BY_NAME = {m.name: m for m in METHODS}
 
 

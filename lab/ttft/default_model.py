@@ -5,15 +5,18 @@ prefills three A4 text pages at the service's 100 dpi (about 500 visual tokens e
 answers one question with a 64-token answer over them, side by side in rotated rounds:
   default                      the service's default at 10% over the cached page KV
                                (`DEFAULT_POLICY` with its own options, the runtime's label rule)
-  default_before               the default before issue 65's depth round: the same policy
-                               scoring every layer, every stale label recomputed ("always")
+  default_before               `conduit_per_page` the same way (its own depth 0.8, the labels
+                               the question reads): the default before `conduit_focus`
   full_reuse                   cached page KV, nothing refreshed
   full_prefill_cached_vision   every row recomputed from the cached page embeddings
   full_prefill                 vision tower and every row (no reuse at all)
-Per method: median TTFT, decode tokens per second over the rest of the answer, LM FLOPs ratio,
-whether the cost model fell back (a fallback runs a full prefill from the cached page
+Per method: median TTFT, decode tokens per second over the rest of the answer, LM FLOPs
+ratio, whether the cost model fell back (a fallback runs a full prefill from the cached page
 embeddings instead; `predicted` and `fallback_at` give the policy's predicted LM FLOPs and
-that full prefill's, as ratios of a full prefill's). One torch thread
+that full prefill's, as ratios of a full prefill's); and `default_same_as_before`: whether
+`default` and `default_before` gave the same refresh count, LM FLOPs and answer tokens in
+every round (on these random weights the default's cap binds: it refreshes
+`conduit_per_page`'s tokens). One torch thread
 (`torch.set_num_threads(1)`); medians of `--repeats` rounds after one warm-up. Writes JSON and
 markdown (default lab/ttft/results/default_model.{json,md}).
 """
@@ -36,7 +39,7 @@ from PIL import Image, ImageDraw
 from conduit_core.answer_types import AnswerRequest, AnswerResult, PageInput
 from conduit_core.model.loader import load_vlm
 from conduit_core.policies import choose_policy
-from conduit_core.policies.choice import DEFAULT_POLICY, PolicyOptions
+from conduit_core.policies.choice import DEFAULT_POLICY
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from worker.prompt import ANSWER_PREFIX, page_label
@@ -45,7 +48,7 @@ MODEL = "builtin:small-qwen2-vl"
 QUESTION = "What is the total amount due on the invoice, and who signed the contract?"
 METHODS = ("default", "default_before", "full_reuse", "full_prefill_cached_vision",
            "full_prefill")
-BEFORE = PolicyOptions(score_layers="all")  # with label_refresh "always": the default before
+BEFORE = "conduit_per_page"  # the default before conduit_focus
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -59,15 +62,14 @@ def a4_page(seed: int) -> Image.Image:
     return img
 
 
-def _once(rts: dict[str, ReuseRuntime], method: str, pages: list[PageInput],
+def _once(rt: ReuseRuntime, method: str, pages: list[PageInput],
           images: list[Image.Image], max_new_tokens: int) -> AnswerResult:
-    rt = rts["always"] if method == "default_before" else rts["default"]
     if method == "full_prefill":
         return answering.answer_full_prefill(rt, ANSWER_PREFIX, [(p.label, im) for p, im in
                                                       zip(pages, images, strict=True)],
                                       QUESTION, max_new_tokens=max_new_tokens)
     choice = {"default": choose_policy(DEFAULT_POLICY),
-              "default_before": choose_policy(DEFAULT_POLICY, BEFORE),
+              "default_before": choose_policy(BEFORE),
               "full_reuse": choose_policy("full_reuse"),
               "full_prefill_cached_vision": choose_policy("full_prefill")}[method]
     return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=choice,
@@ -79,18 +81,21 @@ def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         vlm = load_vlm(MODEL, cache_dir=Path(tmp))
-        rts = {"default": ReuseRuntime(vlm), "always": ReuseRuntime(vlm, label_refresh="always")}
+        rt = ReuseRuntime(vlm)
         images = [a4_page(i) for i in range(3)]
-        kvs = rts["default"].prefill_pages(images)
+        kvs = rt.prefill_pages(images)
         pages = [PageInput(page_label("report.pdf", i + 1), kv) for i, kv in enumerate(kvs)]
         for method in METHODS:  # warm-up
-            _once(rts, method, pages, images, max_new_tokens)
+            _once(rt, method, pages, images, max_new_tokens)
         got: dict[str, list[AnswerResult]] = {m: [] for m in METHODS}
         for rep in range(repeats):
             order = METHODS[rep % len(METHODS):] + METHODS[:rep % len(METHODS)]
             for method in order:
-                got[method].append(_once(rts, method, pages, images, max_new_tokens))
+                got[method].append(_once(rt, method, pages, images, max_new_tokens))
     full = statistics.median(r.ttft_s for r in got["full_prefill"])
+    same = all((a.token_ids, a.refreshed_visual_tokens, a.flops_used_lm)
+               == (b.token_ids, b.refreshed_visual_tokens, b.flops_used_lm)
+               for a, b in zip(got["default"], got["default_before"], strict=True))
     rows = []
     for method, results in got.items():
         ttft = statistics.median(r.ttft_s for r in results)
@@ -109,7 +114,7 @@ def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
                      "head_tokens": first.head_tokens})
     return {"model": MODEL, "pages": [kv.num_tokens for kv in kvs],
             "prompt_tokens": got["default"][0].prompt_tokens, "repeats": repeats,
-            "max_new_tokens": max_new_tokens, "threads": 1,
+            "max_new_tokens": max_new_tokens, "threads": 1, "default_same_as_before": same,
             "command": shlex.join(["python", "-m", "lab.ttft.default_model", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
@@ -126,12 +131,14 @@ def write(doc: dict[str, Any], out: Path) -> None:
              "| method | TTFT ms | speed-up vs full prefill | decode tokens/s | answer s | "
              "LM FLOPs | refreshed | fallback | predicted / fallback at |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    tail = ["", "`default` and `default_before` refreshed as many tokens, spent the same LM FLOPs "
+            f"and gave the same answer tokens in every round: {doc['default_same_as_before']}."]
     for r in doc["rows"]:
         lines.append(f"| {r['method']} | {r['ttft_ms_median']} | {r['speedup_vs_full_prefill']}x"
                      f" | {r['decode_tokens_per_s']} | {r['answer_s_median']} | "
                      f"{r['flops_ratio_lm']} | {r['refreshed']} of {r['visual']} | "
                      f"{r['fallback']} | {r['predicted']} / {r['fallback_at']} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines + tail) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
