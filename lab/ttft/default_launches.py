@@ -5,9 +5,9 @@ On the narrow 28-layer model, on the accelerator's path, as `tests/core/test_op_
 (`lab.ttft.op_count.count_prefill`: the whole prefill half and its passes alone) and
 `tests/core/test_compiled_launches.py` (`lab.ttft.compiled_counts.compiled_launches`: bf16,
 layer bodies compiled by inductor) count them. Rows: full prefill from the cached pages;
-the product default (`conduit_per_page` with its own options on a runtime with its
-defaults); the default before issue 65's depth round (`conduit_per_page` scoring every
-layer, label_refresh "always"); `conduit` on the runtime's defaults and with "always".
+the product default (`DEFAULT_POLICY` with its own options on a runtime with its
+defaults); the default before it (`conduit_per_page` the same way); `conduit` on the
+runtime's defaults and with label_refresh "always".
 Each ratio is to full prefill's count at the same pages and dtype.
 
 Command line: `python -m lab.ttft.default_launches [--eager-pages 2,8,32]
@@ -26,26 +26,25 @@ from typing import Any
 import torch
 
 from conduit_core.policies import choose_policy
-from conduit_core.policies.choice import PolicyChoice, PolicyOptions
+from conduit_core.policies.choice import DEFAULT_POLICY, PolicyChoice
 from conduit_core.runtime import ReuseRuntime
 from lab.ttft.compiled_counts import compiled_launches
 from lab.ttft.op_count import NARROW_LAYERS, count_prefill, narrow_runtime
 
 OUT = Path(__file__).parent / "results" / "default_launches.json"
-BEFORE = PolicyOptions(score_layers="all")
 # row name -> (policy, runtime label_refresh: None the runtime's default)
-ROWS: dict[str, tuple[str, PolicyOptions | None, str | None]] = {
-    "full_prefill": ("full_prefill", None, None),
-    "default": ("conduit_per_page", None, None),
-    "default_before": ("conduit_per_page", BEFORE, "always"),
-    "conduit": ("conduit", None, None),
-    "conduit_always": ("conduit", None, "always"),
+ROWS: dict[str, tuple[str, str | None]] = {
+    "full_prefill": ("full_prefill", None),
+    "default": (DEFAULT_POLICY, None),
+    "default_before": ("conduit_per_page", None),
+    "conduit": ("conduit", None),
+    "conduit_always": ("conduit", "always"),
 }
 
 
 def _choice(name: str) -> tuple[PolicyChoice, str | None]:
-    policy, options, refresh = ROWS[name]
-    return choose_policy(policy, options), refresh
+    policy, refresh = ROWS[name]
+    return choose_policy(policy), refresh
 
 
 def measure(eager_pages: tuple[int, ...], compiled_pages: tuple[int, ...]) -> dict[str, Any]:
@@ -96,8 +95,8 @@ def markdown(doc: dict[str, Any]) -> str:
              "Ratios to full prefill from cached pages at the same pages and dtype. Eager: "
              "the whole prefill half and its passes alone; compiled: bf16 launches with the "
              "layer bodies compiled by inductor (kernels + extern + eager). Rows: " + ", ".join(
-                 f"`{k}` = {v[0]}" + (f" {v[1].score_layers!r} layers" if v[1] else "")
-                 + (f", label_refresh {v[2]}" if v[2] else "") for k, v in ROWS.items())
+                 f"`{k}` = {v[0]}" + (f", label_refresh {v[1]}" if v[1] else "")
+                 for k, v in ROWS.items())
              + " (no options: the product's defaults).", "",
              "| dtype | pages | row | whole | passes | compiled | kernels + extern + eager |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]

@@ -1,7 +1,7 @@
 """Where the prefill half's operations come from: each counted aten operation with its Python
 call site, and whether it runs on device tensors or host ones (issue 65).
 
-`python -m lab.ttft.op_sites --policy conduit_per_page --pages 8 [--dtype bfloat16]
+`python -m lab.ttft.op_sites [--policy conduit_focus] --pages 8 [--dtype bfloat16]
 [--compiled]` prints, for the TTFT workload's prefill half on the narrow model on an
 accelerator's path (counted as `lab.ttft.op_count.count_prefill` counts it, on a run after
 one that warms the choice history), one line per (call site, operation): how many times it
@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from conduit_core.policies.choice import DEFAULT_POLICY
 from lab import answering
 from lab.ttft.compiled_counts import LaunchCounter, _in_compiled_code
 from lab.ttft.host_syncs import SyncCounter, _tensors, runtime_device_tensors
@@ -153,7 +154,7 @@ def op_sites(policy: str, pages: int, dtype: torch.dtype,
 def main(argv: list[str] | None = None) -> None:
     """Print the listing (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="conduit_per_page")
+    parser.add_argument("--policy", default=DEFAULT_POLICY)
     parser.add_argument("--pages", type=int, default=8)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--compiled", action="store_true")
