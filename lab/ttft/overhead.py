@@ -4,8 +4,9 @@ On the narrow random-weight Qwen2.5-VL (`lab.ttft.op_count.narrow_vlm`: 28 layer
 hidden 64, pages of 256 tokens, one thread) the arithmetic is negligible, so the time of a
 prefill is the time of issuing its operations: what a GPU answer spends on the host. For
 each page count, full prefill from the cached page embeddings (`full_prefill`), CONDUIT at
-10% (`conduit_per_page`, the default, and `conduit`) and full reuse run their prefill half
-(`lab.answering.start_answer`, decode excluded; `lab.ttft.op_count.count_prefill`); reported
+10% (the default `DEFAULT_POLICY`, `conduit_per_page` and `conduit`) and full reuse run
+their prefill half (`lab.answering.start_answer`, decode excluded;
+`lab.ttft.op_count.count_prefill`); reported
 per layer: the operations of the whole prefill half, of its passes alone (scoring pass,
 refresh, logits) and of its page load (`load_pages`), counted on an accelerator's path
 (`lab.ttft.op_count.accelerator_path`), the page load's also on the CPU's own path (each
@@ -51,6 +52,7 @@ import torch
 
 from conduit_core.kv.kv_cache import KVCache
 from conduit_core.kv.page_loads import load_pages
+from conduit_core.policies.choice import DEFAULT_POLICY
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
 from lab.ttft.compiled_counts import CompiledLaunches, compiled_figures, compiled_launches
@@ -65,7 +67,7 @@ from lab.ttft.op_count import (
 )
 
 RESULTS = Path(__file__).parent / "results"
-POLICIES = ("full_prefill", "conduit_per_page", "conduit", "full_reuse")
+POLICIES = ("full_prefill", DEFAULT_POLICY, "conduit_per_page", "conduit", "full_reuse")
 DECODE_STEPS = 8  # tokens decoded before the measured step
 SYNC_STREAMS = (1, 16)  # batched decode steps whose host reads are counted
 
@@ -145,7 +147,7 @@ def _launches(count: CompiledLaunches) -> dict[str, Any]:
 
 def _decode_step(rt: ReuseRuntime, kvs: list[Any], repeats: int) -> dict[str, Any]:
     """Ops and median ms of one decode step of one answer over all the pages."""
-    request = answer_request(rt.vlm, kvs, "conduit_per_page")
+    request = answer_request(rt.vlm, kvs, DEFAULT_POLICY)
     request = type(request)(request.prefix, request.pages, request.question,
                             policy=request.policy, budget=request.budget,
                             max_new_tokens=DECODE_STEPS + repeats + 2)
