@@ -169,8 +169,11 @@ SECTIONS = [
     Section("Testbed answers at 10%",
             "The trained testbed model (committed weights), 1,000 questions of a held-out "
             "seed over evidence and distractor pages, through the normal ingest and page-KV "
-            "path.",
-            "lab/testbed/results/answers_page_scale.json", _testbed),
+            "path. `conduit_focus` is the default, `conduit_per_page` the default before it. "
+            "The split and legend columns give the ratio to full prefill on those families, the "
+            "ones that decide the bar of at least 97% on every family; the lowest family, the "
+            "lowest of the five.",
+            "lab/testbed/results/answers_default_2026-12-07.json", _testbed),
     Section("Testbed answers over three checkpoints",
             "The same 1,000 questions on three checkpoints of the training recipe (seeds 0, 1, "
             "2), page labels recomputed by the refresh.",
