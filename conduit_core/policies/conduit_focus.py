@@ -62,7 +62,10 @@ def mass_count(scores: np.ndarray, mass: float, k: int) -> int:
     total = float(values.sum())
     if total <= 0 or k <= 0:
         return max(0, k)
-    top = -np.sort(-values)[:k]  # (<= k,) best first
+    neg = -values  # (N,)
+    if k < neg.size:
+        neg = np.partition(neg, k - 1)[:k]  # (k,) the k best, negated, unordered
+    top = -np.sort(neg)  # (<= k,) best first
     reached = np.flatnonzero(np.cumsum(top) >= mass * total)
     return int(reached[0]) + 1 if reached.size else min(k, values.size)
 
@@ -72,8 +75,11 @@ def focus_counts(scores: np.ndarray, page_of: np.ndarray, n_pages: int, k: int,
     """Each of `n_pages` pages' count (M,) int64 for the host scores (N_v,) of pages
     `page_of` (N_v,): max(its quota of floor(floor * k), its part of the top `mass_count`
     tokens); None where those counts reach k (the quota of k is the choice then)."""
+    m = mass_count(scores, mass, k)
+    if m >= k:  # the pages' parts of the top m alone reach k
+        return None
     sizes = np.bincount(page_of, minlength=n_pages)  # (M,)
-    held_rows = np.argsort(-scores, kind="stable")[:mass_count(scores, mass, k)]  # (m,)
+    held_rows = np.argsort(-scores, kind="stable")[:m]  # (m,)
     held = np.bincount(page_of[held_rows], minlength=sizes.size)  # (M,)
     least = quota_split(torch.from_numpy(sizes), int(floor * k)).numpy()  # (M,)
     counts = np.maximum(least, held)  # (M,)
