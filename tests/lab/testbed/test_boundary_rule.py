@@ -81,7 +81,10 @@ def test_second_hop_adds_what_the_refreshed_rows_read() -> None:
     n = ctx.layout.n
     keys = ctx.cache.keys[:, :, :, :n].clone()  # after the scoring pass's writes
     rows = SecondHop(base, 0.8)(ctx)
-    assert torch.equal(ctx.cache.keys[:, :, :, :n], keys)  # the probe ran on a copy
+    # the probe ran on a copy; the scoring pass stops at the default's depth, so the text
+    # rows of the layers after it hold what the cache held before (any bits, NaN too)
+    torch.testing.assert_close(ctx.cache.keys[:, :, :, :n], keys, rtol=0, atol=0,
+                               equal_nan=True)
     assert ctx.extra_flops > 0  # the probe is charged
     chosen, more = set(first.tolist()), set(rows.tolist()) - set(first.tolist())
     assert rows.numel() == ctx.k and chosen <= set(rows.tolist())

@@ -81,7 +81,8 @@ def test_criteria_with_intervals(tmp_path: Path) -> None:
             assert c.interval.lo <= c.value + 1e-9 and c.value <= c.interval.hi + 1e-9, c.name
     assert check(doc, "conduit_per_page")[0].interval is None  # no scores, no intervals
     out = tmp_path / "criteria.md"
-    assert main(["testbed", "criteria", str(table), "--intervals", "--out", str(out)]) == 0
+    assert main(["testbed", "criteria", str(table), "--policy", "conduit_per_page", "--intervals",
+                 "--out", str(out)]) == 0
     text = out.read_text()
     assert "95% paired bootstrap intervals" in text
     assert "| full prefill overall | >= 0.90 | 0." in text and " [0." in text
