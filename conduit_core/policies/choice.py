@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from conduit_core.policies.policy_context import RefreshPolicy
 
-DEFAULT_POLICY = "conduit_focus"  # the refresh policy of a request that names none
+DEFAULT_POLICY = "conduit_per_page"  # the refresh policy of a request that names none
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""`conduit_focus`, the product default: `conduit_per_page`'s scores, refreshing fewer tokens
-where the question's attention is concentrated, never more than the request's k.
+"""`conduit_focus`, a product policy (not the default: docs/DECISIONS.md): `conduit_per_page`'s
+scores, refreshing fewer tokens where the question's attention is concentrated, never more
+than the request's k.
 
 The contract, for k = `PolicyContext.k` with 0 < k < N_v (otherwise as every CONDUIT
 policy: none, or every visual token, with no scoring pass):
@@ -24,7 +25,7 @@ Why: a question that reads one record spends its attention on a few tokens, and 
 the rest of k buys no answers; the floor keeps every page some of its quota (a legend's
 rows are read only through the page's structure), and a split record's key reads the value
 ending the page before among that page's last rows, stale unless refreshed with it
-(lab/testbed/NOTES.md, "A floor and the page boundary", and docs/DECISIONS.md, "The default
+(lab/testbed/NOTES.md, "A floor and the page boundary", and docs/DECISIONS.md, "`conduit_focus`
 refreshes what the question focuses on").
 
 Cost: the cost model charges the scoring pass at this depth and predicts the refresh at the

@@ -1,5 +1,5 @@
-"""`conduit_per_page`, the default before issue 67 and the base of the default
-(`conduit_focus`, which spends less of its k where attention is concentrated): CONDUIT's
+"""`conduit_per_page`, the product default, and the base of `conduit_focus` (which spends
+less of its k where attention is concentrated): CONDUIT's
 scores with a per-page quota instead of one global top-k (each page refreshes its
 size-proportional share of k), scored over the first `DEPTH` of the decoder layers
 (`ScoreConfig.layers` as a depth: the scoring pass stops after ceil(DEPTH * L) layers; a

@@ -2,9 +2,9 @@
 
 A policy maps a `PolicyContext` (see `conduit_core.policies.policy_context`) to the sequence
 indices of the visual tokens to refresh. The registry holds the product's policies: the
-default (`DEFAULT_POLICY`, `conduit_focus`: CONDUIT with a per-page quota, refreshing fewer
-tokens where the question's attention is concentrated), `conduit_per_page` (the per-page quota
-at every k, the default before issue 67), the paper's `conduit`, the bounds `full_prefill`
+default (`DEFAULT_POLICY`, `conduit_per_page`: CONDUIT with a per-page quota), `conduit_focus`
+(the quota refreshing fewer tokens where the question's attention is concentrated), the
+paper's `conduit`, the bounds `full_prefill`
 and `full_reuse`, `prefix_reuse`, and the published baselines `cacheblend` and `epic`.
 Ablations and candidates register themselves from the lab (`register_policy`), like any
 configured variant (e.g. `ConduitPolicy(ConduitConfig(gamma=2))`).
@@ -36,8 +36,8 @@ from conduit_core.policies.conduit import ConduitPolicy
 from conduit_core.policies.policy_context import RefreshPolicy
 
 POLICIES: dict[str, RefreshPolicy] = {
-    DEFAULT_POLICY: conduit_focus.select,
-    "conduit_per_page": conduit_per_page.select,
+    DEFAULT_POLICY: conduit_per_page.select,
+    "conduit_focus": conduit_focus.select,
     "conduit": conduit.select,
     "full_prefill": full_prefill.select,
     "full_reuse": full_reuse.select,

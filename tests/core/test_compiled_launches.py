@@ -9,7 +9,7 @@ thread), on the accelerator's path: the kernels inductor generated, the aten ope
 compiled code dispatches (matmuls, sdpa) and the aten operations run eagerly around the
 compiled layer bodies, counted on a third run after two that compile every bucket. Counted
 at 2 and 8 pages for CONDUIT at 10% (`conduit_per_page` on the runtime's defaults: the first
-0.8 of the layers scored, label_refresh "read"; the product default `conduit_focus`, on these
+0.8 of the layers scored, label_refresh "read": the product default; `conduit_focus`, on these
 random weights `conduit_per_page`'s choice after one copy of the scores to the host; and
 `conduit`, every layer scored) and a full prefill from the cached page embeddings, which
 runs its own compiled layer bodies:
@@ -30,7 +30,7 @@ from lab.ttft.compiled_counts import CompiledLaunches, compiled_launches
 from lab.ttft.op_count import NARROW_LAYERS, narrow_runtime
 
 PAGES = (2, 8)
-POLICIES = ("full_prefill", DEFAULT_POLICY, "conduit_per_page", "conduit")
+POLICIES = ("full_prefill", DEFAULT_POLICY, "conduit_focus", "conduit")  # the default first
 FLAT = 0.10  # largest / smallest count across the page counts, less 1
 # CONDUIT's launches a layer over full prefill's. Issue 65 asks 2.0. Compiling shrinks a layer
 # body to 10 launches (5 kernels, 5 extern) while the scoring pass's probabilities stay eager
@@ -39,7 +39,7 @@ FLAT = 0.10  # largest / smallest count across the page counts, less 1
 # 12 ops a layer against full prefill's 6 (lab/ttft/NOTES.md, docs/DECISIONS.md): `conduit`
 # 2.46x (39.3 against 16.0), the default, scoring 23 of the 28 layers, 2.28x (36.3), over
 # issue 65's 2.0 by about 4.4 launches a layer. One more launch a layer crosses each bound.
-RATIO_BOUND = {"conduit_per_page": 2.31, DEFAULT_POLICY: 2.31, "conduit": 2.49}
+RATIO_BOUND = {"conduit_per_page": 2.31, "conduit_focus": 2.31, "conduit": 2.49}
 
 Counts = dict[str, list[CompiledLaunches]]  # policy -> one count a page count
 
@@ -99,6 +99,6 @@ def test_the_launches_do_not_grow_with_pages(by_pages: Counts, policy: str) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", [DEFAULT_POLICY, "conduit_per_page", "conduit"])
+@pytest.mark.parametrize("policy", ["conduit_focus", "conduit_per_page", "conduit"])
 def test_conduit_stays_within_the_bound_of_full_prefill(by_pages: Counts, policy: str) -> None:
     _within_bound(by_pages, policy, PAGES)

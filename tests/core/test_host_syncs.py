@@ -10,7 +10,7 @@ Qwen2.5-VL (28 layers, 256-token pages) on the accelerator's path
   for the paper's `conduit`, `conduit_per_page`, `full_reuse` and a full prefill from the
   cached pages, at 2, 8 and 32 pages (the layout's host numbers are computed before the first
   page copy; the choice the device makes stays there until the first token);
-* the default `conduit_focus` reads one thing back there, in its own module: the visual
+* `conduit_focus` reads one thing back there, in its own module: the visual
   tokens' scores, from which the host decides how many to refresh (docs/DECISIONS.md, "The
   answer's passes read nothing back...");
 * a batched decode step of 1, 4 and 16 streams reads one thing back (the new token ids).

@@ -7,8 +7,8 @@ not) and the path's own charged FLOPs (`tests.core.helpers.own_flops`) are the s
 what the caches cost is charged once, to whichever answer filled them (the sum over the grid
 is the same in both orders). A FLOP counter (`torch.utils.flop_counter`) around the prefill
 half of each answer agrees with its charged LM FLOPs within 1%, on cold and warm runtimes.
-The grid holds the default (`conduit_focus`, a product policy), at its cap on these random
-weights; one question on the trained testbed checkpoint holds it where it chooses its own
+The grid holds every product policy (`conduit_focus` at its cap on these random weights);
+one question on the trained testbed checkpoint holds it where it chooses its own
 count under the cap, predicted from its history.
 """
 
@@ -32,7 +32,7 @@ from conduit_core.page_kv import PageKV
 from conduit_core.pass_observer import Phase
 from conduit_core.passes.assembly import Assembly
 from conduit_core.policies import choose_policy
-from conduit_core.policies.choice import DEFAULT_POLICY, PolicyOptions
+from conduit_core.policies.choice import PolicyOptions
 from conduit_core.policies.registry import PRODUCT_POLICIES
 from conduit_core.runtime import ReuseRuntime
 from lab import answering
@@ -183,9 +183,9 @@ def test_a_short_scoring_pass_is_charged_as_counted(vlm: LoadedVLM, pages: dict[
             assert own_flops(first) == own_flops(result)
 
 
-def test_a_focused_default_is_one_plan_cold_or_warm() -> None:
-    """The grid's random weights leave the default (`conduit_focus`) at its cap; on the
-    committed testbed checkpoint it refreshes fewer than k. Its prediction then learns the
+def test_a_focused_choice_is_one_plan_cold_or_warm() -> None:
+    """The grid's random weights leave `conduit_focus` at its cap; on the committed testbed
+    checkpoint it refreshes fewer than k. Its prediction then learns the
     share of k it refreshed (the warm answer is predicted lower), while the tokens, the path
     and the charged FLOPs stay the same cold, warm and on a fresh runtime, and a FLOP counter
     agrees with the charge."""
@@ -196,7 +196,7 @@ def test_a_focused_default_is_one_plan_cold_or_warm() -> None:
     request = AnswerRequest(ANSWER_PREFIX, [
         PageInput(page_label(sample.doc_name, p + 1), kv)
         for p, kv in zip(sample.pages, kvs, strict=True)], sample.text,
-        policy=choose_policy(DEFAULT_POLICY), budget=0.1, max_new_tokens=4)
+        policy=choose_policy("conduit_focus"), budget=0.1, max_new_tokens=4)
     asm = rt.reuse.assemble(request.prefix, request.pages, request.question)
     k = rt.reuse.policy_context(asm, 0.1).k
     cold, counted = counted_answer(rt, request)

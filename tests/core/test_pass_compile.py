@@ -1,6 +1,6 @@
 """The scoring pass and the refresh with their layer bodies compiled per shape bucket
 (`conduit_core.passes.buckets`, `layer_graphs`; issue 65, point 2): over a grid of 60 requests
-(1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT and the default policy,
+(1-8 pages, budgets 0.05-0.3, questions of 5-60 tokens, CONDUIT, the default policy and
 `conduit_focus`) every layer piece runs at power-of-two rows (>= 16) and keys (>= 64) and
 compiles at most once per bucket it meets (`fullgraph=True`: a graph break raises; the layers
 share their graphs), the grid run again compiles nothing (`error_on_recompile`), and every first
@@ -28,7 +28,7 @@ from tests.core.helpers import page_image
 
 PAGES = (1, 2, 3, 5, 8, 4)
 BUDGETS = (0.05, 0.1, 0.2, 0.3)
-POLICIES = ("conduit", DEFAULT_POLICY)
+POLICIES = ("conduit", DEFAULT_POLICY, "conduit_focus")
 WORDS = (4, 16, 33)  # questions of 5 to 60 tokens
 
 
@@ -51,7 +51,7 @@ def _grid() -> list[tuple[int, float, str, str]]:
         for j, budget in enumerate(BUDGETS):
             for k, w in enumerate(WORDS[: 3 if (i + j) % 2 == 0 else 2]):
                 question = " ".join(words[(i + j + k + m) % len(words)] for m in range(w))
-                out.append((n, budget, question + "?", POLICIES[(i + j + k) % 2]))
+                out.append((n, budget, question + "?", POLICIES[(i + j + k) % len(POLICIES)]))
     return out
 
 

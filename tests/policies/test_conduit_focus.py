@@ -131,9 +131,9 @@ def test_the_rule_on_hand_made_scores(cached: CachedPages) -> None:
 
 @pytest.mark.parametrize("budget", [0.05, 0.1, 0.3])
 def test_on_random_weights_the_cap_binds(cached: CachedPages, budget: float) -> None:
-    """Diffuse attention: the default refreshes k, `conduit_per_page`'s tokens, and answers
-    as it does at the same charged FLOPs."""
-    assert DEFAULT_POLICY == "conduit_focus" and BOUNDARY == 64
+    """Diffuse attention: `conduit_focus` refreshes k, the default's (`conduit_per_page`)
+    tokens, and answers as it does at the same charged FLOPs."""
+    assert DEFAULT_POLICY == "conduit_per_page" and BOUNDARY == 64
     results, rows = {}, {}
     for name in ("conduit_focus", "conduit_per_page"):
         request = AnswerRequest(prefix="Archive pages.", pages=cached.inputs(LABELS),

@@ -57,7 +57,7 @@ def test_upload_poll_ask_cites_the_right_page(client: httpx.Client, collection: 
     assert out["timings"]["total_s"] > 0 and out["timings"]["ttft_s"] > 0
     # reuse pays no vision tower: the ratio with it counted is the smaller one
     assert 0 < out["flops_ratio_total"] < out["flops_ratio_lm"]
-    assert out["policy"] == "conduit_focus" and out["budget"] == 0.1
+    assert out["policy"] == "conduit_per_page" and out["budget"] == 0.1
     assert out["visual_tokens"] > 0
     # the tiny test model's 16-token pages: scoring and refreshing would cost more than
     # recomputing every row from the cached page embeddings, so that ran, and says so
@@ -195,8 +195,8 @@ def test_stream_metrics_and_policy_choice(client: httpx.Client, collection: str)
     assert r.status_code == 422, r.text
 
     metrics = client.get("/metrics").text
-    assert 'conduit_queries_total{outcome="ok",policy="conduit_focus"}' in metrics
-    assert 'conduit_reuse_fallbacks_total{policy="conduit_focus"}' in metrics  # tiny pages
+    assert 'conduit_queries_total{outcome="ok",policy="conduit_per_page"}' in metrics
+    assert 'conduit_reuse_fallbacks_total{policy="conduit_per_page"}' in metrics  # tiny pages
     assert "conduit_ttft_seconds_bucket" in metrics
     assert 'conduit_kv_hits_total{tier="disk"}' in metrics or \
         'conduit_kv_hits_total{tier="memory"}' in metrics

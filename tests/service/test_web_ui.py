@@ -203,9 +203,9 @@ def _walk(w: Walk, url: str, tmp: Path, *, key: str | None, password: str | None
     if key is None:  # the tiny test model's pages are 16 tokens: the default (0.8 of the
         # layers) would cost more than a full prefill from the cached embeddings, which ran
         # instead, as said
-        assert "full prefill from cached page embeddings: conduit_focus was predicted" in details
+        assert "full prefill from cached page embeddings: conduit_per_page was predicted" in details
     else:  # the keyed deployment scores 0.6 of the layers and runs over the page KV
-        assert "Prefill conduit_focus over the cached page KV" in details
+        assert "Prefill conduit_per_page over the cached page KV" in details
     assert "Prompt head from cache" in details
     w.shot("answer")
 

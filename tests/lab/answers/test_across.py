@@ -84,7 +84,7 @@ def test_command_writes_json_markdown_and_plot(tmp_path: Path,
     assert "| pol_a | 0.10 | 0.750 (0.500-1.000) |" in table
     assert "**Best mean accuracy at 0.1: `pol_a`**" in table
     assert "| pol_a | 0.750 (0.500-1.000) |" in table  # the family table at 0.1
-    assert "The service's default policy (`CONDUIT_POLICY`): `conduit_focus`" in table
+    assert "The service's default policy (`CONDUIT_POLICY`): `conduit_per_page`" in table
     assert out.with_suffix(".png").stat().st_size > 5_000
     bad = tmp_path / "broken.json"
     bad.write_text("{")
