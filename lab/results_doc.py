@@ -149,10 +149,10 @@ SECTIONS = [
     Section("The default model on a 3-page question",
             "`builtin:small-qwen2-vl` (random weights), 3 pages of 496 visual tokens, 64-token "
             "answers, one thread, medians after a warm-up; speed-up against a full prefill "
-            "with the vision tower. `default` is the service's default (`conduit_focus`), "
+            "with the vision tower. `default` is `conduit_focus`, the default when this ran, "
             "`default_before` `conduit_per_page` at its depth 0.8 with the labels the question "
-            "reads (the default before it); on these random weights both refresh the same "
-            "tokens (the default's cap binds).",
+            "reads, the default again since; on these random weights both refresh the same "
+            "tokens (`conduit_focus`'s cap binds).",
             "lab/ttft/results/default_model.json", _default_model),
     Section("A conversation's follow-ups",
             "`conduit-lab bench conversation`: the default builtin, 3 pages, 5 turns of "
@@ -162,14 +162,14 @@ SECTIONS = [
     Section("Time to first token, CPU bench",
             "8 pages of 256 visual tokens on a CPU-sized model with 7B ratios, page KV in the "
             "memory tier, one thread; budgets 0.1 (CacheBlend 0.15). `conduit` rows recompute "
-            "every stale label; `default` is the product default (`conduit_focus`), "
-            "`per_page_08_read` the default before it (`conduit_per_page`), both recomputing "
+            "every stale label; `default` is `conduit_focus`, the default when this ran, "
+            "`per_page_08_read` `conduit_per_page`, the default again since, both recomputing "
             "the labels the question reads.",
             "lab/ttft/results/ttft_cpu_2026-12-07.json", _ttft_bench),
     Section("Testbed answers at 10%",
             "The trained testbed model (committed weights), 1,000 questions of a held-out "
             "seed over evidence and distractor pages, through the normal ingest and page-KV "
-            "path. `conduit_focus` is the default, `conduit_per_page` the default before it. "
+            "path. `conduit_per_page` is the default (`conduit_focus` was, when this ran). "
             "The split and legend columns give the ratio to full prefill on those families, the "
             "ones that decide the bar of at least 97% on every family; the lowest family, the "
             "lowest of the five.",

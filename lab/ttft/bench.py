@@ -26,8 +26,8 @@ tokens. Methods, each timed to the first generated token:
   cacheblend                   CacheBlend at 15% (all tokens through layers 0..1, then 15%)
   default                      the product default (`DEFAULT_POLICY` with its own options), the
                                labels the question reads refreshed (the service's rule)
-  per_page_08_read             `conduit_per_page` the same way (its own depth 0.8): the
-                               product default before `conduit_focus`
+  focus                        `conduit_focus` the same way (its own depth 0.8): fewer
+                               tokens where the question's attention is focused
 Reuse methods include the KV load from the tier. After `warmup` unrecorded rounds, `repeats`
 rounds run every (method, tier) cell once each, in an order rotated every round, so slow
 phases of a noisy machine hit all methods alike. Reported per cell: median TTFT; speedup over
@@ -105,7 +105,7 @@ METHODS = (Method("full_prefill", None, 1.0),
            Method("conduit_labels_budget", "conduit", 0.10, label_refresh="budget"),
            Method("cacheblend", "cacheblend", 0.15),
            Method("default", DEFAULT_POLICY, 0.10, label_refresh="read"),
-           Method("per_page_08_read", "conduit_per_page", 0.10, label_refresh="read"))
+           Method("focus", "conduit_focus", 0.10, label_refresh="read"))
 _BY_NAME = {m.name: m for m in METHODS}
 
 

@@ -1,4 +1,4 @@
-"""Launching ops a layer of the product default against the default before it and full
+"""Launching ops a layer of the product default against `conduit_focus` and full
 prefill, eager and compiled, in bf16 and float32 (issue 65's 2.0 bound).
 
 On the narrow 28-layer model, on the accelerator's path, as `tests/core/test_op_counts.py`
@@ -6,7 +6,7 @@ On the narrow 28-layer model, on the accelerator's path, as `tests/core/test_op_
 `tests/core/test_compiled_launches.py` (`lab.ttft.compiled_counts.compiled_launches`: bf16,
 layer bodies compiled by inductor) count them. Rows: full prefill from the cached pages;
 the product default (`DEFAULT_POLICY` with its own options on a runtime with its
-defaults); the default before it (`conduit_per_page` the same way); `conduit` on the
+defaults); `conduit_focus` the same way; `conduit` on the
 runtime's defaults and with label_refresh "always".
 Each ratio is to full prefill's count at the same pages and dtype.
 
@@ -36,7 +36,7 @@ OUT = Path(__file__).parent / "results" / "default_launches.json"
 ROWS: dict[str, tuple[str, str | None]] = {
     "full_prefill": ("full_prefill", None),
     "default": (DEFAULT_POLICY, None),
-    "default_before": ("conduit_per_page", None),
+    "focus": ("conduit_focus", None),
     "conduit": ("conduit", None),
     "conduit_always": ("conduit", "always"),
 }

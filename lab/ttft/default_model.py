@@ -5,18 +5,18 @@ prefills three A4 text pages at the service's 100 dpi (about 500 visual tokens e
 answers one question with a 64-token answer over them, side by side in rotated rounds:
   default                      the service's default at 10% over the cached page KV
                                (`DEFAULT_POLICY` with its own options, the runtime's label rule)
-  default_before               `conduit_per_page` the same way (its own depth 0.8, the labels
-                               the question reads): the default before `conduit_focus`
+  focus                        `conduit_focus` the same way (its own depth 0.8, the labels
+                               the question reads): fewer tokens where attention is focused
   full_reuse                   cached page KV, nothing refreshed
   full_prefill_cached_vision   every row recomputed from the cached page embeddings
   full_prefill                 vision tower and every row (no reuse at all)
 Per method: median TTFT, decode tokens per second over the rest of the answer, LM FLOPs
 ratio, whether the cost model fell back (a fallback runs a full prefill from the cached page
 embeddings instead; `predicted` and `fallback_at` give the policy's predicted LM FLOPs and
-that full prefill's, as ratios of a full prefill's); and `default_same_as_before`: whether
-`default` and `default_before` gave the same refresh count, LM FLOPs and answer tokens in
-every round (on these random weights the default's cap binds: it refreshes
-`conduit_per_page`'s tokens). One torch thread
+that full prefill's, as ratios of a full prefill's); and `default_same_as_focus`: whether
+`default` and `focus` gave the same refresh count, LM FLOPs and answer tokens in every round
+(on these random weights `conduit_focus`'s cap binds: it refreshes `conduit_per_page`'s
+tokens). One torch thread
 (`torch.set_num_threads(1)`); medians of `--repeats` rounds after one warm-up. Writes JSON and
 markdown (default lab/ttft/results/default_model.{json,md}).
 """
@@ -46,9 +46,9 @@ from worker.prompt import ANSWER_PREFIX, page_label
 
 MODEL = "builtin:small-qwen2-vl"
 QUESTION = "What is the total amount due on the invoice, and who signed the contract?"
-METHODS = ("default", "default_before", "full_reuse", "full_prefill_cached_vision",
+METHODS = ("default", "focus", "full_reuse", "full_prefill_cached_vision",
            "full_prefill")
-BEFORE = "conduit_per_page"  # the default before conduit_focus
+FOCUS = "conduit_focus"  # beside the default in the same rounds
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -69,7 +69,7 @@ def _once(rt: ReuseRuntime, method: str, pages: list[PageInput],
                                                       zip(pages, images, strict=True)],
                                       QUESTION, max_new_tokens=max_new_tokens)
     choice = {"default": choose_policy(DEFAULT_POLICY),
-              "default_before": choose_policy(BEFORE),
+              "focus": choose_policy(FOCUS),
               "full_reuse": choose_policy("full_reuse"),
               "full_prefill_cached_vision": choose_policy("full_prefill")}[method]
     return answering.answer(rt, AnswerRequest(ANSWER_PREFIX, pages, QUESTION, policy=choice,
@@ -95,7 +95,7 @@ def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
     full = statistics.median(r.ttft_s for r in got["full_prefill"])
     same = all((a.token_ids, a.refreshed_visual_tokens, a.flops_used_lm)
                == (b.token_ids, b.refreshed_visual_tokens, b.flops_used_lm)
-               for a, b in zip(got["default"], got["default_before"], strict=True))
+               for a, b in zip(got["default"], got["focus"], strict=True))
     rows = []
     for method, results in got.items():
         ttft = statistics.median(r.ttft_s for r in results)
@@ -114,7 +114,7 @@ def run(repeats: int = 5, max_new_tokens: int = 64) -> dict[str, Any]:
                      "head_tokens": first.head_tokens})
     return {"model": MODEL, "pages": [kv.num_tokens for kv in kvs],
             "prompt_tokens": got["default"][0].prompt_tokens, "repeats": repeats,
-            "max_new_tokens": max_new_tokens, "threads": 1, "default_same_as_before": same,
+            "max_new_tokens": max_new_tokens, "threads": 1, "default_same_as_focus": same,
             "command": shlex.join(["python", "-m", "lab.ttft.default_model", *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
@@ -131,8 +131,8 @@ def write(doc: dict[str, Any], out: Path) -> None:
              "| method | TTFT ms | speed-up vs full prefill | decode tokens/s | answer s | "
              "LM FLOPs | refreshed | fallback | predicted / fallback at |",
              "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-    tail = ["", "`default` and `default_before` refreshed as many tokens, spent the same LM FLOPs "
-            f"and gave the same answer tokens in every round: {doc['default_same_as_before']}."]
+    tail = ["", "`default` and `focus` refreshed as many tokens, spent the same LM FLOPs "
+            f"and gave the same answer tokens in every round: {doc['default_same_as_focus']}."]
     for r in doc["rows"]:
         lines.append(f"| {r['method']} | {r['ttft_ms_median']} | {r['speedup_vs_full_prefill']}x"
                      f" | {r['decode_tokens_per_s']} | {r['answer_s_median']} | "
