@@ -15,14 +15,14 @@ that count then split over the pages by the same quota rule (`each_page=False`):
                above it (flat scores, diffuse attention) the cap
 
 With flat scores (random weights) both reach the cap, and the policy is `conduit_per_page`.
-The count is read back from the scores (a host read, as the product default's one).
+The count is read back from the scores (a host read, as `conduit_focus`'s one).
 
-`cv_mass_floor_30` / `_50` are the product default's rule without its boundary rows
+`cv_mass_floor_30` / `_50` are `conduit_focus`'s rule without its boundary rows
 (`conduit_core.policies.conduit_focus.FocusPolicy(floor=0.3 or 0.5, boundary=0)`): each page
 refreshes max(its quota of floor * k rounded down, how many of the question's top m tokens it
 holds), m the fewest holding half the scores' total (at most k); where those counts reach k,
-each page's quota of k. `cv_floor_30_boundary_64` (`lab.testbed.variants`) is the default
-itself, `conduit_focus`, chosen by these rounds.
+each page's quota of k. `cv_floor_30_boundary_64` (`lab.testbed.variants`) is
+`conduit_focus` itself, chosen by these rounds (not the default: docs/DECISIONS.md).
 
 `ReadLabels(base, labels)` is `base` with the runtime's `label_refresh="read"` recomputing
 `labels` stale labels instead of `READ_LABELS` (a lab knob: it sets the answer's

@@ -29,8 +29,8 @@ exceed k, the k nearest their pages' ends) or, with `inside=False`, on top of it
 FLOPs). It needs no answer, and no page numbers: the page shown before, whatever document
 page it is. Its rows and its fit within k are the product's (`boundary_rows`, `within_cap`
 in `conduit_core.policies.conduit_focus`): `cv_floor_30_boundary_64`, the floor rule with
-four boundary rows, became the default, and the name now runs `conduit_focus`, which adds no
-boundary rows where the floor rule's counts reach k (diffuse attention: there it is
+four boundary rows, became the product policy `conduit_focus`, and the name now runs it; it
+adds no boundary rows where the floor rule's counts reach k (diffuse attention: there it is
 `conduit_per_page`), unlike `BoundaryRule` over the floor rule.
 
 `WithoutDelimiters` wraps a CONDUIT-scored policy so that it spends none of its budget on
@@ -221,7 +221,7 @@ CANDIDATES: dict[str, RefreshPolicy] = {
     "cv_no_delimiters": WithoutDelimiters(get_policy("conduit_per_page")),
     # a count rule's choice and the page boundary on top, within k (issue 67, `cheaper.py`)
     "cv_adaptive_boundary_32": BoundaryRule(AdaptiveConduitPolicy(), 32),
-    "cv_floor_30_boundary_64": conduit_focus.select,  # the product default since issue 67
+    "cv_floor_30_boundary_64": conduit_focus.select,  # the product policy since issue 67
     # the stale tokens the refreshed ones read: 80% or 60% of the budget first, a probe pass
     "cv_second_hop_80": SecondHop(get_policy("conduit_per_page"), 0.8),
     "cv_second_hop_60": SecondHop(get_policy("conduit_per_page"), 0.6),

@@ -1,4 +1,4 @@
-"""The default `conduit_focus` (issue 67): its rule on hand-made scores (the mass count, the
+"""`conduit_focus`, a product policy (issue 67): its rule on hand-made scores (the mass count, the
 floor, the page boundary within the cap, the diffuse case), and on the tiny random-weight
 Qwen2-VL, whose attention is diffuse, the cap binds: the same tokens, answer and FLOPs as
 `conduit_per_page`."""

@@ -84,13 +84,13 @@ def test_a_count_under_its_cap_keeps_its_choice_and_the_boundary_on_top() -> Non
     assert CANDIDATES["cv_adaptive_boundary_32"](ctx).numel() <= ctx.k
 
 
-def test_the_default_is_the_rule_as_measured() -> None:
+def test_conduit_focus_is_the_rule_as_measured() -> None:
     """`cv_floor_30_boundary_64` as measured (the floor rule, `BoundaryRule` on top within k)
-    and the product default choose the same rows on the committed checkpoint's questions,
-    where attention is focused (the default's choice under its cap)."""
+    and the product policy `conduit_focus` choose the same rows on the committed checkpoint's
+    questions, where attention is focused (its choice under its cap)."""
     measured = BoundaryRule(CHEAPER["cv_mass_floor_30"], 64)
-    default = get_policy("conduit_focus")
-    assert CANDIDATES["cv_floor_30_boundary_64"] is default
+    focus = get_policy("conduit_focus")
+    assert CANDIDATES["cv_floor_30_boundary_64"] is focus
     runtime = ReuseRuntime(load_checkpoint_vlm(WEIGHTS), never_above_full=False)
     per_page, focused, bounded = get_policy("conduit_per_page"), 0, 0
     for s in probe_samples(12, 28, "distractors"):
@@ -99,7 +99,7 @@ def test_the_default_is_the_rule_as_measured() -> None:
             PageInput(page_label(s.doc_name, p + 1), kv)
             for p, kv in zip(s.pages, kvs, strict=True)], s.text)
         ctx = runtime.reuse.policy_context(assembly, 0.1, 0)
-        rows = default(ctx).cpu()
+        rows = focus(ctx).cpu()
         assert torch.equal(rows, measured(ctx).cpu()), s.text
         assert rows.numel() <= ctx.k
         focused += not torch.equal(rows, per_page(ctx).cpu())
