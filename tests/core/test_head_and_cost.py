@@ -108,7 +108,7 @@ POLICY_SCORES = {"conduit": True, "conduit_no_amp": True, "conduit_per_page": Tr
                  "conduit_focus": True, "raw_attention": True, "cacheblend": True,
                  "conduit_adaptive": True}
 # k is chosen per question, at most the budget's: predicted at it with no earlier answer,
-# then at the share of it the same policy refreshed before (the default, `conduit_focus`,
+# then at the share of it the same policy refreshed before (`conduit_focus`
 # chooses its own k too, but reaches its cap on these random weights: held as closely as
 # `conduit_per_page`; under its cap: tests/core/test_one_plan.py)
 CAPPED = {"conduit_adaptive"}

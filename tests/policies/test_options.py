@@ -81,7 +81,7 @@ def test_deployment_knobs_apply_only_to_policies_that_take_options() -> None:
 
 def test_ablations_keep_their_defining_knobs() -> None:
     """CONDUIT_GAMMA must not turn `conduit_no_amp` back into CONDUIT, nor set a gamma on
-    `conduit_per_page` or the service's default `conduit_focus`, where quotas make it
+    `conduit_per_page` (the service's default) or `conduit_focus`, where quotas make it
     meaningless."""
     settings = Settings(gamma=2.0, head_agg="max")
     no_amp = settle_policy(settings, "conduit_no_amp", PolicyOptions())
